@@ -1,0 +1,34 @@
+"""minikv: a small, readable paged and quantized KV-cache inference engine with Triton kernels.
+
+    import minikv
+    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
+    outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12))
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "LLM": ("minikv.engine.llm", "LLM"),
+    "SamplingParams": ("minikv.engine.sequence", "SamplingParams"),
+    "RequestOutput": ("minikv.engine.sequence", "RequestOutput"),
+    "KVCacheOverrunError": ("minikv.cache.arena", "KVCacheOverrunError"),
+    "KVLayoutMismatchError": ("minikv.cache.layout", "KVLayoutMismatchError"),
+    "KVLayout": ("minikv.cache.layout", "KVLayout"),
+    "KVArena": ("minikv.cache.arena", "KVArena"),
+}
+
+
+def __getattr__(name):
+    # Lazy, so that `import minikv` stays cheap and importing minikv.kernels decides the Triton mode first.
+    import importlib
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    if name in ("tasks", "bugs", "viz", "kernels", "cache", "engine", "models", "attention"):
+        return importlib.import_module(f"minikv.{name}")
+    raise AttributeError(f"module 'minikv' has no attribute {name!r}")
+
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "KVCacheOverrunError", "KVLayoutMismatchError",
+           "KVLayout", "KVArena", "tasks", "bugs", "viz"]

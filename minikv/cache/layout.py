@@ -1,0 +1,170 @@
+"""KVLayout: the one place where the bytes of a KV-cache pool are computed.
+
+A pool is a run of blocks. A block holds `block_size` slots for K, then `block_size` slots for V. A slot holds one
+*row* per KV head. A row is the head vector's elements, followed, for the per-token-head formats, by its fp32
+scale:
+
+    row = [ codes: head_size * elem_bytes | scale: 4 bytes fp32 ]      (per-token-head formats)
+    row = [ elements: head_size * elem_bytes ]                           (auto, fp8)
+
+The allocator sizes pools from a layout, the kernels address pools from a layout (passed as a plain spec), and
+the scale views are built from a layout. If two parties use two different layouts for one pool, they disagree
+about where every block lives: that is defect B1, and `check_compatible` is the contract that catches it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minikv.config import KV_CACHE_DTYPES
+from minikv.kernels import formats
+
+_AUTO_FMT = {torch.float16: formats.F16, torch.bfloat16: formats.BF16, torch.float32: formats.F32}
+_ELEM_BYTES = {formats.F16: 2, formats.BF16: 2, formats.F32: 4, formats.FP8: 1, formats.INT8_PTH: 1,
+               formats.FP8_PTH: 1}
+_CODE_DTYPE = {formats.F16: torch.float16, formats.BF16: torch.bfloat16, formats.F32: torch.float32,
+               formats.FP8: torch.float8_e4m3fn, formats.INT8_PTH: torch.int8,
+               formats.FP8_PTH: torch.float8_e4m3fn}
+SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
+SCALE_BYTES = 4
+
+
+class KVLayoutMismatchError(RuntimeError):
+    """A backend was bound to a pool whose layout differs from the backend's own."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    kv_cache_dtype: str
+    model_dtype: torch.dtype
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+
+    def __post_init__(self):
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose one of "
+                             f"{', '.join(KV_CACHE_DTYPES)}")
+        if self.model_dtype not in _AUTO_FMT:
+            raise ValueError(f"model dtype must be float16, bfloat16 or float32, got {self.model_dtype}")
+        if self.head_size not in SUPPORTED_HEAD_SIZES:
+            raise ValueError(f"unsupported head size {self.head_size}; supported: {SUPPORTED_HEAD_SIZES}")
+        if self.num_kv_heads < 1 or self.block_size < 1:
+            raise ValueError("num_kv_heads and block_size must be positive")
+
+    # ---- element format -------------------------------------------------------------------------------
+    @property
+    def fmt(self) -> int:
+        return {"auto": _AUTO_FMT[self.model_dtype], "fp8": formats.FP8,
+                "int8_per_token_head": formats.INT8_PTH,
+                "fp8_per_token_head": formats.FP8_PTH}[self.kv_cache_dtype]
+
+    @property
+    def elem_bytes(self) -> int:
+        return _ELEM_BYTES[self.fmt]
+
+    @property
+    def code_dtype(self) -> torch.dtype:
+        """The torch dtype of one stored element (the code, for quantized formats)."""
+        return _CODE_DTYPE[self.fmt]
+
+    @property
+    def has_inline_scales(self) -> bool:
+        return formats.has_inline_scales(self.fmt)
+
+    @property
+    def has_layer_scales(self) -> bool:
+        """fp8 keeps one scale for K and one for V per layer, outside the pool."""
+        return self.fmt == formats.FP8
+
+    # ---- bytes --------------------------------------------------------------------------------------------
+    @property
+    def scale_offset(self) -> int:
+        """Byte offset of the inline scale inside a row; -1 when the format has none."""
+        return self.head_size * self.elem_bytes if self.has_inline_scales else -1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.head_size * self.elem_bytes + (SCALE_BYTES if self.has_inline_scales else 0)
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.num_kv_heads * self.row_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of one half (K or V) of a block; V starts this far into the block."""
+        return self.block_size * self.slot_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return 2 * self.kv_bytes
+
+    def pool_bytes(self, num_blocks: int) -> int:
+        return num_blocks * self.block_bytes
+
+    def bytes_per_token(self) -> int:
+        """KV bytes one token costs in one layer (K and V, all KV heads, scales included)."""
+        return 2 * self.slot_bytes
+
+    def row_offset(self, block: int, kv: int, slot_in_block: int, head: int) -> int:
+        return block * self.block_bytes + kv * self.kv_bytes + slot_in_block * self.slot_bytes + head * self.row_bytes
+
+    # ---- views over a pool --------------------------------------------------------------------------------
+    def _check_pool(self, pool: torch.Tensor) -> int:
+        if pool.dtype != torch.uint8:
+            raise TypeError(f"a pool is a uint8 tensor, got {pool.dtype}")
+        nbytes = pool.numel()
+        if nbytes % self.block_bytes:
+            raise ValueError(f"pool of {nbytes} bytes is not a whole number of {self.block_bytes}-byte blocks")
+        return nbytes // self.block_bytes
+
+    def scale_views(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 views [num_blocks, block_size, num_kv_heads] of the K and V inline scales, sharing the pool's bytes."""
+        if not self.has_inline_scales:
+            raise ValueError(f"{self.kv_cache_dtype} has no inline scales")
+        num_blocks = self._check_pool(pool)
+        if pool.storage_offset() % SCALE_BYTES or self.row_bytes % SCALE_BYTES:
+            raise ValueError("inline scales must be 4-byte aligned")
+        words = torch.as_strided(pool, (pool.numel(),), (1,)).view(torch.float32)
+        size = (num_blocks, self.block_size, self.num_kv_heads)
+        stride = (self.block_bytes // 4, self.slot_bytes // 4, self.row_bytes // 4)
+        first = self.scale_offset // 4
+        k = torch.as_strided(words, size, stride, words.storage_offset() + first)
+        v = torch.as_strided(words, size, stride, words.storage_offset() + first + self.kv_bytes // 4)
+        return k, v
+
+    def code_views(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views [num_blocks, block_size, num_kv_heads, head_size] of the stored K and V elements."""
+        num_blocks = self._check_pool(pool)
+        flat = torch.as_strided(pool, (pool.numel(),), (1,))
+        eb = self.elem_bytes
+        if pool.storage_offset() % eb:
+            raise ValueError("pool is not aligned to its element size")
+        elems = flat.view(self.code_dtype)
+        size = (num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+        stride = (self.block_bytes // eb, self.slot_bytes // eb, self.row_bytes // eb, 1)
+        k = torch.as_strided(elems, size, stride, elems.storage_offset())
+        v = torch.as_strided(elems, size, stride, elems.storage_offset() + self.kv_bytes // eb)
+        return k, v
+
+    # ---- the contract ---------------------------------------------------------------------------------------
+    def check_compatible(self, other: "KVLayout", where: str = "") -> None:
+        """Raise KVLayoutMismatchError unless `other` addresses a pool exactly as this layout does."""
+        if self.spec_tuple() != other.spec_tuple():
+            at = f" for {where}" if where else ""
+            raise KVLayoutMismatchError(
+                f"KV layout mismatch{at}: the pool was allocated as {self.describe()} "
+                f"({self.elem_bytes} byte(s) per element, {self.block_bytes} bytes per block), but the backend "
+                f"addresses it as {other.describe()} ({other.elem_bytes} byte(s) per element, "
+                f"{other.block_bytes} bytes per block). The backend was built with a different cache config "
+                f"than the allocator; pass the same kv_cache_dtype to both."
+            )
+
+    def spec_tuple(self) -> tuple[int, ...]:
+        return tuple(getattr(self, f) for f in formats.SPEC_FIELDS)
+
+    def describe(self) -> str:
+        name = formats.NAMES[self.fmt]
+        return f"{name} (heads={self.num_kv_heads}, head_size={self.head_size}, block_size={self.block_size})"

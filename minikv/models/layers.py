@@ -1,0 +1,94 @@
+"""Building blocks of the tiny models: RMSNorm, rotary embedding, gated MLP, and the attention op.
+
+The attention op (`Attention`) is the seam between a model and the engine. With no forward context (training,
+and the dense golden reference) it computes plain attention on batched tensors [B, T, heads, D]. Under the
+engine's forward context it hands flattened tensors [T, heads, D] to the AttentionImpl the runner bound to it,
+together with the KV cache tensor the runner bound to it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minikv.attention.context import get_forward_context
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """Rotate pairs (x[..., :D/2], x[..., D/2:]) by position-dependent angles. x: [..., T, heads, D], positions: [..., T]."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = positions.to(torch.float32)[..., None] * inv                      # [..., T, D/2]
+    cos, sin = ang.cos()[..., None, :], ang.sin()[..., None, :]             # broadcast over heads
+    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * inter, bias=False)
+        self.down = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+def dense_attention(q, k, v, causal: bool, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain attention. q: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; key_mask: bool [B, S], True = attend."""
+    hq, hkv = q.shape[-2], k.shape[-2]
+    if hq != hkv:                                   # GQA / MQA: repeat each KV head for its query group
+        k = k.repeat_interleave(hq // hkv, dim=-2)
+        v = v.repeat_interleave(hq // hkv, dim=-2)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+    mask = None
+    if key_mask is not None:
+        mask = key_mask[:, None, None, :]
+        if causal:
+            t, s = q.shape[-2], k.shape[-2]
+            mask = mask & torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+        causal = False
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """The attention op of one layer (projections live in the model).
+
+    kind: "self" (causal, paged) or "cross" (non-causal over encoder K/V held in the cross pool).
+    kv_sharing_target: for a KV-sharing layer, the name of the earlier layer whose cache it reads; such a layer
+    has no K/V projections and never writes the cache.
+    """
+
+    def __init__(self, layer_name: str, num_heads: int, num_kv_heads: int, head_size: int,
+                 kind: str = "self", kv_sharing_target: str | None = None):
+        super().__init__()
+        if kind not in ("self", "cross"):
+            raise ValueError(f"kind must be 'self' or 'cross', got {kind!r}")
+        self.layer_name = layer_name
+        self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
+        self.kind = kind
+        self.kv_sharing_target = kv_sharing_target
+        self.impl = None        # set by the model runner
+        self.kv_cache = None    # set by the model runner (a KV-sharing layer gets its target's tensor object)
+
+    def forward(self, q, k, v, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        ctx = get_forward_context()
+        if ctx is None:
+            return dense_attention(q, k, v, causal=self.kind == "self", key_mask=key_mask)
+        if self.impl is None:
+            raise RuntimeError(f"{self.layer_name}: no attention impl bound; run it through the engine")
+        return self.impl.forward(self, q, k, v, ctx)
