@@ -1,0 +1,231 @@
+"""Byte addressing of a KV pool, shared by the kernels (Triton helpers) and their references (torch helpers).
+
+A pool is one contiguous run of bytes. The row of (block b, K=0/V=1 half kv, slot-in-block o, kv head h) starts at
+
+    b * block_bytes + kv * kv_bytes + o * slot_bytes + h * row_bytes
+
+and, for the per-token-head formats, its fp32 scale sits at row start + scale_offset. Token n of a sequence lives
+in block block_table[n // block_size] at slot-in-block n % block_size; a cache slot s is block s // block_size,
+slot-in-block s % block_size.
+
+The references gather and scatter the pool's bytes with exactly these offsets and reinterpret them with
+`.view(dtype)`. The kernels receive the pool as typed views (elements, and fp32 words for the scales) and the same
+offsets divided by the element size, so both sides address the same bytes.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import formats
+from .mode import INTERPRETED
+
+SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
+SCALE_BYTES = 4
+ELEM_BYTES = {formats.F16: 2, formats.BF16: 2, formats.F32: 4, formats.FP8: 1, formats.INT8_PTH: 1,
+              formats.FP8_PTH: 1}
+CODE_DTYPES = {formats.F16: torch.float16, formats.BF16: torch.bfloat16, formats.F32: torch.float32,
+               formats.FP8: torch.float8_e4m3fn, formats.INT8_PTH: torch.int8, formats.FP8_PTH: torch.float8_e4m3fn}
+AUTO_DTYPES = {formats.F16: torch.float16, formats.BF16: torch.bfloat16, formats.F32: torch.float32}
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# The format codes as Triton compile-time constants, so kernels can branch on them by name.
+F16: tl.constexpr = tl.constexpr(formats.F16)
+BF16: tl.constexpr = tl.constexpr(formats.BF16)
+F32: tl.constexpr = tl.constexpr(formats.F32)
+FP8: tl.constexpr = tl.constexpr(formats.FP8)
+INT8_PTH: tl.constexpr = tl.constexpr(formats.INT8_PTH)
+FP8_PTH: tl.constexpr = tl.constexpr(formats.FP8_PTH)
+
+
+# ---- checks shared by every kernel's validation ---------------------------------------------------------------
+def check_spec(spec) -> None:
+    """Raise unless `spec` carries every field of formats.SPEC_FIELDS with values a kernel can address."""
+    missing = [f for f in formats.SPEC_FIELDS if not hasattr(spec, f)]
+    if missing:
+        raise TypeError(f"spec {type(spec).__name__} lacks the field(s) {missing}; a spec needs "
+                        f"{formats.SPEC_FIELDS} (minikv.cache.layout.KVLayout is one)")
+    for f in formats.SPEC_FIELDS:
+        if not isinstance(getattr(spec, f), int):
+            raise TypeError(f"spec.{f} must be an int, got {getattr(spec, f)!r}")
+    if spec.fmt not in formats.NAMES:
+        raise ValueError(f"unknown cache format code {spec.fmt}; known: {formats.NAMES}")
+    if spec.head_size not in SUPPORTED_HEAD_SIZES:
+        raise ValueError(f"unsupported head size {spec.head_size}; supported: {SUPPORTED_HEAD_SIZES}")
+    if spec.elem_bytes != ELEM_BYTES[spec.fmt]:
+        raise ValueError(f"spec.elem_bytes={spec.elem_bytes} does not match format {formats.NAMES[spec.fmt]} "
+                         f"({ELEM_BYTES[spec.fmt]} byte(s) per element)")
+    if spec.num_kv_heads < 1 or spec.block_size < 1:
+        raise ValueError(f"num_kv_heads and block_size must be positive, got {spec.num_kv_heads}, {spec.block_size}")
+    if spec.block_size & (spec.block_size - 1):
+        raise ValueError(f"block_size must be a power of two, got {spec.block_size}")
+    align = SCALE_BYTES if formats.has_inline_scales(spec.fmt) else spec.elem_bytes
+    for f in ("row_bytes", "slot_bytes", "kv_bytes", "block_bytes"):
+        if getattr(spec, f) <= 0 or getattr(spec, f) % align:
+            raise ValueError(f"spec.{f}={getattr(spec, f)} must be a positive multiple of {align}")
+    if formats.has_inline_scales(spec.fmt):
+        if spec.scale_offset < spec.head_size * spec.elem_bytes or spec.scale_offset % SCALE_BYTES:
+            raise ValueError(f"spec.scale_offset={spec.scale_offset} must be a 4-byte aligned offset after the "
+                             f"row's {spec.head_size * spec.elem_bytes} code bytes")
+        if spec.scale_offset + SCALE_BYTES > spec.row_bytes:
+            raise ValueError(f"inline scale at byte {spec.scale_offset} does not fit a {spec.row_bytes}-byte row")
+    elif spec.head_size * spec.elem_bytes > spec.row_bytes:
+        raise ValueError(f"a {spec.head_size}-element head does not fit a {spec.row_bytes}-byte row")
+
+
+def check_pool(pool: torch.Tensor, spec) -> int:
+    """Raise unless `pool` is a contiguous uint8 tensor holding at least one block; return its block capacity."""
+    if not isinstance(pool, torch.Tensor):
+        raise TypeError(f"pool must be a torch.Tensor, got {type(pool).__name__}")
+    if pool.dtype != torch.uint8:
+        raise TypeError(f"a pool is a uint8 tensor of raw bytes, got {pool.dtype}")
+    if not pool.is_contiguous():
+        raise ValueError("the pool tensor must be contiguous")
+    align = SCALE_BYTES if formats.has_inline_scales(spec.fmt) else spec.elem_bytes
+    if pool.data_ptr() % align:
+        raise ValueError(f"the pool's first byte must be {align}-byte aligned for {formats.NAMES[spec.fmt]}")
+    capacity = pool_capacity(pool, spec)
+    if capacity < 1:
+        raise ValueError(f"pool of {pool.numel()} bytes holds no whole {spec.block_bytes}-byte block")
+    return capacity
+
+
+def check_float_tensor(name: str, t, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if t.dtype == torch.bfloat16 and INTERPRETED:
+        raise TypeError(f"{name} is bfloat16, which the Triton interpreter (CPU) cannot run; use float16 or "
+                        f"float32 on CPU")
+
+
+def check_int_tensor(name: str, t, dtype: torch.dtype, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+
+
+def check_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, spec, capacity: int) -> None:
+    """Every block a sequence of length seq_lens[b] uses must be a block of the pool."""
+    lens = seq_lens.to("cpu", torch.int64)
+    max_blocks = block_tables.shape[1]
+    if bool((lens > max_blocks * spec.block_size).any()):
+        raise ValueError(f"seq_lens up to {int(lens.max())} exceed what the block table holds "
+                         f"({max_blocks} blocks x {spec.block_size} slots = {max_blocks * spec.block_size})")
+    used = torch.arange(max_blocks)[None, :] < (lens[:, None] + spec.block_size - 1) // spec.block_size
+    entries = block_tables.to("cpu", torch.int64)[used]
+    bad = (entries < 0) | (entries >= capacity)
+    if bool(bad.any()):
+        raise ValueError(f"block table entry {int(entries[bad][0])} is outside the pool, which holds {capacity} "
+                         f"blocks of {spec.block_bytes} bytes")
+
+
+def check_scale(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or not (0.0 < float(value) < float("inf")):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+# ---- torch side: the references' byte arithmetic ---------------------------------------------------------------
+def pool_capacity(pool: torch.Tensor, spec) -> int:
+    return pool.numel() // spec.block_bytes
+
+
+def row_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
+    """int64 [N, num_kv_heads]: byte offset of each row of the cache slots `slots` (int64 [N]) in half `kv`."""
+    slots = slots.to(torch.int64)
+    block, in_block = slots // spec.block_size, slots % spec.block_size
+    heads = torch.arange(spec.num_kv_heads, device=slots.device, dtype=torch.int64)
+    start = block * spec.block_bytes + kv * spec.kv_bytes + in_block * spec.slot_bytes
+    return start[:, None] + heads[None, :] * spec.row_bytes
+
+
+def sequence_slots(block_table_row: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """int64 [length]: the cache slot of each of a sequence's first `length` tokens."""
+    n = torch.arange(length, device=block_table_row.device, dtype=torch.int64)
+    return block_table_row.to(torch.int64)[n // block_size] * block_size + n % block_size
+
+
+def _flat(pool: torch.Tensor) -> torch.Tensor:
+    return pool.reshape(-1)
+
+
+def gather_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int):
+    """Read rows back: codes [N, H, D] in the format's dtype, and fp32 scales [N, H] (None without inline scales)."""
+    flat, rows = _flat(pool), row_byte_offsets(spec, slots, kv)
+    code_bytes = spec.head_size * spec.elem_bytes
+    idx = rows[:, :, None] + torch.arange(code_bytes, device=pool.device)
+    codes = flat[idx].view(CODE_DTYPES[spec.fmt])
+    if not formats.has_inline_scales(spec.fmt):
+        return codes, None
+    sidx = rows[:, :, None] + spec.scale_offset + torch.arange(SCALE_BYTES, device=pool.device)
+    return codes, flat[sidx].view(torch.float32)[..., 0]
+
+
+def scatter_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int, codes: torch.Tensor,
+                 scales: torch.Tensor | None) -> None:
+    """Write codes [N, H, D] (format dtype) and fp32 scales [N, H] into the rows of `slots`."""
+    flat, rows = _flat(pool), row_byte_offsets(spec, slots, kv)
+    code_bytes = spec.head_size * spec.elem_bytes
+    idx = rows[:, :, None] + torch.arange(code_bytes, device=pool.device)
+    flat[idx] = codes.contiguous().view(torch.uint8).reshape(idx.shape)
+    if scales is not None:
+        sidx = rows[:, :, None] + spec.scale_offset + torch.arange(SCALE_BYTES, device=pool.device)
+        flat[sidx] = scales.to(torch.float32).contiguous()[..., None].view(torch.uint8).reshape(sidx.shape)
+
+
+def gather_sequence(pool: torch.Tensor, spec, block_table_row: torch.Tensor, length: int, kv: int,
+                    layer_scale: float = 1.0) -> torch.Tensor:
+    """float32 [length, H, D]: a sequence's K (kv=0) or V (kv=1), dequantized as the format says."""
+    codes, scales = gather_rows(pool, spec, sequence_slots(block_table_row, length, spec.block_size), kv)
+    x = codes.to(torch.float32)
+    if scales is not None:
+        x = x * scales[..., None]
+    if spec.fmt == formats.FP8:
+        x = x * layer_scale
+    return x
+
+
+# ---- torch side: what the kernels receive ---------------------------------------------------------------------
+def typed_pool(pool: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The pool's bytes as a flat tensor of `dtype` (the kernels index it in units of that dtype)."""
+    flat = _flat(pool)
+    size = torch.tensor([], dtype=dtype).element_size()
+    return flat[: flat.numel() // size * size].view(dtype)
+
+
+def element_strides(spec) -> tuple[int, int, int, int]:
+    """(block, kv, slot, row) strides in elements of the format's code dtype."""
+    eb = spec.elem_bytes
+    return spec.block_bytes // eb, spec.kv_bytes // eb, spec.slot_bytes // eb, spec.row_bytes // eb
+
+
+def read_views(pool: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scales) pointers for a reading kernel: codes in the format's dtype, scales as fp32 words."""
+    codes = typed_pool(pool, CODE_DTYPES[spec.fmt])
+    scales = typed_pool(pool, torch.float32) if formats.has_inline_scales(spec.fmt) else codes
+    return codes, scales
+
+
+# ---- Triton side --------------------------------------------------------------------------------------------
+@triton.jit
+def paged_rows(block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_stride, slot_stride, head_offset):
+    """Element offsets (int64) of the rows of tokens `n` of one sequence, for one kv head, in the K half.
+
+    `block_table_ptr` points at the sequence's row of the block table. Tokens outside `mask` get offset 0.
+    """
+    block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
+    rows = block * block_stride + (n % BLOCK_SIZE).to(tl.int64) * slot_stride + head_offset
+    return tl.where(mask, rows, 0)
+
+
+@triton.jit
+def row_scales(scales_ptr, rows, mask, scale_offset):
+    """fp32 inline scales of byte-element rows `rows` (per-token-head formats, 1-byte codes)."""
+    return tl.load(scales_ptr + (rows + scale_offset) // 4, mask=mask, other=1.0)

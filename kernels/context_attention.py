@@ -1,0 +1,330 @@
+"""Context (prefill) attention over variable-length sequences, flash-attention style.
+
+Two entry points share one kernel:
+
+* `context_attention` - the UNFUSED path: K/V come from the 16/32-bit workspace tensors [Tk, Hkv, D] that the
+  layer just computed (the cache is written separately, by write_kv).
+* `paged_context_attention` - the FUSED path: K/V are read back from the paged cache, in the cache's format
+  (codes dequantized through their scales), which is what prefix caching and cross attention over a cached
+  encoder need.
+
+Causal attention aligns the last query of a sequence with its last key: query i of a sequence with q_len queries
+and kv_len keys sees keys 0 .. kv_len - q_len + i. Non-causal attention (cross attention) sees all kv_len keys.
+
+A program owns BLOCK_M rows of one sequence and one kv head, where a row is a (query, head-of-the-GQA-group)
+pair, so K/V tiles are loaded once per group. Programs find their sequence themselves from cu_seqlens_q (a
+prefix sum over per-sequence tile counts), so the launch needs no host sync. Each program first runs over the
+keys every row may see (no masks), then over the diagonal and the ragged tail (masked).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import formats, launch
+from .addressing import (AUTO_DTYPES, FP8, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
+                         check_scale, check_spec, element_strides, gather_sequence, paged_rows, read_views,
+                         row_scales)
+from .mode import require_device
+
+LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def _find_tile(cu_q_ptr, pid, num_seqs, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Map a program id to (sequence, tile-within-sequence, tiles in that sequence); sequence = num_seqs if none."""
+    i = tl.arange(0, BLOCK_B)
+    used = i < num_seqs
+    lo = tl.load(cu_q_ptr + i, mask=used, other=0)
+    hi = tl.load(cu_q_ptr + i + 1, mask=used, other=0)
+    tiles = tl.cdiv((hi - lo) * GROUP, BLOCK_M)
+    ends = tl.cumsum(tiles, axis=0)
+    seq = tl.sum((ends <= pid).to(tl.int32), axis=0)
+    first = tl.sum(tl.where(i == seq, ends - tiles, 0), axis=0)
+    count = tl.sum(tl.where(i == seq, tiles, 0), axis=0)
+    return seq, pid - first, count
+
+
+@triton.jit
+def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, table, codes_ptr, scales_ptr,
+            kv_stride, block_stride, slot_stride, head_row, scale_offset, qk_scale, q_index, causal_offset,
+            d, PAGED: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_SCALES: tl.constexpr,
+            BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K/V tile of the online softmax: returns the updated (max, sum, accumulator)."""
+    n = start_n + tl.arange(0, BLOCK_N)
+    valid = n < kv_len
+    if PAGED:
+        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row)
+        k_tile = codes_ptr + rows[:, None] + d[None, :]
+        v_tile = codes_ptr + kv_stride + rows[:, None] + d[None, :]
+    else:
+        k_tile = k_ptr + n[:, None].to(tl.int64) * stride_kt + d[None, :]
+        v_tile = v_ptr + n[:, None].to(tl.int64) * stride_vt + d[None, :]
+    if MASKED:
+        k = tl.load(k_tile, mask=valid[:, None], other=0.0).to(q.dtype)
+        v = tl.load(v_tile, mask=valid[:, None], other=0.0).to(q.dtype)
+    else:      # every key of the tile exists: unmasked loads vectorize best
+        k = tl.load(k_tile).to(q.dtype)
+        v = tl.load(v_tile).to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if HAS_SCALES:
+        s = s * row_scales(scales_ptr, rows, valid, scale_offset)[None, :]
+    if MASKED:
+        visible = valid[None, :]
+        if CAUSAL:
+            visible = visible & (n[None, :] <= causal_offset + q_index[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    if HAS_SCALES:
+        p = p * row_scales(scales_ptr, rows + kv_stride, valid, scale_offset)[None, :]
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
+def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, seq_lens_ptr,
+                    out_ptr, num_seqs, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    stride_ot, stride_oh, stride_bt, block_stride, kv_stride, slot_stride, row_stride, scale_offset,
+                    qk_scale, v_layer_scale,
+                    PAGED: tl.constexpr, CAUSAL: tl.constexpr, FMT: tl.constexpr, HAS_SCALES: tl.constexpr,
+                    GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, DOT_F32: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
+    kv_head = tl.program_id(1)
+    seq, tile, num_tiles = _find_tile(cu_q_ptr, tl.program_id(0), num_seqs, GROUP, BLOCK_M, BLOCK_B)
+    if seq < num_seqs:
+        if CAUSAL:
+            tile = num_tiles - 1 - tile          # the longest tiles of a sequence start first
+        q_start = tl.load(cu_q_ptr + seq)
+        q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+        if PAGED:
+            kv_len = tl.load(seq_lens_ptr + seq)
+            k_base = k_ptr
+            v_base = v_ptr
+        else:
+            k_start = tl.load(cu_k_ptr + seq)
+            kv_len = tl.load(cu_k_ptr + seq + 1) - k_start
+            k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
+            v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+
+        r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        q_index = r // GROUP
+        head = kv_head * GROUP + r % GROUP
+        d = tl.arange(0, HEAD_SIZE)
+        row_valid = q_index < q_len
+        q_rows = (q_start + q_index).to(tl.int64)
+        q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                    mask=row_valid[:, None], other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
+
+        causal_offset = kv_len - q_len
+        if CAUSAL:
+            first_q = tile * BLOCK_M // GROUP
+            last_q = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
+            end = tl.minimum(kv_len, causal_offset + last_q + 1)
+            unmasked_end = tl.minimum(kv_len, causal_offset + first_q + 1) // BLOCK_N * BLOCK_N
+        else:
+            end = kv_len
+            unmasked_end = kv_len // BLOCK_N * BLOCK_N
+
+        table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        head_row = kv_head.to(tl.int64) * row_stride
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
+        for start_n in range(0, unmasked_end, BLOCK_N):
+            m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
+                                codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
+                                qk_scale, q_index, causal_offset, d, PAGED, False, CAUSAL, HAS_SCALES, BLOCK_SIZE,
+                                BLOCK_N, DOT_PRECISION)
+        for start_n in range(unmasked_end, end, BLOCK_N):
+            m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
+                                codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
+                                qk_scale, q_index, causal_offset, d, PAGED, True, CAUSAL, HAS_SCALES, BLOCK_SIZE,
+                                BLOCK_N, DOT_PRECISION)
+        out = acc / l[:, None]
+        if FMT == FP8:
+            out = out * v_layer_scale
+        tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fields, causal, sm_scale,
+            v_layer_scale, num_kv_heads, paged):
+    """Shared launcher; `spec_fields` = (fmt, block_size, (block, kv, slot, row) strides, scale_offset)."""
+    fmt, block_size, strides, scale_offset = spec_fields
+    num_tokens, num_heads, head_size = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    batch = cu_q.shape[0] - 1
+    if num_tokens == 0 or batch == 0:
+        return out
+    group = num_heads // num_kv_heads
+    if q.device.type == "cpu":      # host values are free on CPU: size tiles and the grid exactly
+        q_lens = (cu_q[1:] - cu_q[:-1]).tolist()
+        kv_lens = (seq_lens if paged else cu_k[1:] - cu_k[:-1]).tolist()
+        cfg = launch.context_config(head_size, q.dtype, max(q_lens) * group, max(kv_lens))
+        programs = sum(triton.cdiv(n * group, cfg.block_m) for n in q_lens)
+    else:
+        cfg = launch.context_config(head_size, q.dtype)
+        programs = triton.cdiv(num_tokens * group, cfg.block_m) + batch    # an upper bound; extras exit at once
+    if programs == 0:
+        return out
+    dot_f32 = launch.dot_in_float32(q.dtype)       # "tf32" below is ignored for 16-bit operands
+    _context_kernel[(programs, num_kv_heads)](
+        q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, out, batch,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), block_tables.stride(0), *strides, scale_offset,
+        sm_scale * LOG2E, v_layer_scale,
+        PAGED=paged, CAUSAL=bool(causal), FMT=fmt, HAS_SCALES=formats.has_inline_scales(fmt), GROUP=group,
+        HEAD_SIZE=head_size, BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_B=max(16, triton.next_power_of_2(batch)), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int) -> torch.Tensor:
+    host = cu.cpu()
+    if host.numel() < 1 or int(host[0]) != 0 or int(host[-1]) != total or bool((host[1:] < host[:-1]).any()):
+        raise ValueError(f"{name} must start at 0, never decrease and end at the token count {total}, "
+                         f"got {host.tolist()}")
+    return (host[1:] - host[:-1]).to(torch.int64)
+
+
+def _check_lengths(q_lens: torch.Tensor, kv_lens: torch.Tensor, causal: bool) -> None:
+    if causal and bool((kv_lens < q_lens).any()):
+        raise ValueError("causal attention needs at least as many keys as queries in every sequence "
+                         f"(q lengths {q_lens.tolist()}, kv lengths {kv_lens.tolist()})")
+    if bool(((q_lens > 0) & (kv_lens < 1)).any()):
+        raise ValueError(f"a sequence with queries has no keys (kv lengths {kv_lens.tolist()})")
+
+
+def _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal) -> None:
+    check_float_tensor("q", q, 3)
+    check_float_tensor("k", k, 3)
+    check_float_tensor("v", v, 3)
+    check_int_tensor("cu_seqlens_q", cu_seqlens_q, torch.int32, 1)
+    check_int_tensor("cu_seqlens_k", cu_seqlens_k, torch.int32, 1)
+    require_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got {list(k.shape)} and {list(v.shape)}")
+    head_size = q.shape[2]
+    if head_size not in SUPPORTED_HEAD_SIZES or k.shape[2] != head_size:
+        raise ValueError(f"unsupported head sizes q {head_size} / k {k.shape[2]}; both must be one of "
+                         f"{SUPPORTED_HEAD_SIZES}")
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]} kv heads")
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must describe the same number of sequences")
+    q_lens = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    kv_lens = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
+    _check_lengths(q_lens, kv_lens, causal)
+
+
+def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float, validate: bool = True) -> torch.Tensor:
+    """Attention of q [Tq, Hq, D] over workspace k/v [Tk, Hkv, D]; sequences delimited by cu_seqlens (int32 [B+1])."""
+    if validate:
+        _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    spec_fields = (formats.F16, 16, (0, 0, 0, 0), 0)       # no cache involved
+    return _launch(q, k, v, q, q, cu_seqlens_q, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q, spec_fields, causal,
+                   sm_scale, 1.0, k.shape[1], paged=False)
+
+
+def context_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float,
+                                validate: bool = True) -> torch.Tensor:
+    if validate:
+        _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        _attend_reference(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]].float(), v[ck[b]:ck[b + 1]].float(), causal,
+                          sm_scale, out[cq[b]:cq[b + 1]])
+    return out
+
+
+def _attend_reference(q, k, v, causal, sm_scale, out) -> None:
+    """fp32 attention of one sequence: q [n, Hq, D] over k/v [kv_len, Hkv, D] (float32), written into out."""
+    q_len, kv_len = q.shape[0], k.shape[0]
+    if q_len == 0:
+        return
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.to(torch.float32), k) * sm_scale
+    if causal:
+        i = torch.arange(q_len, device=q.device)[:, None]
+        j = torch.arange(kv_len, device=q.device)[None, :]
+        scores = scores.masked_fill(j > kv_len - q_len + i, float("-inf"))
+    out.copy_(torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).to(out.dtype))
+
+
+def _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal, k_scale, v_scale) -> None:
+    check_spec(spec)
+    check_float_tensor("q", q, 3)
+    check_int_tensor("block_tables", block_tables, torch.int32, 2)
+    check_int_tensor("cu_seqlens_q", cu_seqlens_q, torch.int32, 1)
+    check_int_tensor("seq_lens", seq_lens, torch.int32, 1)
+    capacity = check_pool(pool, spec)
+    require_device(q, pool, block_tables, cu_seqlens_q, seq_lens)
+    if q.shape[2] != spec.head_size:
+        raise ValueError(f"q has head size {q.shape[2]}, the cache {spec.head_size}")
+    if q.shape[1] % spec.num_kv_heads:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {spec.num_kv_heads} kv heads")
+    batch = seq_lens.shape[0]
+    if cu_seqlens_q.shape[0] != batch + 1 or block_tables.shape[0] != batch:
+        raise ValueError(f"seq_lens has {batch} sequences, cu_seqlens_q must have {batch + 1} entries (got "
+                         f"{cu_seqlens_q.shape[0]}) and block_tables {batch} rows (got {block_tables.shape[0]})")
+    if spec.fmt in AUTO_DTYPES and AUTO_DTYPES[spec.fmt] == torch.bfloat16 and q.dtype != torch.bfloat16:
+        raise TypeError("a bfloat16 cache needs a bfloat16 q")
+    if spec.fmt == formats.FP8:
+        check_scale("k_scale", k_scale)
+        check_scale("v_scale", v_scale)
+    q_lens = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    kv_lens = seq_lens.cpu().to(torch.int64)
+    if bool((kv_lens < 0).any()):
+        raise ValueError(f"seq_lens must not be negative, got {kv_lens.tolist()}")
+    _check_lengths(q_lens, kv_lens, causal)
+    check_block_tables(block_tables, seq_lens, spec, capacity)
+
+
+def paged_context_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
+                            cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, spec, causal: bool, sm_scale: float,
+                            k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True) -> torch.Tensor:
+    """Attention of q [Tq, Hq, D] over the first seq_lens[b] cached tokens of each sequence's block table."""
+    if validate:
+        _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal, k_scale, v_scale)
+    q = _last_dim_contiguous(q)
+    codes, scales = read_views(pool, spec)
+    layer_k = float(k_scale) if spec.fmt == formats.FP8 else 1.0
+    spec_fields = (spec.fmt, spec.block_size, element_strides(spec), spec.scale_offset)
+    return _launch(q, q, q, codes, scales, block_tables, cu_seqlens_q, cu_seqlens_q, seq_lens, spec_fields, causal,
+                   sm_scale * layer_k, float(v_scale), spec.num_kv_heads, paged=True)
+
+
+def paged_context_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
+                                      cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, spec, causal: bool,
+                                      sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                                      validate: bool = True) -> torch.Tensor:
+    if validate:
+        _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal, k_scale, v_scale)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    cq = cu_seqlens_q.tolist()
+    for b, kv_len in enumerate(seq_lens.tolist()):
+        k = gather_sequence(pool, spec, block_tables[b], kv_len, 0, k_scale)
+        v = gather_sequence(pool, spec, block_tables[b], kv_len, 1, v_scale)
+        _attend_reference(q[cq[b]:cq[b + 1]], k, v, causal, sm_scale, out[cq[b]:cq[b + 1]])
+    return out

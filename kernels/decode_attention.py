@@ -1,0 +1,191 @@
+"""paged_decode_attention: one query token per sequence attends to the first seq_lens[b] tokens of its paged cache.
+
+Used for self-attention decode (the sequence includes the current token, already written) and for
+cross-attention decode over the encoder tokens: no causal mask either way.
+
+One program handles one (sequence, kv head) and all query heads of that GQA group at once, so each K/V row is
+read once per group. It walks the sequence in tiles of BLOCK_N tokens, looking each token's block up in the
+block table, and keeps an online softmax in fp32. Quantized caches are read as codes: the K scale (per token-head
+or per layer) multiplies the scores and the V scale the probabilities, so no dequantized K/V is ever built.
+
+Split-K: with few sequences the GPU would idle, so the tokens of a sequence are split over NUM_SPLITS programs
+that each write a partial (max, sum, unnormalized output); a second kernel merges them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import formats, launch
+from .addressing import (AUTO_DTYPES, FP8, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
+                         check_scale, check_spec, element_strides, gather_sequence, paged_rows, read_views,
+                         row_scales)
+from .mode import require_device
+
+LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+                   stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
+                   block_stride, kv_stride, slot_stride, row_stride, scale_offset, qk_scale, v_layer_scale,
+                   FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                   HAS_SCALES: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, HEAD_SIZE)
+    heads = kv_head * GROUP + g
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=(g < GROUP)[:, None], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_SIZE], tl.float32)
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    for start_n in range(start, end, BLOCK_N):
+        n = start_n + tl.arange(0, BLOCK_N)
+        valid = n < end
+        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, kv_head.to(tl.int64) * row_stride)
+        k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if HAS_SCALES:
+            s = s * row_scales(scales_ptr, rows, valid, scale_offset)[None, :]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(codes_ptr + kv_stride + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+        if HAS_SCALES:
+            p = p * row_scales(scales_ptr, rows + kv_stride, valid, scale_offset)[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+        m = m_new
+    if FMT == FP8:
+        acc = acc * v_layer_scale
+
+    head_mask = g < GROUP
+    if NUM_SPLITS == 1:
+        out = acc / l[:, None]
+        tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+    else:
+        # partials laid out [B, Hq, NUM_SPLITS, D] and [B, Hq, NUM_SPLITS, 2] (max, sum)
+        part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
+        tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :], acc, mask=head_mask[:, None])
+        tl.store(part_ml_ptr + part * 2, m, mask=head_mask)
+        tl.store(part_ml_ptr + part * 2 + 1, l, mask=head_mask)
+
+
+@triton.jit
+def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_heads, stride_ob, stride_oh,
+                         HEAD_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, HEAD_SIZE)
+    part = (b.to(tl.int64) * num_heads + head) * NUM_SPLITS + sp
+    used = sp < NUM_SPLITS
+    m = tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"))
+    l = tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :], mask=used[:, None], other=0.0)
+    m_all = tl.max(m, axis=0)                      # finite: the first split always holds a token
+    w = tl.exp2(m - m_all)                         # empty splits (max -inf) weigh 0
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
+def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> None:
+    check_spec(spec)
+    check_float_tensor("q", q, 3)
+    check_int_tensor("block_tables", block_tables, torch.int32, 2)
+    check_int_tensor("seq_lens", seq_lens, torch.int32, 1)
+    capacity = check_pool(pool, spec)
+    require_device(q, pool, block_tables, seq_lens, out)
+    batch, num_heads, head_size = q.shape
+    if head_size != spec.head_size:
+        raise ValueError(f"q has head size {head_size}, the cache {spec.head_size}")
+    if num_heads % spec.num_kv_heads:
+        raise ValueError(f"q has {num_heads} heads, not a multiple of the cache's {spec.num_kv_heads} kv heads")
+    if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
+        raise ValueError(f"q has {batch} sequences but block_tables has {block_tables.shape[0]} rows and "
+                         f"seq_lens {seq_lens.shape[0]} entries")
+    if spec.fmt in AUTO_DTYPES and AUTO_DTYPES[spec.fmt] == torch.bfloat16 and q.dtype != torch.bfloat16:
+        raise TypeError("a bfloat16 cache needs a bfloat16 q")
+    if spec.fmt == formats.FP8:
+        check_scale("k_scale", k_scale)
+        check_scale("v_scale", v_scale)
+    if out is not None and (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.stride(-1) != 1):
+        raise ValueError(f"out must be a {q.dtype} tensor of shape {list(q.shape)} with unit last stride, got "
+                         f"{out.dtype} {list(out.shape)}")
+    if batch and int(seq_lens.min()) < 1:
+        raise ValueError("every seq_lens entry must be at least 1")
+    check_block_tables(block_tables, seq_lens, spec, capacity)
+
+
+def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                           spec, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                           out: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
+    """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype."""
+    if validate:
+        _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    batch, num_heads, head_size = q.shape
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if batch == 0:
+        return out
+    group = num_heads // spec.num_kv_heads
+    max_len = int(seq_lens.max()) if q.device.type == "cpu" else block_tables.shape[1] * spec.block_size
+    cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, max_len, q.device)
+    codes, scales = read_views(pool, spec)
+    qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)
+    if cfg.num_splits > 1:
+        part_acc = torch.empty(batch, num_heads, cfg.num_splits, head_size, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(batch, num_heads, cfg.num_splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = out
+    dot_f32 = launch.dot_in_float32(q.dtype)       # "tf32" below is ignored for 16-bit operands
+    _decode_kernel[(batch, spec.num_kv_heads, cfg.num_splits)](
+        q, codes, scales, block_tables, seq_lens, out, part_acc, part_ml,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        *element_strides(spec), spec.scale_offset, qk_scale, float(v_scale),
+        FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
+        BLOCK_N=cfg.block_n, NUM_SPLITS=cfg.num_splits, HAS_SCALES=formats.has_inline_scales(spec.fmt),
+        DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.num_splits > 1:
+        _merge_splits_kernel[(batch, num_heads)](
+            part_acc, part_ml, out, num_heads, out.stride(0), out.stride(1),
+            HEAD_SIZE=head_size, NUM_SPLITS=cfg.num_splits, BLOCK_S=triton.next_power_of_2(cfg.num_splits))
+    return out
+
+
+def paged_decode_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
+                                     seq_lens: torch.Tensor, spec, sm_scale: float, k_scale: float = 1.0,
+                                     v_scale: float = 1.0, out: torch.Tensor | None = None,
+                                     validate: bool = True) -> torch.Tensor:
+    """The same attention in fp32 torch, one sequence at a time, K/V gathered from the pool's bytes."""
+    if validate:
+        _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    group = q.shape[1] // spec.num_kv_heads
+    for b, length in enumerate(seq_lens.tolist()):
+        k = gather_sequence(pool, spec, block_tables[b], length, 0, k_scale).repeat_interleave(group, dim=1)
+        v = gather_sequence(pool, spec, block_tables[b], length, 1, v_scale).repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[b].to(torch.float32), k) * sm_scale
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v).to(out.dtype)
+    return out

@@ -1,0 +1,99 @@
+"""Launch configurations per device: tile sizes, program counts, warps and pipeline stages for each kernel.
+
+The two modes want opposite things. A compiled kernel on a GPU wants many programs (enough to fill every SM) with
+tiles sized for registers and shared memory. The Triton interpreter runs each program as Python over numpy
+arrays, at roughly a millisecond per program plus tens of microseconds per tile operation, so on CPU we launch
+as few programs as possible with tiles as large as the problem.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .mode import INTERPRETED
+
+# Largest tile (elements) an interpreted program handles at once; numpy is fast at this size.
+CPU_TILE_ELEMENTS = 1 << 16
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    block_t: int          # tokens per program
+    block_h: int          # kv heads per program (all of them, padded to a power of two)
+    num_warps: int = 4
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_g: int          # query heads of one GQA group, padded (>= 16 on GPU for tl.dot)
+    block_n: int          # tokens per tile
+    num_splits: int       # programs sharing one sequence's tokens (split-K); 1 = no reduction pass
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    block_m: int          # rows per program: (query, head-of-group) pairs
+    block_n: int          # keys per tile
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+@functools.cache
+def num_sms(device_index: int = 0) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def dot_in_float32(dtype: torch.dtype) -> bool:
+    """Whether attention feeds tl.dot float32 tiles: always in the interpreter (numpy has no fast float16 matmul,
+    and float16 products are exact in float32), else only for float32 models (with IEEE precision, not TF32)."""
+    return INTERPRETED or dtype == torch.float32
+
+
+def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig:
+    block_h = _pow2(num_heads)
+    per_token = block_h * head_size
+    if INTERPRETED:
+        return WriteConfig(block_t=min(_pow2(num_tokens), max(1, CPU_TILE_ELEMENTS // per_token)), block_h=block_h)
+    return WriteConfig(block_t=min(_pow2(num_tokens), max(1, 4096 // per_token)), block_h=block_h, num_warps=4)
+
+
+def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, max_len: int,
+                  device: torch.device) -> DecodeConfig:
+    """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync)."""
+    if INTERPRETED:
+        block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
+        return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
+    block_n = 64 if head_size <= 128 else 32
+    programs = batch * num_kv_heads
+    sms = num_sms(device.index or 0)
+    splits = 1
+    if programs < sms:
+        # enough programs for about two per SM, each keeping at least four tiles of work
+        splits = min(triton.cdiv(2 * sms, programs), max(1, max_len // (4 * block_n)), 64)
+    return DecodeConfig(block_g=max(16, _pow2(group)), block_n=block_n, num_splits=splits, num_warps=4,
+                        num_stages=3 if head_size <= 128 else 2)
+
+
+def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = None,
+                   max_kv_len: int | None = None) -> ContextConfig:
+    """`max_rows` (longest q_len x group) and `max_kv_len` are only used on CPU, where they are cheap to know."""
+    if INTERPRETED:
+        block_m = min(_pow2(max_rows or 1), 512)
+        block_n = min(_pow2(max_kv_len or 1), 256, max(16, 2 * CPU_TILE_ELEMENTS // block_m))
+        return ContextConfig(block_m=block_m, block_n=block_n)
+    if dtype == torch.float32:
+        return ContextConfig(block_m=64, block_n=32 if head_size <= 128 else 16, num_warps=4, num_stages=2)
+    if head_size <= 64:
+        return ContextConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
+    if head_size <= 128:
+        return ContextConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    return ContextConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)

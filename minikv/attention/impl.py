@@ -1,0 +1,172 @@
+"""AttentionImpl: one decoder self-attention layer's access to the paged KV cache. Home of defect A.
+
+Per step, a KV-owning layer writes the new tokens' K/V into its cache (quantizing them), then attends over the
+cache; a KV-sharing layer writes nothing and attends over its target layer's cache, which the model runner bound
+to it as the *same tensor object*.
+
+Per-token-head formats keep an fp32 scale inline in every cache row. The impl addresses those scales through
+fp32 views over the cache bytes (`KVLayout.scale_views`). A freshly allocated cache is zero-filled, so the scale
+regions must be set to 1.0 once before any kernel reads a slot nobody wrote. *When* that happens is defect A:
+
+* HISTORICAL (scale-wipe): each impl builds its views lazily on first touch and fills the whole storage's scale
+  regions then. Warmup touches only KV-owning layers; a KV-sharing layer's first touch comes in the middle of the
+  first real forward pass, after its target layer wrote the prompt's real scales into the shared storage, and
+  the fill wipes them.
+* FIX: a class-level registry keyed by the storage (data pointer and size, with a weak reference to the cache
+  tensor so that a freed-and-reused address counts as new) initializes each storage exactly once.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from minikv.attention.backend import KernelOps
+from minikv.attention.context import ForwardContext
+from minikv.cache.layout import KVLayout
+
+
+@dataclass
+class ScaleFill:
+    """One fill of a storage's scale regions with 1.0, as seen by the census."""
+
+    layer: str
+    step: int                     # -1: during warmup
+    storage_key: tuple[int, int]
+    overwritten: int              # written scales (not 0.0, not 1.0) that the fill replaced
+    wiped_k_scales: torch.Tensor | None = None   # the overwritten K scales [blocks, block_size, heads], if any
+    wiped_v_scales: torch.Tensor | None = None
+
+
+@dataclass
+class ScaleFillCensus:
+    """Every scale-region fill of one engine: fills that wipe nothing versus late fills that wipe written scales."""
+
+    fills: list[ScaleFill] = field(default_factory=list)
+
+    def record(self, fill: ScaleFill) -> None:
+        self.fills.append(fill)
+
+    @property
+    def harmless(self) -> list[ScaleFill]:
+        return [f for f in self.fills if f.overwritten == 0]
+
+    @property
+    def wiping(self) -> list[ScaleFill]:
+        return [f for f in self.fills if f.overwritten > 0]
+
+    def summary(self) -> str:
+        wiped = ", ".join(f"{f.layer}@step{f.step}: {f.overwritten:,}" for f in self.wiping) or "none"
+        return f"{len(self.fills)} fills: {len(self.harmless)} wiped nothing; late fills that wiped scales: {wiped}"
+
+
+def storage_key(kv_cache: torch.Tensor) -> tuple[int, int]:
+    """(first byte's address, size in bytes): two layers packed in one allocation get different keys."""
+    return kv_cache.data_ptr(), kv_cache.numel() * kv_cache.element_size()
+
+
+def _written_scales(k: torch.Tensor, v: torch.Tensor) -> int:
+    return int(((k != 0) & (k != 1)).sum() + ((v != 0) & (v != 1)).sum())
+
+
+class AttentionImpl:
+    """Self-attention over a paged cache (causal prefill, single-token decode)."""
+
+    # FIX (scale-wipe): storages whose scale regions were initialized, keyed by (data_ptr, nbytes).
+    _initialized_storages: dict[tuple[int, int], weakref.ref] = {}
+
+    def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
+                 kv_sharing_target: str | None = None, historical_scale_init: bool = False,
+                 census: ScaleFillCensus | None = None, k_scale: float = 1.0, v_scale: float = 1.0):
+        if num_heads % layout.num_kv_heads:
+            raise ValueError(f"{layer_name}: {num_heads} query heads are not a multiple of "
+                             f"{layout.num_kv_heads} KV heads")
+        self.layer_name = layer_name
+        self.num_heads = num_heads
+        self.layout = layout
+        self.ops = ops
+        self.kv_sharing_target = kv_sharing_target
+        self.historical_scale_init = historical_scale_init
+        self.census = census if census is not None else ScaleFillCensus()
+        self.k_scale, self.v_scale = k_scale, v_scale
+        self.sm_scale = layout.head_size ** -0.5
+        self._views: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._views_of: weakref.ref | None = None
+        self._step = -1
+
+    # ---- the defect site: inline-scale views -----------------------------------------------------------------
+    def scale_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """fp32 views of the K and V inline scales of `kv_cache` (None for formats without inline scales)."""
+        if not self.layout.has_inline_scales:
+            return None
+        if self.historical_scale_init:
+            return self._scale_views_historical(kv_cache)
+        return self._scale_views_once_per_storage(kv_cache)
+
+    def _scale_views_historical(self, kv_cache):
+        # HISTORICAL (scale-wipe): lazy, per impl instance. The first time *this impl* touches a storage it fills
+        # all of the storage's scale regions with 1.0, whether or not another impl already wrote real scales there.
+        if self._views is None or self._views_of() is not kv_cache:
+            k, v = self.layout.scale_views(kv_cache)
+            self._fill(k, v, kv_cache)
+            self._views, self._views_of = (k, v), weakref.ref(kv_cache)
+        return self._views
+
+    def _scale_views_once_per_storage(self, kv_cache):
+        # FIX (scale-wipe): views are still built per impl, but the fill happens once per storage, whichever impl
+        # touches it first. A dead weak reference means the registered storage was freed, so an equal
+        # (data_ptr, nbytes) now names a fresh allocation that must be initialized again.
+        if self._views is None or self._views_of() is not kv_cache:
+            k, v = self.layout.scale_views(kv_cache)
+            key = storage_key(kv_cache)
+            known = AttentionImpl._initialized_storages.get(key)
+            if known is None or known() is None:
+                self._fill(k, v, kv_cache)
+                AttentionImpl._initialized_storages[key] = weakref.ref(kv_cache)
+            self._views, self._views_of = (k, v), weakref.ref(kv_cache)
+        return self._views
+
+    def _fill(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> None:
+        overwritten = _written_scales(k, v)
+        fill = ScaleFill(self.layer_name, self._step, storage_key(kv_cache), overwritten)
+        if overwritten:
+            fill.wiped_k_scales, fill.wiped_v_scales = k.detach().clone(), v.detach().clone()
+        self.census.record(fill)
+        k.fill_(1.0)
+        v.fill_(1.0)
+
+    def forget_storage(self) -> None:
+        """Drop this impl's views (the runner calls it when the cache is freed by sleep())."""
+        self._views, self._views_of = None, None
+
+    # ---- forward ----------------------------------------------------------------------------------------------
+    def write_cache(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
+        """Quantize and scatter the new tokens' K/V into their slots (slot -1: skipped)."""
+        self.scale_views(kv_cache)
+        self.ops.write_kv(key, value, kv_cache, slot_mapping, self.layout, self.k_scale, self.v_scale,
+                          validate=False)
+
+    def forward(self, layer, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                ctx: ForwardContext) -> torch.Tensor:
+        self._step = ctx.step
+        kv_cache = layer.kv_cache
+        md = ctx.attn_metadata
+        if md is None:
+            # Warmup (dummy) forward: no attention metadata. A KV-owning layer still runs its cache-update step,
+            # with every slot -1 so nothing is written; a KV-sharing layer does nothing at all.
+            if self.kv_sharing_target is None:
+                none = torch.full((k.shape[0],), -1, dtype=torch.int64, device=k.device)
+                self.write_cache(kv_cache, k, v, none)
+            return torch.zeros_like(q)
+        if self.kv_sharing_target is None:
+            self.write_cache(kv_cache, k, v, md.slot_mapping)
+        else:
+            self.scale_views(kv_cache)   # a sharing layer's first touch of the shared storage
+        if md.is_prefill:
+            return self.ops.paged_context(q, kv_cache, md.block_tables, md.query_start_loc, md.seq_lens,
+                                          self.layout, True, self.sm_scale, self.k_scale, self.v_scale,
+                                          validate=False)
+        return self.ops.decode(q, kv_cache, md.block_tables, md.seq_lens, self.layout, self.sm_scale,
+                               self.k_scale, self.v_scale, validate=False)

@@ -1,0 +1,4 @@
+"""Entry point of `python -m minikv.bench`."""
+from . import main
+
+raise SystemExit(main())

@@ -1,0 +1,213 @@
+"""`python -m minikv.bench attention`: paged attention on a GPU against the hardware and torch SDPA.
+
+* Paged decode for auto (bf16), fp8, fp8_per_token_head and int8_per_token_head at batch x context, 32 query heads,
+  8 KV heads, head size 128, block size 16, blocks in shuffled order. Achieved bandwidth = bytes read (KV rows with
+  their inline scales, queries, block tables) + bytes written (outputs), over the kernel time.
+* Two ceilings measured in the same run: a device-to-device copy (bytes read + written) and a read-only pass (sum).
+* torch SDPA on a contiguous (unpaged) bf16 cache of the same shape: the ratio SDPA time / minikv time.
+* Context attention TFLOP/s: causal self attention (minikv's unfused and fused paths vs SDPA), and the cross
+  attention context step, fused (fp8 paged cache, taught the format) vs unfused (bf16 workspace).
+
+Prints a table and writes CSV (--csv). Needs CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+import torch
+
+FORMATS = ("auto", "fp8", "fp8_per_token_head", "int8_per_token_head")
+HQ, HKV, D, BS = 32, 8, 128, 16
+
+
+def _time_ms(fn, reps: int = 20) -> float:
+    """Median time of `fn` in ms by CUDA events, after warm-up, with the L2 cache flushed before each run."""
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def ceilings(gib: float = 4.0) -> dict[str, float]:
+    n = int(gib * 2**30) // 4
+    a = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
+    b = torch.empty_like(a)
+    copy_ms = _time_ms(lambda: b.copy_(a))
+    read_ms = _time_ms(lambda: a.sum())
+    nbytes = a.numel() * 4
+    return {"copy_GBps": 2 * nbytes / copy_ms / 1e6, "read_GBps": nbytes / read_ms / 1e6}
+
+
+def _fill_pool(pool: torch.Tensor, layout, seed: int = 0) -> None:
+    """Valid random contents for every row of the pool (codes in range, finite scales), a chunk of blocks at a time."""
+    torch.manual_seed(seed)
+    k_codes, v_codes = layout.code_views(pool)
+    chunk = 2048
+    for start in range(0, k_codes.shape[0], chunk):
+        for codes in (k_codes, v_codes):
+            part = codes[start:start + chunk]
+            values = torch.randn(part.shape, device=pool.device)
+            if layout.code_dtype == torch.int8:
+                part.copy_(values.mul(40).round().clamp(-127, 127).to(torch.int8))
+            else:
+                part.copy_(values.to(layout.code_dtype))
+    if layout.has_inline_scales:
+        for s in layout.scale_views(pool):
+            s.fill_(0.01)
+
+
+def decode_case(fmt: str, batch: int, ctx: int) -> dict:
+    from minikv.cache.layout import KVLayout
+    from minikv.kernels.decode_attention import paged_decode_attention
+    dtype = torch.bfloat16
+    layout = KVLayout(fmt, dtype, HKV, D, BS)
+    blocks_per_seq = ctx // BS
+    num_blocks = batch * blocks_per_seq
+    pool = torch.empty(num_blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
+    _fill_pool(pool, layout)
+    tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, blocks_per_seq)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, HQ, D, dtype=dtype, device="cuda")
+    out = torch.empty_like(q)
+    sm = D ** -0.5
+    ms = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, layout, sm, out=out, validate=False))
+    nbytes = batch * ctx * 2 * layout.slot_bytes + 2 * q.numel() * q.element_size() + tables.numel() * 4
+    del pool
+    return {"kind": "decode", "format": fmt, "batch": batch, "context": ctx, "ms": ms,
+            "GBps": nbytes / ms / 1e6, "bytes": nbytes}
+
+
+def sdpa_decode_ms(batch: int, ctx: int) -> float:
+    import torch.nn.functional as F
+    q = torch.randn(batch, HQ, 1, D, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(batch, HKV, ctx, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    return _time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+
+
+def _paged_copy(k, v, layout, batch, length):
+    """Write K/V [batch*length, HKV, D] into a fresh pool with shuffled blocks; return (pool, tables)."""
+    from minikv.kernels.cache_write import write_kv
+    nb = batch * length // BS
+    pool = torch.empty(nb, layout.block_bytes, dtype=torch.uint8, device="cuda")
+    tables = torch.randperm(nb, device="cuda").to(torch.int32).view(batch, length // BS)
+    slots = (tables.long()[:, :, None] * BS + torch.arange(BS, device="cuda")).reshape(-1)
+    write_kv(k, v, pool, slots, layout, validate=False)
+    return pool, tables
+
+
+def prefill_cases(batch: int = 8, length: int = 4096) -> list[dict]:
+    import torch.nn.functional as F
+
+    from minikv.cache.layout import KVLayout
+    from minikv.kernels.context_attention import context_attention, paged_context_attention
+    dtype, sm = torch.bfloat16, D ** -0.5
+    q = torch.randn(batch * length, HQ, D, dtype=dtype, device="cuda")
+    k = torch.randn(batch * length, HKV, D, dtype=dtype, device="cuda")
+    v = torch.randn_like(k)
+    cu = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * length
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    flops = 4 * batch * HQ * length * length * D / 2           # causal: half of the score matrix
+    layout = KVLayout("auto", dtype, HKV, D, BS)
+    pool, tables = _paged_copy(k, v, layout, batch, length)
+    qs, ks, vs = (t.view(batch, length, -1, D).transpose(1, 2) for t in (q, k, v))
+    cases = {
+        "self causal, workspace (unfused)": lambda: context_attention(q, k, v, cu, cu, True, sm, validate=False),
+        "self causal, paged bf16 (fused)": lambda: paged_context_attention(q, pool, tables, cu, lens, layout, True,
+                                                                           sm, validate=False),
+        "self causal, torch SDPA": lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
+                                                                          enable_gqa=True),
+    }
+    rows = []
+    for name, fn in cases.items():
+        ms = _time_ms(fn, reps=10)
+        rows.append({"kind": "prefill", "format": name, "batch": batch, "context": length, "q_len": length,
+                     "ms": ms, "TFLOPs": flops / ms / 1e9})
+    return rows
+
+
+def cross_context_cases(shapes=((64, 1, 1024), (8, 512, 4096))) -> list[dict]:
+    """The cross-attention context step: fused (reads the fp8 paged cross cache) vs unfused (bf16 workspace)."""
+    from minikv.cache.layout import KVLayout
+    from minikv.kernels.context_attention import context_attention, paged_context_attention
+    dtype, sm = torch.bfloat16, D ** -0.5
+    rows = []
+    for batch, qlen, enc in shapes:
+        q = torch.randn(batch * qlen, HQ, D, dtype=dtype, device="cuda")
+        k = torch.randn(batch * enc, HKV, D, dtype=dtype, device="cuda")
+        v = torch.randn_like(k)
+        cu_q = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * qlen
+        cu_k = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * enc
+        layout = KVLayout("fp8", dtype, HKV, D, BS)
+        pool, tables = _paged_copy(k, v, layout, batch, enc)
+        lens = torch.full((batch,), enc, dtype=torch.int32, device="cuda")
+        flops = 4 * batch * HQ * qlen * enc * D
+        fused = _time_ms(lambda: paged_context_attention(q, pool, tables, cu_q, lens, layout, False, sm,
+                                                         validate=False))
+        unfused = _time_ms(lambda: context_attention(q, k, v, cu_q, cu_k, False, sm, validate=False))
+        for name, ms in (("cross, fp8 paged (fused, taught)", fused), ("cross, bf16 workspace (unfused)", unfused)):
+            rows.append({"kind": "cross-context", "format": name, "batch": batch, "context": enc, "q_len": qlen,
+                         "ms": ms, "TFLOPs": flops / ms / 1e9, "unfused_over_fused": unfused / fused})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minikv.bench attention", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--csv", default=None, help="write every row to this CSV file")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096, 16384])
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("minikv bench attention needs a CUDA GPU; nothing to measure here.")
+        return 0
+    import triton
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}")
+    ceil = ceilings()
+    print(f"ceilings: device-to-device copy {ceil['copy_GBps']:.0f} GB/s, read-only sum {ceil['read_GBps']:.0f} GB/s")
+    rows = []
+    print(f"\n{'format':22s} {'batch':>5s} {'context':>7s} {'minikv us':>10s} {'GB/s':>7s} {'% copy':>7s} "
+          f"{'SDPA us':>8s} {'SDPA/minikv':>11s}")
+    for batch in args.batches:
+        for ctx in args.contexts:
+            sdpa = sdpa_decode_ms(batch, ctx)
+            torch.cuda.empty_cache()
+            for fmt in FORMATS:
+                r = decode_case(fmt, batch, ctx)
+                r.update(sdpa_ms=sdpa, sdpa_over_minikv=sdpa / r["ms"], pct_copy=100 * r["GBps"] / ceil["copy_GBps"])
+                rows.append(r)
+                print(f"{fmt:22s} {batch:5d} {ctx:7d} {1e3 * r['ms']:10.1f} {r['GBps']:7.0f} {r['pct_copy']:6.0f}% "
+                      f"{1e3 * sdpa:8.1f} {r['sdpa_over_minikv']:11.2f}", flush=True)
+                torch.cuda.empty_cache()
+    print(f"\n{'context attention':34s} {'batch':>5s} {'q_len':>6s} {'kv_len':>6s} {'ms':>8s} {'TFLOP/s':>8s}")
+    for r in prefill_cases() + cross_context_cases():
+        rows.append(r)
+        print(f"{r['format']:34s} {r['batch']:5d} {r['q_len']:6d} {r['context']:6d} {r['ms']:8.3f} "
+              f"{r['TFLOPs']:8.1f}", flush=True)
+    for r in rows:
+        r.update(copy_GBps=ceil["copy_GBps"], read_GBps=ceil["read_GBps"], gpu=gpu, torch=torch.__version__,
+                 triton=triton.__version__)
+    if args.csv:
+        keys = sorted({k for r in rows for k in r})
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+        print(f"\nwrote {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

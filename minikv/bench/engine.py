@@ -1,0 +1,50 @@
+"""`python -m minikv.bench engine`: end-to-end generation speed of tiny-kvshare, per backend.
+
+48 prompts x 12 new tokens at max_num_seqs=8 (the figures the README quotes), greedy, on the current device.
+Through the Triton interpreter on a CPU this measures the interpreter, not the kernels' design.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def measure(backend: str, device: str, kv_cache_dtype: str, prompts: int, max_tokens: int, max_num_seqs: int):
+    import minikv
+    task = minikv.tasks.for_model("tiny-kvshare")
+    ps = task.prompts(prompts, seed=0)
+    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
+                     max_num_seqs=max_num_seqs)
+    start = time.perf_counter()
+    outs = llm.generate(ps, minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outs)
+    right = sum(task.check(p, o.text) for p, o in zip(ps, outs))
+    return seconds, tokens, right
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minikv.bench engine", description=__doc__)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kv-cache-dtype", default="int8_per_token_head")
+    p.add_argument("--prompts", type=int, default=48)
+    p.add_argument("--max-tokens", type=int, default=12)
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--backends", nargs="+", default=["triton", "torch"])
+    args = p.parse_args(argv)
+    print(f"tiny-kvshare, {args.prompts} prompts x {args.max_tokens} new tokens, max_num_seqs={args.max_num_seqs}, "
+          f"kv_cache_dtype={args.kv_cache_dtype}, device={args.device}")
+    results = {}
+    for backend in args.backends:
+        seconds, tokens, right = measure(backend, args.device, args.kv_cache_dtype, args.prompts, args.max_tokens,
+                                         args.max_num_seqs)
+        results[backend] = seconds
+        print(f"  {backend:7s} {seconds:7.1f} s  {tokens / seconds:8.1f} tokens/s  ({right}/{args.prompts} right)")
+    if "triton" in results and "torch" in results:
+        print(f"  triton / torch time ratio: {results['triton'] / results['torch']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

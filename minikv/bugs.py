@@ -1,0 +1,69 @@
+"""The historical defects minikv reproduces, and the per-engine switch that brings each one back.
+
+Each defect's two versions (historical and fixed) live side by side at its code site, marked
+`# HISTORICAL (<name>)` and `# FIX (<name>)`. An engine built with `LLM(..., reintroduce=("scale-wipe",))` runs
+the historical version of that site; every other engine runs the fix. Nothing here corrupts anything: the switch
+only selects which of the two real code paths runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Defect:
+    name: str
+    summary: str
+    upstream_engine: str
+    upstream_reference: str
+    code_site: str
+
+
+DEFECTS: dict[str, Defect] = {d.name: d for d in (
+    Defect(
+        name="scale-wipe",
+        summary="KV-sharing layers' lazy scale-view setup fills the shared cache's inline scales with 1.0 in the "
+                "middle of the first real batch, wiping the per-token scales the target layer just wrote.",
+        upstream_engine="vLLM (Triton attention backend, int8/fp8 per-token-head KV cache, Gemma 3n/4 KV sharing)",
+        upstream_reference="vllm-project/vllm PR #51091 (supersedes #51061); reported in issues #50702, #50749",
+        code_site="minikv/attention/impl.py: AttentionImpl._scale_views_historical / _scale_views_once_per_storage",
+    ),
+    Defect(
+        name="cross-stride",
+        summary="The cross-attention layer builds its backend without the quantization config, so it addresses "
+                "the 1-byte fp8 cross pool with a 16-bit element size: every block lands at twice its offset.",
+        upstream_engine="TensorRT-LLM (PyTorch backend, encoder-decoder cross attention, fp8 KV cache)",
+        upstream_reference="TensorRT-LLM PyTorch-backend CrossAttention (T5/BART support, PR #13919) and its "
+                           "follow-up fix passing the quant config",
+        code_site="minikv/attention/cross.py: CrossBackendBuilder.layout_at_construction / layout_at_weight_creation",
+    ),
+    Defect(
+        name="cross-fp8-context-read",
+        summary="The fused context-attention path for cross attention reads K/V back from the fp8 cross cache but "
+                "is told the cache's data type only when paged context FMHA is on, so it decodes fp8 bytes as 16-bit.",
+        upstream_engine="TensorRT-LLM (PyTorch backend, fused context FMHA for cross attention)",
+        upstream_reference="TensorRT-LLM fix: fall back to the unfused context path for quantized cross attention "
+                           "unless paged context FMHA is on",
+        code_site="minikv/attention/cross.py: CrossAttentionImpl._context_read_layout",
+    ),
+)}
+
+
+def validate(names) -> frozenset[str]:
+    """Check a `reintroduce=` argument; return it as a frozenset."""
+    if isinstance(names, str):
+        raise TypeError(f"reintroduce takes a tuple of defect names, e.g. ({names!r},), not a string")
+    names = frozenset(names)
+    unknown = sorted(names - DEFECTS.keys())
+    if unknown:
+        raise ValueError(f"unknown defect(s) {unknown}; known: {', '.join(DEFECTS)}")
+    return names
+
+
+def table() -> str:
+    """A plain-text table of the registry, for the CLI and notebooks."""
+    lines = []
+    for d in DEFECTS.values():
+        lines += [f"{d.name}", f"  {d.summary}", f"  upstream: {d.upstream_engine}",
+                  f"  reference: {d.upstream_reference}", f"  code site: {d.code_site}"]
+    return "\n".join(lines)

@@ -1,0 +1,271 @@
+"""The block manager: which cache blocks each sequence owns, and the prefix cache over full blocks.
+
+A pool of `num_blocks` blocks, each holding the K/V of `block_size` consecutive tokens. A sequence's
+`block_table` lists its blocks in token order: token i lives in block `block_table[i // block_size]`, slot
+`i % block_size`. The same block id indexes every layer's cache, so one table serves the whole model.
+
+Allocation order is deterministic, because the reproduced defects depend on which block ids are used:
+the lowest-numbered free block is always taken first. With prefix caching on, a freed block whose content is
+registered stays "cached-free": still findable by its hash, so a later request with the same prefix revives it
+instead of recomputing. Cached-free blocks are evicted (their hash forgotten) only when no other free block is
+left, least recently freed first.
+
+Prefix caching works on FULL blocks only, identified by a chained hash: the hash of a block covers the hash of
+the block before it and its own token ids, so two sequences share a block only when every token up to the
+end of that block is the same. A partly filled last block is never shared.
+
+When is a block's hash registered? When the block's tokens are all known and its K/V are written in the
+step about to run: at `allocate()` for the full blocks of a prompt, at `may_append()` for a block that the
+decode step's token fills. A later sequence of the SAME prefill batch may therefore hit blocks that an
+earlier sequence of that batch writes in the same step; the runner writes every new slot of a layer before
+that layer's attention reads the cache, so those reads see the written K/V.
+
+A second instance without prefix caching serves an encoder-decoder's cross pool, through `allocate_tokens`
+and `free_blocks`.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Sequence as SequenceOf
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minikv.engine.sequence import Sequence
+
+# Parent hash of a decoder-only sequence's first block. CPython's hash() never returns -1, so no real
+# block hash can equal it.
+NO_PARENT = -1
+
+
+def block_hash(parent_hash: int, token_ids: SequenceOf[int]) -> int:
+    """Chained content hash of one full block: covers the previous block's hash and this block's token ids.
+
+    Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so it is the same in every run.
+    """
+    return hash((parent_hash, tuple(token_ids)))
+
+
+def chain_root(seq: Sequence) -> int:
+    """The parent hash of a sequence's first block.
+
+    An encoder-decoder's decoder K/V depend on the encoder input (through cross-attention), so for such a
+    sequence the encoder tokens seed the chain: equal decoder prefixes under different inputs never match.
+    """
+    if seq.encoder_token_ids is None:
+        return NO_PARENT
+    return hash((tuple(seq.encoder_token_ids),))
+
+
+@dataclass
+class Block:
+    """One cache block. `hash`/`token_ids` are set once the block is full (prefix caching only)."""
+
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()   # kept with the hash, so a hash collision can never produce a false hit
+
+
+class BlockManager:
+    """Hands out cache blocks to sequences and, optionally, shares full blocks between equal prefixes."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free_uncached: list[int] = list(range(num_blocks))   # a min-heap: the lowest id comes out first
+        self._free_cached: OrderedDict[int, None] = OrderedDict()  # free but revivable, oldest freed first
+        self._hash_to_block: dict[int, int] = {}
+        # counters, for notebooks and tests
+        self.num_hit_blocks = 0       # prefix-cache hits over the manager's life
+        self.num_evictions = 0        # cached-free blocks whose hash was forgotten to make room
+
+    # ---- queries -------------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks not held by any sequence (never used, uncached, or cached-free)."""
+        return len(self._free_uncached) + len(self._free_cached)
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        """Blocks needed to hold `num_tokens` tokens."""
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    def ref_count(self, block_id: int) -> int:
+        return self.blocks[block_id].ref_count
+
+    def is_cached(self, block_id: int) -> bool:
+        """True when the block's content is registered, so a matching prefix can hit it."""
+        block = self.blocks[block_id]
+        return block.hash is not None and self._hash_to_block.get(block.hash) == block_id
+
+    def cached_free_block_ids(self) -> list[int]:
+        """Free blocks that can still be revived, in eviction order (next to be evicted first)."""
+        return list(self._free_cached)
+
+    # ---- sequences -----------------------------------------------------------------------------------
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        """True when `allocate(seq)` would find enough blocks. Hits on blocks in use cost no free block."""
+        hits = self._match_prefix(seq)
+        shared_in_use = sum(1 for block_id in hits if self.blocks[block_id].ref_count > 0)
+        return seq.num_blocks(self.block_size) - shared_in_use <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give `seq` blocks for all of `seq.token_ids` (a prefill, first or after preemption).
+
+        With prefix caching, the longest chain of registered full blocks matching the sequence's start is
+        reused (ref_count + 1), and `seq.num_cached_tokens` is set to the tokens they cover. At least the last
+        token is always left to compute (its logits give the next token), so hits stop at
+        `(len(seq) - 1) // block_size` blocks. The other blocks are taken lowest id first; the full ones
+        among them are registered.
+        """
+        if seq.block_table:
+            raise RuntimeError(f"request {seq.request_id} already holds blocks {seq.block_table}")
+        if not self.can_allocate(seq):
+            raise RuntimeError(
+                f"request {seq.request_id} needs {seq.num_blocks(self.block_size)} blocks, "
+                f"{self.num_free_blocks} are free; check can_allocate() first"
+            )
+        hits = self._match_prefix(seq)
+        table: list[int] = []
+        parent = chain_root(seq)
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free_cached[block_id]   # revive it
+            block.ref_count += 1
+            table.append(block_id)
+            parent = block.hash
+        bs = self.block_size
+        for index in range(len(hits), seq.num_blocks(bs)):
+            block_id = self._take_free_block()
+            table.append(block_id)
+            tokens = seq.token_ids[index * bs:(index + 1) * bs]
+            if self.enable_prefix_caching and len(tokens) == bs:
+                parent = self._register(block_id, parent, tokens)
+        seq.block_table = table
+        seq.num_cached_tokens = len(hits) * bs
+        self.num_hit_blocks += len(hits)
+
+    def can_append(self, seq: Sequence) -> bool:
+        """True when `may_append(seq)` can succeed: no new block is needed, or a free one exists."""
+        return len(seq.block_table) >= seq.num_blocks(self.block_size) or self.num_free_blocks >= 1
+
+    def may_append(self, seq: Sequence) -> None:
+        """Make room for the decode step that computes the K/V of the last token, `token_ids[len(seq) - 1]`.
+
+        Call it after that token was appended and before the step. Before: `block_table` covers
+        `len(seq) - 1` tokens (or already `len(seq)`). After: it covers `len(seq)` tokens, a new block being
+        taken when the token starts one. When the token fills its block, the block's hash is registered
+        (prefix caching), so later requests can hit it.
+        """
+        needed = seq.num_blocks(self.block_size)
+        have = len(seq.block_table)
+        if have not in (needed - 1, needed):
+            raise RuntimeError(
+                f"request {seq.request_id}: block table covers {have} blocks, but {len(seq)} tokens need "
+                f"{needed}; may_append adds at most one block per token"
+            )
+        if have == needed - 1:
+            seq.block_table.append(self._take_free_block())
+        if self.enable_prefix_caching and len(seq) % self.block_size == 0:
+            index = len(seq) // self.block_size - 1
+            parent = chain_root(seq) if index == 0 else self.blocks[seq.block_table[index - 1]].hash
+            if parent is not None:
+                tokens = seq.token_ids[index * self.block_size:]
+                self._register(seq.block_table[index], parent, tokens)
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Release the sequence's blocks (ref_count - 1) and reset its block table and cached-token count.
+
+        Blocks are released last to first, so among the blocks this frees, the end of the prefix is evicted
+        before its beginning (the beginning is the part other requests are most likely to share).
+        """
+        self.free_blocks(seq.block_table)
+        seq.block_table = []
+        seq.num_cached_tokens = 0
+
+    # ---- plain token ranges (the encoder-decoder's cross pool) ------------------------------------------
+
+    def can_allocate_tokens(self, num_tokens: int) -> bool:
+        return self.blocks_for_tokens(num_tokens) <= self.num_free_blocks
+
+    def allocate_tokens(self, num_tokens: int) -> list[int]:
+        """Blocks for `num_tokens` tokens that are not shared or hashed (lowest ids first)."""
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be at least 1, got {num_tokens}")
+        needed = self.blocks_for_tokens(num_tokens)
+        if needed > self.num_free_blocks:
+            raise RuntimeError(f"{num_tokens} tokens need {needed} blocks, {self.num_free_blocks} are free")
+        return [self._take_free_block() for _ in range(needed)]
+
+    def free_blocks(self, block_ids: list[int]) -> None:
+        """Release blocks (ref_count - 1 each), last to first."""
+        for block_id in reversed(block_ids):
+            self._release(block_id)
+
+    # ---- internals ---------------------------------------------------------------------------------
+
+    def _match_prefix(self, seq: Sequence) -> list[int]:
+        """Registered blocks matching the start of `seq`, capped so at least one token is left to compute."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        hits: list[int] = []
+        parent = chain_root(seq)
+        for index in range((len(seq) - 1) // bs):
+            tokens = tuple(seq.token_ids[index * bs:(index + 1) * bs])
+            h = block_hash(parent, tokens)
+            block_id = self._hash_to_block.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+            parent = h
+        return hits
+
+    def _register(self, block_id: int, parent: int, tokens: SequenceOf[int]) -> int:
+        """Record a full block's content hash; the first block registered with a hash keeps it."""
+        block = self.blocks[block_id]
+        block.token_ids = tuple(tokens)
+        block.hash = block_hash(parent, block.token_ids)
+        self._hash_to_block.setdefault(block.hash, block_id)
+        return block.hash
+
+    def _take_free_block(self) -> int:
+        if self._free_uncached:
+            block_id = heapq.heappop(self._free_uncached)
+        elif self._free_cached:
+            block_id, _ = self._free_cached.popitem(last=False)
+            self._forget(block_id)
+            self.num_evictions += 1
+        else:
+            raise RuntimeError("no free cache block left")
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count < 1:
+            raise RuntimeError(f"block {block_id} released more often than it was taken")
+        block.ref_count -= 1
+        if block.ref_count > 0:
+            return
+        if self.is_cached(block_id):
+            self._free_cached[block_id] = None
+        else:
+            self._forget(block_id)
+            heapq.heappush(self._free_uncached, block_id)
+
+    def _forget(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.hash is not None and self._hash_to_block.get(block.hash) == block_id:
+            del self._hash_to_block[block.hash]
+        block.hash = None
+        block.token_ids = ()

@@ -1,0 +1,115 @@
+"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from minikv.config import KV_CACHE_DTYPES
+
+
+def _cmd_demo(args) -> int:
+    from minikv import demo
+    return demo.main(device=args.device)
+
+
+def _cmd_generate(args) -> int:
+    import minikv
+    llm = minikv.LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, device=args.device,
+                     backend=args.backend, max_num_seqs=args.max_num_seqs)
+    params = minikv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    for out in llm.generate(args.prompts, params):
+        print(f"{out.prompt!r} -> {out.text!r}  [{out.finish_reason}]")
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from minikv import evaluate
+    result = evaluate.exact_match(args.model, args.kv_cache_dtype, n=args.n, device=args.device,
+                                  backend=args.backend, max_num_seqs=args.max_num_seqs)
+    print(result.report())
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from minikv.models import train
+    metrics = train.train(args.model, steps=args.steps, seed=args.seed, out_dir=args.out_dir)
+    print(metrics)
+    return 0
+
+
+def _cmd_repro(args) -> int:
+    import importlib
+    module = importlib.import_module({"scale-wipe": "minikv.repro.scale_wipe",
+                                      "cross-stride": "minikv.repro.cross_stride"}[args.defect])
+    return module.main(args.rest)
+
+
+def _cmd_bench(args) -> int:
+    from minikv.bench import main as bench_main
+    return bench_main([args.what] + args.rest)
+
+
+def _cmd_bugs(args) -> int:
+    from minikv import bugs
+    print(bugs.table())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minikv", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="the main job: kernels vs references per format, then both models generate")
+    d.add_argument("--device", default=None)
+    d.set_defaults(func=_cmd_demo)
+
+    def engine_args(sp):
+        sp.add_argument("--model", default="tiny-kvshare")
+        sp.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+        sp.add_argument("--device", default="cpu")
+        sp.add_argument("--backend", default="triton", choices=("triton", "torch"))
+        sp.add_argument("--max-num-seqs", type=int, default=8)
+
+    g = sub.add_parser("generate", help="generate continuations for prompts")
+    engine_args(g)
+    g.add_argument("prompts", nargs="+")
+    g.add_argument("--max-tokens", type=int, default=12)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.set_defaults(func=_cmd_generate)
+
+    e = sub.add_parser("eval", help="greedy exact match on held-out prompts of the model's task")
+    engine_args(e)
+    e.add_argument("--n", type=int, default=200)
+    e.set_defaults(func=_cmd_eval)
+
+    t = sub.add_parser("train", help="train a tiny model from scratch (writes safetensors)")
+    t.add_argument("model", choices=("tiny-kvshare", "tiny-encdec"))
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out-dir", default=None, help="where to write weights (default: a new folder, never the "
+                                                    "shipped weights)")
+    t.set_defaults(func=_cmd_train)
+
+    r = sub.add_parser("repro", help="reproduce a historical defect, buggy and fixed, and check its signatures")
+    r.add_argument("defect", choices=("scale-wipe", "cross-stride"))
+    r.add_argument("rest", nargs=argparse.REMAINDER)
+    r.set_defaults(func=_cmd_repro)
+
+    b = sub.add_parser("bench", help="benchmarks (kernels, engine, attention)")
+    b.add_argument("what")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(func=_cmd_bench)
+
+    s = sub.add_parser("bugs", help="list the historical defects minikv can reintroduce")
+    s.set_defaults(func=_cmd_bugs)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""ModelRunner: owns the model, the KV arena and the attention impls; turns a scheduled batch into tokens.
+
+Lifecycle (the shape of the real engines):
+  1. build one attention impl per paged attention layer (the cross layers' layouts come from CrossBackendBuilder);
+  2. allocate the KV arena: one pool per KV-owning self-attention layer and one cross pool per cross layer;
+  3. bind caches: each layer gets its pool's tensor, and a KV-sharing layer gets *the same tensor object* as its
+     target layer;
+  4. warmup: one dummy forward without attention metadata (owning layers run their cache update with slot -1,
+     sharing layers are not touched);
+  then `execute(seqs, is_prefill)` per step. `sleep()` frees the arena; `wake_up()` repeats steps 2-4.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minikv.attention.backend import get_ops
+from minikv.attention.context import ForwardContext, set_forward_context
+from minikv.attention.cross import CrossAttentionImpl, CrossBackendBuilder
+from minikv.attention.impl import AttentionImpl, ScaleFillCensus
+from minikv.attention.metadata import AttentionMetadata, CrossMetadata
+from minikv.cache.arena import KVArena, PoolSpec
+from minikv.cache.layout import KVLayout
+from minikv.config import EngineConfig
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model, *, pad_id: int = 0, cross_context_path: str = "fused",
+                 paged_context: bool = False, cross_construction: str = "eager"):
+        self.config = config
+        self.pad_id = pad_id
+        self.model = model
+        self.device, self.dtype = config.device, config.dtype
+        self.block_size = config.cache.block_size
+        self.ops = get_ops(config.backend)
+        self.census = ScaleFillCensus()
+        self.step = 0
+        mc = model.config
+        layers = model.attention_layers()
+        self.self_layers = [a for a in layers if a.kind == "self"]
+        self.cross_layers = [a for a in layers if a.kind == "cross"]
+        self.by_name = {a.layer_name: a for a in layers}
+        # The layout the cache manager allocates every pool with: the engine's own cache config.
+        self.layout = KVLayout(config.cache.kv_cache_dtype, self.dtype, mc.num_kv_heads, mc.head_size,
+                               self.block_size)
+        per_seq = math.ceil(mc.max_position / self.block_size)
+        self.num_blocks = config.cache.num_blocks or config.scheduler.max_num_seqs * per_seq
+        per_enc = math.ceil(max(mc.max_encoder_len, 1) / self.block_size)
+        self.num_cross_blocks = (config.cache.cross_pool_blocks or config.scheduler.max_num_seqs * per_enc
+                                 if self.cross_layers else 0)
+
+        bugs = config.reintroduce
+        for a in self.self_layers:
+            a.impl = AttentionImpl(a.layer_name, a.num_heads, self.layout, self.ops,
+                                   kv_sharing_target=a.kv_sharing_target,
+                                   historical_scale_init="scale-wipe" in bugs, census=self.census)
+        builder = CrossBackendBuilder(config.cache.kv_cache_dtype, self.dtype, self.block_size,
+                                      historical="cross-stride" in bugs)
+        for a in self.cross_layers:
+            a.impl = CrossAttentionImpl(a.layer_name, a.num_heads,
+                                        builder.build(cross_construction, a.num_kv_heads, a.head_size), self.ops,
+                                        context_path=cross_context_path, paged_context=paged_context,
+                                        historical_context_read="cross-fp8-context-read" in bugs)
+        self.arena: KVArena | None = None
+        self.wake_up()
+
+    # ---- the arena ------------------------------------------------------------------------------------------
+    def pool_specs(self) -> list[PoolSpec]:
+        # Cross pools first: an overrun past one of them lands in a guard zone, then on a live pool.
+        specs = [PoolSpec(f"cross.{a.layer_name}", self.layout, self.num_cross_blocks) for a in self.cross_layers]
+        specs += [PoolSpec(f"kv.{a.layer_name}", self.layout, self.num_blocks)
+                  for a in self.self_layers if a.kv_sharing_target is None]
+        return specs
+
+    def _bind_caches(self) -> None:
+        check = self.config.check_layout
+        for a in self.self_layers:
+            if a.kv_sharing_target is None:
+                a.kv_cache = self.arena.bind(f"kv.{a.layer_name}", a.impl.layout, check=check)
+        for a in self.self_layers:
+            if a.kv_sharing_target is not None:
+                target = self.by_name[a.kv_sharing_target]
+                a.kv_cache = target.kv_cache             # the same tensor object, not a copy or a new view
+        for a in self.cross_layers:
+            a.kv_cache = self.arena.bind(f"cross.{a.layer_name}", a.impl.layout, check=check)
+
+    def wake_up(self) -> None:
+        """Allocate a fresh arena, bind every layer's cache, and run the warmup forward."""
+        if self.arena is not None:
+            return
+        self.arena = KVArena(self.pool_specs(), self.device, reach_elem_bytes=self.dtype.itemsize)
+        self._bind_caches()
+        self.warmup()
+
+    def sleep(self) -> None:
+        """Free the arena; layers and impls forget their caches."""
+        if self.arena is None:
+            return
+        for a in self.self_layers + self.cross_layers:
+            a.kv_cache = None
+            if isinstance(a.impl, AttentionImpl):
+                a.impl.forget_storage()
+        self.arena.free()
+        self.arena = None
+
+    # ---- warmup -----------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def warmup(self, num_tokens: int = 16) -> None:
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        pos = torch.arange(num_tokens, device=self.device)
+        with set_forward_context(ForwardContext(attn_metadata=None, step=-1)):
+            if self.cross_layers:
+                enc = torch.zeros(1, num_tokens, self.model.config.hidden_size, dtype=self.dtype,
+                                  device=self.device)
+                self.model.decode(ids, pos, encoder_out=enc[0])
+            else:
+                self.model(ids, pos)
+
+    # ---- one step ---------------------------------------------------------------------------------------------
+    def _tensor(self, data, dtype=torch.int32):
+        return torch.tensor(data, dtype=dtype, device=self.device)
+
+    def _block_table_tensor(self, tables: list[list[int]]) -> torch.Tensor:
+        width = max(1, max(len(t) for t in tables))
+        return self._tensor([t + [0] * (width - len(t)) for t in tables])
+
+    def prepare(self, seqs, is_prefill: bool):
+        bs = self.block_size
+        input_ids, positions, slots, starts, seq_lens = [], [], [], [0], []
+        for s in seqs:
+            first = s.num_cached_tokens if is_prefill else len(s) - 1
+            for p in range(first, len(s)):
+                input_ids.append(s.token_ids[p])
+                positions.append(p)
+                slots.append(s.block_table[p // bs] * bs + p % bs)
+            starts.append(len(input_ids))
+            seq_lens.append(len(s))
+        md = AttentionMetadata(
+            is_prefill=is_prefill,
+            slot_mapping=self._tensor(slots, torch.int64),
+            query_start_loc=self._tensor(starts),
+            seq_lens=self._tensor(seq_lens),
+            block_tables=self._block_table_tensor([s.block_table for s in seqs]),
+            max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
+            max_seq_len=max(seq_lens),
+        )
+        encoder_out = None
+        if self.cross_layers:
+            md.cross, encoder_out = self._prepare_cross(seqs, is_prefill)
+        return (self._tensor(input_ids, torch.long), self._tensor(positions, torch.long), md, encoder_out)
+
+    def _prepare_cross(self, seqs, is_prefill: bool):
+        bs = self.block_size
+        enc_lens = [len(s.encoder_token_ids) for s in seqs]
+        cm = CrossMetadata(encoder_seq_lens=self._tensor(enc_lens),
+                           block_tables=self._block_table_tensor([s.cross_block_table for s in seqs]))
+        if not is_prefill:
+            return cm, None
+        starts, slots = [0], []
+        for s, n in zip(seqs, enc_lens):
+            slots += [s.cross_block_table[p // bs] * bs + p % bs for p in range(n)]
+            starts.append(starts[-1] + n)
+        cm.encoder_start_loc, cm.slot_mapping = self._tensor(starts), self._tensor(slots, torch.int64)
+        # The encoder is dense and unpaged: run it on the padded batch, then keep only the real rows.
+        width = max(enc_lens)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(seqs), width, dtype=torch.bool, device=self.device)
+        for i, s in enumerate(seqs):
+            ids[i, : enc_lens[i]] = self._tensor(s.encoder_token_ids, torch.long)
+            mask[i, : enc_lens[i]] = True
+        enc = self.model.encode(ids, mask)
+        return cm, enc[mask]
+
+    @torch.inference_mode()
+    def execute(self, seqs, is_prefill: bool) -> list[int]:
+        """Run one forward step for `seqs` and sample one token for each."""
+        if self.arena is None:
+            raise RuntimeError("the engine is asleep: call wake_up() first")
+        input_ids, positions, md, encoder_out = self.prepare(seqs, is_prefill)
+        with set_forward_context(ForwardContext(attn_metadata=md, step=self.step)):
+            if self.cross_layers:
+                hidden = self.model.decode(input_ids, positions, encoder_out=encoder_out)
+            else:
+                hidden = self.model(input_ids, positions)
+        self.step += 1
+        last = md.query_start_loc[1:].long() - 1
+        logits = self.model.compute_logits(hidden[last])
+        if self.config.sanitize:
+            self.arena.check()
+        return self.sample(logits, seqs)
+
+    @staticmethod
+    def sample(logits: torch.Tensor, seqs) -> list[int]:
+        greedy = logits.argmax(dim=-1).tolist()
+        out = []
+        for row, s, g in zip(logits, seqs, greedy):
+            t = s.sampling.temperature
+            if t == 0:
+                out.append(g)
+                continue
+            probs = torch.softmax(row.float().cpu() / t, dim=-1)
+            out.append(int(torch.multinomial(probs, 1, generator=s.generator)))
+        return out

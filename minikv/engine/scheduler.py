@@ -1,0 +1,216 @@
+"""The scheduler: continuous batching over a waiting and a running queue.
+
+Each engine step is either a PREFILL batch (waiting sequences, each bringing its uncached tokens) or a DECODE
+batch (every running sequence, one token each). Prefill goes first whenever a waiting sequence fits, in FIFO
+order, so a fresh engine's first step prefills `min(max_num_seqs, waiting)` sequences together. When a decode
+step needs a block and none is free, the most recently admitted running sequence is preempted by recompute:
+its blocks are freed, it goes back to the FRONT of the waiting queue with all the tokens it has generated, and
+it is prefilled again later with all of its `token_ids`.
+
+The batch is returned in the order the runner must build its metadata in; nothing here reorders it.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from minikv.cache.blocks import BlockManager
+from minikv.engine.sequence import FINISH_REASONS, Sequence, SequenceStatus
+
+
+class Scheduler:
+    """Decides which sequences run in the next step and keeps the block managers in step with them."""
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        block_manager: BlockManager,
+        cross_block_manager: BlockManager | None = None,
+        eos_token_id: int | None = None,
+    ):
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {max_num_batched_tokens}")
+        if cross_block_manager is not None and cross_block_manager.enable_prefix_caching:
+            raise ValueError("the cross pool's block manager must not use prefix caching")
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_manager = block_manager
+        self.cross_block_manager = cross_block_manager
+        self.eos_token_id = eos_token_id
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self._unfinished: dict[int, Sequence] = {}
+        self.num_preemptions = 0
+
+    # ---- admission ---------------------------------------------------------------------------------
+
+    def blocks_needed(self, seq: Sequence) -> int:
+        """The most blocks `seq` can ever hold: K/V are written for every token but the last generated one."""
+        max_kv_tokens = seq.num_prompt_tokens + seq.sampling.max_tokens - 1
+        return self.block_manager.blocks_for_tokens(max_kv_tokens)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence. Raises ValueError for a sequence that could never run, instead of hanging."""
+        if seq.status is not SequenceStatus.WAITING or seq.block_table or seq.num_output_tokens:
+            raise ValueError(f"request {seq.request_id} is not a fresh sequence ({seq!r})")
+        if seq.request_id in self._unfinished:
+            raise ValueError(f"request id {seq.request_id} is already queued or running")
+        needed = self.blocks_needed(seq)
+        pool = self.block_manager.num_blocks
+        if needed > pool:
+            raise ValueError(
+                f"request {seq.request_id} can never fit: {seq.num_prompt_tokens} prompt tokens + "
+                f"max_tokens {seq.sampling.max_tokens} need {needed} blocks of "
+                f"{self.block_manager.block_size} tokens, but the KV pool holds only {pool} blocks"
+            )
+        # A preempted sequence is prefilled again with everything it generated, so that must fit one step.
+        max_prefill = seq.num_prompt_tokens + seq.sampling.max_tokens - 1
+        if max_prefill > self.max_num_batched_tokens:
+            raise ValueError(
+                f"request {seq.request_id} can never fit: {seq.num_prompt_tokens} prompt tokens + "
+                f"max_tokens {seq.sampling.max_tokens} may need a prefill of {max_prefill} tokens (after "
+                f"preemption), but max_num_batched_tokens is {self.max_num_batched_tokens}"
+            )
+        if (seq.encoder_token_ids is None) != (self.cross_block_manager is None):
+            kind = "has" if seq.encoder_token_ids is not None else "has no"
+            pool_kind = "no" if self.cross_block_manager is None else "a"
+            raise ValueError(
+                f"request {seq.request_id} {kind} encoder tokens, "
+                f"but this scheduler has {pool_kind} cross pool"
+            )
+        if self.cross_block_manager is not None:
+            cross_needed = self.cross_block_manager.blocks_for_tokens(len(seq.encoder_token_ids))
+            cross_pool = self.cross_block_manager.num_blocks
+            if cross_needed > cross_pool:
+                raise ValueError(
+                    f"request {seq.request_id} can never fit: {len(seq.encoder_token_ids)} encoder "
+                    f"tokens need {cross_needed} cross blocks, but the cross pool holds only "
+                    f"{cross_pool} blocks"
+                )
+        self.waiting.append(seq)
+        self._unfinished[seq.request_id] = seq
+
+    # ---- one step ----------------------------------------------------------------------------------
+
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        """The sequences of the next step and whether it is a prefill. `([], False)` when nothing is left."""
+        if not self._unfinished:
+            return [], False
+        batch = self._schedule_prefill()
+        if batch:
+            return batch, True
+        batch = self._schedule_decode()
+        if batch:
+            return batch, False
+        # Every running sequence was preempted; they are waiting now, with the whole pool free.
+        batch = self._schedule_prefill()
+        if batch:
+            return batch, True
+        raise RuntimeError(f"scheduler stuck: waiting={list(self.waiting)}, running={list(self.running)}")
+
+    def _schedule_prefill(self) -> list[Sequence]:
+        batch: list[Sequence] = []
+        num_tokens = 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                break
+            if self.cross_block_manager is not None and not self.cross_block_manager.can_allocate_tokens(
+                len(seq.encoder_token_ids)
+            ):
+                break
+            # The token budget counts every token, prefix hits included (they are known only after
+            # allocating). add() made sure one sequence alone always fits.
+            if num_tokens + len(seq) > self.max_num_batched_tokens:
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            if self.cross_block_manager is not None:
+                seq.cross_block_table = self.cross_block_manager.allocate_tokens(len(seq.encoder_token_ids))
+            num_tokens += len(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.append(seq)
+        return batch
+
+    def _schedule_decode(self) -> list[Sequence]:
+        batch: list[Sequence] = []
+        while self.running:
+            seq = self.running.popleft()
+            while not self.block_manager.can_append(seq):
+                if self.running:
+                    self._preempt(self.running.pop())
+                else:
+                    self._preempt(seq)
+                    break
+            else:
+                self.block_manager.may_append(seq)
+                batch.append(seq)
+        self.running.extend(batch)
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    # ---- after a step ------------------------------------------------------------------------------
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> None:
+        """Record one sampled token per sequence of the step, and finish those that are done.
+
+        EOS (unless `ignore_eos`) finishes with "eos" and is not appended; reaching `max_tokens` finishes
+        with "length". Stop strings are the LLM facade's job: it calls `finish(seq, "stop")`.
+        """
+        if len(seqs) != len(token_ids):
+            raise ValueError(f"postprocess got {len(seqs)} sequences but {len(token_ids)} tokens")
+        for seq, token_id in zip(seqs, token_ids):
+            if seq.status is not SequenceStatus.RUNNING:
+                raise RuntimeError(f"request {seq.request_id} is {seq.status.name}, not RUNNING")
+            if token_id == self.eos_token_id and not seq.sampling.ignore_eos:
+                self.finish(seq, "eos")
+                continue
+            seq.append_token(token_id)
+            if seq.num_output_tokens >= seq.sampling.max_tokens:
+                self.finish(seq, "length")
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a sequence: free its blocks and cross blocks and take it out of the queues.
+
+        On a sequence already finished, only the reason changes (a stop string found in the token that also
+        reached max_tokens reports "stop").
+        """
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"unknown finish reason {reason!r}; use one of {', '.join(FINISH_REASONS)}")
+        seq.finish_reason = reason
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self._free(seq)
+        seq.status = SequenceStatus.FINISHED
+        self._unfinished.pop(seq.request_id, None)
+
+    def abort(self, request_id: int) -> Sequence | None:
+        """Finish a waiting or running request with reason "abort". Returns it, or None if not in flight."""
+        seq = self._unfinished.get(request_id)
+        if seq is not None:
+            self.finish(seq, "abort")
+        return seq
+
+    def is_finished(self) -> bool:
+        return not self._unfinished
+
+    def has_unfinished(self) -> bool:
+        return bool(self._unfinished)
+
+    def _free(self, seq: Sequence) -> None:
+        self.block_manager.deallocate(seq)
+        if self.cross_block_manager is not None and seq.cross_block_table:
+            self.cross_block_manager.free_blocks(seq.cross_block_table)
+        seq.cross_block_table = []

@@ -1,0 +1,149 @@
+"""Requests as the engine sees them: sampling parameters, the running sequence, and the finished output.
+
+A `Sequence` is one request in flight. It owns its token ids (prompt first, then everything generated), the
+cache blocks holding their K/V (`block_table`), and, for an encoder-decoder model, the encoder tokens and the
+cross-pool blocks holding their K/V (`cross_block_table`). The scheduler moves it between WAITING, RUNNING and
+FINISHED; the block manager fills its block tables; the model runner reads both to build a step's metadata.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported only when a seeded generator is actually needed
+    import torch
+
+FINISH_REASONS = ("length", "stop", "eos", "abort")
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. `temperature == 0` is greedy; `seed` makes temperature sampling repeatable.
+
+    `stop` strings end the request when they appear in the generated text (checked by the LLM facade);
+    `ignore_eos` keeps generating past the end-of-sequence token (useful for fixed-length benchmarks).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    seed: int | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise TypeError(f"max_tokens must be an int, got {type(self.max_tokens).__name__}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
+            raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        if self.stop is not None:
+            if isinstance(self.stop, str) or not isinstance(self.stop, (list, tuple)):
+                raise TypeError(f"stop must be a list of strings or None, got {self.stop!r}")
+            for text in self.stop:
+                if not isinstance(text, str) or not text:
+                    raise ValueError(f"stop strings must be non-empty strings, got {text!r}")
+            self.stop = list(self.stop)
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One request in flight.
+
+    `token_ids` holds the decoder's tokens: the prompt, then each generated token as it is appended.
+    `num_cached_tokens` counts the tokens at the start of `token_ids` whose K/V were already in the cache when
+    the sequence was (re)allocated (prefix-cache hits); a prefill computes `token_ids[num_cached_tokens:]`.
+
+    Temperature sampling draws from the sequence's own `generator`, so a request's samples do not depend on
+    which other requests share its batch. The generator is seeded with `sampling.seed`, or, when that is None,
+    with a value derived from `default_seed` (the engine's seed) and `request_id`. It is a CPU generator:
+    sample on the CPU (or copy its draws) so that CPU and GPU runs agree.
+    """
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams | None = None,
+        encoder_token_ids: list[int] | None = None,
+        default_seed: int = 0,
+    ):
+        if len(prompt_token_ids) == 0:
+            raise ValueError(f"request {request_id}: the prompt has no tokens; at least one is needed")
+        if encoder_token_ids is not None and len(encoder_token_ids) == 0:
+            raise ValueError(
+                f"request {request_id}: encoder_token_ids is empty; pass None for a decoder-only model")
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.sampling = sampling if sampling is not None else SamplingParams()
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_cached_tokens = 0
+        self.encoder_token_ids = None if encoder_token_ids is None else list(encoder_token_ids)
+        self.cross_block_table: list[int] = []
+        self.finish_reason: str | None = None
+        self.generator: torch.Generator | None = None
+        if self.sampling.temperature > 0:
+            import torch
+
+            seed = self.sampling.seed
+            if seed is None:
+                seed = (default_seed * 1_000_003 + request_id) % (1 << 63)
+            self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Sequence(request_id={self.request_id}, status={self.status.name}, len={len(self)}, "
+                f"outputs={self.num_output_tokens}, blocks={self.block_table}, "
+                f"cached={self.num_cached_tokens})")
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The generated tokens (without the prompt)."""
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def num_blocks(self, block_size: int) -> int:
+        """Blocks needed to hold the K/V of all `len(self)` tokens."""
+        return (len(self) + block_size - 1) // block_size
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(int(token_id))
+
+
+@dataclass
+class RequestOutput:
+    """What `LLM.generate` returns for one request. `token_ids` are the generated ids only."""
+
+    request_id: int
+    prompt: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None

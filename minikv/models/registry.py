@@ -1,0 +1,148 @@
+"""Which tiny models exist, their configs and tokenizer, and loading their shipped weights.
+
+The weights live inside the package (minikv/models/weights/NAME.safetensors, stored as float16) with a JSON file
+beside them that records the config and how the weights were trained. A SHA-256 of the tensor bytes is kept in
+the safetensors header, so a file whose header still parses but whose data was damaged is refused too.
+
+    model = load_model("tiny-kvshare")                 # float32 on CPU, bfloat16 on CUDA
+    model = load_model("tiny-encdec", device="cuda")   # float16 on CPU and on CUDA
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from minikv.config import ModelConfig
+from minikv.models.encdec import EncDecModel
+from minikv.models.kvshare import KVShareModel
+from minikv.models.tokenizer import CharTokenizer
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+STORAGE_DTYPE = torch.float16
+_VOCAB = CharTokenizer().vocab_size
+
+_CONFIGS = {
+    "tiny-kvshare": ModelConfig(
+        name="tiny-kvshare", vocab_size=_VOCAB, hidden_size=128, num_layers=6, num_heads=4, num_kv_heads=2,
+        head_size=32, intermediate_size=256, max_position=128, kv_sharing={4: 2, 5: 3},
+    ),
+    "tiny-encdec": ModelConfig(
+        name="tiny-encdec", vocab_size=_VOCAB, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_size=32, intermediate_size=256, max_position=64, is_encoder_decoder=True, num_encoder_layers=2,
+        max_encoder_len=64,
+    ),
+}
+MODEL_NAMES: tuple[str, ...] = tuple(_CONFIGS)
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded: unknown name, or a missing, truncated, corrupted or mismatched weights file."""
+
+
+def _check_name(name: str) -> None:
+    if name not in _CONFIGS:
+        raise ModelLoadError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}")
+
+
+def model_config(name: str) -> ModelConfig:
+    _check_name(name)
+    return _CONFIGS[name]
+
+
+def get_tokenizer(name: str) -> CharTokenizer:
+    _check_name(name)
+    return CharTokenizer()
+
+
+def build_model(name: str) -> nn.Module:
+    """A freshly initialized float32 model (random weights: seed torch first)."""
+    config = model_config(name)
+    return EncDecModel(config) if config.is_encoder_decoder else KVShareModel(config)
+
+
+def default_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """tiny-encdec always runs in float16; tiny-kvshare in float32 on CPU and bfloat16 on CUDA."""
+    _check_name(name)
+    if model_config(name).is_encoder_decoder:
+        return torch.float16
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def weights_path(name: str, weights_dir: str | Path | None = None) -> Path:
+    return Path(weights_dir or WEIGHTS_DIR) / f"{name}.safetensors"
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        digest.update(key.encode())
+        digest.update(tensors[key].contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def save_weights(model: nn.Module, weights_dir: str | Path | None = None, info: dict | None = None) -> Path:
+    """Write NAME.safetensors (float16) and NAME.json (config + `info`) into `weights_dir`."""
+    name = model.config.name
+    path = weights_path(name, weights_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", STORAGE_DTYPE).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(path), metadata={"model": name, "tensors_sha256": tensors_digest(tensors)})
+    record = {"config": asdict(model.config), **(info or {})}
+    path.with_suffix(".json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def _read_weights(name: str, path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise ModelLoadError(f"weights file for {name!r} is missing: {path}. Rebuild it with `minikv train {name}`.")
+    try:
+        tensors = load_file(str(path))
+        with open(path, "rb") as f:                     # the header: 8-byte length, then JSON
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    except (SafetensorError, OSError, ValueError, RuntimeError, UnicodeDecodeError) as err:
+        raise ModelLoadError(f"weights file for {name!r} is truncated or corrupted ({path}): {err}") from None
+    recorded = header.get("__metadata__", {}).get("tensors_sha256")
+    if recorded != tensors_digest(tensors):
+        raise ModelLoadError(f"weights file for {name!r} is corrupted ({path}): its tensor bytes do not match "
+                             f"the SHA-256 recorded when it was saved")
+    return tensors
+
+
+def _check_tensors(name: str, model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    problems = [f"missing {k}" for k in sorted(wanted.keys() - got.keys())]
+    problems += [f"unexpected {k}" for k in sorted(got.keys() - wanted.keys())]
+    problems += [f"{k} has shape {got[k]}, config wants {wanted[k]}"
+                 for k in sorted(wanted.keys() & got.keys()) if got[k] != wanted[k]]
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ModelLoadError(f"weights file for {name!r} does not match its config ({path}): {shown}")
+
+
+def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,
+               weights_dir: str | Path | None = None) -> nn.Module:
+    """The model with its shipped weights, in eval mode, on `device`, in `dtype` (None: `default_dtype`)."""
+    _check_name(name)
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        dtype = _DTYPES[dtype]
+    if dtype is None:
+        dtype = default_dtype(name, device)
+    if dtype not in _DTYPES.values():
+        raise ValueError(f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {dtype}")
+    path = weights_path(name, weights_dir)
+    tensors = _read_weights(name, path)
+    model = build_model(name)
+    _check_tensors(name, model, tensors, path)
+    model.load_state_dict({k: v.float() for k, v in tensors.items()})
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -1,0 +1,296 @@
+"""Training and dense evaluation of the tiny models (the shipped weights are rebuilt with `train`).
+
+Training runs in float32 with fake-quantized K/V: at each step the K and V tensors every paged attention op sees
+go, with some probability, through one of the engine's quantized cache formats (quantize then dequantize, with a
+straight-through gradient). The models therefore stay accurate when the engine stores K/V as int8 or fp8.
+
+`evaluate_dense` is the golden reference: greedy decoding without any engine (no paging, no cache), on held-out
+prompts, optionally with K/V fake-quantized to one of the formats.
+
+    metrics = train("tiny-kvshare")                   # rewrites minikv/models/weights/tiny-kvshare.*
+    evaluate_dense("tiny-kvshare", n=200, kv_fake_quant="fp8")["exact_match"]
+"""
+from __future__ import annotations
+
+import math
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minikv import tasks
+from minikv.models import registry
+
+FAKE_QUANT_FORMATS = ("int8_per_token_head", "fp8_per_token_head", "fp8")
+# The same constants as minikv.kernels.formats (a test keeps them equal); training does not import the kernels.
+INT8_QMAX, FP8_QMAX, SCALE_EPS = 127.0, 448.0, 1e-8
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class Recipe:
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int
+    seq_len: int = 0               # decoder-only: tokens per training sequence
+    fake_quant_prob: float = 0.75  # share of steps whose K/V go through a quantized format
+
+
+RECIPES = {
+    "tiny-kvshare": Recipe(steps=3000, batch_size=32, lr=2e-3, warmup=150, seq_len=112),
+    "tiny-encdec": Recipe(steps=2000, batch_size=64, lr=2e-3, warmup=100),
+}
+
+
+# ---- fake quantization of K/V -------------------------------------------------------------------------------
+
+def fake_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Quantize then dequantize `x` [..., head_size] as cache format `fmt` stores it (straight-through gradient)."""
+    xf = x.float()
+    if fmt == "int8_per_token_head":
+        scale = (xf.abs().amax(-1, keepdim=True) / INT8_QMAX).clamp(min=SCALE_EPS)
+        deq = torch.round(xf / scale).clamp(-INT8_QMAX, INT8_QMAX) * scale
+    elif fmt == "fp8_per_token_head":
+        scale = (xf.abs().amax(-1, keepdim=True) / FP8_QMAX).clamp(min=SCALE_EPS)
+        deq = _to_e4m3(xf / scale) * scale
+    elif fmt == "fp8":                                  # one scale per layer, 1.0 as the engine uses it
+        deq = _to_e4m3(xf)
+    else:
+        raise ValueError(f"unknown fake-quant format {fmt!r}; choose one of {', '.join(FAKE_QUANT_FORMATS)}")
+    return x + (deq.to(x.dtype) - x).detach()
+
+
+def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-FP8_QMAX, FP8_QMAX).to(torch.float8_e4m3fn).float()
+
+
+def kv_transform_for(fmt: str | None):
+    if fmt is None:
+        return None
+    if fmt not in FAKE_QUANT_FORMATS:
+        raise ValueError(f"kv_fake_quant must be None or one of {', '.join(FAKE_QUANT_FORMATS)}, got {fmt!r}")
+    return lambda t: fake_quantize(t, fmt)
+
+
+# ---- training batches -----------------------------------------------------------------------------------------
+
+def kvshare_batch(task: tasks.ArithmeticTask, tokenizer, rng: random.Random, batch_size: int, seq_len: int):
+    """Long arithmetic sequences from the training side of the split; no loss on the (unpredictable) first term."""
+    inputs, targets = [], []
+    for _ in range(batch_size):
+        start, step = rng.choice(task.training_pairs)
+        text = task.sequence_text(start, step, seq_len)[:seq_len]
+        ids = [tokenizer.bos_id] + tokenizer.encode(text)
+        target = ids[1:]
+        first_term = len(str(start))
+        target[: first_term + 1] = [IGNORE] * (first_term + 1)    # its digits and the space after it
+        inputs.append(ids[:-1])
+        targets.append(target)
+    return torch.tensor(inputs), torch.tensor(targets)
+
+
+def encdec_batch(task: tasks.ReverseTask, tokenizer, rng: random.Random, batch_size: int):
+    """Random strings from the training side of the split. Decoder: [BOS] + reversed -> reversed + [EOS]."""
+    strings = []
+    while len(strings) < batch_size:
+        text = task.random_string(rng, rng.randint(tasks.REVERSE_MIN_LEN, tasks.REVERSE_MAX_LEN))
+        if not task.is_held_out(text):
+            strings.append(text)
+    width = max(map(len, strings))
+    enc = torch.full((batch_size, width), tokenizer.pad_id)
+    dec_in = torch.full((batch_size, width + 1), tokenizer.pad_id)
+    dec_target = torch.full((batch_size, width + 1), IGNORE)
+    for row, text in enumerate(strings):
+        answer = tokenizer.encode(text[::-1])
+        enc[row, : len(text)] = torch.tensor(tokenizer.encode(text))
+        dec_in[row, : len(text) + 1] = torch.tensor([tokenizer.bos_id] + answer)
+        dec_target[row, : len(text) + 1] = torch.tensor(answer + [tokenizer.eos_id])
+    return enc, enc != tokenizer.pad_id, dec_in, dec_target
+
+
+def _positions(ids: torch.Tensor) -> torch.Tensor:
+    return torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+
+
+def _loss(model: nn.Module, batch, device) -> torch.Tensor:
+    batch = [t.to(device) for t in batch]
+    if model.config.is_encoder_decoder:
+        enc, mask, dec_in, target = batch
+        hidden = model.decode(dec_in, _positions(dec_in), model.encode(enc, mask), mask)
+    else:
+        inputs, target = batch
+        hidden = model(inputs, _positions(inputs))
+    logits = model.compute_logits(hidden)
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
+
+
+def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Path | None = None,
+          progress: bool = True, device: str = "cpu", evaluate: bool = True) -> dict:
+    """Train `name` from scratch and save its weights into `out_dir` (None: the package's weights folder).
+
+    Returns the metrics, which are also written into the JSON file beside the weights.
+    """
+    from tqdm.auto import tqdm
+
+    config = registry.model_config(name)
+    recipe = RECIPES[name]
+    steps = recipe.steps if steps is None else steps
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    torch.manual_seed(seed)
+    rng = random.Random(f"train:{name}:{seed}")
+    task, tokenizer = tasks.for_model(name), registry.get_tokenizer(name)
+    model = registry.build_model(name).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = min(recipe.warmup, max(1, steps // 10))
+
+    def lr_factor(step):                                # linear warmup, cosine decay to 5%
+        if step < warmup:
+            return (step + 1) / warmup
+        progress_frac = (step - warmup) / max(1, steps - warmup)
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress_frac))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    losses: list[float] = []
+    started = time.perf_counter()
+    bar = tqdm(range(steps), desc=f"train {name}", disable=not progress)
+    for _ in bar:
+        if config.is_encoder_decoder:
+            batch = encdec_batch(task, tokenizer, rng, recipe.batch_size)
+        else:
+            batch = kvshare_batch(task, tokenizer, rng, recipe.batch_size, recipe.seq_len)
+        fmt = rng.choice(FAKE_QUANT_FORMATS) if rng.random() < recipe.fake_quant_prob else None
+        model.kv_transform = kv_transform_for(fmt)
+        loss = _loss(model, batch, device)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if len(losses) % 25 == 0:
+            bar.set_postfix(loss=f"{sum(losses[-25:]) / 25:.4f}")
+    model.kv_transform = None
+    train_seconds = time.perf_counter() - started
+
+    metrics = {
+        "model": name, "steps": steps, "seed": seed, "recipe": recipe.__dict__, "device": str(device),
+        "train_wall_s": round(train_seconds, 1), "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__, "machine": platform.processor() or platform.machine(),
+        "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 5),
+    }
+    if evaluate:
+        model.eval()
+        stored = registry.build_model(name)               # evaluate what is shipped: float16-rounded weights
+        stored.load_state_dict({k: v.to(registry.STORAGE_DTYPE).float() for k, v in model.state_dict().items()})
+        metrics["exact_match"] = evaluation_matrix(name, stored, device=device)
+    metrics["total_wall_s"] = round(time.perf_counter() - started, 1)
+    registry.save_weights(model, out_dir, info={"training": metrics})
+    return metrics
+
+
+# ---- dense greedy decoding and evaluation --------------------------------------------------------------------
+
+@torch.no_grad()
+def generate_dense(model: nn.Module, prompts: list[str], max_new_tokens: int, batch_size: int = 64) -> list[list[int]]:
+    """Greedy token ids after each prompt, without any engine. Encoder-decoder outputs stop after EOS."""
+    tokenizer = registry.get_tokenizer(model.config.name)
+    device = next(model.parameters()).device
+    if model.config.is_encoder_decoder:
+        return _generate_encdec(model, tokenizer, prompts, max_new_tokens, batch_size, device)
+    out: list[list[int] | None] = [None] * len(prompts)
+    by_length: dict[int, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt), []).append(i)
+    for indices in by_length.values():                 # equal lengths: no padding needed
+        for first in range(0, len(indices), batch_size):
+            chunk = indices[first: first + batch_size]
+            ids = torch.tensor([[tokenizer.bos_id] + tokenizer.encode(prompts[i]) for i in chunk], device=device)
+            prompt_len = ids.shape[1]
+            for _ in range(max_new_tokens):
+                hidden = model(ids, _positions(ids))
+                next_ids = model.compute_logits(hidden[:, -1]).argmax(-1)
+                ids = torch.cat([ids, next_ids[:, None]], dim=1)
+            for row, i in enumerate(chunk):
+                out[i] = ids[row, prompt_len:].tolist()
+    return out
+
+
+def _generate_encdec(model, tokenizer, prompts, max_new_tokens, batch_size, device):
+    out = []
+    for first in range(0, len(prompts), batch_size):
+        chunk = prompts[first: first + batch_size]
+        width = max(map(len, chunk))
+        enc = torch.full((len(chunk), width), tokenizer.pad_id, device=device)
+        for row, text in enumerate(chunk):
+            enc[row, : len(text)] = torch.tensor(tokenizer.encode(text), device=device)
+        mask = enc != tokenizer.pad_id
+        encoder_out = model.encode(enc, mask)
+        ids = torch.full((len(chunk), 1), tokenizer.bos_id, device=device)
+        for _ in range(max_new_tokens):
+            hidden = model.decode(ids, _positions(ids), encoder_out, mask)
+            ids = torch.cat([ids, model.compute_logits(hidden[:, -1]).argmax(-1)[:, None]], dim=1)
+            if bool((ids == tokenizer.eos_id).any(dim=1).all()):
+                break
+        for row in ids[:, 1:].tolist():
+            out.append(row[: row.index(tokenizer.eos_id) + 1] if tokenizer.eos_id in row else row)
+    return out
+
+
+def expected_ids(name: str, prompt: str) -> list[int]:
+    """The token ids greedy decoding must produce for `prompt` with the task's default max_tokens."""
+    task, tokenizer = tasks.for_model(name), registry.get_tokenizer(name)
+    if registry.model_config(name).is_encoder_decoder:
+        return tokenizer.encode(task.expected(prompt, len(prompt))) + [tokenizer.eos_id]
+    return tokenizer.encode(task.expected(prompt, task.default_max_tokens))
+
+
+def evaluate_dense(name: str, n: int = 200, kv_fake_quant: str | None = None, dtype: torch.dtype | None = None,
+                   *, model: nn.Module | None = None, seed: int = 0, device: str = "cpu") -> dict:
+    """Greedy exact-match rate on `n` held-out prompts, in dense mode.
+
+    kv_fake_quant: None, "int8_per_token_head", "fp8_per_token_head" or "fp8" (per-layer scale 1.0).
+    dtype: None = the model's inference default on `device`. `model`: evaluate this model instead of loading
+    the shipped weights (it is cast to `dtype` when one is given).
+    Returns {"exact_match": fraction, "correct": int, "n": int, "failures": [(prompt, expected, got), ...]}.
+    """
+    transform = kv_transform_for(kv_fake_quant)
+    if model is None:
+        model = registry.load_model(name, device=device, dtype=dtype)
+    elif dtype is not None:
+        model = model.to(dtype)
+    task, tokenizer = tasks.for_model(name), registry.get_tokenizer(name)
+    prompts = task.prompts(n, seed=seed)
+    previous, model.kv_transform = model.kv_transform, transform
+    try:
+        got = generate_dense(model.eval(), prompts, task.default_max_tokens)
+    finally:
+        model.kv_transform = previous
+    failures = []
+    for prompt, ids in zip(prompts, got):
+        want = expected_ids(name, prompt)
+        if ids != want:
+            failures.append((prompt, tokenizer.decode(want), tokenizer.decode(ids)))
+    correct = n - len(failures)
+    return {"exact_match": correct / n if n else 1.0, "correct": correct, "n": n, "failures": failures}
+
+
+def evaluation_matrix(name: str, model: nn.Module, n: int = 200, device: str = "cpu") -> dict:
+    """Exact match in float32 and the CPU inference dtype, without and with each fake-quantized KV format."""
+    results = {}
+    inference_dtype = registry.default_dtype(name, device)
+    dtypes = [torch.float32] + ([inference_dtype] if inference_dtype != torch.float32 else [])
+    for dtype in dtypes:
+        copy = registry.build_model(name).to(device)
+        copy.load_state_dict(model.state_dict())
+        copy = copy.to(dtype)
+        for fmt in (None,) + FAKE_QUANT_FORMATS:
+            key = f"{str(dtype).removeprefix('torch.')}/{fmt or 'none'}"
+            results[key] = evaluate_dense(name, n, fmt, model=copy, device=device)["exact_match"]
+    return results

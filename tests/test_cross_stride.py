@@ -1,0 +1,108 @@
+"""Defects B1 (cross-stride) and B2 (cross-fp8-context-read) on tiny-encdec: the regression tests upstream's
+reviewers asked for, the layout contract, both construction orders, and the fixed fp8 path equal to `auto`."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import minikv
+from minikv.attention.cross import CrossBackendBuilder
+from minikv.repro import cross_stride
+
+TASK = minikv.tasks.for_model("tiny-encdec")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return cross_stride.make_prompts(4, seed=2)
+
+
+@pytest.fixture(scope="module")
+def reference(prompts):
+    return cross_stride.reference_tokens(prompts)
+
+
+def test_fixed_fp8_equals_auto_and_is_right(prompts, reference):
+    llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", max_num_seqs=4)
+    outs = llm.generate(prompts, [minikv.SamplingParams(max_tokens=TASK.max_tokens(p)) for p in prompts],
+                        use_tqdm=False)
+    assert [o.token_ids for o in outs] == reference
+    assert all(TASK.check(p, o.text) for p, o in zip(prompts, outs))
+
+
+def test_pool_holding_the_blocks_but_less_than_twice_fails_buggy_and_passes_fixed(prompts, reference):
+    need = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8").cross_blocks_needed(prompts)
+    blocks = math.floor(1.5 * need)
+    assert need <= blocks < 2 * need
+    buggy = cross_stride.run_pool(prompts, reference, 1.5, need, buggy=True, sanitize=True)
+    assert buggy.outcome == "overrun caught" and "cross." in buggy.detail
+    silent = cross_stride.run_pool(prompts, reference, 1.5, need, buggy=True, sanitize=False)
+    assert silent.outcome == "wrong tokens"            # never a crash: the overrun stayed inside the arena
+    fixed = cross_stride.run_pool(prompts, reference, 1.5, need, buggy=False, sanitize=True)
+    assert fixed.outcome == "correct"
+
+
+def test_twice_the_blocks_hides_the_historical_stride(prompts, reference):
+    need = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8").cross_blocks_needed(prompts)
+    assert cross_stride.run_pool(prompts, reference, 2.0, need, buggy=True, sanitize=True).outcome == "correct"
+
+
+def test_same_request_twice_through_the_engine_gives_the_same_output(prompts):
+    llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", max_num_seqs=4)
+    p = [prompts[0]] * 3
+    params = minikv.SamplingParams(max_tokens=TASK.max_tokens(prompts[0]))
+    together = [o.token_ids for o in llm.generate(p, params, use_tqdm=False)]
+    again = llm.generate(prompts[0], params, use_tqdm=False)[0].token_ids
+    assert together[0] == together[1] == together[2] == again
+
+
+@pytest.mark.parametrize("order", ["eager", "deferred"])
+def test_cross_backend_layout_in_both_construction_orders(order):
+    fixed = CrossBackendBuilder("fp8", torch.float16, 16, historical=False).build(order, 2, 32)
+    buggy = CrossBackendBuilder("fp8", torch.float16, 16, historical=True).build(order, 2, 32)
+    assert fixed.elem_bytes == 1 and buggy.elem_bytes == 2
+    llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", cross_construction=order, max_num_seqs=2)
+    assert all(a.impl.layout.elem_bytes == 1 for a in llm.runner.cross_layers)
+
+
+def test_layout_contract_rejects_the_historical_backend_at_bind():
+    with pytest.raises(minikv.KVLayoutMismatchError, match=r"1 byte\(s\) per element.*2 byte\(s\) per element"):
+        minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", reintroduce=("cross-stride",))
+
+
+def test_historical_context_read_is_wrong_at_the_context_step_only(prompts, reference):
+    hist = cross_stride.run_context(prompts, reference, "historical")
+    assert hist.context_error > 0.5 and hist.decode_error < 0.2
+    for version in ("fallback", "taught-fused"):
+        run = cross_stride.run_context(prompts, reference, version)
+        assert run.context_error < 0.2 and run.decode_error < 0.2 and run.tokens_equal_auto
+    assert cross_stride.run_context(prompts, reference, "fallback").path == "unfused"
+
+
+@pytest.mark.parametrize("path", ["fused", "unfused"])
+def test_fp8_cross_context_kernels_match_their_references(path):
+    from minikv.kernels import cache_write, context_attention
+    from minikv.cache.layout import KVLayout
+    g = torch.Generator().manual_seed(0)
+    layout = KVLayout("fp8", torch.float16, 2, 32, 16)
+    enc = [19, 33]
+    q = torch.randn(2, 4, 32, generator=g).half()
+    k = torch.randn(sum(enc), 2, 32, generator=g).half()
+    v = torch.randn(sum(enc), 2, 32, generator=g).half()
+    table = torch.tensor([[3, 0, 0], [1, 4, 2]], dtype=torch.int32)
+    slots = torch.tensor([3 * 16 + i for i in range(19)] + [[1, 4, 2][i // 16] * 16 + i % 16 for i in range(33)])
+    pool = torch.zeros(5, layout.block_bytes, dtype=torch.uint8)
+    cache_write.write_kv(k, v, pool, slots, layout)
+    cu_q = torch.tensor([0, 1, 2], dtype=torch.int32)
+    lens = torch.tensor(enc, dtype=torch.int32)
+    sm = 32 ** -0.5
+    if path == "fused":
+        out = context_attention.paged_context_attention(q, pool, table, cu_q, lens, layout, False, sm)
+        ref = context_attention.paged_context_attention_reference(q, pool, table, cu_q, lens, layout, False, sm)
+    else:
+        cu_k = torch.tensor([0, 19, 52], dtype=torch.int32)
+        out = context_attention.context_attention(q, k, v, cu_q, cu_k, False, sm)
+        ref = context_attention.context_attention_reference(q, k, v, cu_q, cu_k, False, sm)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-3, rtol=2e-3)

@@ -1,0 +1,146 @@
+"""Engine-level tests: the same tokens whatever the backend, prefix caching, preemption, sleep/wake_up; bad input
+rejected with clear errors before anything runs; the arena's canaries intact after every run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minikv
+from minikv.models.registry import ModelLoadError
+
+KVSHARE = "tiny-kvshare"
+
+
+def greedy(n=12):
+    return minikv.SamplingParams(max_tokens=n)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return minikv.tasks.for_model(KVSHARE).prompts(6, seed=3)
+
+
+def run(prompts, **kw):
+    kw.setdefault("model", KVSHARE)
+    llm = minikv.LLM(**kw)
+    outs = llm.generate(prompts, greedy(), use_tqdm=False)
+    llm.arena.check()                                   # canaries intact after every run
+    return llm, [o.token_ids for o in outs]
+
+
+@pytest.mark.parametrize("fmt", ["auto", "int8_per_token_head", "fp8_per_token_head", "fp8"])
+def test_triton_and_torch_backends_give_identical_tokens(prompts, fmt):
+    _, a = run(prompts, kv_cache_dtype=fmt, backend="triton", max_num_seqs=4)
+    _, b = run(prompts, kv_cache_dtype=fmt, backend="torch", max_num_seqs=4)
+    assert a == b
+
+
+def test_outputs_are_right_and_prefix_caching_changes_nothing():
+    task = minikv.tasks.for_model(KVSHARE)
+    # Long prompts (> 2 blocks) sharing their first blocks: prefix caching really hits.
+    base = task.prompts(2, seed=5, num_tokens=40)
+    prompts = [base[0], base[1], base[0], base[0]]
+    llm_off, off = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=2)
+    llm_on, on = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=2, enable_prefix_caching=True)
+    assert on == off
+    assert llm_on.block_manager.num_hit_blocks > 0
+    texts = [llm_on.tokenizer.decode(t) for t in on]
+    assert all(task.check(p, t) for p, t in zip(prompts, texts))
+
+
+def test_preemption_gives_identical_tokens(prompts):
+    _, roomy = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=6)
+    llm, tight = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=6, num_blocks=6)
+    assert llm.scheduler.num_preemptions > 0
+    assert tight == roomy
+
+
+def test_identical_prompts_give_identical_outputs(prompts):
+    _, out = run([prompts[0]] * 5, kv_cache_dtype="fp8_per_token_head", max_num_seqs=3)
+    assert all(o == out[0] for o in out)
+
+
+def test_sleep_wake_up_gives_identical_outputs(prompts):
+    llm = minikv.LLM(model=KVSHARE, kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
+    before = [o.token_ids for o in llm.generate(prompts, greedy(), use_tqdm=False)]
+    old = llm.arena
+    llm.sleep()
+    assert llm.arena is None
+    with pytest.raises(RuntimeError, match="asleep"):
+        llm.generate(prompts, greedy(), use_tqdm=False)
+    llm.wake_up()
+    assert llm.arena is not old
+    after = [o.token_ids for o in llm.generate(prompts, greedy(), use_tqdm=False)]
+    llm.arena.check()
+    assert after == before
+
+
+def test_temperature_sampling_is_seeded(prompts):
+    llm = minikv.LLM(model=KVSHARE, max_num_seqs=4)
+    p = minikv.SamplingParams(max_tokens=8, temperature=1.0, seed=7)
+    a = [o.token_ids for o in llm.generate(prompts[:3], p, use_tqdm=False)]
+    b = [o.token_ids for o in llm.generate(prompts[:3], p, use_tqdm=False)]
+    assert a == b
+
+
+def test_encoder_decoder_generates_right_answers():
+    task = minikv.tasks.for_model("tiny-encdec")
+    prompts = task.prompts(4, seed=1)
+    llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", max_num_seqs=4)
+    outs = llm.generate(prompts, [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts],
+                        use_tqdm=False)
+    llm.arena.check()
+    assert all(task.check(p, o.text) for p, o in zip(prompts, outs))
+
+
+# ---- bad input: a clear error, nothing half-done ------------------------------------------------------------------
+def test_bad_input_is_rejected_clearly(prompts):
+    llm = minikv.LLM(model=KVSHARE, max_num_seqs=2)
+    with pytest.raises(ValueError, match="empty prompt"):
+        llm.generate([prompts[0], ""], greedy(), use_tqdm=False)
+    with pytest.raises(ValueError, match="longer|maximum"):
+        llm.generate(["1 2 " * 200], greedy(), use_tqdm=False)
+    with pytest.raises(ValueError, match="max_tokens"):
+        minikv.SamplingParams(max_tokens=0)
+    assert not llm.scheduler.has_unfinished()          # nothing was half-queued
+    out = llm.generate(prompts[:1], greedy(), use_tqdm=False)
+    assert out[0].token_ids
+
+
+def test_bad_engine_arguments():
+    with pytest.raises(ValueError, match="unknown model"):
+        minikv.LLM(model="gpt-17")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        minikv.LLM(model=KVSHARE, kv_cache_dtype="int3")
+    with pytest.raises(ValueError, match="unknown defect"):
+        minikv.LLM(model=KVSHARE, reintroduce=("no-such-bug",))
+    with pytest.raises(ValueError, match="backend"):
+        minikv.LLM(model=KVSHARE, backend="cuda-graphs")
+
+
+def test_pool_too_small_for_one_request_is_an_error_not_a_hang(prompts):
+    llm = minikv.LLM(model=KVSHARE, num_blocks=1, max_num_seqs=2)
+    with pytest.raises(ValueError, match="blocks"):
+        llm.generate(prompts[:2], greedy(12), use_tqdm=False)
+
+
+def test_corrupted_or_truncated_weights_are_rejected(tmp_path):
+    from minikv.models import registry
+    data = registry.weights_path(KVSHARE).read_bytes()
+    flipped = bytearray(data)
+    flipped[-100] ^= 0xFF                                     # one bit pattern in the tensor bytes
+    for name, content in (("truncated", data[: len(data) // 2]), ("garbage", b"\x00" * 64),
+                          ("flipped", bytes(flipped))):
+        bad = tmp_path / name
+        bad.mkdir()
+        registry.weights_path(KVSHARE, bad).write_bytes(content)
+        with pytest.raises(ModelLoadError, match="truncated|corrupted"):
+            registry.load_model(KVSHARE, weights_dir=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_engine_matches_torch_backend(prompts):
+    _, a = run(prompts, kv_cache_dtype="int8_per_token_head", device="cuda", backend="triton")
+    _, b = run(prompts, kv_cache_dtype="int8_per_token_head", device="cuda", backend="torch")
+    assert a == b

@@ -1,0 +1,99 @@
+"""context_attention (unfused) and paged_context_attention (fused) against their torch references."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import (BLOCK_SIZES, CPU_FORMATS, HEAD_LAYOUTS, HEAD_SIZES, attention_tolerance, cu_seqlens,
+                      fill_sequences, make_pool, make_spec, random_block_tables, sample_cases)
+from minikv.kernels import (context_attention, context_attention_reference, paged_context_attention,
+                            paged_context_attention_reference)
+
+# (q lengths, kv lengths) per batch; causal needs kv >= q. "prefix" = prefill after a prefix-cache hit.
+SHAPES = {
+    "prefill": ([1, 9, 40], [1, 9, 40]),
+    "prefix": ([3, 17, 8], [11, 33, 40]),
+    "cross": ([5, 1, 20], [7, 30, 2]),
+    "empty-seq": ([4, 0, 6], [4, 5, 6]),
+}
+
+
+def _shape(name: str, causal: bool):
+    q_lens, kv_lens = SHAPES[name]
+    if causal and name == "cross":
+        kv_lens = [max(q, k) for q, k in zip(q_lens, kv_lens)]
+    return q_lens, kv_lens
+
+
+UNFUSED = sample_cases(31, 24, [torch.float16, torch.float32], [True, False], HEAD_LAYOUTS, HEAD_SIZES,
+                       list(SHAPES))
+
+
+@pytest.mark.parametrize("dtype,causal,heads,head_size,shape", UNFUSED)
+def test_unfused_matches_reference(dtype, causal, heads, head_size, shape):
+    q_lens, kv_lens = _shape(shape, causal)
+    num_heads, kv_heads = heads
+    q = torch.randn(sum(q_lens), num_heads, head_size).to(dtype)
+    k = torch.randn(sum(kv_lens), kv_heads, head_size).to(dtype)
+    v = torch.randn(sum(kv_lens), kv_heads, head_size).to(dtype)
+    cq, ck = cu_seqlens(q_lens), cu_seqlens(kv_lens)
+    out = context_attention(q, k, v, cq, ck, causal, head_size ** -0.5)
+    ref = context_attention_reference(q, k, v, cq, ck, causal, head_size ** -0.5)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
+PAGED = sample_cases(41, 44, CPU_FORMATS, BLOCK_SIZES, HEAD_LAYOUTS, HEAD_SIZES, [True, False], list(SHAPES))
+
+
+@pytest.mark.parametrize("fmt,block_size,heads,head_size,causal,shape", PAGED)
+def test_paged_matches_reference(fmt, block_size, heads, head_size, causal, shape):
+    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
+    q_lens, kv_lens = _shape(shape, causal)
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    tables, num_blocks = random_block_tables(kv_lens, block_size)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, kv_lens, dtype, k_scale=0.45, v_scale=1.3)
+    q = torch.randn(sum(q_lens), num_heads, head_size).to(dtype)
+    args = (q, pool, tables, cu_seqlens(q_lens), torch.tensor(kv_lens, dtype=torch.int32), spec, causal,
+            head_size ** -0.5, 0.45, 1.3)
+    out = paged_context_attention(*args)
+    ref = paged_context_attention_reference(*args)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_several_tiles_per_sequence(causal):
+    """More rows than one program's tile and more keys than one K/V tile: the loops and tile search."""
+    q_lens, kv_lens = [70, 3], [300, 90]
+    q = torch.randn(sum(q_lens), 4, 32)
+    k, v = torch.randn(sum(kv_lens), 2, 32), torch.randn(sum(kv_lens), 2, 32)
+    cq, ck = cu_seqlens(q_lens), cu_seqlens(kv_lens)
+    out = context_attention(q, k, v, cq, ck, causal, 0.2)
+    torch.testing.assert_close(out, context_attention_reference(q, k, v, cq, ck, causal, 0.2),
+                               **attention_tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fused_equals_unfused_on_a_16bit_cache(causal):
+    """The two paths see the same K/V when the cache stores them as is."""
+    q_lens, kv_lens = [6, 13], [6, 21] if not causal else [6, 13]
+    spec = make_spec("auto", torch.float16, 2, 32, 8)
+    tables, num_blocks = random_block_tables(kv_lens, 8)
+    pool = make_pool(spec, num_blocks)
+    k, v = fill_sequences(pool, spec, tables, kv_lens, torch.float16)
+    q = torch.randn(sum(q_lens), 4, 32).half()
+    cq = cu_seqlens(q_lens)
+    fused = paged_context_attention(q, pool, tables, cq, torch.tensor(kv_lens, dtype=torch.int32), spec, causal, 0.3)
+    unfused = context_attention(q, k, v, cq, cu_seqlens(kv_lens), causal, 0.3)
+    torch.testing.assert_close(fused, unfused, atol=2e-3, rtol=2e-3)
+
+
+def test_strided_q_k_v():
+    qkv = torch.randn(12, (4 + 2 + 2) * 16)
+    q = qkv[:, :64].view(12, 4, 16)
+    k = qkv[:, 64:96].view(12, 2, 16)
+    v = qkv[:, 96:].view(12, 2, 16)
+    cq = cu_seqlens([5, 7])
+    out = context_attention(q, k, v, cq, cq, True, 0.25)
+    torch.testing.assert_close(out, context_attention_reference(q, k, v, cq, cq, True, 0.25),
+                               **attention_tolerance(torch.float32))

@@ -1,0 +1,98 @@
+"""paged_decode_attention (Triton, interpreter) against its torch reference over a sampled case matrix."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from conftest import (BLOCK_SIZES, CPU_FORMATS, HEAD_LAYOUTS, HEAD_SIZES, attention_tolerance, fill_sequences,
+                      length_choices, make_pool, make_spec, random_block_tables, sample_cases)
+from minikv.kernels import launch, paged_decode_attention, paged_decode_attention_reference
+
+LENGTH_SETS = ["ones", "edges", "mixed"]
+
+
+def _lengths(kind: str, block_size: int, batch: int, seed: int) -> list[int]:
+    edges = length_choices(block_size)
+    rng = random.Random(seed)
+    if kind == "ones":
+        return [1] * batch
+    if kind == "edges":
+        return [edges[i % len(edges)] for i in range(batch)]
+    return [rng.choice(edges + [rng.randint(1, 5 * block_size)]) for _ in range(batch)]
+
+
+def _run(fmt, block_size, heads, head_size, lens, k_scale=0.61, v_scale=1.7, q_transform=None):
+    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    tables, num_blocks = random_block_tables(lens, block_size)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, lens, dtype, k_scale, v_scale)
+    q = torch.randn(len(lens), num_heads, head_size).to(dtype)
+    if q_transform is not None:
+        q = q_transform(q)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    sm_scale = head_size ** -0.5
+    out = paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale)
+    ref = paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+    return out
+
+
+CASES = sample_cases(21, 44, CPU_FORMATS, BLOCK_SIZES, HEAD_LAYOUTS, HEAD_SIZES, LENGTH_SETS)
+
+
+@pytest.mark.parametrize("fmt,block_size,heads,head_size,lengths", CASES)
+def test_decode_matches_reference(fmt, block_size, heads, head_size, lengths):
+    lens = _lengths(lengths, block_size, batch=4, seed=block_size * 7 + head_size)
+    _run(fmt, block_size, heads, head_size, lens)
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 8])
+@pytest.mark.parametrize("fmt", [("auto", torch.float32), ("int8_per_token_head", torch.float16)])
+def test_split_k_merge(monkeypatch, num_splits, fmt):
+    """Force the GPU's split-K path (partials + merge kernel), including splits left empty by short sequences."""
+    original = launch.decode_config
+
+    def forced(*args, **kwargs):
+        return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8)
+
+    monkeypatch.setattr(launch, "decode_config", forced)
+    _run(fmt, 8, (8, 2), 32, [1, 7, 33, 60])
+
+
+def test_out_argument_and_strided_q():
+    fmt = ("fp8_per_token_head", torch.float32)
+    spec_heads, head_size, lens = (4, 2), 32, [5, 17]
+    out = _run(fmt, 16, spec_heads, head_size, lens, q_transform=lambda q: q.transpose(0, 1).contiguous()
+               .transpose(0, 1))
+    assert out.is_contiguous()
+    spec = make_spec("auto", torch.float16, 2, 16, 8)
+    tables, num_blocks = random_block_tables([3, 9], 8)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, [3, 9], torch.float16)
+    q = torch.randn(2, 4, 16).half()
+    given = torch.empty_like(q)
+    result = paged_decode_attention(q, pool, tables, torch.tensor([3, 9], dtype=torch.int32), spec, 0.25,
+                                    out=given)
+    assert result is given
+    ref = paged_decode_attention_reference(q, pool, tables, torch.tensor([3, 9], dtype=torch.int32), spec, 0.25)
+    torch.testing.assert_close(given, ref, **attention_tolerance(torch.float16))
+
+
+def test_unwritten_slots_beyond_seq_len_are_ignored():
+    """Garbage (even NaN bytes) after a sequence's last token, in its last block, must not leak in."""
+    spec = make_spec("auto", torch.float32, 1, 16, 8)
+    tables, num_blocks = random_block_tables([5], 8)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, [5], torch.float32)
+    k_view, v_view = spec.code_views(pool)
+    block = int(tables[0, 0])
+    k_view[block, 5:] = float("nan")
+    v_view[block, 5:] = float("nan")
+    q = torch.randn(1, 1, 16)
+    out = paged_decode_attention(q, pool, tables, torch.tensor([5], dtype=torch.int32), spec, 0.25)
+    assert torch.isfinite(out).all()

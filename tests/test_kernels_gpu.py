@@ -1,0 +1,104 @@
+"""The same kernel-versus-reference comparisons, compiled on a CUDA GPU, bfloat16 included. Skipped without CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import (attention_tolerance, cu_seqlens, fill_sequences, length_choices, make_pool, make_spec,
+                      random_block_tables)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+CUDA = "cuda"
+GPU_FORMATS = [("auto", torch.bfloat16), ("auto", torch.float16), ("auto", torch.float32), ("fp8", torch.bfloat16),
+               ("int8_per_token_head", torch.bfloat16), ("fp8_per_token_head", torch.float16)]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    import minikv.kernels as k
+    if k.INTERPRETED:
+        pytest.skip("this process runs the Triton interpreter (TRITON_INTERPRET set)")
+    return k
+
+
+def test_fp8_encoder_bit_identical_to_torch_on_gpu(kernels):
+    from minikv.kernels.quant import encode_e4m3, encode_e4m3_reference
+    every = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    x = every[torch.isfinite(every)].to(torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    bits = torch.randint(-(1 << 31), (1 << 31) - 1, (1 << 20,), dtype=torch.int64, generator=gen).to(torch.int32)
+    extra = bits.view(torch.float32)
+    x = torch.cat([x, extra[~torch.isnan(extra)], torch.tensor([float("inf"), -float("inf"), 470.0, 464.0])])
+    x = x.to(CUDA)
+    got, want = encode_e4m3(x), encode_e4m3_reference(x)
+    bad = (got != want).nonzero().flatten()
+    assert bad.numel() == 0, f"{bad.numel()} mismatches, e.g. x={x[bad[:5]].tolist()}"
+
+
+@pytest.mark.parametrize("fmt", GPU_FORMATS)
+@pytest.mark.parametrize("kv_heads,head_size,block_size", [(8, 128, 16), (2, 64, 8)])
+def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_size):
+    kv_cache_dtype, dtype = fmt
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    num_tokens, num_blocks = 3 * block_size + 1, 8
+    slots = torch.randperm(num_blocks * block_size)[:num_tokens]
+    slots[::7] = -1
+    key = (torch.randn(num_tokens, kv_heads, head_size) * 3).to(dtype).to(CUDA)
+    value = torch.randn(num_tokens, kv_heads, head_size).to(dtype).to(CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    expected = pool.clone()
+    kernels.write_kv(key, value, pool, slots.to(CUDA), spec, 0.37, 1.9)
+    kernels.write_kv_reference(key, value, expected, slots.to(CUDA), spec, 0.37, 1.9)
+    assert torch.equal(pool, expected)
+
+
+@pytest.mark.parametrize("fmt", GPU_FORMATS)
+@pytest.mark.parametrize("batch,heads", [(3, (32, 8)), (64, (8, 8)), (5, (8, 1))])
+def test_decode_on_gpu(kernels, fmt, batch, heads):
+    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
+    block_size, head_size = 16, 128
+    edges = length_choices(block_size) + [200, 1000]
+    lens = [edges[i % len(edges)] for i in range(batch)]
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    tables, num_blocks = random_block_tables(lens, block_size, device=CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
+    q = torch.randn(batch, num_heads, head_size).to(dtype).to(CUDA)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    out = kernels.paged_decode_attention(q, pool, tables, seq_lens, spec, head_size ** -0.5, 0.6, 1.7)
+    ref = kernels.paged_decode_attention_reference(q, pool, tables, seq_lens, spec, head_size ** -0.5, 0.6, 1.7)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype,causal", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float16, True),
+                                          (torch.float32, True)])
+@pytest.mark.parametrize("heads,head_size", [((32, 8), 128), ((4, 4), 64)])
+def test_context_unfused_on_gpu(kernels, dtype, causal, heads, head_size):
+    num_heads, kv_heads = heads
+    q_lens, kv_lens = [1, 130, 300, 17], ([1, 200, 300, 40] if causal else [5, 64, 1, 700])
+    q = torch.randn(sum(q_lens), num_heads, head_size).to(dtype).to(CUDA)
+    k = torch.randn(sum(kv_lens), kv_heads, head_size).to(dtype).to(CUDA)
+    v = torch.randn(sum(kv_lens), kv_heads, head_size).to(dtype).to(CUDA)
+    cq, ck = cu_seqlens(q_lens, CUDA), cu_seqlens(kv_lens, CUDA)
+    out = kernels.context_attention(q, k, v, cq, ck, causal, head_size ** -0.5)
+    ref = kernels.context_attention_reference(q, k, v, cq, ck, causal, head_size ** -0.5)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("fmt,causal", [(GPU_FORMATS[0], True), (GPU_FORMATS[3], False), (GPU_FORMATS[4], True),
+                                        (GPU_FORMATS[5], True)])
+def test_context_paged_on_gpu(kernels, fmt, causal):
+    kv_cache_dtype, dtype = fmt
+    block_size, head_size, num_heads, kv_heads = 16, 128, 16, 4
+    q_lens, kv_lens = [1, 100, 33], ([1, 260, 33] if causal else [9, 40, 500])
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    tables, num_blocks = random_block_tables(kv_lens, block_size, device=CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    fill_sequences(pool, spec, tables, kv_lens, dtype, 0.45, 1.3)
+    q = torch.randn(sum(q_lens), num_heads, head_size).to(dtype).to(CUDA)
+    args = (q, pool, tables, cu_seqlens(q_lens, CUDA), torch.tensor(kv_lens, dtype=torch.int32, device=CUDA), spec,
+            causal, head_size ** -0.5, 0.45, 1.3)
+    out = kernels.paged_context_attention(*args)
+    ref = kernels.paged_context_attention_reference(*args)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))

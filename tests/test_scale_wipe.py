@@ -1,0 +1,203 @@
+"""Defect A (scale-wipe): the historical path damages exactly the first batch; the fix damages nothing.
+
+Engine-level tests run the real mechanism (warmup skips KV-sharing layers; their first touch comes mid-forward);
+impl-level tests pin the registry's semantics (alias, new storage, dead weak reference, packed storages).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minikv
+from minikv.attention.backend import get_ops
+from minikv.attention.impl import AttentionImpl
+from minikv.cache.layout import KVLayout
+from minikv.repro import scale_wipe
+from minikv.repro.common import request_slots
+
+QUANTIZED = ("int8_per_token_head", "fp8_per_token_head")
+
+
+def damaged(prompts, texts, reference):
+    task = minikv.tasks.for_model("tiny-kvshare")
+    return [i for i, (p, t, r) in enumerate(zip(prompts, texts, reference)) if t != r and not task.check(p, t)]
+
+
+def generate(prompts, max_tokens=8, **kw):
+    llm = minikv.LLM(model="tiny-kvshare", **kw)
+    outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=max_tokens), use_tqdm=False)
+    llm.arena.check()
+    return llm, [o.text for o in outs]
+
+
+@pytest.mark.parametrize("max_num_seqs", [4, 6, 8])
+def test_historical_path_damages_exactly_the_first_batch(max_num_seqs):
+    fmt = "int8_per_token_head" if max_num_seqs != 6 else "fp8_per_token_head"
+    prompts = scale_wipe.make_prompts(max_num_seqs + 4)
+    _, clean = generate(prompts, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs)
+    llm, buggy = generate(prompts, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs, reintroduce=("scale-wipe",))
+    assert damaged(prompts, buggy, clean) == list(range(max_num_seqs))
+    assert buggy[max_num_seqs:] == clean[max_num_seqs:]            # later batches clean
+    # The census: warmup fills wiped nothing; the KV-sharing layers' late fills wiped written scales.
+    late = llm.census.wiping
+    assert {f.layer for f in late} == {a.layer_name for a in llm.runner.self_layers if a.kv_sharing_target}
+    assert all(f.step == 0 and f.overwritten > 0 for f in late)
+    assert all(f.step == -1 for f in llm.census.harmless)
+
+
+def test_sixteen_bit_cache_is_untouched_by_the_switch():
+    prompts = scale_wipe.make_prompts(6)
+    _, clean = generate(prompts, kv_cache_dtype="auto", max_num_seqs=4)
+    llm, buggy = generate(prompts, kv_cache_dtype="auto", max_num_seqs=4, reintroduce=("scale-wipe",))
+    assert buggy == clean
+    assert not llm.census.fills
+
+
+def test_measured_inflation_equals_one_over_the_true_scale():
+    prompts = scale_wipe.make_prompts(8)
+    fixed = scale_wipe.run_engine("int8_per_token_head", 4, False, False, prompts, max_tokens=2)
+    buggy = scale_wipe.run_engine("int8_per_token_head", 4, False, True, prompts, max_tokens=2)
+    scale_wipe.compare(fixed, buggy)
+    assert buggy.k_inflation > 5 and buggy.v_inflation > 1
+    assert buggy.inflation_error < 1e-4
+
+
+def prompts_with_residue(residue: int, n: int, block_size: int = 16) -> list[str]:
+    task = minikv.tasks.for_model("tiny-kvshare")
+    length = 2 * block_size + residue if residue else 3 * block_size
+    return task.prompts(n, seed=11 + residue, num_tokens=length)
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("residue", [0, 1, 15])
+def test_fixed_path_damages_nothing(fmt, prefix_caching, residue):
+    task = minikv.tasks.for_model("tiny-kvshare")
+    for max_num_seqs in (4, 6, 8):
+        prompts = prompts_with_residue(residue, max_num_seqs + 1)
+        if prefix_caching:          # a later request reuses the first request's cached blocks
+            prompts[-1] = prompts[0]
+        _, texts = generate(prompts, max_tokens=4, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs,
+                            enable_prefix_caching=prefix_caching)
+        wrong = [i for i, (p, t) in enumerate(zip(prompts, texts)) if not task.check(p, t)]
+        assert wrong == [], f"max_num_seqs={max_num_seqs}"
+
+
+def kv_bytes_after_prefill(prompts, target: str, **kw) -> dict[str, torch.Tensor]:
+    """The cache rows (codes and inline scales) of request `target`, per KV-owning layer, right after its prefill."""
+    llm = minikv.LLM(model="tiny-kvshare", **kw)
+    rows = {}
+
+    def grab(engine, batch, is_prefill):
+        for seq in batch:
+            if is_prefill and seq.prompt == target and not rows:
+                for a in engine.runner.self_layers:
+                    if a.kv_sharing_target is None:
+                        rows[a.layer_name] = _slot_rows(engine.runner.layout, a.kv_cache, request_slots(
+                            seq, engine.runner.block_size))
+    llm.generate(prompts, minikv.SamplingParams(max_tokens=2), use_tqdm=False, on_step=grab)
+    return rows
+
+
+def _slot_rows(layout: KVLayout, pool: torch.Tensor, slots: list[int]) -> torch.Tensor:
+    flat = pool.reshape(-1)
+    out = []
+    for s in slots:
+        b, o = divmod(s, layout.block_size)
+        for kv in (0, 1):
+            start = layout.row_offset(b, kv, o, 0)
+            out.append(flat[start: start + layout.slot_bytes].clone())
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_first_and_later_batch_kv_bytes_identical(fmt):
+    prompts = scale_wipe.make_prompts(8)
+    x = prompts[0]
+    first = kv_bytes_after_prefill(prompts, x, kv_cache_dtype=fmt, max_num_seqs=4)
+    later = kv_bytes_after_prefill(prompts[1:5] + [x], x, kv_cache_dtype=fmt, max_num_seqs=4)
+    assert first.keys() == later.keys() and first
+    for name in first:
+        assert torch.equal(first[name], later[name]), name
+
+
+def test_sleep_wake_up_reinitializes_the_fresh_storage():
+    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
+    prompts = scale_wipe.make_prompts(4)
+    before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    fills = len(llm.census.fills)
+    llm.sleep()
+    llm.wake_up()
+    owners = [a for a in llm.runner.self_layers if a.kv_sharing_target is None]
+    assert len(llm.census.fills) == fills + len(owners)         # each fresh storage initialized once
+    for a in owners:
+        k, v = llm.runner.layout.scale_views(a.kv_cache)
+        assert bool((k == 1).all()) and bool((v == 1).all())
+    after = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    assert after == before
+    assert not llm.census.wiping
+
+
+# ---- impl level ----------------------------------------------------------------------------------------------------
+LAYOUT = KVLayout("int8_per_token_head", torch.float32, 2, 16, 8)
+
+
+def impl(name, historical=False):
+    return AttentionImpl(name, 4, LAYOUT, get_ops("torch"), historical_scale_init=historical)
+
+
+def write_some(owner: AttentionImpl, pool: torch.Tensor) -> None:
+    k = torch.randn(5, 2, 16) * 0.1
+    owner.write_cache(pool, k, k.clone(), torch.arange(5))
+
+
+def new_pool(blocks=4):
+    return torch.zeros(blocks, LAYOUT.block_bytes, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("historical", [False, True])
+def test_second_impl_aliasing_a_storage(historical):
+    pool = new_pool()
+    owner, sharer = impl("L2", historical), impl("L4", historical)
+    write_some(owner, pool)
+    written = LAYOUT.scale_views(pool)[0].clone()
+    sharer.scale_views(pool)
+    k_after = LAYOUT.scale_views(pool)[0]
+    if historical:
+        assert bool((k_after == 1).all()) and not torch.equal(k_after, written)    # the wipe
+        assert sharer.census.fills[-1].overwritten == 20                          # 5 tokens x 2 heads x K, V
+    else:
+        assert torch.equal(k_after, written)                                      # the fix keeps them
+
+
+def test_new_storage_is_initialized():
+    a, b = new_pool(), new_pool()
+    impl("L0").scale_views(a)
+    impl("L1").scale_views(b)
+    for pool in (a, b):
+        k, v = LAYOUT.scale_views(pool)
+        assert bool((k == 1).all()) and bool((v == 1).all())
+
+
+def test_dead_weak_reference_at_a_reused_address_reinitializes():
+    base = new_pool(8)
+    view = base[:4]
+    first = impl("L0")
+    first.scale_views(view)
+    key = (view.data_ptr(), view.numel())
+    LAYOUT.scale_views(view)[0].fill_(0.25)                   # stale bytes left by the previous owner
+    del view
+    first.forget_storage()
+    reused = base[:4]                                          # same address and size, a new storage object
+    assert (reused.data_ptr(), reused.numel()) == key
+    impl("L0-again").scale_views(reused)
+    assert bool((LAYOUT.scale_views(reused)[0] == 1).all())
+
+
+def test_two_layers_packed_in_one_storage_each_initialize_their_region():
+    base = new_pool(8)
+    first, second = base[:4], base[4:]
+    impl("L0").scale_views(first)
+    assert bool((LAYOUT.scale_views(second)[0] == 0).all())    # the neighbour's region is left alone
+    impl("L1").scale_views(second)
+    assert bool((LAYOUT.scale_views(second)[0] == 1).all())
