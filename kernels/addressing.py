@@ -14,6 +14,8 @@ offsets divided by the element size, so both sides address the same bytes.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -214,15 +216,27 @@ def read_views(pool: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---- Triton side --------------------------------------------------------------------------------------------
+def row_alignment(spec) -> int:
+    """The largest power of two (in elements, at most 16 bytes' worth) dividing every row offset of the pool.
+
+    Kernels pass it to tl.multiple_of so the compiler can use wide loads: 16 bytes for the plain formats, but
+    only 4 for the per-token-head ones, whose rows are head_size + 4 bytes long."""
+    align = 16 // spec.elem_bytes
+    for stride in element_strides(spec):
+        align = math.gcd(align, stride)
+    return align
+
+
 @triton.jit
-def paged_rows(block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_stride, slot_stride, head_offset):
+def paged_rows(block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_stride, slot_stride, head_offset,
+               ROW_ALIGN: tl.constexpr):
     """Element offsets (int64) of the rows of tokens `n` of one sequence, for one kv head, in the K half.
 
     `block_table_ptr` points at the sequence's row of the block table. Tokens outside `mask` get offset 0.
     """
     block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
     rows = block * block_stride + (n % BLOCK_SIZE).to(tl.int64) * slot_stride + head_offset
-    return tl.where(mask, rows, 0)
+    return tl.multiple_of(tl.where(mask, rows, 0), ROW_ALIGN)
 
 
 @triton.jit

@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (AUTO_DTYPES, FP8, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
-                         check_scale, check_spec, element_strides, gather_sequence, paged_rows, read_views,
-                         row_scales)
+from .addressing import (AUTO_DTYPES, FP8, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor,
+                         check_int_tensor, check_pool, check_scale, check_spec, element_strides, gather_sequence,
+                         paged_rows, read_views, row_alignment, row_scales)
 from .mode import require_device
 
 LOG2E = math.log2(math.e)
@@ -52,17 +52,19 @@ def _find_tile(cu_q_ptr, pid, num_seqs, GROUP: tl.constexpr, BLOCK_M: tl.constex
 def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, table, codes_ptr, scales_ptr,
             kv_stride, block_stride, slot_stride, head_row, scale_offset, qk_scale, q_index, causal_offset,
             d, PAGED: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_SCALES: tl.constexpr,
-            BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+            BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, ROW_ALIGN: tl.constexpr,
+            DOT_PRECISION: tl.constexpr):
     """One K/V tile of the online softmax: returns the updated (max, sum, accumulator)."""
     n = start_n + tl.arange(0, BLOCK_N)
     valid = n < kv_len
     if PAGED:
-        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row)
+        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
         k_tile = codes_ptr + rows[:, None] + d[None, :]
         v_tile = codes_ptr + kv_stride + rows[:, None] + d[None, :]
     else:
-        k_tile = k_ptr + n[:, None].to(tl.int64) * stride_kt + d[None, :]
-        v_tile = v_ptr + n[:, None].to(tl.int64) * stride_vt + d[None, :]
+        # 32-bit offsets inside one sequence; the 64-bit sequence start is already in the base pointers
+        k_tile = k_ptr + n[:, None] * stride_kt + d[None, :]
+        v_tile = v_ptr + n[:, None] * stride_vt + d[None, :]
     if MASKED:
         k = tl.load(k_tile, mask=valid[:, None], other=0.0).to(q.dtype)
         v = tl.load(v_tile, mask=valid[:, None], other=0.0).to(q.dtype)
@@ -83,7 +85,7 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
     l = l * alpha + tl.sum(p, axis=1)
     if HAS_SCALES:
         p = p * row_scales(scales_ptr, rows + kv_stride, valid, scale_offset)[None, :]
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_new, l, acc
 
 
@@ -94,7 +96,7 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
                     qk_scale, v_layer_scale,
                     PAGED: tl.constexpr, CAUSAL: tl.constexpr, FMT: tl.constexpr, HAS_SCALES: tl.constexpr,
                     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, DOT_F32: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, ROW_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
                     DOT_PRECISION: tl.constexpr):
     kv_head = tl.program_id(1)
     seq, tile, num_tiles = _find_tile(cu_q_ptr, tl.program_id(0), num_seqs, GROUP, BLOCK_M, BLOCK_B)
@@ -143,12 +145,12 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
                                 qk_scale, q_index, causal_offset, d, PAGED, False, CAUSAL, HAS_SCALES, BLOCK_SIZE,
-                                BLOCK_N, DOT_PRECISION)
+                                BLOCK_N, ROW_ALIGN, DOT_PRECISION)
         for start_n in range(unmasked_end, end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
                                 qk_scale, q_index, causal_offset, d, PAGED, True, CAUSAL, HAS_SCALES, BLOCK_SIZE,
-                                BLOCK_N, DOT_PRECISION)
+                                BLOCK_N, ROW_ALIGN, DOT_PRECISION)
         out = acc / l[:, None]
         if FMT == FP8:
             out = out * v_layer_scale
@@ -158,8 +160,9 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
 
 def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fields, causal, sm_scale,
             v_layer_scale, num_kv_heads, paged):
-    """Shared launcher; `spec_fields` = (fmt, block_size, (block, kv, slot, row) strides, scale_offset)."""
-    fmt, block_size, strides, scale_offset = spec_fields
+    """Shared launcher; `spec_fields` = (fmt, block_size, (block, kv, slot, row) strides, scale_offset, row
+    alignment)."""
+    fmt, block_size, strides, scale_offset, row_align = spec_fields
     num_tokens, num_heads, head_size = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     batch = cu_q.shape[0] - 1
@@ -183,7 +186,7 @@ def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fie
         out.stride(0), out.stride(1), block_tables.stride(0), *strides, scale_offset,
         sm_scale * LOG2E, v_layer_scale,
         PAGED=paged, CAUSAL=bool(causal), FMT=fmt, HAS_SCALES=formats.has_inline_scales(fmt), GROUP=group,
-        HEAD_SIZE=head_size, BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        HEAD_SIZE=head_size, BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROW_ALIGN=row_align,
         BLOCK_B=max(16, triton.next_power_of_2(batch)), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
@@ -239,7 +242,7 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     if validate:
         _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    spec_fields = (formats.F16, 16, (0, 0, 0, 0), 0)       # no cache involved
+    spec_fields = (formats.F16, 16, (0, 0, 0, 0), 0, 1)       # no cache involved
     return _launch(q, k, v, q, q, cu_seqlens_q, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q, spec_fields, causal,
                    sm_scale, 1.0, k.shape[1], paged=False)
 
@@ -310,7 +313,7 @@ def paged_context_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: t
     q = _last_dim_contiguous(q)
     codes, scales = read_views(pool, spec)
     layer_k = float(k_scale) if spec.fmt == formats.FP8 else 1.0
-    spec_fields = (spec.fmt, spec.block_size, element_strides(spec), spec.scale_offset)
+    spec_fields = (spec.fmt, spec.block_size, element_strides(spec), spec.scale_offset, row_alignment(spec))
     return _launch(q, q, q, codes, scales, block_tables, cu_seqlens_q, cu_seqlens_q, seq_lens, spec_fields, causal,
                    sm_scale * layer_k, float(v_scale), spec.num_kv_heads, paged=True)
 

@@ -22,7 +22,7 @@ import triton.language as tl
 from . import formats, launch
 from .addressing import (AUTO_DTYPES, FP8, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
                          check_scale, check_spec, element_strides, gather_sequence, paged_rows, read_views,
-                         row_scales)
+                         row_alignment, row_scales)
 from .mode import require_device
 
 LOG2E = math.log2(math.e)
@@ -34,7 +34,8 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
                    block_stride, kv_stride, slot_stride, row_stride, scale_offset, qk_scale, v_layer_scale,
                    FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   HAS_SCALES: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -57,7 +58,8 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         valid = n < end
-        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, kv_head.to(tl.int64) * row_stride)
+        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, kv_head.to(tl.int64) * row_stride,
+                          ROW_ALIGN)
         k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if HAS_SCALES:
@@ -70,7 +72,7 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
         v = tl.load(codes_ptr + kv_stride + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
         if HAS_SCALES:
             p = p * row_scales(scales_ptr, rows + kv_stride, valid, scale_offset)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m = m_new
     if FMT == FP8:
         acc = acc * v_layer_scale
@@ -149,7 +151,7 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         return out
     group = num_heads // spec.num_kv_heads
     max_len = int(seq_lens.max()) if q.device.type == "cpu" else block_tables.shape[1] * spec.block_size
-    cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, max_len, q.device)
+    cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len, q.device)
     codes, scales = read_views(pool, spec)
     qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)
     if cfg.num_splits > 1:
@@ -164,6 +166,7 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         *element_strides(spec), spec.scale_offset, qk_scale, float(v_scale),
         FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
         BLOCK_N=cfg.block_n, NUM_SPLITS=cfg.num_splits, HAS_SCALES=formats.has_inline_scales(spec.fmt),
+        ROW_ALIGN=row_alignment(spec),
         DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.num_splits > 1:

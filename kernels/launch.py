@@ -66,13 +66,14 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
     return WriteConfig(block_t=min(_pow2(num_tokens), max(1, 4096 // per_token)), block_h=block_h, num_warps=4)
 
 
-def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, max_len: int,
+def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
                   device: torch.device) -> DecodeConfig:
     """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync)."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
-    block_n = 64 if head_size <= 128 else 32
+    # about 16 KB of K (and of V) per tile: more tokens per tile for narrower elements
+    block_n = max(16, min(128, 16384 // (head_size * elem_bytes)))
     programs = batch * num_kv_heads
     sms = num_sms(device.index or 0)
     splits = 1
@@ -94,6 +95,6 @@ def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = No
         return ContextConfig(block_m=64, block_n=32 if head_size <= 128 else 16, num_warps=4, num_stages=2)
     if head_size <= 64:
         return ContextConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
-    if head_size <= 128:
-        return ContextConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    if head_size <= 128:       # the best of a small sweep on an H200 (see minikv.bench kernels --sweep)
+        return ContextConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
     return ContextConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)

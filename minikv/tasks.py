@@ -16,7 +16,7 @@ import random
 import zlib
 
 ARITHMETIC_MAX_START = 99
-ARITHMETIC_DIFFS = tuple(range(1, 10))
+ARITHMETIC_DIFFS = tuple(range(1, 21))
 ARITHMETIC_MAX_TERMS = 20
 REVERSE_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 REVERSE_MIN_LEN, REVERSE_MAX_LEN = 4, 40
@@ -29,7 +29,7 @@ def _held_out(key: str, one_in: int) -> bool:
 class ArithmeticTask:
     """Continue an increasing arithmetic sequence of non-negative integers written in decimal, space-separated.
 
-    Prompts start at 0..99, step by 1..9 and hold 2..20 terms. A prompt's length in tokens, as the engine feeds
+    Prompts start at 0..99, step by 1..20 and hold 2..20 terms. A prompt's length in tokens, as the engine feeds
     it, is 1 (BOS) + its number of characters. One (start, step) pair in eight is held out for `prompts()`.
     """
 

@@ -91,52 +91,45 @@ pool_names = [name for kind, name, *_ in fixed.arena.byte_map() if kind == "pool
 print("pools in the arena, in address order:", pool_names)
 
 prompt = TASK.prompts(1, seed=0, num_tokens=12)[0]
-steps = []
+kinds, changes, projected = [], [], []       # one entry per step
 snapshot = {n: fixed.arena.pool(n).clone() for n in pool_names}
 
 
 def count_changed_bytes(llm, batch, is_prefill):
-    changed = {}
-    for n in pool_names:
-        now = llm.arena.pool(n)
-        changed[n] = int((now != snapshot[n]).sum())
-        snapshot[n] = now.clone()
-    steps.append(["context" if is_prefill else "decode", None, changed])
+    kinds.append("context" if is_prefill else "decode")
+    changes.append({n: int((llm.arena.pool(n) != snapshot[n]).sum()) for n in pool_names})
+    snapshot.update({n: llm.arena.pool(n).clone() for n in pool_names})
 
 
 def record_projection(impl, is_prefill, q, k, v, out, md):
-    steps_seen.append(k is not None)
+    projected.append(k is not None)
 
 
-steps_seen = []
 first_cross = fixed.runner.cross_layers[0]
 first_cross.impl.probe = record_projection
-out = fixed.generate([prompt], params_for([prompt]), use_tqdm=False)[0]
+out = fixed.generate([prompt], params_for([prompt]), use_tqdm=False, on_step=count_changed_bytes)[0]
 first_cross.impl.probe = None
-for row, projected in zip(steps, steps_seen):
-    row[1] = projected
 
 print(f"prompt {prompt!r} ({len(prompt)} encoder tokens) -> {out.text!r}; right: {TASK.check(prompt, out.text)}")
-print(f"\n{'step':>4s} {'kind':8s} {'K/V projected':>13s} | bytes changed: "
-      + "  ".join(f"{n:>26s}" for n in pool_names))
-for i, (kind, projected, changed) in enumerate(steps):
-    print(f"{i:4d} {kind:8s} {str(projected):>13s} |                " + "  ".join(f"{changed[n]:26d}" for n in pool_names))
+print("\nbytes changed in each pool by each step:")
+print(f"{'step':>4s} {'kind':8s} {'K/V projected':13s} " + " ".join(pool_names))
+for i, (kind, proj, changed) in enumerate(zip(kinds, projected, changes)):
+    print(f"{i:4d} {kind:8s} {str(proj):13s} " + " ".join(f"{changed[n]:{len(n)}d}" for n in pool_names))
 
 cross_names = [n for n in pool_names if n.startswith("cross.")]
 self_names = [n for n in pool_names if n.startswith("kv.")]
 assert TASK.check(prompt, out.text)
-assert steps[0][0] == "context" and all(kind == "decode" for kind, *_ in steps[1:])
-assert all(steps[0][2][n] > 0 for n in cross_names)                          # written at the context step ...
-assert all(changed[n] == 0 for _, _, changed in steps[1:] for n in cross_names)   # ... and never again
-assert all(changed[n] > 0 for _, _, changed in steps for n in self_names)     # self-attention: every step
-assert steps_seen[0] and not any(steps_seen[1:])
+assert kinds[0] == "context" and set(kinds[1:]) == {"decode"} and len(projected) == len(kinds)
+assert all(changes[0][n] > 0 for n in cross_names)                              # written at the context step ...
+assert all(step[n] == 0 for step in changes[1:] for n in cross_names)           # ... and never again
+assert all(step[n] > 0 for step in changes for n in self_names)                 # self-attention: every step
+assert projected[0] and not any(projected[1:])
 
 # %% [markdown]
 # The cross pools change at step 0 only: the encoder's K/V for this request are written once. The self-attention
 # pools change at every step, because every step feeds one new token (BOS first, then the last sampled one) and
-# writes its slot. At decode steps the cross layer gets no K/V
-# (`K/V projected = False`) and reads the pool instead. So the cross pool is a cache that must be read back exactly
-# as it was written, at every step of the request.
+# writes its slot. At decode steps the cross layer gets no K/V (`K/V projected = False`) and reads the pool
+# instead. So the cross pool must be read back exactly as it was written, at every step of the request.
 
 # %% [markdown]
 # ## 2. B1: the allocator and the backend disagree about the element size
@@ -402,8 +395,8 @@ print(f"historical, paged_context off: the fused kernel reads the pool as {impl.
 
 # %% [markdown]
 # The historical fused path is wrong only at the context step. Decode steps use the paged decode kernel, which has
-# always been told the FP8 format, so their error is the same as in the fixed runs. That error is a few percent,
-# which is FP8's rounding. Even so, the corrupted first step changes the generated tokens. The fallback path
+# always been told the FP8 format, so their error is the same size as in the fixed runs: a few percent, which is
+# FP8's rounding. Even so, the corrupted first step changes the generated tokens. The fallback path
 # attends over the 16-bit workspace copy, so its context error is float16 rounding only. The taught fused path
 # reads the FP8 pool the way the decode kernel does, and its error matches theirs. Both fixes give the same token
 # ids as the `auto` cache.

@@ -1,20 +1,24 @@
 """Benchmarks, run as `python -m minikv.bench <name> [options]`.
 
 COMMANDS maps each benchmark name to a function taking the remaining command-line arguments; each benchmark
-lives in its own module and is imported only when asked for.
+lives in its own module (with a `main(argv)`) and is imported only when asked for.
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
 
-def _kernels(argv: list[str]) -> int:
-    from .kernels import main
-    return main(argv)
+def _lazy(module: str):
+    def run(argv: list[str]) -> int:
+        return importlib.import_module(module).main(argv)
+    return run
 
 
 COMMANDS = {
-    "kernels": _kernels,
+    "kernels": _lazy("minikv.bench.kernels"),        # each Triton kernel vs its torch reference (and SDPA on GPU)
+    "attention": _lazy("minikv.bench.attention"),    # paged attention vs hardware ceilings and SDPA (GPU)
+    "engine": _lazy("minikv.bench.engine"),          # end-to-end generation speed per backend
 }
 
 

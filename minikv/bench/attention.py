@@ -162,6 +162,45 @@ def cross_context_cases(shapes=((64, 1, 1024), (8, 512, 4096))) -> list[dict]:
     return rows
 
 
+def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print) -> list[dict]:
+    """Measure everything; return one dict per row (decode, prefill and cross-context cases, with the ceilings)."""
+    import triton
+    gpu = torch.cuda.get_device_name()
+    log(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}")
+    ceil = ceilings()
+    log(f"ceilings: device-to-device copy {ceil['copy_GBps']:.0f} GB/s, read-only sum {ceil['read_GBps']:.0f} GB/s")
+    rows = []
+    log(f"\n{'format':22s} {'batch':>5s} {'context':>7s} {'minikv us':>10s} {'GB/s':>7s} {'% copy':>7s} "
+        f"{'SDPA us':>8s} {'SDPA/minikv':>11s}")
+    for batch in batches:
+        for ctx in contexts:
+            sdpa = sdpa_decode_ms(batch, ctx)
+            torch.cuda.empty_cache()
+            for fmt in FORMATS:
+                r = decode_case(fmt, batch, ctx)
+                r.update(sdpa_ms=sdpa, sdpa_over_minikv=sdpa / r["ms"], pct_copy=100 * r["GBps"] / ceil["copy_GBps"])
+                rows.append(r)
+                log(f"{fmt:22s} {batch:5d} {ctx:7d} {1e3 * r['ms']:10.1f} {r['GBps']:7.0f} {r['pct_copy']:6.0f}% "
+                    f"{1e3 * sdpa:8.1f} {r['sdpa_over_minikv']:11.2f}")
+                torch.cuda.empty_cache()
+    log(f"\n{'context attention':34s} {'batch':>5s} {'q_len':>6s} {'kv_len':>6s} {'ms':>8s} {'TFLOP/s':>8s}")
+    for r in prefill_cases() + cross_context_cases():
+        rows.append(r)
+        log(f"{r['format']:34s} {r['batch']:5d} {r['q_len']:6d} {r['context']:6d} {r['ms']:8.3f} {r['TFLOPs']:8.1f}")
+    for r in rows:
+        r.update(copy_GBps=ceil["copy_GBps"], read_GBps=ceil["read_GBps"], gpu=gpu, torch=torch.__version__,
+                 triton=triton.__version__)
+    return rows
+
+
+def write_csv(rows: list[dict], path) -> None:
+    keys = sorted({k for r in rows for k in r})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minikv.bench attention", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,39 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("minikv bench attention needs a CUDA GPU; nothing to measure here.")
         return 0
-    import triton
-    gpu = torch.cuda.get_device_name()
-    print(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}")
-    ceil = ceilings()
-    print(f"ceilings: device-to-device copy {ceil['copy_GBps']:.0f} GB/s, read-only sum {ceil['read_GBps']:.0f} GB/s")
-    rows = []
-    print(f"\n{'format':22s} {'batch':>5s} {'context':>7s} {'minikv us':>10s} {'GB/s':>7s} {'% copy':>7s} "
-          f"{'SDPA us':>8s} {'SDPA/minikv':>11s}")
-    for batch in args.batches:
-        for ctx in args.contexts:
-            sdpa = sdpa_decode_ms(batch, ctx)
-            torch.cuda.empty_cache()
-            for fmt in FORMATS:
-                r = decode_case(fmt, batch, ctx)
-                r.update(sdpa_ms=sdpa, sdpa_over_minikv=sdpa / r["ms"], pct_copy=100 * r["GBps"] / ceil["copy_GBps"])
-                rows.append(r)
-                print(f"{fmt:22s} {batch:5d} {ctx:7d} {1e3 * r['ms']:10.1f} {r['GBps']:7.0f} {r['pct_copy']:6.0f}% "
-                      f"{1e3 * sdpa:8.1f} {r['sdpa_over_minikv']:11.2f}", flush=True)
-                torch.cuda.empty_cache()
-    print(f"\n{'context attention':34s} {'batch':>5s} {'q_len':>6s} {'kv_len':>6s} {'ms':>8s} {'TFLOP/s':>8s}")
-    for r in prefill_cases() + cross_context_cases():
-        rows.append(r)
-        print(f"{r['format']:34s} {r['batch']:5d} {r['q_len']:6d} {r['context']:6d} {r['ms']:8.3f} "
-              f"{r['TFLOPs']:8.1f}", flush=True)
-    for r in rows:
-        r.update(copy_GBps=ceil["copy_GBps"], read_GBps=ceil["read_GBps"], gpu=gpu, torch=torch.__version__,
-                 triton=triton.__version__)
+    rows = run(args.batches, args.contexts, log=lambda line: print(line, flush=True))
     if args.csv:
-        keys = sorted({k for r in rows for k in r})
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(rows, args.csv)
         print(f"\nwrote {args.csv}")
     return 0
 

@@ -5,7 +5,7 @@ problem stored contiguously: paged decode at batch 64 / context 4096 / 32 q head
 block 16, and causal prefill at batch 8 / length 4096 / head 128, bf16. On CPU (Triton interpreter) the shapes are
 small and the table adds the interpreter's cost per launched program.
 
-Options: --quick (fewer cases), --sweep (GPU: also try a few prefill tile configurations).
+Options: --quick (fewer cases), --sweep (GPU: also try a few tile configurations of prefill and decode).
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ class Row:
 
 
 def _time_ms(fn, device: str) -> float:
+    """Median milliseconds per call: triton's do_bench on a GPU, a few wall-clock runs on CPU."""
     if device == "cuda":
         import triton.testing
         return float(triton.testing.do_bench(fn, warmup=10, rep=50))
@@ -48,6 +49,20 @@ def _time_ms(fn, device: str) -> float:
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
     return statistics.median(samples)
+
+
+def _graph_ms(fn) -> float | None:
+    """GPU time of `fn` replayed from a CUDA graph (no Python launch overhead); None if it cannot be captured."""
+    import triton.testing
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=50))
+    except Exception:  # noqa: BLE001 - capture is an extra figure, not a requirement
+        return None
+
+
+def _rate(nbytes: int, ms: float) -> str:
+    per_second = nbytes / ms * 1e3
+    return f"{per_second / 1e9:.0f} GB/s" if per_second >= 1e9 else f"{per_second / 1e6:.1f} MB/s"
 
 
 def _paged_problem(kv_cache_dtype, dtype, batch, context, num_heads, kv_heads, head_size, block_size, device,
@@ -78,9 +93,8 @@ def _bench_write(device, kv_cache_dtype, dtype, tokens, kv_heads=8, head_size=12
     slots = torch.randperm(num_blocks * block_size, device=device)[:tokens]
     t_kernel = _time_ms(lambda: write_kv(key, value, pool, slots, spec, validate=False), device)
     t_ref = _time_ms(lambda: write_kv_reference(key, value, pool, slots, spec, validate=False), device)
-    gbps = 2 * tokens * spec.slot_bytes / t_kernel / 1e6
     return Row(f"write_kv {kv_cache_dtype}/{str(dtype)[6:]} T={tokens}", t_kernel, "reference", t_ref,
-               f"{gbps:.0f} GB/s written")
+               f"{_rate(2 * tokens * spec.slot_bytes, t_kernel)} written")
 
 
 def _sdpa(q, k, v, causal):
@@ -96,9 +110,9 @@ def _bench_decode(device, kv_cache_dtype, dtype, batch, context, num_heads=32, k
     t_kernel = _time_ms(lambda: paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale, validate=False),
                         device)
     kv_bytes = 2 * batch * context * spec.slot_bytes
-    note = f"{kv_bytes / t_kernel / 1e6:.0f} GB/s of KV"
+    note = f"{_rate(kv_bytes, t_kernel)} of KV"
     if device == "cuda":
-        splits = launch.decode_config(batch, kv_heads, num_heads // kv_heads, head_size,
+        splits = launch.decode_config(batch, kv_heads, num_heads // kv_heads, head_size, spec.elem_bytes,
                                       tables.shape[1] * block_size, q.device).num_splits
         note += f", {splits} split(s)"
     if with_reference or device != "cuda":
@@ -110,6 +124,12 @@ def _bench_decode(device, kv_cache_dtype, dtype, batch, context, num_heads=32, k
     ks = k.reshape(batch, context, kv_heads, head_size).transpose(1, 2).contiguous().to(q.dtype)
     vs = v.reshape(batch, context, kv_heads, head_size).transpose(1, 2).contiguous().to(q.dtype)
     t_sdpa = _time_ms(lambda: _sdpa(qs, ks, vs, False), device)
+    if batch <= 8:        # small problems are bound by Python launch overhead: also show pure GPU time
+        g_kernel = _graph_ms(lambda: paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale,
+                                                            validate=False))
+        g_sdpa = _graph_ms(lambda: _sdpa(qs, ks, vs, False))
+        if g_kernel and g_sdpa:
+            note += f"; CUDA graph: {g_kernel:.3f} ms vs SDPA {g_sdpa:.3f} ms ({g_sdpa / g_kernel:.2f}x)"
     return Row(f"decode {kv_cache_dtype}/{str(dtype)[6:]} B={batch} ctx={context}", t_kernel, "SDPA (contiguous)",
                t_sdpa, note)
 
@@ -209,31 +229,50 @@ def _cpu_cases(quick: bool):
     return cases
 
 
-SWEEP = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (128, 128, 8, 3)]
+PREFILL_SWEEP = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3)]
+DECODE_SWEEP = [(64, 4, 3), (128, 4, 3), (128, 8, 3), (32, 4, 4)]
 
 
 def _fixed_config(config, *args, **kwargs):
     return config
 
 
-def _sweep_prefill() -> list[Row]:
-    """GPU: the prefill benchmark under a few (block_m, block_n, warps, stages) configurations."""
-    rows, original = [], launch.context_config
+def _sweep(label: str, config_name: str, configs: list, bench) -> list[Row]:
+    """Run `bench()` with launch.<config_name> pinned to each config in turn (GPU tuning aid)."""
+    rows, original = [], getattr(launch, config_name)
     try:
-        for bm, bn, warps, stages in SWEEP:
-            launch.context_config = functools.partial(_fixed_config, launch.ContextConfig(bm, bn, warps, stages))
+        for config in configs:
+            setattr(launch, config_name, functools.partial(_fixed_config, config))
             try:
-                row = _bench_prefill("cuda", torch.bfloat16, 8, 4096, 32, 32, 128)
-                row.name = f"  sweep BM={bm} BN={bn} w={warps} s={stages}"
+                row = bench()
+                row.name = f"  {label} {config}"
                 rows.append(row)
             except Exception as exc:  # noqa: BLE001 - report and go on: a config may not fit shared memory
-                print(f"sweep {bm}/{bn}/{warps}/{stages} failed: {type(exc).__name__}: {str(exc)[:120]}")
+                print(f"{label} {config} failed: {type(exc).__name__}: {str(exc)[:160]}")
     finally:
-        launch.context_config = original
+        setattr(launch, config_name, original)
+    return rows
+
+
+def _sweeps() -> list[Row]:
+    bf16 = torch.bfloat16
+    rows = []
+    prefill = [launch.ContextConfig(*c) for c in PREFILL_SWEEP]
+    rows += _sweep("prefill MHA", "context_config", prefill,
+                   lambda: _bench_prefill("cuda", bf16, 8, 4096, 32, 32, 128))
+    rows += _sweep("fused prefill int8", "context_config", prefill,
+                   lambda: _bench_prefill("cuda", bf16, 8, 4096, 32, 8, 128, kv_cache_dtype="int8_per_token_head"))
+    for fmt in ("auto", "int8_per_token_head", "fp8"):
+        decode = [launch.DecodeConfig(16, n, 1, w, st) for n, w, st in DECODE_SWEEP]
+        rows += _sweep(f"decode {fmt}", "decode_config", decode, lambda fmt=fmt: _bench_decode("cuda", fmt, bf16, 64,
+                                                                                                4096))
     return rows
 
 
 def _print_table(rows: list[Row]) -> None:
+    if not rows:
+        print("no case ran")
+        return
     width = max(len(r.name) for r in rows) + 2
     print(f"{'case':<{width}}{'kernel ms':>11}  {'baseline':<18}{'base ms':>10}{'base/kernel':>13}  note")
     for r in rows:
@@ -244,7 +283,7 @@ def _print_table(rows: list[Row]) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m minikv.bench kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer cases")
-    parser.add_argument("--sweep", action="store_true", help="GPU: try several prefill tile configurations")
+    parser.add_argument("--sweep", action="store_true", help="GPU: try several tile configurations")
     args = parser.parse_args(argv)
     device = "cpu" if INTERPRETED else "cuda"
     print(f"minikv kernels, {mode.mode_name()}, torch {torch.__version__}"
@@ -257,7 +296,7 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # noqa: BLE001 - one failing case should not hide the others' figures
             print(f"case failed: {type(exc).__name__}: {exc}")
     if args.sweep and device == "cuda":
-        rows += _sweep_prefill()
+        rows += _sweeps()
     _print_table(rows)
     if device == "cpu":
         print(f"interpreter cost per launched program: {_interpreter_launch_cost_ms():.2f} ms")

@@ -94,9 +94,12 @@ def save_weights(model: nn.Module, weights_dir: str | Path | None = None, info: 
     path = weights_path(name, weights_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu", STORAGE_DTYPE).contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, str(path), metadata={"model": name, "tensors_sha256": tensors_digest(tensors)})
+    # One metadata key only: safetensors writes several in no fixed order, and the file should be reproducible.
+    save_file(tensors, str(path), metadata={"tensors_sha256": tensors_digest(tensors)})
     record = {"config": asdict(model.config), **(info or {})}
     path.with_suffix(".json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    for written in (path, path.with_suffix(".json")):
+        written.chmod(0o644)                            # save_file creates owner-only files
     return path
 
 

@@ -12,6 +12,7 @@ prompts, optionally with K/V fake-quantized to one of the formats.
 """
 from __future__ import annotations
 
+import copy
 import math
 import platform
 import random
@@ -43,8 +44,8 @@ class Recipe:
 
 
 RECIPES = {
-    "tiny-kvshare": Recipe(steps=3000, batch_size=32, lr=2e-3, warmup=150, seq_len=112),
-    "tiny-encdec": Recipe(steps=2000, batch_size=64, lr=2e-3, warmup=100),
+    "tiny-kvshare": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100, seq_len=112),
+    "tiny-encdec": Recipe(steps=1000, batch_size=64, lr=2e-3, warmup=100),
 }
 
 
@@ -264,7 +265,7 @@ def evaluate_dense(name: str, n: int = 200, kv_fake_quant: str | None = None, dt
     if model is None:
         model = registry.load_model(name, device=device, dtype=dtype)
     elif dtype is not None:
-        model = model.to(dtype)
+        model = copy.deepcopy(model).to(dtype)
     task, tokenizer = tasks.for_model(name), registry.get_tokenizer(name)
     prompts = task.prompts(n, seed=seed)
     previous, model.kv_transform = model.kv_transform, transform
@@ -282,10 +283,12 @@ def evaluate_dense(name: str, n: int = 200, kv_fake_quant: str | None = None, dt
 
 
 def evaluation_matrix(name: str, model: nn.Module, n: int = 200, device: str = "cpu") -> dict:
-    """Exact match in float32 and the CPU inference dtype, without and with each fake-quantized KV format."""
+    """Exact match in float32 and the inference dtypes (CPU and CUDA), without and with each fake-quantized format."""
     results = {}
-    inference_dtype = registry.default_dtype(name, device)
-    dtypes = [torch.float32] + ([inference_dtype] if inference_dtype != torch.float32 else [])
+    dtypes = [torch.float32]
+    for where in ("cpu", "cuda"):
+        if registry.default_dtype(name, where) not in dtypes:
+            dtypes.append(registry.default_dtype(name, where))
     for dtype in dtypes:
         copy = registry.build_model(name).to(device)
         copy.load_state_dict(model.state_dict())
