@@ -155,7 +155,15 @@ def sequence_slots(block_table_row: torch.Tensor, length: int, block_size: int) 
 
 
 def _flat(pool: torch.Tensor) -> torch.Tensor:
-    return pool.reshape(-1)
+    """The pool's bytes from its first byte to the end of its storage: what a kernel's raw pointer can reach.
+
+    A pool inside a KVArena is a view of the arena's one allocation, so a reference given a wrong layout addresses
+    the same guard zones and neighbouring pools a kernel would (and the arena's canaries see it); a standalone pool
+    ends where its storage ends, and an index past it is an IndexError."""
+    if not pool.is_contiguous():
+        return pool.reshape(-1)
+    reach = pool.untyped_storage().nbytes() // pool.element_size() - pool.storage_offset()
+    return torch.as_strided(pool, (reach,), (1,))
 
 
 def gather_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int):

@@ -50,3 +50,52 @@ def require_device(*tensors: torch.Tensor) -> torch.device:
             f"or use backend='torch'."
         )
     return device
+
+
+def _skip_repeated_language_patching() -> None:
+    """Make calls between @triton.jit functions cheap in the interpreter.
+
+    The interpreter re-patches `triton.language` (walking every member of the module with `inspect`) each time one
+    jitted function calls another, and `tl.max`, `tl.sum`, `tl.cdiv` and our own helpers are such calls: that walk
+    was most of the CPU time of a decode step. Within one launch the language modules are already patched after the
+    first walk, so later walks for the same modules are skipped. Only the interpreter is touched, only if its
+    internals look as expected; compiled kernels are unaffected.
+    """
+    try:
+        from triton.runtime import interpreter as interp
+    except ImportError:
+        return
+    if not (hasattr(interp, "_patch_lang") and hasattr(interp, "GridExecutor")) or \
+            getattr(interp, "_minikv_patched", False):
+        return
+    import triton.language as tl
+    original_patch, original_launch = interp._patch_lang, interp.GridExecutor.__call__
+    launch_state: list[set] = []            # per active launch: the language modules patched so far
+
+    class _Nothing:
+        def restore(self):
+            pass
+
+    def patch_lang(fn):
+        langs = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        if launch_state and langs and langs <= launch_state[-1]:
+            return _Nothing()
+        scope = original_patch(fn)
+        if launch_state:
+            launch_state[-1].update(langs)
+        return scope
+
+    def launch(self, *args, **kwargs):
+        launch_state.append(set())
+        try:
+            return original_launch(self, *args, **kwargs)
+        finally:
+            launch_state.pop()
+
+    interp._patch_lang = patch_lang
+    interp.GridExecutor.__call__ = launch
+    interp._minikv_patched = True
+
+
+if INTERPRETED:
+    _skip_repeated_language_patching()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from itertools import pairwise
 
 ARITHMETIC_MAX_START = 99
 ARITHMETIC_DIFFS = tuple(range(1, 21))
@@ -36,6 +37,10 @@ class ArithmeticTask:
     name = "arithmetic"
     model = "tiny-kvshare"
     default_max_tokens = 12
+
+    def max_tokens(self, prompt: str) -> int:
+        """How many new tokens to ask for: the task's default continuation length."""
+        return self.default_max_tokens
     min_prompt_tokens = 4              # [BOS] "a b"
     max_prompt_tokens = 96
 
@@ -92,7 +97,7 @@ class ArithmeticTask:
         """The first `num_chars` characters of the right continuation (it starts with a space)."""
         terms = self._parse(prompt)
         step = terms[1] - terms[0]
-        if any(b - a != step for a, b in zip(terms, terms[1:])):
+        if any(b - a != step for a, b in pairwise(terms)):
             raise ValueError(f"{prompt!r} is not an arithmetic sequence")
         text, value = "", terms[-1]
         while len(text) < num_chars:
@@ -117,6 +122,10 @@ class ReverseTask:
     name = "reverse"
     model = "tiny-encdec"
     default_max_tokens = 48            # the longest answer is 40 characters + EOS
+
+    def max_tokens(self, prompt: str) -> int:
+        """The reversed prompt plus EOS."""
+        return len(prompt) + 1
     min_prompt_tokens = REVERSE_MIN_LEN
     max_prompt_tokens = REVERSE_MAX_LEN
 

@@ -173,7 +173,9 @@ def row_layout_diagram(layout, title: str | None = None) -> Figure:
         ("row", layout.row_bytes,
          [(f"{layout.head_size} x {layout.elem_bytes} B", 0, code_bytes, POOL_COLOURS[3])]
          + ([("scale", layout.scale_offset, layout.scale_offset + 4, WRONG)] if layout.scale_offset >= 0 else []),
-         "codes | fp32 scale" if layout.scale_offset >= 0 else "elements, no inline scale"),
+         "codes | fp32 scale" if layout.scale_offset >= 0
+         else "elements; one K and one V scale per layer, outside the pool" if getattr(layout, "has_layer_scales", 0)
+         else "elements, no scales"),
     ]
     for ax, (name, total, parts, note) in zip(axes, bars):
         for label, start, end, colour in parts:

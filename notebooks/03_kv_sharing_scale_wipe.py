@@ -36,14 +36,19 @@
 #
 # Everything runs on CPU. The defect lives in how the attention impl sets up its scale views, not in any kernel,
 # so the bulk of the runs use minikv's `torch` backend (the pure-PyTorch references of the Triton kernels, with
-# the same byte addressing); the Triton interpreter is slow on CPU. One cell at the end of section 4 reruns the
-# first batch on the `triton` backend and checks it gives the same tokens.
+# the same byte addressing); the Triton interpreter is slow on CPU. One cell in section 4 reruns the first batch
+# on the `triton` backend and checks it gives the same tokens.
 
 # %%
 # %matplotlib inline
 import inspect
+import warnings
 
 import torch
+from tqdm import TqdmWarning
+
+# TEMPORARY: minikv imports tqdm.auto, which warns inside Jupyter when ipywidgets is not installed.
+warnings.filterwarnings("ignore", category=TqdmWarning)
 
 import minikv
 from minikv import viz
@@ -52,6 +57,7 @@ from minikv.repro import scale_wipe
 from minikv.repro.common import dequantized_rows, ranges, request_slots, stored_scales
 
 torch.manual_seed(0)
+torch.set_num_threads(1)   # the tiny model's ops are too small to gain from threads on a CPU
 DEVICE = "cpu"
 BACKEND = "torch"          # the bulk runs; see the note above
 FORMAT = "int8_per_token_head"
@@ -83,11 +89,14 @@ runner = fixed.runner
 print("kv_sharing:", runner.model.config.kv_sharing)
 print("pools in the arena:", list(fixed.arena.specs))
 print()
-print(f"{'layer':20s} {'reads the cache of':20s} {'cache is owner cache':>21s} {'own impl':>9s}")
-for a in runner.self_layers:
+print(f"{'layer':20s} {'k/v projections':>15s}  {'reads the cache of':20s} {'kv_cache is the owner':>22s}")
+for block, a in zip(runner.model.layers, runner.self_layers):
     owner = runner.by_name[a.kv_sharing_target] if a.kv_sharing_target else a
-    print(f"{a.layer_name:20s} {owner.layer_name:20s} {str(a.kv_cache is owner.kv_cache):>21s} "
-          f"{str(a.impl is not owner.impl or a is owner):>9s}")
+    print(f"{a.layer_name:20s} {hasattr(block, 'k_proj') and hasattr(block, 'v_proj')!s:>15s}  "
+          f"{owner.layer_name:20s} {a.kv_cache is owner.kv_cache!s:>22s}")
+impls = {id(a.impl) for a in runner.self_layers}
+print(f"\n{len(runner.self_layers)} layers, {len(impls)} distinct attention impls, "
+      f"{len({id(a.kv_cache) for a in runner.self_layers})} distinct cache tensors")
 
 layer2, layer4 = runner.by_name["layers.2.self_attn"], runner.by_name["layers.4.self_attn"]
 assert layer4.kv_cache is layer2.kv_cache                  # not a copy, not a new view: the same object
@@ -106,8 +115,8 @@ assert len(fixed.arena.specs) == 4                         # four pools for six 
 #
 # In the per-token-head formats, each head vector `x` of each token is stored as `head_size` one-byte codes
 # plus its own fp32 scale, `scale = max(amax(|x|) / QMAX, eps)` and `code = round(x / scale)` (QMAX 127 for
-# int8). The scale sits right after the codes in the same row, so a row of `tiny-kvshare` (head size 32) is
-# 36 bytes. Notebook 02 covers the format; here we only need the row.
+# int8, 448 for fp8 e4m3). The scale sits right after the codes in the same row, so a row of `tiny-kvshare`
+# (head size 32) is 36 bytes. The previous notebook covers the formats in detail; here we only need the row.
 
 # %%
 layout = runner.layout
@@ -264,8 +273,9 @@ def first_step_probe(store):
 
 
 probe_fixed, probe_buggy = {}, {}
-texts_fixed = [o.text for o in fixed.generate(prompts, params, use_tqdm=False, on_step=first_step_probe(probe_fixed))]
-texts_buggy = [o.text for o in buggy.generate(prompts, params, use_tqdm=False, on_step=first_step_probe(probe_buggy))]
+outs_fixed = fixed.generate(prompts, params, use_tqdm=False, on_step=first_step_probe(probe_fixed))
+outs_buggy = buggy.generate(prompts, params, use_tqdm=False, on_step=first_step_probe(probe_buggy))
+texts_fixed, texts_buggy = [o.text for o in outs_fixed], [o.text for o in outs_buggy]
 right_fixed = [task.check(p, t) for p, t in zip(prompts, texts_fixed)]
 right_buggy = [task.check(p, t) for p, t in zip(prompts, texts_buggy)]
 damaged = [i for i in range(len(prompts)) if texts_buggy[i] != texts_fixed[i] and not right_buggy[i]]
@@ -319,18 +329,20 @@ for name in TARGETS:
           f"(median {f['k_scale'].median():.4f}), buggy engine's: all 1.0")
 
 # %% [markdown]
-# The same first batch on the `triton` backend (the Triton kernels in the interpreter): the buggy engine gives
-# the same four wrong answers and the fixed engine the same right ones. Only the first batch is run, to keep the
-# interpreter's time down.
+# The same first batch on the `triton` backend (the Triton kernels, run by the interpreter): the buggy engine
+# produces the same wrong tokens and the fixed engine the same right ones, and the census logs the same late fills.
+# To keep the interpreter's time down, only the first batch runs, for 6 new tokens, compared with the first 6
+# tokens of the runs above.
 
 # %%
-first_batch = prompts[:4]
-for buggy_run, expected in ((False, texts_fixed[:4]), (True, texts_buggy[:4])):
+for buggy_run, reference_outs in ((False, outs_fixed), (True, outs_buggy)):
     llm = engine(buggy=buggy_run, backend="triton")
-    got = [o.text for o in llm.generate(first_batch, params, use_tqdm=False)]
-    print(f"triton backend, {'buggy' if buggy_run else 'fixed'}: {got}; late fills: "
+    got = llm.generate(prompts[:4], minikv.SamplingParams(max_tokens=6), use_tqdm=False)
+    print(f"triton backend, {'buggy' if buggy_run else 'fixed'}: {[o.text for o in got]}; late fills: "
           f"{[(f.layer, f.overwritten) for f in llm.census.wiping]}")
-    assert got == expected
+    assert [o.token_ids for o in got] == [o.token_ids[:6] for o in reference_outs[:4]]
+    assert [(f.layer, f.overwritten) for f in llm.census.wiping] == (
+        [(f.layer, f.overwritten) for f in buggy.census.wiping] if buggy_run else [])
 del llm
 
 # %% [markdown]
@@ -355,7 +367,7 @@ viz.scale_heatmap(before, after, title="Layer 2 K scales of the first batch's pr
 # %% [markdown]
 # **The inflation.** A wiped row dequantizes as `code x 1.0` instead of `code x scale`, so every K and V vector of
 # the first batch's prompt is blown up by exactly `1 / scale` of its own row. We measure it: the norm of each
-# (token, head) K vector in the buggy engine's pool over the same vector in the fixed engine's pool, against
+# (token, head) K or V vector in the buggy engine's pool over the same vector in the fixed engine's pool, against
 # `1 / true scale`.
 
 # %%
@@ -378,11 +390,13 @@ viz.k_magnitude_plot(k_clean, k_wiped, title="Layer 2 K, first batch",
                      labels=("fixed engine", "buggy engine (scales wiped)"))
 
 # %% [markdown]
-# The plot shows the largest |K| of each prompt token, over its heads. In the buggy engine it is exactly 127 for
+# The plot shows the largest |K| of each prompt token, over its heads (so the median in its title is a per-token
+# statistic, a little different from the per-row medians printed above). In the buggy engine it is exactly 127 for
 # every token, the int8 code limit (the assert above checks it): with the scales gone, what is left is the codes.
-# Upstream measured K inflated x221 and V x24 on Gemma 4, each exactly 1 / true scale; here the factors are
-# INFLATION_NOTE, and the same law holds for every (token, head) row. Layers 4 and 5 then attend over these keys
-# and values: every attention logit against a prompt key is multiplied by that key's inflation factor.
+# Upstream measured K inflated x221 and V x24 on Gemma 4, each exactly 1 / true scale. `tiny-kvshare`'s factors
+# are smaller (a few tens, printed above), because its true scales are larger, but the same law holds for every
+# (token, head) row. Layers 4 and 5 then attend over these keys and values: every attention logit against a
+# prompt key is multiplied by that key's inflation factor.
 #
 # **Which requests.** The buggy engine's requests as the scheduler batched them (rows are batches of
 # `max_num_seqs`), green when the answer is right: only the first row is red.
@@ -417,7 +431,10 @@ for buggy_run in (False, True):
     outs = llm.generate(long_prompts, params, use_tqdm=False, on_step=record_prefix_hits)
     runs[buggy_run] = [o.text for o in outs]
     hits = [cached[o.request_id] for o in outs]
-    print(f"{'buggy' if buggy_run else 'fixed'}: prefix-cache hits (tokens) per request {hits}")
+    print(f"{'buggy' if buggy_run else 'fixed'}: prefix-cache hits (tokens) per request {hits}; late fills: "
+          f"{[(f.layer, f.step, f.overwritten) for f in llm.census.wiping]}")
+    assert hits == [0] * 8 + [32] * 4
+    assert [f.step for f in llm.census.wiping] == ([0, 0] if buggy_run else [])
     cached.clear()
 prefix_damaged = [i for i, p in enumerate(long_prompts)
                   if runs[True][i] != runs[False][i] and not task.check(p, runs[True][i])]
@@ -430,7 +447,8 @@ viz.request_grid([not task.check(p, t) for p, t in zip(long_prompts, runs[True])
 
 # %% [markdown]
 # Requests 8-11 ran in the third batch, long after the wipe, and are damaged anyway: each reused the two wiped
-# blocks its twin wrote in the first batch. Requests 4-7 (the second batch, no shared prefix with the first) are fine.
+# blocks its twin wrote in the first batch. Requests 4-7 (the second batch, no shared prefix with the first)
+# are fine.
 #
 # ## 6. The repro table
 #
@@ -518,7 +536,7 @@ for buggy_run in (False, True):
     for name, rows_first in first_rows.items():
         diff = rows_first != later_rows[name]
         where = "(all in scale bytes)" if diff.any() and not diff[:, ~in_scale_byte].any() else ""
-        print(f"  {name:20s} identical: {str(torch.equal(rows_first, later_rows[name])):5s} "
+        print(f"  {name:20s} identical: {torch.equal(rows_first, later_rows[name])!s:5s} "
               f"differing bytes: {int(diff.sum()):4d} {where}")
         if buggy_run and name in TARGETS:
             assert diff.any() and not diff[:, ~in_scale_byte].any()
@@ -528,8 +546,8 @@ for buggy_run in (False, True):
 # %% [markdown]
 # **sleep() / wake_up() initializes the fresh storage.** `sleep()` frees the arena; `wake_up()` allocates a new
 # one, binds the caches and runs the warmup again. The new storage is zero-filled like the first, so it must be
-# filled again. The census gains one warmup fill per owning layer, every
-# scale of the new pools reads 1.0, and the first batch after waking up gives the same answers as before.
+# filled again. The census gains one warmup fill per owning layer, every scale of the new pools reads 1.0, and
+# the first batch after waking up gives the same answers as before.
 
 # %%
 fills_before = len(fixed.census.fills)
@@ -549,17 +567,21 @@ assert not fixed.census.wiping
 # %% [markdown]
 # The same cycle on the buggy engine shows one more thing: `sleep()` makes every impl forget its views, so after
 # `wake_up()` the sharing layers' first touch is again in the middle of a real batch, and the first batch after
-# every wake-up is wiped again.
+# every wake-up is wiped again. (The engine's step counter keeps counting across `sleep()`, so these late fills
+# are logged at the first step after waking up, not at step 0.)
 
 # %%
 fills_before = len(buggy.census.fills)
 buggy.sleep()
 buggy.wake_up()
+first_step_after_wake_up = buggy.runner.step
 again_buggy = [o.text for o in buggy.generate(prompts[:4], params, use_tqdm=False)]
 show_census(buggy, "buggy, fills since sleep()", since=fills_before)
 print("first batch after wake_up:", again_buggy)
 assert again_buggy == texts_buggy[:4]
-assert [f.layer for f in buggy.census.fills[fills_before:] if f.overwritten] == list(sharing)
+late_after_wake_up = [f for f in buggy.census.fills[fills_before:] if f.overwritten]
+assert [f.layer for f in late_after_wake_up] == list(sharing)
+assert all(f.step == first_step_after_wake_up for f in late_after_wake_up)
 
 # %% [markdown]
 # ## Summary
@@ -570,7 +592,7 @@ assert [f.layer for f in buggy.census.fills[fills_before:] if f.overwritten] == 
 #   owning layers their first touch harmlessly; the sharing layers' first touch falls inside step 0, after the
 #   prompt's scales are written, and resets them. The codes survive, so K and V come back inflated by exactly
 #   1 / true scale, and exactly the first batch is wrong. Prefix caching can hand the wiped blocks to later
-#   requests, and in minikv every `wake_up()` re-arms the wipe.
+#   requests, and with the historical code every `wake_up()` re-arms the wipe.
 # * The fix fills once per storage (a registry keyed by address and size, with a weak reference to notice a
-#   reused address). After it, outputs equal the float32 cache's, a request's KV bytes do not depend on its
-#   batch, and a woken-up engine initializes its fresh storage once.
+#   reused address). After it, outputs equal the float32 cache's, a request's KV bytes do not depend on when it
+#   ran, and a woken-up engine initializes its fresh storage once.

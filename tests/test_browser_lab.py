@@ -56,6 +56,13 @@ RUN_FINISHED_JS = """() => {
 }"""
 
 
+KERNEL_IDLE_JS = """() => [...document.querySelectorAll('.jp-StatusBar-Item')]
+    .some(e => /\\|\\s*Idle\\s*$/.test(e.textContent.trim()))"""
+RUN_STARTED_JS = """() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
+    .some(e => /[*0-9]/.test(e.textContent))"""
+PROMPTS_JS = "() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent)"
+
+
 def _require_browser():
     if not CHROMIUM.exists():
         pytest.skip("no browser: /usr/bin/chromium is missing (install Debian's chromium: "
@@ -131,6 +138,7 @@ def _menu(page, menu: str, item: str) -> None:
 
 def run_notebook_in_lab(notebook: Path, tmp_path: Path, screenshot_name: str) -> dict:
     """Open a copy of `notebook` in JupyterLab, clear outputs, Run All Cells, save; report what was seen."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
     from playwright.sync_api import sync_playwright
 
     root = tmp_path / "lab-root"
@@ -144,10 +152,26 @@ def run_notebook_in_lab(notebook: Path, tmp_path: Path, screenshot_name: str) ->
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{base}/lab/tree/{notebook.name}?token={token}")
             page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell", timeout=90_000)
-            page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
+            # The status bar says "| Idle" once the page's kernel connection is up; earlier, Run All can be lost.
+            page.wait_for_function(KERNEL_IDLE_JS, timeout=90_000, polling=250)
             _menu(page, "Edit", "Clear Outputs of All Cells")
-            _menu(page, "Run", "Run All Cells")
-            page.wait_for_function(RUN_FINISHED_JS, timeout=RUN_TIMEOUT_S * 1000, polling=500)
+            for attempt in range(3):
+                _menu(page, "Run", "Run All Cells")
+                try:
+                    page.wait_for_function(RUN_STARTED_JS, timeout=20_000, polling=100)
+                    break
+                except PlaywrightTimeoutError:
+                    if attempt == 2:
+                        raise
+            try:
+                page.wait_for_function(RUN_FINISHED_JS, timeout=RUN_TIMEOUT_S * 1000, polling=500)
+            except PlaywrightTimeoutError:
+                SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(SCREENSHOTS / f"{screenshot_name}-timeout.png"))
+                prompts = page.evaluate(PROMPTS_JS)
+                log = (tmp_path / "jupyterlab.log").read_text()[-3000:]
+                pytest.fail(f"Run All did not finish within {RUN_TIMEOUT_S:.0f} s; prompts {prompts}; screenshot "
+                            f"{screenshot_name}-timeout.png; server log:\n{log}")
             page.wait_for_timeout(500)           # let the last outputs render
             report = page.evaluate("""() => ({
                 prompts: [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]

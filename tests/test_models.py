@@ -77,12 +77,13 @@ def test_encoder_ignores_padding():
 def test_dense_forward_is_deterministic(name):
     model = fresh(name)
     ids = torch.randint(3, 30, (3, 11))
-    if name == KVSHARE:
-        run = lambda: model.compute_logits(model(ids, positions_like(ids)))  # noqa: E731
-    else:
-        mask = torch.ones(3, 11, dtype=torch.bool)
-        run = lambda: model.compute_logits(  # noqa: E731
-            model.decode(ids, positions_like(ids), model.encode(ids, mask), mask))
+    mask = torch.ones(3, 11, dtype=torch.bool)
+
+    def run():
+        if name == KVSHARE:
+            return model.compute_logits(model(ids, positions_like(ids)))
+        return model.compute_logits(model.decode(ids, positions_like(ids), model.encode(ids, mask), mask))
+
     assert torch.equal(run(), run())
 
 
@@ -95,18 +96,22 @@ def test_dense_mode_rejects_flat_inputs():
 # ---- engine mode: what each Attention op receives -----------------------------------------------------------------
 
 class RecordingImpl:
-    """Stands in for the engine: a per-layer 'cache' of the K/V each owner hands in, read back by sharing layers."""
+    """Stands in for the engine: a per-layer 'cache' that self ops append to, cross ops fill once, and KV-sharing
+    layers read from their target's entry."""
 
     def __init__(self, store, calls):
         self.store, self.calls = store, calls
 
     def forward(self, layer, q, k, v, ctx):
         self.calls.append((layer.layer_name, None if k is None else tuple(k.shape)))
-        if k is None:
-            k, v = self.store[layer.kv_sharing_target or layer.layer_name]
-        else:
-            self.store[layer.layer_name] = (k, v)
-        return dense_attention(q[None], k[None], v[None], causal=layer.kind == "self")[0]
+        owner = layer.kv_sharing_target or layer.layer_name
+        if k is not None:
+            if layer.kind == "self" and owner in self.store:
+                k, v = (torch.cat([old, new]) for old, new in zip(self.store[owner], (k, v)))
+            self.store[owner] = (k, v)
+        k, v = self.store[owner]
+        every_key = torch.ones(1, k.shape[0], dtype=torch.bool)     # causal mask aligned to the last query
+        return dense_attention(q[None], k[None], v[None], causal=layer.kind == "self", key_mask=every_key)[0]
 
 
 def bind(model):
@@ -142,21 +147,23 @@ def test_encdec_engine_context_and_decode_steps():
     with set_forward_context(ForwardContext(attn_metadata=None)):
         # context step: the encoder output is projected and handed to the cross ops
         first = model.decode(dec_ids[0, :3], torch.arange(3), encoder_out=enc[0])
-        assert all(k == (9, cfg.num_kv_heads, cfg.head_size) for _, k in calls)
+        kv_shape = (cfg.num_kv_heads, cfg.head_size)
+        assert [k for name, k in calls if "self" in name] == [(3, *kv_shape)] * cfg.num_layers
+        assert [k for name, k in calls if "cross" in name] == [(9, *kv_shape)] * cfg.num_layers
         calls.clear()
         # decode step: cross ops get k = v = None and read what the context step stored
         step = model.decode(dec_ids[0, 3:], torch.tensor([3]), encoder_out=None)
-    assert [k is None for _, k in calls] == [False] * cfg.num_layers + [True] * cfg.num_layers
+    assert [k is None for name, k in calls if "self" in name] == [False] * cfg.num_layers
+    assert [k is None for name, k in calls if "cross" in name] == [True] * cfg.num_layers
     torch.testing.assert_close(first, dense[:3], atol=1e-5, rtol=1e-5)
-    # the self ops here only see the new token, so compare just the cross contract, not the values
-    assert step.shape == (1, cfg.hidden_size)
+    torch.testing.assert_close(step, dense[3:], atol=1e-5, rtol=1e-5)
 
 
 def test_engine_mode_without_bound_impl_is_a_clear_error():
     model = fresh(KVSHARE)
-    with set_forward_context(ForwardContext(attn_metadata=None)):
-        with pytest.raises(RuntimeError, match="no attention impl bound"):
-            model(torch.tensor([1, 5]), torch.tensor([0, 1]))
+    with set_forward_context(ForwardContext(attn_metadata=None)), \
+            pytest.raises(RuntimeError, match="no attention impl bound"):
+        model(torch.tensor([1, 5]), torch.tensor([0, 1]))
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------
@@ -249,9 +256,18 @@ def test_tokenizer_errors():
         tok.encode(123)
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread is about as fast, and far faster than two on a busy shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("name", [KVSHARE, ENCDEC])
-@pytest.mark.parametrize("kv_fake_quant", [None, "fp8"])
-def test_shipped_weights_solve_their_task(name, kv_fake_quant):
+def test_shipped_weights_solve_their_task(name, one_thread):
+    """A quick look (the full 200-prompt matrix is in the JSON): fp8 with scale 1.0 is the hardest format."""
     from minikv.models.train import evaluate_dense
-    result = evaluate_dense(name, n=32, kv_fake_quant=kv_fake_quant, seed=11)
-    assert result["exact_match"] >= 0.96, result["failures"]
+    result = evaluate_dense(name, n=24, kv_fake_quant="fp8", seed=11)
+    assert result["exact_match"] >= 0.95, result["failures"]

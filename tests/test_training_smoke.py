@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,16 +10,28 @@ import torch
 from minikv.models import registry, train
 
 
+@pytest.fixture
+def tiny_recipes(monkeypatch):
+    """Small batches, one thread: a smoke test should take seconds even on a busy two-core machine."""
+    for name, recipe in list(train.RECIPES.items()):
+        monkeypatch.setitem(train.RECIPES, name, replace(recipe, batch_size=4, seq_len=min(recipe.seq_len, 40)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("name", registry.MODEL_NAMES)
-def test_a_few_training_steps_save_loadable_weights(name, tmp_path):
-    started = time.perf_counter()
-    metrics = train.train(name, steps=2, seed=3, out_dir=tmp_path, progress=False, evaluate=False)
-    assert time.perf_counter() - started < 20
-    assert metrics["steps"] == 2 and math.isfinite(metrics["final_loss"]) and metrics["torch_threads"] >= 1
+def test_a_few_training_steps_save_loadable_weights(name, tmp_path, tiny_recipes):
+    metrics = train.train(name, steps=3, seed=3, out_dir=tmp_path, progress=False, evaluate=False)
+    assert metrics["steps"] == 3 and math.isfinite(metrics["final_loss"]) and metrics["torch_threads"] == 1
+    assert metrics["recipe"]["batch_size"] == 4
     model = registry.load_model(name, weights_dir=tmp_path)
     assert model.config == registry.model_config(name)
+    trained = registry.build_model(name).state_dict()
+    assert any(not torch.equal(v.half().float(), model.state_dict()[k].float()) for k, v in trained.items())
     again = tmp_path / "again"
-    train.train(name, steps=2, seed=3, out_dir=again, progress=False, evaluate=False)
+    train.train(name, steps=3, seed=3, out_dir=again, progress=False, evaluate=False)
     assert registry.weights_path(name, tmp_path).read_bytes() == registry.weights_path(name, again).read_bytes()
 
 

@@ -1,0 +1,75 @@
+# minikv: the commands the README names. Everything runs inside .venv, which `make setup` creates.
+#
+#   make run        the main job (minikv demo)
+#   make test       unit/property/engine tests, then the notebooks through nbval (CPU)
+#   make test-gpu   the GPU-marked tests (needs CUDA)
+#   make notebooks  sync the .py/.ipynb pairs and re-execute the CPU notebooks in place
+#   make docs       the static site, built offline into site/
+#   make lab        JupyterLab on notebooks/
+#   make bench      kernel benchmarks
+#   make clean      remove built outputs (keeps .venv); `make distclean` removes .venv too
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.setup-done
+# torch is pinned exactly and installed first: a range would let pip pick a newer, multi-GB CUDA build.
+TORCH  := torch==2.13.0
+
+NOTEBOOKS     := $(sort $(wildcard notebooks/*.ipynb))
+# 05 is recorded on a GPU: `make notebooks` never re-executes it (nbval skips its `# NBVAL_SKIP` cells on CPU).
+GPU_NOTEBOOKS := notebooks/05_gpu_performance.ipynb
+NBVAL_FLAGS   := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+KERNEL        := python3
+
+.PHONY: setup run test test-gpu notebooks docs lab bench clean distclean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet $(TORCH)
+	$(VENV)/bin/pip install --quiet -e ".[dev,notebooks,docs]"
+	$(VENV)/bin/pip install --quiet playwright   # driver only; the browser test uses Debian's /usr/bin/chromium
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/minikv demo
+
+test: $(STAMP)
+	TQDM_DISABLE=1 MPLBACKEND=Agg $(PY) -m pytest -q tests
+ifneq ($(NOTEBOOKS),)
+	TQDM_DISABLE=1 $(PY) -m pytest -q $(NBVAL_FLAGS) $(NOTEBOOKS)
+else
+	@echo "no notebooks/*.ipynb yet: nbval skipped"
+endif
+
+test-gpu: $(STAMP)
+	TQDM_DISABLE=1 MPLBACKEND=Agg $(PY) -m pytest -q -m gpu tests
+
+notebooks: $(STAMP)
+	$(PY) tools/sync_notebooks.py
+	@set -e; for nb in notebooks/*.ipynb; do \
+		[ -e "$$nb" ] || continue; \
+		case " $(GPU_NOTEBOOKS) " in *" $$nb "*) echo "not re-executing $$nb (recorded on a GPU)"; continue;; esac; \
+		echo "executing $$nb"; \
+		TQDM_DISABLE=1 $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+			--ExecutePreprocessor.kernel_name=$(KERNEL) --ExecutePreprocessor.timeout=1800 "$$nb"; \
+	done
+	$(PY) tools/sync_notebooks.py
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+bench: $(STAMP)
+	$(PY) -m minikv.bench kernels
+
+clean:
+	rm -rf site build .pytest_cache .hypothesis .cache .ruff_cache
+	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
