@@ -262,7 +262,7 @@ def block_table_diagram(block_tables, num_blocks: int, title: str = "Block table
             ax.add_patch(Rectangle((j, y), 0.9, 0.8, facecolor=colours[name], edgecolor="black", linewidth=0.5))
             ax.text(j + 0.45, y + 0.4, str(block), ha="center", va="center", color="white", fontsize=7)
             ax.annotate("", xy=(block + 0.45, 0.8), xytext=(j + 0.45, y),
-                        arrowprops=dict(arrowstyle="->", color=colours[name], alpha=0.5, linewidth=0.7))
+                        arrowprops={"arrowstyle": "->", "color": colours[name], "alpha": 0.5, "linewidth": 0.7})
     owner = {}
     for name, row in tables:
         for b in row:
@@ -275,7 +275,7 @@ def block_table_diagram(block_tables, num_blocks: int, title: str = "Block table
         ax.text(b + 0.45, -0.25, str(b), ha="center", va="center", fontsize=7)
         if shared:
             ax.text(b + 0.45, 0.4, f"rc={refcount[b]}", ha="center", va="center", fontsize=6,
-                    bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
     ax.text(-0.7, 0.4, "physical", ha="right", va="center", fontsize=8)
     ax.set_xlim(-3, width + 0.2)
     ax.set_ylim(-0.6, top + 1)

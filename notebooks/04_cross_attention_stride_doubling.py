@@ -42,10 +42,17 @@
 # Everything runs on the CPU, with the Triton kernels in the interpreter.
 
 # %%
+# %matplotlib inline
 import math
 import os
+import warnings
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+from tqdm import TqdmWarning
+
+# minikv's progress bars come from tqdm.auto, which warns inside Jupyter when ipywidgets is missing; this notebook
+# never shows a progress bar (use_tqdm=False everywhere).
+warnings.filterwarnings("ignore", category=TqdmWarning)
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -282,7 +289,7 @@ seen_tables = []
 def record_used_tables(impl, is_prefill, q, k, v, out, md):
     # Block-table rows are padded with 0: keep each request's first ceil(encoder tokens / block size) entries.
     rows, lens = md.cross.block_tables.tolist(), md.cross.encoder_seq_lens.tolist()
-    seen_tables.append([row[: math.ceil(n / impl.layout.block_size)] for row, n in zip(rows, lens)])
+    seen_tables.append((is_prefill, [row[: math.ceil(n / impl.layout.block_size)] for row, n in zip(rows, lens)]))
 
 
 for a in buggy_15x.runner.cross_layers:
@@ -293,8 +300,10 @@ try:
 except minikv.KVCacheOverrunError as err:
     print(f"{type(err).__name__}: {err}")
     overrun = err
+print(f"cross-layer calls before the error: {len(seen_tables)}, "
+      f"{'all' if all(pre for pre, _ in seen_tables) else 'not all'} at the context step")
 assert overrun.pool == cross_names[0]
-assert seen_tables and all(t == block_tables for t in seen_tables)
+assert len(seen_tables) == len(cross_names) and all(pre and t == block_tables for pre, t in seen_tables)
 assert not buggy_15x.scheduler.has_unfinished()       # the engine aborted the batch cleanly
 
 # %% [markdown]
@@ -436,10 +445,10 @@ except minikv.KVLayoutMismatchError as err:
 # * **unfused**: write the pool, but attend over the 16-bit K/V it still has in its workspace.
 #
 # Historically the fused kernel learned the FP8 format only when `paged_context` was on. Upstream's fix was the
-# **fallback**: use the unfused path for quantized cross attention unless paged context is on. Upstream left
-# "teach the fused kernel the cache type" as a follow-up. One reason: the fused FP8 context kernels with 16-bit
-# output existed on sm89 only for head size 192. minikv's fused path is always given the cache's real layout
-# (**taught-fused**, the default).
+# **fallback**: use the unfused path for quantized cross attention unless paged context is on. It fell back
+# because the fused FP8 context kernels with 16-bit output existed on sm89 only for head size 192, and left
+# "teach the fused kernel the cache type" as a follow-up. minikv's fused path is always given the cache's real
+# layout (**taught-fused**, the default).
 #
 # `run_context` puts a probe on every cross layer. At each step it compares the layer's output with exact float32
 # attention over the encoder K/V, which it saved at the context step. The defect shows on any request, so to keep
@@ -480,19 +489,23 @@ for version in ("fallback", "taught-fused"):
     r = by_version[version]
     assert r.context_error < 0.2 and r.decode_error < 0.2 and r.tokens_equal_auto
 
-# The historical read was right whenever paged context was on: then the kernel is told the real layout.
-impl = one_engine(reintroduce=("cross-fp8-context-read",), paged_context=True).runner.cross_layers[0].impl
-assert impl._context_read_layout() == impl.layout and impl.layout.elem_bytes == 1
-impl = one_engine(reintroduce=("cross-fp8-context-read",)).runner.cross_layers[0].impl
-print(f"historical, paged_context off: the fused kernel reads the pool as {impl._context_read_layout().describe()}")
+# What the historical fused kernel is told, with paged context off and on:
+for paged in (False, True):
+    impl = one_engine(reintroduce=("cross-fp8-context-read",), paged_context=paged).runner.cross_layers[0].impl
+    told = impl._context_read_layout()
+    print(f"historical, paged_context={paged!s:5s}: the fused kernel reads the pool as {told.describe()}")
+    assert (told == impl.layout) == paged
 
 # %% [markdown]
-# The historical fused path is wrong only at the context step. Decode steps use the paged decode kernel, which has
-# always been told the FP8 format, so their error is the same size as in the fixed runs: a few percent, which is
-# FP8's rounding. Even so, the corrupted first step changes the generated tokens. The fallback path
-# attends over the 16-bit workspace copy, so its context error is float16 rounding only. The taught fused path
-# reads the FP8 pool the way the decode kernel does, and its error matches theirs. Both fixes give the same token
-# ids as the `auto` cache.
+# The historical fused path is wrong at the context step only. There its output is off by more than its own size,
+# so it has nothing to do with the right one. Decode steps use the paged decode kernel, which has always been
+# given the pool's layout, so their error is the same few percent as in the fixed runs: FP8 rounding. The one bad
+# step is enough to change the generated tokens. Only paged context off is affected. With it on, the historical
+# kernel is told the FP8 layout.
+#
+# The fallback attends over the 16-bit workspace copy, so its context error is only float16 rounding. The taught
+# fused path reads the FP8 pool the same way the decode kernel does, and its context error is of the same size as
+# theirs. Both fixes give token ids equal to the `auto` cache.
 
 # %% [markdown]
 # ## 6. The fixes, checked

@@ -13,6 +13,9 @@ import torch
 from minikv.cache.layout import KVLayout
 from minikv.kernels import write_kv_reference
 
+# The tensors here are tiny: one thread beats two (thread hand-offs dominate), and a busy machine hurts less.
+torch.set_num_threads(1)
+
 # (kv_cache_dtype, model dtype) pairs the CPU interpreter can run: no bfloat16 there.
 CPU_FORMATS = [("auto", torch.float16), ("auto", torch.float32), ("fp8", torch.float16), ("fp8", torch.float32),
                ("int8_per_token_head", torch.float16), ("int8_per_token_head", torch.float32),

@@ -24,7 +24,7 @@ def built_site(tmp_path_factory):
     site = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     return site
 
@@ -51,4 +51,5 @@ def test_existing_notebooks_are_rendered_with_outputs(built_site, stem):
         pytest.skip(f"notebooks/{stem}.ipynb does not exist yet")
     page = built_site / "notebooks" / stem / "index.html"
     assert page.exists(), f"no page for notebooks/{stem}.ipynb"
-    assert "jp-OutputArea-output" in page.read_text(), f"notebooks/{stem}.ipynb is rendered without outputs"
+    rendered_outputs = page.read_text().count('<div class="jp-OutputArea-child')
+    assert rendered_outputs > 0, f"notebooks/{stem}.ipynb is rendered without outputs"

@@ -124,7 +124,7 @@ def test_checker_rejects_a_recorded_error(tmp_path):
 # ---- the sanitize file ---------------------------------------------------------------------------------------
 
 def _sanitize(text: str) -> str:
-    from nbval.plugin import get_sanitize_patterns      # the parser nbval itself uses
+    from nbval.plugin import get_sanitize_patterns  # the parser nbval itself uses
 
     for regex, replace in get_sanitize_patterns(SANITIZE_FILE.read_text(encoding="utf-8")):
         text = re.sub(regex, replace, text)

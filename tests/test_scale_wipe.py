@@ -112,10 +112,12 @@ def _slot_rows(layout: KVLayout, pool: torch.Tensor, slots: list[int]) -> torch.
 
 @pytest.mark.parametrize("fmt", QUANTIZED)
 def test_first_and_later_batch_kv_bytes_identical(fmt):
-    prompts = scale_wipe.make_prompts(8)
+    # The same batch of four runs first in one engine and second in another: only its position in time differs
+    # (a different batch composition could change the last bits of a matmul, which is not what is tested here).
+    prompts = minikv.tasks.for_model("tiny-kvshare").prompts(8, seed=4)
     x = prompts[0]
     first = kv_bytes_after_prefill(prompts, x, kv_cache_dtype=fmt, max_num_seqs=4)
-    later = kv_bytes_after_prefill(prompts[1:5] + [x], x, kv_cache_dtype=fmt, max_num_seqs=4)
+    later = kv_bytes_after_prefill(prompts[4:] + prompts[:4], x, kv_cache_dtype=fmt, max_num_seqs=4)
     assert first.keys() == later.keys() and first
     for name in first:
         assert torch.equal(first[name], later[name]), name

@@ -1,19 +1,15 @@
 """minikv.viz: every figure function runs on small inputs and returns a Figure with axes, leaving pyplot empty."""
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from minikv import viz  # noqa: E402
-from minikv.cache.arena import KVArena, PoolSpec  # noqa: E402
-from minikv.cache.layout import KVLayout  # noqa: E402
+from minikv import viz
+from minikv.cache.arena import KVArena, PoolSpec
+from minikv.cache.layout import KVLayout
 
 RNG = np.random.default_rng(0)
 

@@ -136,6 +136,11 @@ class AttentionImpl:
         k.fill_(1.0)
         v.fill_(1.0)
 
+    @property
+    def has_scale_views(self) -> bool:
+        """Whether this impl has built its inline-scale views (i.e. touched a cache storage) yet."""
+        return self._views is not None
+
     def forget_storage(self) -> None:
         """Drop this impl's views (the runner calls it when the cache is freed by sleep())."""
         self._views, self._views_of = None, None

@@ -9,7 +9,7 @@ import math
 from typing import Sequence as Seq
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from minikv import bugs
 from minikv.attention.backend import BACKENDS
@@ -148,7 +148,8 @@ class LLM:
             self._check_fits(s)
         for s in seqs:
             self.scheduler.add(s)
-        bar = tqdm(total=len(seqs), desc="generate", disable=not use_tqdm, leave=False)
+        # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
+        bar = tqdm(total=len(seqs), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
         try:
             while self.scheduler.has_unfinished():
                 batch, is_prefill = self.scheduler.schedule()

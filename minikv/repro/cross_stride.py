@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 FACTORS = (0.75, 1.0, 1.5, 1.99, 2.0, 3.0)
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from minikv.repro.common import dequantized_rows, ranges, request_slots, stored_scales
 
