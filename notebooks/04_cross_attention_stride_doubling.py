@@ -45,14 +45,8 @@
 # %matplotlib inline
 import math
 import os
-import warnings
 
-os.environ.setdefault("TQDM_DISABLE", "1")
-from tqdm import TqdmWarning
-
-# minikv's progress bars come from tqdm.auto, which warns inside Jupyter when ipywidgets is missing; this notebook
-# never shows a progress bar (use_tqdm=False everywhere).
-warnings.filterwarnings("ignore", category=TqdmWarning)
+os.environ.setdefault("TQDM_DISABLE", "1")       # no progress bars in recorded outputs (use_tqdm=False as well)
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -239,9 +233,10 @@ fig
 # %% [markdown]
 # Why exactly 2x? With the doubled stride, block `b` ends at `(b + 1) × 4096` bytes into the pool, and a pool of
 # `N` blocks ends at `N × 2048`. The block stays inside when `2(b + 1) ≤ N`. The requests use blocks
-# `0 … need − 1`, so the highest one stays inside exactly when `N ≥ 2 × need`. The pool then works, but only its
-# first half carries data, and the second half of every 16-bit block lies on top of the next block's bytes. The
-# table below applies the rule for several pool sizes and names the requests whose blocks run past the end.
+# `0 … need − 1`, so the highest one stays inside exactly when `N ≥ 2 × need`. The pool then works, but each
+# block in use takes two of the pool's blocks (16-bit block `b` covers blocks `2b` and `2b + 1`), so the memory
+# FP8 was meant to save is spent anyway. The table below applies the rule to several pool sizes and names the
+# requests whose blocks run past the end.
 
 # %%
 owner = {b: i for i, t in enumerate(block_tables) for b in t}
@@ -537,12 +532,11 @@ print("the deferred construction order gets the fp8 layout too")
 # second regression test upstream's reviewers asked for.
 #
 # These six runs use `backend="torch"`: the pure-PyTorch references of the same kernels, with the same byte
-# addressing and no interpreter overhead. Their `auto`-cache reference must match the Triton one token for token.
+# addressing and no interpreter overhead. "Correct" still means equal, token for token, to the `auto`-cache run
+# above, which used the Triton kernels.
 
 # %%
-torch_reference = cross_stride.reference_tokens(prompts, backend="torch")
-assert torch_reference == reference
-pool_runs = [cross_stride.run_pool(prompts, torch_reference, factor, need, buggy, sanitize=True, backend="torch")
+pool_runs = [cross_stride.run_pool(prompts, reference, factor, need, buggy, sanitize=True, backend="torch")
              for factor in (1.0, 1.5, 2.0) for buggy in (True, False)]
 print(f"B1: FP8 cross pool as a multiple of the {need} blocks needed, sanitizer on")
 print(f"{'pool':>6s} {'blocks':>6s} | {'historical stride':42s} {'fixed':10s}")
