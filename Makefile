@@ -37,7 +37,7 @@ run: $(STAMP)
 	$(VENV)/bin/minikv demo
 
 test: $(STAMP)
-	TQDM_DISABLE=1 MPLBACKEND=Agg $(PY) -m pytest -q tests
+	TQDM_DISABLE=1 MPLBACKEND=Agg $(PY) -m pytest -q --durations=10 tests
 ifneq ($(NOTEBOOKS),)
 	TQDM_DISABLE=1 $(PY) -m pytest -q $(NBVAL_FLAGS) $(NOTEBOOKS)
 else

@@ -37,12 +37,12 @@ class ArithmeticTask:
     name = "arithmetic"
     model = "tiny-kvshare"
     default_max_tokens = 12
+    min_prompt_tokens = 4              # [BOS] "a b"
+    max_prompt_tokens = 96
 
     def max_tokens(self, prompt: str) -> int:
         """How many new tokens to ask for: the task's default continuation length."""
         return self.default_max_tokens
-    min_prompt_tokens = 4              # [BOS] "a b"
-    max_prompt_tokens = 96
 
     def __init__(self):
         pairs = [(a, d) for a in range(ARITHMETIC_MAX_START + 1) for d in ARITHMETIC_DIFFS]
@@ -122,12 +122,12 @@ class ReverseTask:
     name = "reverse"
     model = "tiny-encdec"
     default_max_tokens = 48            # the longest answer is 40 characters + EOS
+    min_prompt_tokens = REVERSE_MIN_LEN
+    max_prompt_tokens = REVERSE_MAX_LEN
 
     def max_tokens(self, prompt: str) -> int:
         """The reversed prompt plus EOS."""
         return len(prompt) + 1
-    min_prompt_tokens = REVERSE_MIN_LEN
-    max_prompt_tokens = REVERSE_MAX_LEN
 
     @staticmethod
     def is_held_out(text: str) -> bool:

@@ -352,7 +352,7 @@ def fragmentation_plot(seq_lens: Sequence[int], block_size: int, max_seq_len: in
     waste_c = int((contiguous - used).sum())
     waste_p = int((paged - used).sum())
     ax.set_title(f"{title}\nwasted slots: contiguous {waste_c}, paged {waste_p}", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 

@@ -38,6 +38,7 @@
 
 # %%
 import torch
+
 torch.set_num_threads(1)   # the tiny model's ops are too small to gain from threads on a CPU
 torch.manual_seed(0)
 
@@ -142,11 +143,14 @@ used = sum(lengths)
 paged_slots = BLOCK_SIZE * sum(blocks)
 contiguous_slots = config.max_position * len(prompts)
 print(f"{'':24s} {'slots':>6s} {'bytes':>10s} {'wasted bytes':>13s} {'wasted':>7s}")
-for name, slots in (("used", used), ("paged (16-token blocks)", paged_slots), ("contiguous (128 each)", contiguous_slots)):
+rows = (("used", used), ("paged (16-token blocks)", paged_slots), ("contiguous (128 each)", contiguous_slots))
+for name, slots in rows:
     waste = slots - used
-    print(f"{name:24s} {slots:6d} {slots * bytes_per_token:10,} {waste * bytes_per_token:13,} {waste / slots:7.1%}")
+    print(f"{name:24s} {slots:6d} {slots * bytes_per_token:10,} {waste * bytes_per_token:13,} "
+          f"{waste / slots:7.1%}")
 print(f"peak blocks in use during the run: {max(blocks_in_use)} = {max(blocks_in_use) * BLOCK_SIZE} slots")
-print(f"the contiguous reservation would hold these requests' blocks {contiguous_slots / paged_slots:.2f} times over")
+print(f"the contiguous reservation would hold these requests' blocks "
+      f"{contiguous_slots / paged_slots:.2f} times over")
 assert max(blocks_in_use) == sum(blocks)   # every request was in flight until the last step
 assert (paged_slots - used) < BLOCK_SIZE * len(prompts) and (contiguous_slots - used) / contiguous_slots > 0.5
 viz.fragmentation_plot(lengths, BLOCK_SIZE, config.max_position,
@@ -221,9 +225,8 @@ assert all(task.check(p, o.text) for p, o in zip(small_prompts, small_outs))
 # interleave the requests' blocks, which a contiguous layout could not do:
 
 # %%
-fig = viz.block_table_diagram({f"request {r}": t for r, t in final_tables.items()}, num_blocks=12,
-                              title="Block tables after the last step")
-fig
+viz.block_table_diagram({f"request {r}": t for r, t in final_tables.items()}, num_blocks=12,
+                        title="Block tables after the last step")
 
 # %% [markdown]
 # ## 3. The slot mapping
@@ -323,17 +326,19 @@ print("after B finishes: cached-free blocks", manager.cached_free_block_ids(), "
       manager.num_free_blocks)
 seq_c = make_sequence(2, text_a[:-1] + "9")          # A with its last digit changed
 manager.allocate(seq_c)
-print(f"C (A with a different last digit): block table {seq_c.block_table}, cached tokens {seq_c.num_cached_tokens}")
+print(f"C (A with a different last digit): block table {seq_c.block_table}, "
+      f"cached tokens {seq_c.num_cached_tokens}")
 seq_d = make_sequence(3, "9" + text_a[1:])           # A with its first digit changed
 manager.allocate(seq_d)
-print(f"D (A with a different first digit): block table {seq_d.block_table}, cached tokens {seq_d.num_cached_tokens}")
+print(f"D (A with a different first digit): block table {seq_d.block_table}, "
+      f"cached tokens {seq_d.num_cached_tokens}")
 assert seq_c.block_table[:2] == [0, 1] and seq_c.num_cached_tokens == 32
 assert seq_d.num_cached_tokens == 0 and not set(seq_d.block_table) & {0, 1}
 
 # %% [markdown]
-# C differs from A only after token 32, so it revives A's two blocks. D differs in its first token only, so even
-# its second block, whose 16 tokens are the same as A's, does not match: the hash chain carries the first block's
-# difference into every later block. That is what makes sharing safe, because a token's K/V depend on every token
+# C differs from A only in its last token, so it revives A's two full blocks. D differs from A only in its first
+# digit, so even its second block, whose 16 tokens are the same as A's, does not match: the hash chain carries the
+# first block's difference into every later block. That is what makes sharing safe, because a token's K/V depend on every token
 # before it.
 #
 # The engine does the same with `enable_prefix_caching=True`. We serve A, then B in a second call, and count the

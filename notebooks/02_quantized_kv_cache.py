@@ -48,6 +48,7 @@
 
 # %%
 import torch
+
 torch.set_num_threads(1)   # the tiny model's ops are too small to gain from threads on a CPU
 torch.manual_seed(0)
 
@@ -67,11 +68,10 @@ import minikv
 from minikv import kernels, viz
 from minikv.cache.layout import KVLayout
 from minikv.config import KV_CACHE_DTYPES
-from minikv.kernels import cache_write, launch
-from minikv.kernels.addressing import element_strides, typed_pool
-from minikv.kernels.quant import encode_e4m3, encode_e4m3_reference, torch_e4m3_saturates
 from minikv.models import registry
 from minikv.repro.common import request_slots
+
+cache_write, launch, addressing, quant = kernels.cache_write, kernels.launch, kernels.addressing, kernels.quant
 
 DEVICE = "cpu"
 BLOCK_SIZE = 16
@@ -99,7 +99,7 @@ for fmt in KV_CACHE_DTYPES:
     lay = layout_of(fmt)
     scales = ("fp32 per (token, head), inline" if lay.has_inline_scales
               else "fp32 per layer, outside the pool" if lay.has_layer_scales else "none")
-    print(f"{fmt:22s} {str(lay.code_dtype):>18s} {lay.elem_bytes:5d} {scales:>34s} {lay.row_bytes:4d} "
+    print(f"{fmt:22s} {lay.code_dtype!s:>18s} {lay.elem_bytes:5d} {scales:>34s} {lay.row_bytes:4d} "
           f"{lay.bytes_per_token():11d}")
 
 # %% [markdown]
@@ -174,7 +174,8 @@ def capture_prompt_kv(engine, batch, is_prefill):
 auto_engine = minikv.LLM(model="tiny-kvshare", max_num_seqs=8, device=DEVICE, backend="torch")
 auto_outs = auto_engine.generate(prompts, params, use_tqdm=False, on_step=capture_prompt_kv)
 k0, v0 = captured[0]
-print(f"captured layers {sorted(captured)}; layer 0 K and V: {tuple(k0.shape)} (prompt tokens, kv heads, head size)")
+print(f"captured layers {sorted(captured)}; layer 0 K and V: {tuple(k0.shape)} "
+      "(prompt tokens, kv heads, head size)")
 assert sorted(captured) == owners and k0.shape[0] == sum(len(p) + 1 for p in prompts)
 
 # %% [markdown]
@@ -248,9 +249,9 @@ assert by_hand == by_torch and max(abs(c) for c in by_hand) == 448
 # ## 3. Per-token-head versus per-tensor scales, on real K/V
 #
 # A scale maps the values to the code range. The per-layer `fp8` format uses one scale for every token and head
-# of a layer (minikv's engine uses 1.0 unless told otherwise, as vLLM does without calibration); a per-tensor int8
-# cache, which minikv does not offer but which is the obvious first idea, would need `amax / 127` of the whole
-# tensor. The per-token-head formats give each row its own. How much does that matter on `tiny-kvshare`'s real
+# of a layer (minikv's engine uses 1, as vLLM does when a checkpoint carries no calibrated scales); a per-tensor
+# int8 cache, which minikv does not offer but which is the obvious first idea, would need `amax / 127` of the
+# whole tensor. The per-token-head formats give each row its own. How much does that matter on `tiny-kvshare`'s real
 # keys and values?
 #
 # First, how much the rows differ. For each owning layer: the largest |value| in the whole tensor, and the
@@ -314,11 +315,12 @@ viz.quant_error_plot(errors["V"], title="Layer 0 V: quantization error by format
 # %% [markdown]
 # Two different stories. **int8** has evenly spaced levels, so its error is set by the step `scale`; a row's
 # own scale gives the step `row amax / 127`, and a per-tensor scale gives every row the step of the largest one.
-# Per-token-head int8 is the most accurate format here, mean error about a third lower than per-tensor int8,
-# even on these tame tensors. **fp8** is a floating-point format: its levels are spaced relative to the value,
-# about 6% apart (3 mantissa bits), wherever the value lies in its wide range. Its error therefore barely depends
-# on the scale: scale 1.0, a calibrated per-tensor scale and a per-token-head scale land close together, and all
-# above int8's, whose 255 levels are finer than fp8's near the top of a row's range.
+# Per-token-head int8 is the most accurate format here, its mean error a quarter to a third lower than
+# per-tensor int8's, even on these tame tensors. **fp8** is a floating-point format: with 3 mantissa bits, the
+# step next to a value is 1/8 of the power of two below it, 6 to 12.5% of the value, wherever the value lies in
+# its wide range. Its error therefore barely depends on the scale: scale 1, a calibrated per-tensor scale and a
+# per-token-head scale land close together, all above int8's: near the top of a row's range, int8's 255 evenly
+# spaced levels are much finer than fp8's (a step of `amax / 127` against fp8's 32 of 448).
 #
 # Where per-token-head scales earn their keep is an **outlier**. Large models have a few tokens, often the first,
 # whose K or V are tens of times larger than the rest. We make token 0 of layer 0's K 20 times larger and
@@ -343,30 +345,19 @@ viz.quant_error_plot({n: e[others] for n, e in with_outlier.items()},
                      title="Layer 0 K with one outlier token (x20): error of the other tokens")
 
 # %% [markdown]
-# Per-tensor int8 loses more than an order of magnitude on every other token: its step is now set by the
+# Per-tensor int8's mean error on the other tokens grows more than tenfold: its step is now set by the
 # outlier. The per-token-head formats give the other tokens *bit-identical* results, because each row is
 # quantized on its own. fp8 with a per-tensor scale shrugs the outlier off too, thanks to its exponent, as long
-# as the scaled values stay inside e4m3's range: below about 2^-6 of the scale values fall into denormals and
-# lose precision, and above 448 they clamp. With scale 1.0, anything above 448 is clamped, which is why a real
-# per-tensor fp8 cache needs calibrated scales.
-#
-# The per-token-head scales themselves, for layer 0's first 64 prompt tokens: each (token, head) has its own, and
-# they vary by a factor of two or three across tokens. (`viz.scale_heatmap` draws two sets of scales side by
-# side with one colour scale; here K's and V's.)
-
-# %%
-int8_k_scales = k0.abs().amax(dim=-1) / 127
-int8_v_scales = v0.abs().amax(dim=-1) / 127
-print(f"K scales {int8_k_scales.min():.4f} to {int8_k_scales.max():.4f}, V scales {int8_v_scales.min():.4f} to "
-      f"{int8_v_scales.max():.4f}")
-viz.scale_heatmap(int8_k_scales[:64], int8_v_scales[:64], title="Layer 0 int8 per-token-head scales, 64 tokens",
-                  labels=("K scales", "V scales"))
+# as the scaled values stay inside e4m3's range: scaled values below 2^-6 fall into e4m3's denormals and lose
+# precision, and values above 448 are clamped (section 5 shows both edges). With scale 1, a key above 448 would
+# be clamped, which is why a real per-tensor fp8 cache needs calibrated scales.
 
 # %% [markdown]
 # Does any of this change the model's answers? On 24 held-out prompts through the engine, every format gives
-# the right continuation, with the same token ids as the float32 cache. `tiny-kvshare` was trained with its K/V
-# fake-quantized, and its K/V have no outliers, so it is robust; a large model is where the differences above
-# turn into wrong tokens.
+# the right continuation, with the same token ids as the float32 cache. `tiny-kvshare` is robust by construction:
+# its K/V have no outliers, and its training recipe (recorded in `minikv/models/weights/tiny-kvshare.json`) ran
+# three steps in four with K/V fake-quantized to one of the 8-bit formats. A large model without such training is
+# where differences like those above turn into different tokens.
 
 # %%
 eval_prompts = task.prompts(24, seed=4)
@@ -376,8 +367,10 @@ for fmt in KV_CACHE_DTYPES:
     answers[fmt] = engine.generate(eval_prompts, params, use_tqdm=False)
     right = sum(task.check(p, o.text) for p, o in zip(eval_prompts, answers[fmt]))
     same = sum(o.token_ids == a.token_ids for o, a in zip(answers[fmt], answers["auto"]))
-    print(f"{fmt:22s} right {right}/24, token ids equal to auto's: {same}/24")
-    assert right == 24 and same == 24
+    layer_scales = {(a.impl.k_scale, a.impl.v_scale) for a in engine.runner.self_layers}
+    print(f"{fmt:22s} right {right}/24, token ids equal to auto's: {same}/24"
+          + (f"; per-layer (K, V) scales used: {layer_scales}" if fmt == "fp8" else ""))
+    assert right == 24 and same == 24 and layer_scales == {(1.0, 1.0)}
 
 # %% [markdown]
 # One more check that the captured K/V and the offline quantization above are what the engine itself stores: an
@@ -405,11 +398,25 @@ int8_engine.generate(prompts, params, use_tqdm=False, on_step=grab_layer0_rows)
 offline = torch.zeros(int8_layout.pool_bytes(-(-k0.shape[0] // BLOCK_SIZE)), dtype=torch.uint8)
 kernels.write_kv(k0, v0, offline, torch.arange(k0.shape[0]), int8_layout)
 (k_codes, v_codes), (k_scales, v_scales) = int8_layout.code_views(offline), int8_layout.scale_views(offline)
-n = k0.shape[0]
-same = [torch.equal(stored["k"], k_codes.reshape(-1, 2, 32)[:n]), torch.equal(stored["v"], v_codes.reshape(-1, 2, 32)[:n]),
-        torch.equal(stored["ks"], k_scales.reshape(-1, 2)[:n]), torch.equal(stored["vs"], v_scales.reshape(-1, 2)[:n])]
+n, heads, size = k0.shape
+same = [torch.equal(stored["k"], k_codes.reshape(-1, heads, size)[:n]),
+        torch.equal(stored["v"], v_codes.reshape(-1, heads, size)[:n]),
+        torch.equal(stored["ks"], k_scales.reshape(-1, heads)[:n]),
+        torch.equal(stored["vs"], v_scales.reshape(-1, heads)[:n])]
 print("engine pool == write kernel on the captured K/V (K codes, V codes, K scales, V scales):", same)
 assert all(same)
+
+# %% [markdown]
+# Those stored scales, for the first 64 prompt tokens: every (token, head) has its own, for K and for V, and they
+# vary by a factor of two or more across tokens. (`viz.scale_heatmap` draws two sets of scales side by side on
+# one colour scale.)
+
+# %%
+print(f"K scales {stored['ks'].min():.4f} to {stored['ks'].max():.4f}, "
+      f"V scales {stored['vs'].min():.4f} to {stored['vs'].max():.4f}")
+assert stored["ks"].max() > 2 * stored["ks"].min() and stored["vs"].max() > 2 * stored["vs"].min()
+viz.scale_heatmap(stored["ks"][:64], stored["vs"][:64], labels=("K scales", "V scales"),
+                  title="Layer 0 int8 per-token-head scales, first 64 tokens")
 
 # %% [markdown]
 # ## 4. The write kernel, program by program
@@ -436,13 +443,14 @@ print(inspect.getsource(cache_write._store_half.fn))
 # 3. for K, then for V at `kv_stride` further on, loads the `[BLOCK_T, BLOCK_H, HEAD_SIZE]` tile and, depending on
 #    the format known at compile time (`FMT`), stores it as is, quantizes it with the layer scale, or takes each
 #    row's amax, computes the row's scale, quantizes and stores the codes;
-# 4. stores each row's scale at `(row + scale_offset) // 4` of an fp32 view of the same pool: row offsets are in
-#    bytes for the 8-bit formats, and `KVLayout` keeps every row a multiple of 4 bytes long, so that division is
-#    exact.
+# 4. for the per-token-head formats, stores each row's scale at `(row + scale_offset) // 4` of an fp32 view of
+#    the same pool: row offsets are in bytes for the 8-bit formats, and `KVLayout` keeps every row a multiple of
+#    4 bytes long, so that division is exact.
 #
-# No program reads what another writes, so the programs can run in any order, in parallel on a GPU. On a GPU
-# `BLOCK_T` is small and there are many programs; in the interpreter each program costs about a millisecond of
-# Python, so minikv launches as few as it can:
+# No program reads what another writes, so the programs can run in any order, in parallel on a GPU. On a GPU the
+# tiles are small and there are many programs. The interpreter runs each program as Python over NumPy arrays, one
+# after another, so there `minikv.kernels.launch` makes the tile as large as the problem and launches as few
+# programs as it can:
 
 # %%
 for num_tokens in (5, 300):
@@ -467,14 +475,14 @@ def launch_write(layout, num_programs, block_t=2):
     """Run the first `num_programs` programs of write_kv's kernel with BLOCK_T=block_t on a fresh pool."""
     pool = torch.zeros(layout.pool_bytes(2), dtype=torch.uint8)
     code_dtype = torch.uint8 if layout.code_dtype == torch.float8_e4m3fn else layout.code_dtype   # fp8 as bytes
-    codes, scales = typed_pool(pool, code_dtype), typed_pool(pool, torch.float32)
+    codes, scales = addressing.typed_pool(pool, code_dtype), addressing.typed_pool(pool, torch.float32)
     cache_write._write_kv_kernel[(num_programs,)](
         step_keys, step_values, codes, scales, step_slots, step_keys.shape[0],
         step_keys.stride(0), step_keys.stride(1), step_values.stride(0), step_values.stride(1),
-        *element_strides(layout), layout.scale_offset, 1.0, 1.0,
+        *addressing.element_strides(layout), layout.scale_offset, 1.0, 1.0,
         FMT=layout.fmt, NUM_HEADS=layout.num_kv_heads, HEAD_SIZE=layout.head_size, BLOCK_SIZE=layout.block_size,
         BLOCK_T=block_t, BLOCK_H=launch.write_config(5, layout.num_kv_heads, layout.head_size).block_h,
-        SATURATE=torch_e4m3_saturates("cpu"))
+        SATURATE=quant.torch_e4m3_saturates("cpu"))
     return pool
 
 
@@ -543,22 +551,23 @@ def triton_cast_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 in_range = finite[finite.abs() <= 448]
 cast_codes = torch.empty(in_range.shape, dtype=torch.uint8)
 triton_cast_kernel[(1,)](in_range, cast_codes, in_range.numel(), BLOCK=triton.next_power_of_2(in_range.numel()))
-wrong = (cast_codes != encode_e4m3_reference(in_range)).nonzero().flatten()
-print(f"Triton's cast in the interpreter disagrees with torch on {wrong.numel()} of {in_range.numel()} values, e.g.")
+wrong = (cast_codes != quant.encode_e4m3_reference(in_range)).nonzero().flatten()
+print(f"Triton's cast in the interpreter disagrees with torch on {wrong.numel()} of {in_range.numel()} values, "
+      "for example:")
 for i in wrong[:: max(1, wrong.numel() // 4)][:4].tolist():
     print(f"  {in_range[i].item():+.9g}: Triton 0x{cast_codes[i].item():02x}, "
-          f"torch 0x{encode_e4m3_reference(in_range[i:i + 1]).item():02x}")
+          f"torch 0x{quant.encode_e4m3_reference(in_range[i:i + 1]).item():02x}")
 assert wrong.numel() > 0
 
 # %% [markdown]
 # On a GPU, compiled casts have a different problem: `minikv.kernels.quant` notes that they saturate past 448
-# differently from torch. So `minikv.kernels.quant.e4m3_bits` builds the code from the float's bits: it rebiases the exponent (127 to 7),
-# rounds the 23-bit mantissa to 3 bits with ties to even, and handles the denormal range by letting a float
-# addition do the rounding. `quant.encode_e4m3` runs that encoder as a Triton kernel on a float32 tensor, and
-# `encode_e4m3_reference` is torch's cast. Compared on all finite float16 values:
+# differently from torch. So `minikv.kernels.quant.e4m3_bits` builds the code from the float's bits: it rebiases
+# the exponent (127 to 7), rounds the 23-bit mantissa to 3 bits with ties to even, and handles the denormal range
+# by letting a float addition do the rounding. `quant.encode_e4m3` runs that encoder as a Triton kernel on a
+# float32 tensor, and `encode_e4m3_reference` is torch's cast. Compared on all finite float16 values:
 
 # %%
-ours, theirs = encode_e4m3(finite), encode_e4m3_reference(finite)
+ours, theirs = quant.encode_e4m3(finite), quant.encode_e4m3_reference(finite)
 mismatches = int((ours != theirs).sum())
 print(f"{finite.numel()} finite float16 values; distinct e4m3 codes produced: {theirs.unique().numel()}; "
       f"mismatches: {mismatches}")
@@ -591,19 +600,20 @@ cases = [
     ("-300 (sign bit set)", -300.0),
 ]
 values = torch.tensor([v for _, v in cases], dtype=torch.float32)
-ours, theirs = encode_e4m3(values), encode_e4m3_reference(values)
+ours, theirs = quant.encode_e4m3(values), quant.encode_e4m3_reference(values)
 print(f"{'case':40s} {'float32':>14s} {'torch':>6s} {'ours':>6s} {'e4m3 value':>11s}")
 for (label, _), value, t, o in zip(cases, values.tolist(), theirs.tolist(), ours.tolist()):
     decoded = torch.tensor([t], dtype=torch.uint8).view(torch.float8_e4m3fn).float().item()
     print(f"{label:40s} {value:14.9g} {f'0x{t:02x}':>6s} {f'0x{o:02x}':>6s} {decoded:11.6g}")
 assert torch.equal(ours, theirs)
-print("this torch saturates finite overflow to 448 (0x7e) rather than NaN:", torch_e4m3_saturates("cpu"))
+print("this torch saturates finite overflow to 448 (0x7e) rather than NaN:", quant.torch_e4m3_saturates("cpu"))
 
 # %% [markdown]
 # Every row agrees. Rows "above the tie" and "far past" depend on torch: values that round past 448 become 448
 # (`0x7e`) on this torch, while older torch versions give NaN (`0x7f`) there (per `minikv.kernels.quant`, the
-# change came with torch 2.12); `torch_e4m3_saturates` probes the torch in use and the encoder follows it. The cache never meets that case, because the quantizers clamp to ±448 *before* encoding: with the
-# per-layer `fp8` format and scale 1.0, a key of 1000 is stored as 448, on every torch.
+# change came with torch 2.12); `torch_e4m3_saturates` probes the torch in use and the encoder follows it. The
+# cache never meets that case, because the quantizers clamp to ±448 *before* encoding: with the per-layer `fp8`
+# format and scale 1, a key of 1000 is stored as 448, on every torch.
 
 # %%
 big = torch.full((1, config.num_kv_heads, config.head_size), 1000.0)
@@ -623,8 +633,8 @@ assert bool((stored_codes.float() == 448).all())
 # * A row is `[codes | scale]`; reading the bytes back by hand gives the int8 codes (two's complement), the fp32
 #   scale `amax / 127`, and the e4m3 codes (sign, 4-bit exponent, 3-bit mantissa) exactly as torch reads them.
 # * On `tiny-kvshare`'s real K/V, per-token-head int8 is the most accurate format, and with one outlier token
-#   per-tensor int8 loses more than an order of magnitude on every other token while the per-token-head formats
-#   do not change at all. fp8 trades precision for range: its error hardly depends on the scale. All four formats
+#   per-tensor int8's error on every other token grows more than tenfold, while the per-token-head formats do not
+#   change at all. fp8 trades precision for range: its error hardly depends on the scale. All four formats
 #   answer 24 of 24 prompts with the float32 cache's token ids.
 # * The write kernel's programs each quantize and store a tile of tokens, independently; any tiling gives the
 #   same bytes as the pure-PyTorch reference, for every format.

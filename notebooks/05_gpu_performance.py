@@ -44,7 +44,10 @@ print("CUDA available here:", torch.cuda.is_available())
 #
 # Paged decode: 32 query heads, 8 KV heads (GQA 4:1), head size 128, block size 16, blocks in shuffled order, at
 # batch 1/16/64/256 and context 512/4096/16384, for the four cache formats. Every time is the median of 20 runs
-# timed with CUDA events, the L2 cache flushed before each. Then causal prefill (batch 8, length 4096) and the
+# timed with CUDA events, the L2 cache flushed before each, and each run is a replay of a CUDA graph holding the
+# call, as a real engine captures its decode step: that takes Python's launch overhead (about 0.1 ms for a Triton
+# launch, more than a small decode step's whole GPU time) out of both minikv's and SDPA's figures. Then causal
+# prefill (batch 8, length 4096) and the
 # cross-attention context step, fused (reading the fp8 paged cache, taught its format) against unfused (reading
 # the bf16 workspace). The code is `minikv/bench/attention.py`; `python -m minikv.bench attention --csv out.csv`
 # runs the same thing from a shell.

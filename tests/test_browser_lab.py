@@ -1,14 +1,14 @@
 """JupyterLab in a real browser: open a notebook, Run All Cells, and check what a person would see.
 
-A JupyterLab server is started on 127.0.0.1 (free port, token, temporary runtime/settings/workspace folders) and
-Debian's Chromium is driven headless through Playwright. The notebook is copied into a temporary folder first,
-so the recorded outputs in notebooks/ are never touched. After the run the notebook is saved from the browser and
-the saved file is read back: no cell may hold an error output, every code cell must have run, and figures must be
-rendered as images. A screenshot is written under build/screenshots/.
+One JupyterLab server per test module, on 127.0.0.1 (free port, token, temporary runtime/config/settings/workspace
+folders), and Debian's Chromium driven headless through Playwright. Each notebook is copied into the server's
+temporary root first, so the recorded outputs in notebooks/ are never touched. After Run All the notebook is saved
+from the browser and the saved file is read back: no cell may hold an error output, every code cell must have run,
+and figures must be rendered as images. A screenshot is written under build/screenshots/.
 
-Two tests: notebook 01 (skipped until it exists) and a tiny smoke notebook made on the fly, so that the browser
-path runs in CI from the start. Needs /usr/bin/chromium (`apt-get install -y chromium`) and the `playwright` pip
-package (its bundled driver only; no browser download).
+Tests: notebook 01 (skipped until it exists), and a tiny smoke notebook made on the fly (plus a failing variant that
+the driver must catch), so that the browser path runs in CI from the start. Needs /usr/bin/chromium
+(`apt-get install -y chromium`) and the `playwright` pip package (its bundled driver only; no browser download).
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,31 +43,28 @@ LAB_SETTINGS = {
                                                                         "checkForUpdates": False},
 }
 
-# True once Run All has finished: nothing queued or running, the kernel idle, and at least one cell numbered
-# (outputs are cleared first, so numbers come from this run only).
-RUN_FINISHED_JS = """() => {
-  const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
-      .map(e => e.textContent.trim());
-  if (prompts.length === 0 || prompts.some(p => p.includes('*'))) return false;
-  const indicator = document.querySelector('.jp-Notebook-ExecutionIndicator');
-  if (indicator && indicator.getAttribute('data-status') !== 'idle') return false;
-  return prompts.some(p => /\\d/.test(p));
-}"""
-
-
+# Every query is scoped to the notebook panel on show.
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+PROMPTS = f"[...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim())"
+# The status bar says "| Idle" once the page's kernel connection is up; a Run All sent earlier can be lost.
 KERNEL_IDLE_JS = """() => [...document.querySelectorAll('.jp-StatusBar-Item')]
     .some(e => /\\|\\s*Idle\\s*$/.test(e.textContent.trim()))"""
-RUN_STARTED_JS = """() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
-    .some(e => /[*0-9]/.test(e.textContent))"""
-PROMPTS_JS = "() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent)"
-
-
-def _require_browser():
-    if not CHROMIUM.exists():
-        pytest.skip("no browser: /usr/bin/chromium is missing (install Debian's chromium: "
-                    "apt-get install -y chromium); the JupyterLab browser test needs it")
-    pytest.importorskip("playwright.sync_api", reason="the `playwright` pip package is not installed")
-    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+RUN_STARTED_JS = f"() => {PROMPTS}.some(p => /[*0-9]/.test(p))"
+# Run All has finished: nothing queued or running, the kernel idle, and at least one cell numbered (outputs are
+# cleared first, so numbers come from this run; after an error the remaining cells go back to "[ ]").
+RUN_FINISHED_JS = f"""() => {{
+  const prompts = {PROMPTS};
+  if (prompts.length === 0 || prompts.some(p => p.includes('*'))) return false;
+  const indicator = document.querySelector('{PANEL} .jp-Notebook-ExecutionIndicator');
+  if (indicator && indicator.getAttribute('data-status') !== 'idle') return false;
+  return prompts.some(p => /[0-9]/.test(p));
+}}"""
+REPORT_JS = f"""() => ({{
+  prompts: {PROMPTS},
+  images: document.querySelectorAll('{PANEL} .jp-OutputArea-output img').length,
+  tracebacks: [...document.querySelectorAll('{PANEL} .jp-OutputArea-output')].map(e => e.textContent)
+      .filter(t => t.includes('Traceback (most recent call last)')).map(t => t.slice(0, 2000)),
+}})"""
 
 
 def _free_port() -> int:
@@ -77,58 +73,103 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _get(url: str, method: str = "GET") -> int:
-    request = urllib.request.Request(url, method=method)
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return response.status
+def _request(url: str, method: str = "GET"):
+    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as response:
+        body = response.read()
+        return response.status, (json.loads(body) if body else None)
 
 
-@contextmanager
-def jupyter_lab(root: Path, scratch: Path):
-    """Start JupyterLab serving `root`; yield (base_url, token); shut it (and its kernels) down afterwards."""
-    port, token = _free_port(), os.urandom(16).hex()
-    for rel, values in LAB_SETTINGS.items():
-        path = scratch / "settings" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(values))
-    for name in ("runtime", "config", "workspaces"):
-        (scratch / name).mkdir(exist_ok=True)
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(scratch / "runtime"), JUPYTER_CONFIG_DIR=str(scratch / "config"),
-               TQDM_DISABLE="1")
-    env.pop("MPLBACKEND", None)       # let the kernel use the inline backend, as a person's JupyterLab does
-    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
-               f"--port={port}", "--port-retries=0", f"--IdentityProvider.token={token}",
-               f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={scratch / 'settings'}",
-               f"--LabApp.workspaces_dir={scratch / 'workspaces'}", "--LabApp.extension_manager=readonly"]
-    log_path = scratch / "jupyterlab.log"
-    base = f"http://127.0.0.1:{port}"
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
-    try:
+class Lab:
+    """A running JupyterLab server (serving `root`) and a headless Chromium, shared by the tests of this module."""
+
+    def __init__(self, scratch: Path):
+        self.scratch = scratch
+        self.root = scratch / "lab-root"
+        self.root.mkdir()
+        self.port, self.token = _free_port(), os.urandom(16).hex()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = scratch / "jupyterlab.log"
+        self.server = None
+        self.playwright = None
+        self.browser = None
+
+    def api(self, path: str, method: str = "GET"):
+        return _request(f"{self.base}{path}?token={self.token}", method)
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text()[-3000:]
+
+    def start(self) -> None:
+        for rel, values in LAB_SETTINGS.items():
+            path = self.scratch / "settings" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+        for name in ("runtime", "config", "workspaces"):
+            (self.scratch / name).mkdir(exist_ok=True)
+        env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(self.scratch / "runtime"),
+                   JUPYTER_CONFIG_DIR=str(self.scratch / "config"), TQDM_DISABLE="1")
+        env.pop("MPLBACKEND", None)       # let the kernel use the inline backend, as a person's JupyterLab does
+        command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+                   f"--port={self.port}", "--port-retries=0", f"--IdentityProvider.token={self.token}",
+                   f"--ServerApp.root_dir={self.root}", f"--LabApp.user_settings_dir={self.scratch / 'settings'}",
+                   f"--LabApp.workspaces_dir={self.scratch / 'workspaces'}", "--LabApp.extension_manager=readonly"]
+        with open(self.log_path, "w") as log:
+            self.server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
         deadline = time.monotonic() + 90
         while True:
-            if server.poll() is not None:
-                pytest.fail(f"jupyter lab exited with {server.returncode}:\n{log_path.read_text()[-3000:]}")
+            if self.server.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {self.server.returncode}:\n{self.log_tail()}")
             try:
-                if _get(f"{base}/api/status?token={token}") == 200:
+                if self.api("/api/status")[0] == 200:
                     break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"jupyter lab did not answer within 90 s:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"jupyter lab did not answer within 90 s:\n{self.log_tail()}")
             time.sleep(0.5)
-        yield base, token
-    finally:
+        from playwright.sync_api import sync_playwright
+
+        self.playwright = sync_playwright().start()
+        self.browser = self.playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+
+    def stop(self) -> None:
+        if self.browser is not None:
+            self.browser.close()
+        if self.playwright is not None:
+            self.playwright.stop()
+        if self.server is None:
+            return
         try:
-            _get(f"{base}/api/shutdown?token={token}", method="POST")   # also shuts down its kernels
-            server.wait(timeout=30)
+            self.api("/api/shutdown", method="POST")     # also shuts down its kernels
+            self.server.wait(timeout=30)
         except (OSError, subprocess.TimeoutExpired):
-            server.terminate()
+            self.server.terminate()
             try:
-                server.wait(timeout=10)
+                self.server.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+                self.server.kill()
+                self.server.wait()
+
+    def shut_down_kernel_of(self, name: str) -> None:
+        _, sessions = self.api("/api/sessions")
+        for session in sessions or []:
+            if session.get("path") == name:
+                self.api(f"/api/sessions/{session['id']}", method="DELETE")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not CHROMIUM.exists():
+        pytest.skip("no browser: /usr/bin/chromium is missing (install Debian's chromium: "
+                    "apt-get install -y chromium); the JupyterLab browser test needs it")
+    pytest.importorskip("playwright.sync_api", reason="the `playwright` pip package is not installed")
+    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+    session = Lab(tmp_path_factory.mktemp("jupyterlab"))
+    try:
+        session.start()
+        yield session
+    finally:
+        session.stop()
 
 
 def _menu(page, menu: str, item: str) -> None:
@@ -136,66 +177,50 @@ def _menu(page, menu: str, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=item).first.click()
 
 
-def run_notebook_in_lab(notebook: Path, tmp_path: Path, screenshot_name: str) -> dict:
+def run_notebook_in_lab(lab: Lab, notebook: Path, screenshot_name: str) -> dict:
     """Open a copy of `notebook` in JupyterLab, clear outputs, Run All Cells, save; report what was seen."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
-    from playwright.sync_api import sync_playwright
 
-    root = tmp_path / "lab-root"
-    root.mkdir()
-    shutil.copy(notebook, root / notebook.name)
-    saved = root / notebook.name
+    saved = lab.root / notebook.name
+    shutil.copy(notebook, saved)
     started = time.monotonic()
-    with jupyter_lab(root, tmp_path) as (base, token), sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/{notebook.name}?token={token}")
-            page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell", timeout=90_000)
-            # The status bar says "| Idle" once the page's kernel connection is up; earlier, Run All can be lost.
-            page.wait_for_function(KERNEL_IDLE_JS, timeout=90_000, polling=250)
-            _menu(page, "Edit", "Clear Outputs of All Cells")
-            for attempt in range(3):
-                _menu(page, "Run", "Run All Cells")
-                try:
-                    page.wait_for_function(RUN_STARTED_JS, timeout=20_000, polling=100)
-                    break
-                except PlaywrightTimeoutError:
-                    if attempt == 2:
-                        raise
+    page = lab.browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{lab.base}/lab/tree/{notebook.name}?token={lab.token}&reset")   # reset: no other tabs
+        page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=90_000)
+        page.wait_for_function(KERNEL_IDLE_JS, timeout=90_000, polling=250)
+        _menu(page, "Edit", "Clear Outputs of All Cells")
+        for attempt in range(3):
+            _menu(page, "Run", "Run All Cells")
             try:
-                page.wait_for_function(RUN_FINISHED_JS, timeout=RUN_TIMEOUT_S * 1000, polling=500)
+                page.wait_for_function(RUN_STARTED_JS, timeout=20_000, polling=100)
+                break
             except PlaywrightTimeoutError:
-                SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(SCREENSHOTS / f"{screenshot_name}-timeout.png"))
-                prompts = page.evaluate(PROMPTS_JS)
-                log = (tmp_path / "jupyterlab.log").read_text()[-3000:]
-                pytest.fail(f"Run All did not finish within {RUN_TIMEOUT_S:.0f} s; prompts {prompts}; screenshot "
-                            f"{screenshot_name}-timeout.png; server log:\n{log}")
-            page.wait_for_timeout(500)           # let the last outputs render
-            report = page.evaluate("""() => ({
-                prompts: [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
-                    .map(e => e.textContent.trim()),
-                images: document.querySelectorAll('.jp-OutputArea-output img').length,
-                tracebacks: [...document.querySelectorAll('.jp-OutputArea-output')]
-                    .map(e => e.textContent).filter(t => t.includes('Traceback (most recent call last)'))
-                    .map(t => t.slice(0, 2000)),
-            })""")
-            first_image = page.locator(".jp-OutputArea-output img").first
-            if report["images"]:
-                first_image.scroll_into_view_if_needed()
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SCREENSHOTS / f"{screenshot_name}.png"))
+                if attempt == 2:
+                    raise
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        try:
+            page.wait_for_function(RUN_FINISHED_JS, timeout=RUN_TIMEOUT_S * 1000, polling=500)
+        except PlaywrightTimeoutError:
+            page.screenshot(path=str(SCREENSHOTS / f"{screenshot_name}-timeout.png"))
+            pytest.fail(f"Run All did not finish within {RUN_TIMEOUT_S:.0f} s; prompts "
+                        f"{page.evaluate(f'() => {PROMPTS}')}; screenshot {screenshot_name}-timeout.png; "
+                        f"server log:\n{lab.log_tail()}")
+        page.wait_for_timeout(500)           # let the last outputs render
+        report = page.evaluate(REPORT_JS)
+        if report["images"]:
+            page.locator(f"{PANEL} .jp-OutputArea-output img").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / f"{screenshot_name}.png"))
 
-            before = saved.stat().st_mtime_ns
-            _menu(page, "File", "Save Notebook")
-            deadline = time.monotonic() + 30
-            while saved.stat().st_mtime_ns == before and time.monotonic() < deadline:
-                time.sleep(0.2)
-        finally:
-            browser.close()
-    cells = json.loads(saved.read_text())["cells"]
-    code = [c for c in cells if c["cell_type"] == "code"]
+        before = saved.stat().st_mtime_ns
+        _menu(page, "File", "Save Notebook")
+        deadline = time.monotonic() + 30
+        while saved.stat().st_mtime_ns == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        page.close()
+        lab.shut_down_kernel_of(notebook.name)
+    code = [c for c in json.loads(saved.read_text())["cells"] if c["cell_type"] == "code"]
     report["saved_errors"] = [o for c in code for o in c["outputs"] if o["output_type"] == "error"]
     report["saved_counts"] = [c["execution_count"] for c in code]
     report["seconds"] = time.monotonic() - started
@@ -211,7 +236,7 @@ def _assert_clean_run(report: dict, min_images: int) -> None:
     assert report["images"] >= min_images, f"{report['images']} figure(s) rendered, expected >= {min_images}"
 
 
-def _make_smoke_notebook(path: Path) -> None:
+def _smoke_notebook(path: Path, failing: bool = False) -> Path:
     import nbformat
 
     notebook = nbformat.v4.new_notebook()
@@ -222,40 +247,28 @@ def _make_smoke_notebook(path: Path) -> None:
         nbformat.v4.new_code_cell("from minikv import viz\nprint('minikv viz imported')"),
         nbformat.v4.new_code_cell("viz.request_grid([True, True, False, False, False, False], max_num_seqs=2)"),
     ]
+    if failing:
+        notebook.cells.insert(2, nbformat.v4.new_code_cell("raise RuntimeError('deliberate failure')"))
     nbformat.write(notebook, path)
+    return path
 
 
-def test_smoke_notebook_runs_in_jupyterlab(tmp_path):
-    _require_browser()
-    notebook = tmp_path / "smoke.ipynb"
-    _make_smoke_notebook(notebook)
-    work = tmp_path / "run"
-    work.mkdir()
-    report = run_notebook_in_lab(notebook, work, "smoke")
+def test_smoke_notebook_runs_in_jupyterlab(lab, tmp_path):
+    report = run_notebook_in_lab(lab, _smoke_notebook(tmp_path / "smoke.ipynb"), "smoke")
     _assert_clean_run(report, min_images=1)
     assert report["prompts"] == ["[1]:", "[2]:"], report["prompts"]
 
 
-def test_smoke_driver_sees_errors(tmp_path):
+def test_smoke_driver_sees_errors(lab, tmp_path):
     """The driver itself must notice a failing cell, or the real test could never fail."""
-    _require_browser()
-    notebook = tmp_path / "failing.ipynb"
-    _make_smoke_notebook(notebook)
-    import nbformat
-
-    nb = nbformat.read(notebook, as_version=4)
-    nb.cells.insert(2, nbformat.v4.new_code_cell("raise RuntimeError('deliberate failure')"))
-    nbformat.write(nb, notebook)
-    work = tmp_path / "run"
-    work.mkdir()
-    report = run_notebook_in_lab(notebook, work, "smoke-failing")
+    report = run_notebook_in_lab(lab, _smoke_notebook(tmp_path / "failing.ipynb", failing=True), "smoke-failing")
     with pytest.raises(AssertionError, match="deliberate failure"):
         _assert_clean_run(report, min_images=0)
+    assert report["prompts"] == ["[1]:", "[2]:", "[ ]:"], report["prompts"]
 
 
-def test_notebook_01_runs_in_jupyterlab(tmp_path):
-    _require_browser()
+def test_notebook_01_runs_in_jupyterlab(request):
     if not NOTEBOOK_01.exists():
         pytest.skip(f"{NOTEBOOK_01.relative_to(REPO)} does not exist yet")
-    report = run_notebook_in_lab(NOTEBOOK_01, tmp_path, NOTEBOOK_01.stem)
+    report = run_notebook_in_lab(request.getfixturevalue("lab"), NOTEBOOK_01, NOTEBOOK_01.stem)
     _assert_clean_run(report, min_images=1)

@@ -97,3 +97,10 @@ def test_reverse_expected_and_check():
         assert not REVERSE.check("ab12", wrong)
     with pytest.raises(ValueError):
         REVERSE.expected("AB", 2)
+
+
+def test_max_tokens_covers_the_answer():
+    prompt = ARITH.prompts(1)[0]
+    assert ARITH.max_tokens(prompt) == ARITH.default_max_tokens == 12
+    assert REVERSE.max_tokens("ab12") == 5                   # four characters + EOS
+    assert all(REVERSE.max_tokens(p) <= REVERSE.default_max_tokens for p in REVERSE.prompts(20))

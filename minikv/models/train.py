@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm import tqdm
 
 from minikv import tasks
 from minikv.models import registry
@@ -137,8 +138,6 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
 
     Returns the metrics, which are also written into the JSON file beside the weights.
     """
-    from tqdm.auto import tqdm
-
     config = registry.model_config(name)
     recipe = RECIPES[name]
     steps = recipe.steps if steps is None else steps
@@ -160,7 +159,8 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     losses: list[float] = []
     started = time.perf_counter()
-    bar = tqdm(range(steps), desc=f"train {name}", disable=not progress)
+    # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
+    bar = tqdm(range(steps), desc=f"train {name}", **({} if progress else {"disable": True}))
     for _ in bar:
         if config.is_encoder_decoder:
             batch = encdec_batch(task, tokenizer, rng, recipe.batch_size)

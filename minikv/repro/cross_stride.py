@@ -3,7 +3,8 @@
 B1 table. The same requests run with an fp8 cache on cross pools of 0.75, 1, 1.5, 1.99, 2 and 3 times the blocks
 they need at once, buggy (`reintroduce=("cross-stride",)`, layout contract off so the bind succeeds as it did
 upstream) and fixed, with the arena's sanitizer on and off. Outcomes: "correct" (token ids equal the auto-cache
-run), "overrun caught" (KVCacheOverrunError naming the cross pool), "wrong tokens". Plus the layout contract
+run), "overrun caught" (KVCacheOverrunError naming the cross pool), "wrong tokens" (the overrun landed on live data),
+"correct, guard hit" (sanitizer off: the overrun happened but landed only in a guard zone, harming nothing). Plus the layout contract
 catching the buggy backend at bind time.
 
 B2 table. With the addressing fixed, the cross-attention output of every step is compared with attention over
@@ -51,7 +52,7 @@ class PoolRun:
     blocks: int
     buggy: bool
     sanitize: bool
-    outcome: str          # "correct" | "overrun caught" | "wrong tokens"
+    outcome: str          # "correct" | "overrun caught" | "wrong tokens" | "correct, guard hit"
     detail: str = ""
 
 
@@ -66,12 +67,13 @@ def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize
         tokens = _generate(llm, prompts)
     except minikv.KVCacheOverrunError as err:
         return PoolRun(factor, blocks, buggy, sanitize, "overrun caught", f"pool {err.pool!r}")
-    if tokens == reference:
-        return PoolRun(factor, blocks, buggy, sanitize, "correct")
-    wrong = sum(t != r for t, r in zip(tokens, reference))
     damage = llm.arena.damaged_guards()
-    where = f"; guard bytes written after {', '.join(d[0] for d in damage)}" if damage else ""
-    return PoolRun(factor, blocks, buggy, sanitize, "wrong tokens", f"{wrong}/{len(prompts)} requests{where}")
+    where = f"guard bytes written after {', '.join(d[0] for d in damage)}" if damage else ""
+    if tokens == reference:
+        # With the sanitizer off an overrun that stays inside a guard zone harms nothing, but it still happened.
+        return PoolRun(factor, blocks, buggy, sanitize, "correct, guard hit" if damage else "correct", where)
+    wrong = sum(t != r for t, r in zip(tokens, reference))
+    return PoolRun(factor, blocks, buggy, sanitize, "wrong tokens", f"{wrong}/{len(prompts)} requests; {where}")
 
 
 def bind_time_check(device="cpu") -> str:
@@ -145,8 +147,10 @@ def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[C
                 problems.append(f"{tag}: {r.outcome}, expected correct")
         elif r.sanitize and r.outcome != "overrun caught":
             problems.append(f"{tag}: {r.outcome}, expected the overrun to be caught")
-        elif not r.sanitize and r.outcome != "wrong tokens":
-            problems.append(f"{tag}: {r.outcome}, expected silently wrong tokens")
+        elif not r.sanitize and r.outcome not in ("wrong tokens", "correct, guard hit"):
+            problems.append(f"{tag}: {r.outcome}, expected an overrun (wrong tokens where it lands on live data)")
+    if not any(r.buggy and not r.sanitize and r.outcome == "wrong tokens" for r in pool_runs):
+        problems.append("no buggy run with the sanitizer off produced silently wrong tokens")
     if "mismatch" not in bind_error:
         problems.append("the layout contract did not reject the buggy cross backend at bind time")
     by = {r.version: r for r in ctx_runs}
@@ -171,7 +175,7 @@ def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
     for f in sorted({r.factor for r in pool_runs}):
         row = [cell[(f, b, s)] for b, s in ((True, True), (True, False), (False, True), (False, False))]
         lines.append(f"{f:>11.2f}x {row[0].blocks:6d} | {row[0].outcome:24s} "
-                     f"{(row[1].outcome + (' (' + row[1].detail.split(';')[0] + ')' if row[1].detail and row[1].outcome == 'wrong tokens' else '')):28s} "
+                     f"{(row[1].outcome + (' (' + row[1].detail.split(';')[0] + ')' if row[1].outcome == 'wrong tokens' else '')):28s} "
                      f"{row[2].outcome:20s} {row[3].outcome:20s}")
     lines.append(f"layout contract on (the default), buggy backend: "
                  f"{'KVLayoutMismatchError at bind' if bind_error else 'NOT caught'}")
@@ -190,9 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="minikv repro cross-stride", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--backend", default="triton", choices=("triton", "torch"))
+    p.add_argument("--backend", default=None, choices=("triton", "torch"),
+                   help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
+                        "take many minutes: the defect lives in the engine's Python, which both backends run)")
     p.add_argument("--requests", type=int, default=6)
     args = p.parse_args(argv)
+    args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
     import minikv
 
     start = time.perf_counter()

@@ -151,12 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="minikv repro scale-wipe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--backend", default="triton", choices=("triton", "torch"))
+    p.add_argument("--backend", default=None, choices=("triton", "torch"),
+                   help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
+                        "take many minutes: the defect lives in the engine's Python, which both backends run)")
     p.add_argument("--requests", type=int, default=24, help="requests per run (default 24: two copies of 12 "
                                                              "prompts); upstream used 192 (48 prompts x 4)")
     p.add_argument("--max-num-seqs", type=int, nargs="+", default=[4, 6, 8])
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     args = p.parse_args(argv)
+    args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
 
     start = time.perf_counter()
     prompts = make_prompts(args.requests, copies=2)
