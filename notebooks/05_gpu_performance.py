@@ -63,11 +63,14 @@ attention.write_csv(rows, DATA)
 # ## Results (from the recorded CSV)
 
 # %%
+TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing")
+
+
 def load(path):
     with open(path) as f:
         out = []
         for r in csv.DictReader(f):
-            out.append({k: (float(v) if k not in ("kind", "format", "gpu", "torch", "triton") and v != "" else v)
+            out.append({k: (float(v) if k not in TEXT_COLUMNS and v != "" else v)
                         for k, v in r.items()})
         return out
 
