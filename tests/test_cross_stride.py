@@ -83,7 +83,7 @@ def test_historical_context_read_is_wrong_at_the_context_step_only(prompts, refe
 
 @pytest.mark.parametrize("path", ["fused", "unfused"])
 def test_fp8_cross_context_kernels_match_their_references(path):
-    from minikv.kernels import cache_write, context_attention
+    from minikv import kernels
     from minikv.cache.layout import KVLayout
     g = torch.Generator().manual_seed(0)
     layout = KVLayout("fp8", torch.float16, 2, 32, 16)
@@ -94,15 +94,15 @@ def test_fp8_cross_context_kernels_match_their_references(path):
     table = torch.tensor([[3, 0, 0], [1, 4, 2]], dtype=torch.int32)
     slots = torch.tensor([3 * 16 + i for i in range(19)] + [[1, 4, 2][i // 16] * 16 + i % 16 for i in range(33)])
     pool = torch.zeros(5, layout.block_bytes, dtype=torch.uint8)
-    cache_write.write_kv(k, v, pool, slots, layout)
+    kernels.write_kv(k, v, pool, slots, layout)
     cu_q = torch.tensor([0, 1, 2], dtype=torch.int32)
     lens = torch.tensor(enc, dtype=torch.int32)
     sm = 32 ** -0.5
     if path == "fused":
-        out = context_attention.paged_context_attention(q, pool, table, cu_q, lens, layout, False, sm)
-        ref = context_attention.paged_context_attention_reference(q, pool, table, cu_q, lens, layout, False, sm)
+        out = kernels.paged_context_attention(q, pool, table, cu_q, lens, layout, False, sm)
+        ref = kernels.paged_context_attention_reference(q, pool, table, cu_q, lens, layout, False, sm)
     else:
         cu_k = torch.tensor([0, 19, 52], dtype=torch.int32)
-        out = context_attention.context_attention(q, k, v, cu_q, cu_k, False, sm)
-        ref = context_attention.context_attention_reference(q, k, v, cu_q, cu_k, False, sm)
+        out = kernels.context_attention(q, k, v, cu_q, cu_k, False, sm)
+        ref = kernels.context_attention_reference(q, k, v, cu_q, cu_k, False, sm)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-3, rtol=2e-3)
