@@ -75,10 +75,10 @@ def test_layout_contract_rejects_the_historical_backend_at_bind():
 def test_historical_context_read_is_wrong_at_the_context_step_only(prompts, reference):
     hist = cross_stride.run_context(prompts, reference, "historical")
     assert hist.context_error > 0.5 and hist.decode_error < 0.2
-    for version in ("fallback", "taught-fused"):
-        run = cross_stride.run_context(prompts, reference, version)
+    runs = {v: cross_stride.run_context(prompts, reference, v, backend="torch") for v in ("fallback", "taught-fused")}
+    for run in runs.values():
         assert run.context_error < 0.2 and run.decode_error < 0.2 and run.tokens_equal_auto
-    assert cross_stride.run_context(prompts, reference, "fallback").path == "unfused"
+    assert runs["fallback"].path == "unfused" and runs["taught-fused"].path == "fused"
 
 
 @pytest.mark.parametrize("path", ["fused", "unfused"])
