@@ -34,6 +34,7 @@ def _cmd_train(args) -> int:
     from minikv.models import train
     metrics = train.train(args.model, steps=args.steps, seed=args.seed, out_dir=args.out_dir)
     print(metrics)
+    print(f"weights written to {args.out_dir}; to ship them, copy them over minikv/models/weights/")
     return 0
 
 
@@ -87,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("model", choices=("tiny-kvshare", "tiny-encdec"))
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--out-dir", default=None, help="where to write weights (default: a new folder, never the "
-                                                    "shipped weights)")
+    t.add_argument("--out-dir", default="build/weights", help="where to write the weights (default build/weights; "
+                                                             "the shipped weights are never overwritten)")
     t.set_defaults(func=_cmd_train)
 
     r = sub.add_parser("repro", help="reproduce a historical defect, buggy and fixed, and check its signatures")

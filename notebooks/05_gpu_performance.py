@@ -1,10 +1,12 @@
 # ---
 # jupyter:
 #   jupytext:
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -33,11 +35,9 @@ import csv
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import torch
 
 DATA = next(p for p in (Path("data/gpu_attention.csv"), Path("notebooks/data/gpu_attention.csv"))
             if p.parent.exists())
-print("CUDA available here:", torch.cuda.is_available())
 
 # %% [markdown]
 # ## The measurement (GPU only)

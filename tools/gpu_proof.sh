@@ -7,7 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-build/gpu}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 MPLBACKEND=Agg
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1   # no MPLBACKEND: the notebook draws inline
 status=0
 step() { echo "== $*"; }
 want() { [ -z "$SELECTED" ] || [[ " $SELECTED " == *" $1 "* ]]; }
