@@ -112,7 +112,6 @@ def decode_case(fmt: str, batch: int, ctx: int) -> dict:
     sm = D ** -0.5
     ms = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, layout, sm, out=out, validate=False))
     nbytes = batch * ctx * 2 * layout.slot_bytes + 2 * q.numel() * q.element_size() + tables.numel() * 4
-    del pool
     return {"kind": "decode", "format": fmt, "batch": batch, "context": ctx, "ms": ms,
             "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": TIMING["last"]}
 

@@ -25,9 +25,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from minikv.attention.context import get_forward_context
 from minikv.config import ModelConfig
-from minikv.models.layers import Attention, GatedMLP, RMSNorm, dense_attention, rotary
+from minikv.models.layers import Attention, GatedMLP, RMSNorm, check_token_inputs, dense_attention, rotary
 
 
 def self_attn_name(index: int) -> str:
@@ -161,12 +160,7 @@ class EncDecModel(nn.Module):
     def decode(self, input_ids: torch.Tensor, positions: torch.Tensor, encoder_out: torch.Tensor | None = None,
                encoder_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Final-normed decoder hidden states: [B, T, H] dense, [T, H] in engine mode."""
-        engine = get_forward_context() is not None
-        expected_dims = 1 if engine else 2
-        if input_ids.dim() != expected_dims or positions.shape != input_ids.shape:
-            mode = "engine mode takes flattened [T]" if engine else "dense mode takes [B, T]"
-            raise ValueError(f"{mode} input_ids and positions of the same shape; got input_ids "
-                             f"{tuple(input_ids.shape)} and positions {tuple(positions.shape)}")
+        engine = check_token_inputs(input_ids, positions)
         if positions.numel() and int(positions.max()) >= self.config.max_position:
             raise ValueError(f"decoder position {int(positions.max())} is beyond max_position "
                              f"{self.config.max_position}")

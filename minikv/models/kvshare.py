@@ -23,9 +23,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from minikv.attention.context import get_forward_context
 from minikv.config import ModelConfig
-from minikv.models.layers import Attention, GatedMLP, RMSNorm, rotary
+from minikv.models.layers import Attention, GatedMLP, RMSNorm, check_token_inputs, rotary
 
 
 def layer_name(index: int) -> str:
@@ -100,12 +99,7 @@ class KVShareModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states: [B, T, H] in dense mode, [T, H] in engine mode."""
-        engine = get_forward_context() is not None
-        expected_dims = 1 if engine else 2
-        if input_ids.dim() != expected_dims or positions.shape != input_ids.shape:
-            mode = "engine mode takes flattened [T]" if engine else "dense mode takes [B, T]"
-            raise ValueError(f"{mode} input_ids and positions of the same shape; got input_ids "
-                             f"{tuple(input_ids.shape)} and positions {tuple(positions.shape)}")
+        engine = check_token_inputs(input_ids, positions)
         x = self.embed(input_ids)
         produced_kv: dict = {}
         for layer in self.layers:

@@ -47,6 +47,17 @@ class GatedMLP(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
+def check_token_inputs(input_ids: torch.Tensor, positions: torch.Tensor) -> bool:
+    """Validate a model's token inputs for its mode; return True in engine mode (flattened [T]), False in dense
+    mode ([B, T])."""
+    engine = get_forward_context() is not None
+    if input_ids.dim() != (1 if engine else 2) or positions.shape != input_ids.shape:
+        mode = "engine mode takes flattened [T]" if engine else "dense mode takes [B, T]"
+        raise ValueError(f"{mode} input_ids and positions of the same shape; got input_ids "
+                         f"{tuple(input_ids.shape)} and positions {tuple(positions.shape)}")
+    return engine
+
+
 def dense_attention(q, k, v, causal: bool, key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Plain attention. q: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; key_mask: bool [B, S], True = attend."""
     hq, hkv = q.shape[-2], k.shape[-2]
