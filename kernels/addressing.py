@@ -129,6 +129,17 @@ def check_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, spec,
                          f"blocks of {spec.block_bytes} bytes")
 
 
+def check_query_against_cache(q: torch.Tensor, spec, k_scale, v_scale) -> None:
+    """Checks shared by the paged readers: GQA head counts, a bfloat16 cache read by a bfloat16 q, valid fp8 scales."""
+    if q.shape[1] % spec.num_kv_heads:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {spec.num_kv_heads} kv heads")
+    if spec.fmt in AUTO_DTYPES and AUTO_DTYPES[spec.fmt] == torch.bfloat16 and q.dtype != torch.bfloat16:
+        raise TypeError("a bfloat16 cache needs a bfloat16 q")
+    if spec.fmt == formats.FP8:
+        check_scale("k_scale", k_scale)
+        check_scale("v_scale", v_scale)
+
+
 def check_scale(name: str, value) -> None:
     if not isinstance(value, (int, float)) or not (0.0 < float(value) < float("inf")):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (AUTO_DTYPES, FP8, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor,
-                         check_int_tensor, check_pool, check_scale, check_spec, element_strides, gather_sequence,
+from .addressing import (FP8, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor, check_int_tensor,
+                         check_pool, check_query_against_cache, check_spec, element_strides, gather_sequence,
                          paged_rows, read_views, row_alignment, row_scales)
 from .mode import require_device
 
@@ -285,17 +285,11 @@ def _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal,
     require_device(q, pool, block_tables, cu_seqlens_q, seq_lens)
     if q.shape[2] != spec.head_size:
         raise ValueError(f"q has head size {q.shape[2]}, the cache {spec.head_size}")
-    if q.shape[1] % spec.num_kv_heads:
-        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {spec.num_kv_heads} kv heads")
+    check_query_against_cache(q, spec, k_scale, v_scale)
     batch = seq_lens.shape[0]
     if cu_seqlens_q.shape[0] != batch + 1 or block_tables.shape[0] != batch:
         raise ValueError(f"seq_lens has {batch} sequences, cu_seqlens_q must have {batch + 1} entries (got "
                          f"{cu_seqlens_q.shape[0]}) and block_tables {batch} rows (got {block_tables.shape[0]})")
-    if spec.fmt in AUTO_DTYPES and AUTO_DTYPES[spec.fmt] == torch.bfloat16 and q.dtype != torch.bfloat16:
-        raise TypeError("a bfloat16 cache needs a bfloat16 q")
-    if spec.fmt == formats.FP8:
-        check_scale("k_scale", k_scale)
-        check_scale("v_scale", v_scale)
     q_lens = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
     kv_lens = seq_lens.cpu().to(torch.int64)
     if bool((kv_lens < 0).any()):

@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (AUTO_DTYPES, FP8, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
-                         check_scale, check_spec, element_strides, gather_sequence, paged_rows, read_views,
-                         row_alignment, row_scales)
+from .addressing import (FP8, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
+                         check_query_against_cache, check_spec, element_strides, gather_sequence, paged_rows,
+                         read_views, row_alignment, row_scales)
 from .mode import require_device
 
 LOG2E = math.log2(math.e)
@@ -118,16 +118,10 @@ def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> N
     batch, num_heads, head_size = q.shape
     if head_size != spec.head_size:
         raise ValueError(f"q has head size {head_size}, the cache {spec.head_size}")
-    if num_heads % spec.num_kv_heads:
-        raise ValueError(f"q has {num_heads} heads, not a multiple of the cache's {spec.num_kv_heads} kv heads")
+    check_query_against_cache(q, spec, k_scale, v_scale)
     if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
         raise ValueError(f"q has {batch} sequences but block_tables has {block_tables.shape[0]} rows and "
                          f"seq_lens {seq_lens.shape[0]} entries")
-    if spec.fmt in AUTO_DTYPES and AUTO_DTYPES[spec.fmt] == torch.bfloat16 and q.dtype != torch.bfloat16:
-        raise TypeError("a bfloat16 cache needs a bfloat16 q")
-    if spec.fmt == formats.FP8:
-        check_scale("k_scale", k_scale)
-        check_scale("v_scale", v_scale)
     if out is not None and (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.stride(-1) != 1):
         raise ValueError(f"out must be a {q.dtype} tensor of shape {list(q.shape)} with unit last stride, got "
                          f"{out.dtype} {list(out.shape)}")
