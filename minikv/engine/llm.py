@@ -39,7 +39,7 @@ class LLM:
                  check_layout: bool = True, seed: int = 0, cross_pool_blocks: int | None = None,
                  num_blocks: int | None = None, dtype: torch.dtype | None = None,
                  max_num_batched_tokens: int = 4096, cross_context_path: str = "fused",
-                 paged_context: bool = False, cross_construction: str = "eager"):
+                 paged_context: bool = False, cross_construction: str = "eager", warmup: str = "dummy"):
         if model not in registry.MODEL_NAMES:
             raise ValueError(f"unknown model {model!r}; known models: {', '.join(registry.MODEL_NAMES)}")
         if backend not in BACKENDS:
@@ -59,7 +59,7 @@ class LLM:
                                    check_layout=check_layout, seed=seed)
         self.runner = ModelRunner(self.config, net, pad_id=self.tokenizer.pad_id,
                                   cross_context_path=cross_context_path, paged_context=paged_context,
-                                  cross_construction=cross_construction)
+                                  cross_construction=cross_construction, warmup=warmup)
         self.is_encoder_decoder = net.config.is_encoder_decoder
         self._build_scheduler()
         self._next_id = 0
@@ -141,7 +141,7 @@ class LLM:
                   else [sampling_params] * len(prompts))
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        if self.runner.arena is None:
+        if self.runner.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, params)]   # all checked before any runs
         for s in seqs:
@@ -187,15 +187,16 @@ class LLM:
         return RequestOutput(seq.request_id, seq.prompt, text, ids, seq.finish_reason)
 
     # ---- memory -----------------------------------------------------------------------------------------------
-    def sleep(self) -> None:
-        """Free the KV arena (requests must be finished)."""
+    def sleep(self, mode: str = "free") -> None:
+        """Release the KV cache (requests must be finished): mode "free" drops the arena, "discard" (vLLM's
+        shape) keeps its storage and addresses and discards the contents."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("cannot sleep with unfinished requests")
-        self.runner.sleep()
+        self.runner.sleep(mode)
 
     def wake_up(self) -> None:
-        """Allocate a fresh KV arena and warm up again."""
-        if self.runner.arena is None:
+        """Bring the KV cache back (a fresh arena after mode "free"), re-initialize it and warm up again."""
+        if self.runner.asleep:
             self.runner.wake_up()
             self._build_scheduler()
 
