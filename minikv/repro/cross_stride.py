@@ -8,8 +8,9 @@ run), "overrun caught" (KVCacheOverrunError naming the cross pool), "wrong token
 catching the buggy backend at bind time.
 
 B2 table. With the addressing fixed, the cross-attention output of every step is compared with attention over
-the exact encoder K/V: the historical fused path (reads the fp8 cache as 16-bit unless paged_context is on), the
-upstream fallback (unfused context path), and minikv's fused path taught the cache format.
+the exact encoder K/V: the historical fused path (reads the fp8 bytes of the right blocks as 16-bit elements
+unless paged_context is on), the upstream fallback (unfused context path), and minikv's fused path taught the
+cache format. The last column is the farthest pool byte the fused context read addresses: inside the pool.
 
 Exit status 0 only if: buggy pools >= 2x are correct and smaller ones overrun (caught with the sanitizer on,
 wrong tokens with it off), never outside the arena; the layout contract raises at bind; the historical context
@@ -93,6 +94,15 @@ class ContextRun:
     decode_error: float      # the same over all decode steps
     path: str                # which context path ran
     tokens_equal_auto: bool
+    read_end: int = 0        # one past the farthest pool byte the context step's read layout addresses
+    pool_bytes: int = 0
+
+
+def read_extent(layout, block_table_row, length: int) -> int:
+    """One past the farthest byte (from the pool start) a paged reader with `layout` touches for one sequence."""
+    from minikv.kernels.addressing import row_byte_offsets, sequence_slots
+    slots = sequence_slots(block_table_row, length, layout.block_size)
+    return int(row_byte_offsets(layout, slots, 1).max()) + layout.head_size * layout.elem_bytes
 
 
 def _attend_exact(q, k, v, sm_scale):
@@ -115,6 +125,7 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
     encoder_kv: dict = {}
     errors = {True: [0.0], False: [0.0]}
     paths = set()
+    extent = [0]
 
     def probe(impl, is_prefill, q, k, v, out, md):
         cm = md.cross
@@ -125,6 +136,8 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
                 a, b = cm.encoder_start_loc[i].item(), cm.encoder_start_loc[i + 1].item()
                 encoder_kv[key] = (k[a:b], v[a:b])
                 paths.add(impl.last_context_path)
+                if impl.last_context_path == "fused":
+                    extent[0] = max(extent[0], read_extent(impl._context_read_layout(), cm.block_tables[i], b - a))
             kk, vv = encoder_kv[key]
             ref = _attend_exact(q[qs[i]:qs[i + 1]], kk, vv, impl.sm_scale)
             got = out[qs[i]:qs[i + 1]].float()
@@ -135,7 +148,7 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
         a.impl.probe = probe
     tokens = _generate(llm, prompts)
     return ContextRun(version, max(errors[True]), max(errors[False]), "/".join(sorted(paths)),
-                      tokens == reference)
+                      tokens == reference, extent[0], llm.runner.cross_layers[0].kv_cache.numel())
 
 
 def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[ContextRun]) -> list[str]:
@@ -159,6 +172,8 @@ def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[C
     if hist and not (hist.context_error > 0.5 and hist.decode_error < 0.2):
         problems.append(f"historical context read: context error {hist.context_error:.3g}, decode error "
                         f"{hist.decode_error:.3g}; expected a wrong context step and right decode steps")
+    if hist and not 0 < hist.read_end <= hist.pool_bytes:
+        problems.append(f"historical context read reached byte {hist.read_end} of a {hist.pool_bytes}-byte pool")
     for name in ("fallback", "taught-fused"):
         r = by.get(name)
         if r and not (r.context_error < 0.2 and r.decode_error < 0.2 and r.tokens_equal_auto):
@@ -183,11 +198,13 @@ def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
     if bind_error:
         lines.append(f"  {bind_error[:200]}...")
     lines += ["", "B2 cross-fp8-context-read: cross-attention output vs exact attention (max relative error)",
-              f"{'version':14s} {'context path':13s} {'context step':>13s} {'decode steps':>13s}  token ids = auto"]
+              f"{'version':14s} {'context path':13s} {'context step':>13s} {'decode steps':>13s}  token ids = auto"
+              f"  fused read reaches"]
     lines.append("-" * len(lines[-1]))
     for r in ctx_runs:
-        lines.append(f"{r.version:14s} {r.path:13s} {r.context_error:13.3g} {r.decode_error:13.3g}  "
-                     f"{'yes' if r.tokens_equal_auto else 'no'}")
+        reach = f"byte {r.read_end:,} of {r.pool_bytes:,}" if r.read_end else "-"
+        lines.append(f"{r.version:14s} {r.path:13s} {r.context_error:13.2f} {r.decode_error:13.2f}  "
+                     f"{'yes' if r.tokens_equal_auto else 'no':16s}  {reach}")
     return "\n".join(lines)
 
 
