@@ -77,6 +77,24 @@ def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize
     return PoolRun(factor, blocks, buggy, sanitize, "wrong tokens", f"{wrong}/{len(prompts)} requests; {where}")
 
 
+def identical_requests(prompt: str, device="cpu", backend="torch") -> list[tuple[int, float, list[int]]]:
+    """Three copies of one request, buggy, sanitizer off, on cross pools from 1x to 2x the blocks they need:
+    [(blocks, factor, indices of the copies whose token ids differ from the auto-cache run)]."""
+    import minikv
+    prompts = [prompt] * 3
+    reference = reference_tokens(prompts, device, backend)
+    need = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", device=device,
+                      backend=backend).cross_blocks_needed(prompts)
+    rows = []
+    for blocks in range(need, 2 * need + 1):
+        llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", max_num_seqs=3, cross_pool_blocks=blocks,
+                         device=device, backend=backend, sanitize=False, check_layout=False,
+                         reintroduce=("cross-stride",))
+        tokens = _generate(llm, prompts)
+        rows.append((blocks, blocks / need, [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]))
+    return rows
+
+
 def bind_time_check(device="cpu") -> str:
     """With the layout contract on, the buggy cross backend must fail when it is bound to its pool."""
     import minikv
@@ -234,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                 for v in tqdm(("historical", "fallback", "taught-fused"), desc="context paths")]
     print(format_tables(need, pool_runs, bind_error, ctx_runs))
     problems = check_signatures(pool_runs, bind_error, ctx_runs)
+    copies = identical_requests(make_prompts(1, seed=2)[0], args.device, args.backend)   # 2 cross blocks each
+    print("\nthree identical requests, B1 reintroduced, sanitizer off: copies whose token ids differ from auto")
+    print("  " + "; ".join(f"{b} blocks ({f:.2f}x): {', '.join(map(str, d)) or 'none'}" for b, f, d in copies))
+    if not any(0 in d for _, f, d in copies if f < 2) or any(d for _, f, d in copies if f >= 2):
+        problems.append("identical requests: the first copy never differed below 2x, or a copy differed at 2x")
     print(f"\n{len(prompts)} requests, {len(cases)} pool runs + 3 context runs on {args.device}/{args.backend}, "
           f"{time.perf_counter() - start:.0f} s")
     if problems:
