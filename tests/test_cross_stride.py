@@ -163,9 +163,10 @@ def test_fp8_cross_context_kernels_match_their_references(path):
 
 
 def test_historical_context_read_locates_the_right_blocks_and_reads_them_as_16_bit():
+    from minikv.kernels.addressing import row_byte_offsets
+
     from minikv.attention.cross import sixteen_bit_read_of
     from minikv.cache.layout import KVLayout
-    from minikv.kernels.addressing import row_byte_offsets
     pool = KVLayout("fp8", torch.float16, 2, 32, 16)
     read = sixteen_bit_read_of(pool)
     assert read.elem_bytes == 2 and read.block_bytes == pool.block_bytes and read.kv_bytes == pool.kv_bytes

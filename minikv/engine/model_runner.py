@@ -30,7 +30,6 @@ from minikv.cache.arena import KVArena, PoolSpec
 from minikv.cache.layout import KVLayout
 from minikv.config import EngineConfig
 
-
 WARMUP_SHAPES = ("dummy", "capture")
 SLEEP_MODES = ("free", "discard")
 

@@ -206,7 +206,7 @@ def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: 
 
 
 def wake_runs(prompts, max_num_seqs: int, device="cpu", backend="torch") -> list[WakeRun]:
-    kw = dict(device=device, backend=backend)
+    kw = {"device": device, "backend": backend}
     return [sleep_wake_run("fixed", "discard", prompts, max_num_seqs, **kw),
             sleep_wake_run("fixed", "free", prompts, max_num_seqs, **kw),
             sleep_wake_run("nothing re-initializes", "discard", prompts, max_num_seqs, reinit=False, **kw),
