@@ -35,6 +35,7 @@ import torch
 from minikv.attention.backend import KernelOps
 from minikv.attention.context import ForwardContext
 from minikv.cache.layout import KVLayout
+from minikv.kernels import formats
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,11 @@ class ReadLayout:
     block_bytes: int
     scale_offset: int
     model_dtype: torch.dtype
+
+    def describe(self) -> str:
+        return (f"{formats.NAMES[self.fmt]} elements ({self.elem_bytes} bytes each) inside the pool's "
+                f"{self.block_bytes}-byte blocks (heads={self.num_kv_heads}, head_size={self.head_size}, "
+                f"block_size={self.block_size})")
 
 
 def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
