@@ -20,9 +20,15 @@ What makes Gemma-4 different from a plain decoder, all driven by `config.json`:
 Parameter names equal transformers' (`model.layers.3.self_attn.q_proj.weight`, ...), so a checkpoint directory
 loads with a plain state dict (see `minikv.models.hf_checkpoint`).
 
-Dense mode only (training, parity tests, the golden reference): `input_ids` and `positions` are [B, T] and an
-optional `DenseKVCache` carries K/V across calls for incremental decoding. Engine integration (paged caches,
-sliding windows in the kernels) is a separate step.
+Two ways to run it, as minikv's other models:
+
+* dense (training, parity tests, the golden reference): `input_ids` and `positions` are [B, T]; an optional
+  `DenseKVCache` carries K/V across calls for incremental decoding;
+* engine (inside `set_forward_context`): flattened [T] tokens; every layer hands its q (and, if it owns K/V, its
+  fresh k and v) to its `Attention` op, which reads and writes the paged cache; a KV-sharing layer's op is bound
+  to its source layer's cache. What the paged kernels cannot do yet is refused with a clear error
+  (`Gemma4Config.check_engine_support`): a sliding window shorter than the context, and per-layer head sizes or
+  KV-head counts (the engine allocates every pool with one layout).
 """
 from __future__ import annotations
 
@@ -31,6 +37,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minikv.attention.context import get_forward_context
+from minikv.models.layers import Attention, check_token_inputs
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 _ACTIVATIONS = {
@@ -131,6 +140,53 @@ class Gemma4Config:
 
     def head_dim_of_type(self, layer_type: str) -> int:
         return self.layer_head_dims[self.layer_types.index(layer_type)]
+
+    # ---- what minikv's engine reads (ModelConfig's names) -----------------------------------------------------
+    is_encoder_decoder = False
+    max_encoder_len = 0
+
+    @property
+    def max_position(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def kv_sharing(self) -> dict[int, int]:
+        """{sharing layer: the layer whose cache it reads}, the engine's form of `kv_sources`."""
+        return {i: s for i, s in enumerate(self.kv_sources) if s != i}
+
+    def kv_owner(self, layer: int) -> int:
+        return self.kv_sources[layer]
+
+    @property
+    def head_size(self) -> int:
+        self.check_engine_support()
+        return self.layer_head_dims[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        self.check_engine_support()
+        return self.layer_kv_heads[0]
+
+    def check_engine_support(self) -> None:
+        """Raise unless minikv's paged engine can run this config today."""
+        if len(set(self.layer_head_dims)) > 1 or len(set(self.layer_kv_heads)) > 1:
+            raise Gemma4ConfigError(
+                f"{self.name}: layers with different head sizes {sorted(set(self.layer_head_dims))} or KV-head "
+                f"counts {sorted(set(self.layer_kv_heads))} need one KV layout per layer type, which minikv's "
+                f"engine does not have yet; run the model in dense mode")
+        if SLIDING in self.layer_types and self.sliding_window < self.max_position_embeddings:
+            raise Gemma4ConfigError(
+                f"{self.name}: sliding_window {self.sliding_window} is shorter than max_position_embeddings "
+                f"{self.max_position_embeddings}; the paged kernels have no sliding window yet, so the engine "
+                f"runs only configs whose window covers the whole context")
 
     # ---- transformers' config.json ----------------------------------------------------------------------------
     @classmethod
@@ -289,6 +345,11 @@ class DenseKVCache:
         return k, v
 
 
+def layer_name(index: int) -> str:
+    """Name of a decoder layer's Attention op (the key the engine binds caches by)."""
+    return f"model.layers.{index}.self_attn"
+
+
 # ---- the model -----------------------------------------------------------------------------------------------------
 class Gemma4Attention(nn.Module):
     def __init__(self, config: Gemma4Config, index: int):
@@ -309,6 +370,9 @@ class Gemma4Attention(nn.Module):
             self.k_norm = Gemma4RMSNorm(self.head_dim, config.rms_norm_eps)
             self.v_norm = Gemma4RMSNorm(self.head_dim, config.rms_norm_eps, with_scale=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+        source = config.kv_sources[index]
+        self.attn = Attention(layer_name(index), self.num_heads, self.num_kv_heads, self.head_dim, kind="self",
+                              kv_sharing_target=layer_name(source) if self.kv_shared else None)
 
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Fresh K (normed, rotated) and V (normed) for the tokens of x: each [B, T, kv_heads, D]."""
@@ -319,7 +383,10 @@ class Gemma4Attention(nn.Module):
 
     def forward(self, x, cos, sin, positions, produced: dict, cache: DenseKVCache | None):
         shape = (*x.shape[:-1], self.num_heads, self.head_dim)
-        q = apply_rope(self.q_norm(self.q_proj(x).view(shape)), cos, sin).transpose(1, 2)
+        q = apply_rope(self.q_norm(self.q_proj(x).view(shape)), cos, sin)
+        if get_forward_context() is not None:                     # engine mode: x is one flattened row [1, T, H]
+            return self.o_proj(self.engine_attention(q, x, cos, sin).reshape(*x.shape[:-1], -1))
+        q = q.transpose(1, 2)
         if self.kv_shared:
             k, v = produced[self.layer_type]
         else:
@@ -331,6 +398,15 @@ class Gemma4Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+
+
+    def engine_attention(self, q, x, cos, sin):
+        k = v = None                                              # a sharing layer: the engine reads the source
+        if not self.kv_shared:
+            k, v = (t[0] for t in self.project_kv(x, cos, sin))
+        # Gemma-4 does not scale scores (scaling 1.0) but AttentionImpl applies head_size**-0.5: undo it on q.
+        # For head sizes 16, 64 and 256 the factor is a power of two, so this is exact.
+        return self.attn(q[0] * self.head_dim ** 0.5, k, v)[None]
 
 
 class Gemma4MLP(nn.Module):
@@ -431,7 +507,11 @@ class Gemma4ForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: DenseKVCache | None = None) -> torch.Tensor:
-        """Final-normed hidden states [B, T, H]. `positions` defaults to the cache length onwards."""
+        """Final-normed hidden states [B, T, H] (engine mode: [T] in, [T, H] out). `positions` defaults to the
+        cache length onwards."""
+        if get_forward_context() is not None:
+            check_token_inputs(input_ids, positions)
+            return self.model(input_ids[None], positions[None], None)[0]
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
         if positions is None:
@@ -439,6 +519,11 @@ class Gemma4ForCausalLM(nn.Module):
             positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
             positions = positions.expand_as(input_ids)
         return self.model(input_ids, positions, cache)
+
+    def attention_layers(self) -> list[Attention]:
+        """The engine binds caches and impls to these (checks first that the engine can run this config)."""
+        self.config.check_engine_support()
+        return [layer.self_attn.attn for layer in self.model.layers]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
