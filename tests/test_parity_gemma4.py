@@ -15,6 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the parity tests need the dev extra: pip install -e .[dev]")
 
+from safetensors.torch import load_file, save_file
+
 from minikv.models import registry
 from minikv.models.dir_tokenizer import save_char_tokenizer
 from minikv.models.gemma4 import FULL, SLIDING, DenseKVCache, Gemma4Config, Gemma4ForCausalLM
@@ -260,3 +262,18 @@ def test_bad_checkpoints_fail_clearly(pair, tmp_path):
     with pytest.raises(registry.ModelLoadError, match="not supported"):
         (tmp_path / "config.json").write_text(json.dumps(config | {"model_type": "llama"}))
         registry.load_model(str(tmp_path))
+
+
+@torch.no_grad()
+def test_multimodal_checkpoint_loads_its_text_decoder(pair, tmp_path):
+    """A Gemma4ForConditionalGeneration directory (model_type "gemma4"): the text config sits in `text_config`,
+    the decoder's weights under model.language_model.*, next to towers minikv ignores."""
+    hf, ours, path = pair
+    tensors = {f"model.language_model.{k[len('model.'):]}" if k.startswith("model.") else k: v
+               for k, v in load_file(path / "model.safetensors").items()}
+    tensors["model.vision_tower.patch_embedder.weight"] = torch.zeros(2, 2)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    text_config = json.loads((path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": text_config}))
+    ids = prompt(hf.config.vocab_size, length=9, seed=6)
+    assert torch.equal(load_checkpoint(tmp_path).logits(ids), ours.logits(ids))
