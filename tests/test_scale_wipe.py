@@ -10,7 +10,7 @@ import torch
 
 import minikv
 from minikv.attention.backend import get_ops
-from minikv.attention.impl import AttentionImpl, release_scale_init, storage_key
+from minikv.attention.impl import AttentionImpl, ScaleFillCensus, release_scale_init, storage_key
 from minikv.cache.layout import KVLayout
 from minikv.repro import scale_wipe
 from minikv.repro.common import request_slots
@@ -226,6 +226,19 @@ def test_second_impl_aliasing_a_storage(historical):
         assert sharer.census.fills[-1].overwritten == 20                          # 5 tokens x 2 heads x K, V
     else:
         assert torch.equal(k_after, written)                                      # the fix keeps them
+
+
+def test_several_sharers_of_one_storage_census_shape():
+    # Gemma-4's topology: several sharing layers read one target's storage. Historically the first sharer's fill
+    # wipes the written scales and the later sharers' fills find only 1.0s: harmless late fills, as upstream counted.
+    pool = new_pool()
+    census = ScaleFillCensus()
+    owner, *sharers = (AttentionImpl(n, 4, LAYOUT, get_ops("torch"), historical_scale_init=True, census=census)
+                       for n in ("L2", "L4", "L5", "L6"))
+    write_some(owner, pool)
+    for s in sharers:
+        s.scale_views(pool)
+    assert [f.overwritten for f in census.fills] == [0, 20, 0, 0]
 
 
 def test_new_storage_is_initialized():
