@@ -47,8 +47,9 @@ TEST_ENV := TQDM_DISABLE=1 OMP_NUM_THREADS=1
 # an output that depends on them fails here rather than for a user (README, "Notebook outputs must be portable").
 # The second pass covers every notebook: each of 01-04 prints results of float computation, and 05 costs seconds;
 # both passes together take about 3-4 minutes of the 15 the whole target may take on a slow 2-core machine.
-SECOND_FLOAT_ENV := $(if $(filter default,$(ATEN_CPU_CAPABILITY)),env -u ATEN_CPU_CAPABILITY,ATEN_CPU_CAPABILITY=default) \
-	OMP_NUM_THREADS=2
+OTHER_CPU_KERNELS := $(if $(filter default,$(ATEN_CPU_CAPABILITY)),\
+	env -u ATEN_CPU_CAPABILITY,ATEN_CPU_CAPABILITY=default)
+SECOND_FLOAT_ENV  := $(OTHER_CPU_KERNELS) OMP_NUM_THREADS=2
 
 test: $(STAMP)
 	$(TEST_ENV) MPLBACKEND=Agg $(PY) -m pytest -q --durations=10 tests
