@@ -8,8 +8,10 @@ read once per group. It walks the sequence in tiles of BLOCK_N tokens, looking e
 block table, and keeps an online softmax in fp32. Quantized caches are read as codes: the K scale (per token-head
 or per layer) multiplies the scores and the V scale the probabilities, so no dequantized K/V is ever built.
 
-Split-K: with few sequences the GPU would idle, so the tokens of a sequence are split over NUM_SPLITS programs
-that each write a partial (max, sum, unnormalized output); a second kernel merges them.
+Split-K: one program per (sequence, kv head) is too few to keep a GPU's memory system busy (a 1-byte format moves
+half the bytes per load, so it needs twice the loads in flight), so the tokens of a sequence are split over
+num_splits programs that each write a partial (max, sum, unnormalized output); a second kernel merges them. The
+split count, tile and warps per shape come from a sweep on the GPU (kernels/launch.py).
 """
 from __future__ import annotations
 
@@ -28,19 +30,20 @@ from .mode import require_device
 LOG2E = math.log2(math.e)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                    block_stride, kv_stride, slot_stride, row_stride, scale_offset, qk_scale, v_layer_scale,
+                   num_splits,
                    FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                   HAS_SCALES: tl.constexpr, PREFETCH_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
+                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -55,15 +58,33 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_SIZE], tl.float32)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    head_row = kv_head.to(tl.int64) * row_stride
+    if PREFETCH_SCALES:
+        # The compiler pipelines only the loads that feed tl.dot; the scales are loaded one tile ahead by hand
+        # so that no iteration waits on a scattered 4-byte load.
+        n0 = start + tl.arange(0, BLOCK_N)
+        rows0 = paged_rows(table, n0, n0 < end, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
+        next_k_scale = row_scales(scales_ptr, rows0, n0 < end, scale_offset)
+        next_v_scale = row_scales(scales_ptr, rows0 + kv_stride, n0 < end, scale_offset)
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         valid = n < end
-        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, kv_head.to(tl.int64) * row_stride,
-                          ROW_ALIGN)
+        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
+        if HAS_SCALES:
+            if PREFETCH_SCALES:
+                k_scale = next_k_scale
+                v_scale = next_v_scale
+                n1 = n + BLOCK_N
+                rows1 = paged_rows(table, n1, n1 < end, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
+                next_k_scale = row_scales(scales_ptr, rows1, n1 < end, scale_offset)
+                next_v_scale = row_scales(scales_ptr, rows1 + kv_stride, n1 < end, scale_offset)
+            else:
+                k_scale = row_scales(scales_ptr, rows, valid, scale_offset)
+                v_scale = row_scales(scales_ptr, rows + kv_stride, valid, scale_offset)
         k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if HAS_SCALES:
-            s = s * row_scales(scales_ptr, rows, valid, scale_offset)[None, :]
+            s = s * k_scale[None, :]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
@@ -71,34 +92,34 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(codes_ptr + kv_stride + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
         if HAS_SCALES:
-            p = p * row_scales(scales_ptr, rows + kv_stride, valid, scale_offset)[None, :]
+            p = p * v_scale[None, :]
         acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m = m_new
     if FMT == FP8:
         acc = acc * v_layer_scale
 
     head_mask = g < GROUP
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out = acc / l[:, None]
         tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
     else:
-        # partials laid out [B, Hq, NUM_SPLITS, D] and [B, Hq, NUM_SPLITS, 2] (max, sum)
-        part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
+        # partials laid out [B, Hq, num_splits, D] and [B, Hq, num_splits, 2] (max, sum)
+        part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
         tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :], acc, mask=head_mask[:, None])
         tl.store(part_ml_ptr + part * 2, m, mask=head_mask)
         tl.store(part_ml_ptr + part * 2 + 1, l, mask=head_mask)
 
 
-@triton.jit
-def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_heads, stride_ob, stride_oh,
-                         HEAD_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+@triton.jit(do_not_specialize=["num_splits"])
+def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_heads, stride_ob, stride_oh, num_splits,
+                         HEAD_SIZE: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0)
     head = tl.program_id(1)
     sp = tl.arange(0, BLOCK_S)
     d = tl.arange(0, HEAD_SIZE)
-    part = (b.to(tl.int64) * num_heads + head) * NUM_SPLITS + sp
-    used = sp < NUM_SPLITS
+    part = (b.to(tl.int64) * num_heads + head) * num_splits + sp
+    used = sp < num_splits
     m = tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"))
     l = tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0)
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :], mask=used[:, None], other=0.0)
@@ -145,7 +166,9 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         return out
     group = num_heads // spec.num_kv_heads
     max_len = int(seq_lens.max()) if q.device.type == "cpu" else block_tables.shape[1] * spec.block_size
-    cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len, q.device)
+    cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len, q.device,
+                               fmt=spec.fmt)
+    has_scales = formats.has_inline_scales(spec.fmt)
     codes, scales = read_views(pool, spec)
     qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)
     if cfg.num_splits > 1:
@@ -157,16 +180,16 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     _decode_kernel[(batch, spec.num_kv_heads, cfg.num_splits)](
         q, codes, scales, block_tables, seq_lens, out, part_acc, part_ml,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        *element_strides(spec), spec.scale_offset, qk_scale, float(v_scale),
+        *element_strides(spec), spec.scale_offset, qk_scale, float(v_scale), cfg.num_splits,
         FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
-        BLOCK_N=cfg.block_n, NUM_SPLITS=cfg.num_splits, HAS_SCALES=formats.has_inline_scales(spec.fmt),
-        ROW_ALIGN=row_alignment(spec),
+        BLOCK_N=cfg.block_n, SPLIT=cfg.num_splits > 1, HAS_SCALES=has_scales,
+        PREFETCH_SCALES=has_scales and cfg.prefetch_scales, ROW_ALIGN=row_alignment(spec),
         DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.num_splits > 1:
         _merge_splits_kernel[(batch, num_heads)](
-            part_acc, part_ml, out, num_heads, out.stride(0), out.stride(1),
-            HEAD_SIZE=head_size, NUM_SPLITS=cfg.num_splits, BLOCK_S=triton.next_power_of_2(cfg.num_splits))
+            part_acc, part_ml, out, num_heads, out.stride(0), out.stride(1), cfg.num_splits,
+            HEAD_SIZE=head_size, BLOCK_S=triton.next_power_of_2(cfg.num_splits))
     return out
 
 

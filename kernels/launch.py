@@ -8,11 +8,13 @@ as few programs as possible with tiles as large as the problem.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
 import triton
 
+from . import formats
 from .mode import INTERPRETED
 
 # Largest tile (elements) an interpreted program handles at once; numpy is fast at this size.
@@ -33,6 +35,7 @@ class DecodeConfig:
     num_splits: int       # programs sharing one sequence's tokens (split-K); 1 = no reduction pass
     num_warps: int = 4
     num_stages: int = 2
+    prefetch_scales: bool = False   # per-token-head formats: load the next tile's scales one iteration ahead
 
 
 @dataclass(frozen=True)
@@ -66,35 +69,74 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
     return WriteConfig(block_t=min(_pow2(num_tokens), max(1, 4096 // per_token)), block_h=block_h, num_warps=4)
 
 
+# Decode launch configurations measured on an NVIDIA H200 (32 query / 8 KV heads, head size 128, block size 16,
+# shuffled blocks; `python -m minikv.bench decode-sweep`, raw results in notebooks/data/gpu_decode_sweep.csv).
+# Keyed by format family, then (batch, context) of the measured shape: (block_n, num_warps, num_stages,
+# num_splits, prefetch_scales). A launch takes the entry of the nearest measured shape (log scale).
+DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool]]] = {}
+TUNED_HEAD_SIZE = 128
+
+
+def _family(fmt: int | None, elem_bytes: int) -> str:
+    if fmt is not None and formats.has_inline_scales(fmt):
+        return "per_token_head"
+    return {1: "fp8", 2: "16bit"}.get(elem_bytes, "other")
+
+
+def _nearest(table: dict, batch: int, max_len: int):
+    def distance(key):
+        return abs(math.log2(key[0] / batch)) + abs(math.log2(key[1] / max_len))
+    return table[min(table, key=distance)]
+
+
 def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
-                  device: torch.device) -> DecodeConfig:
-    """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync)."""
+                  device: torch.device, fmt: int | None = None) -> DecodeConfig:
+    """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
+    cache's format code (tells per-token-head apart from plain fp8)."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
-    # about 16 KB of K (and of V) per tile: more tokens per tile for narrower elements
-    block_n = max(16, min(128, 16384 // (head_size * elem_bytes)))
+    block_g = max(16, _pow2(group))
+    table = DECODE_TUNED.get(_family(fmt, elem_bytes))
+    if table and head_size == TUNED_HEAD_SIZE and block_g == 16 and batch >= 1 and max_len >= 1:
+        block_n, warps, stages, splits, prefetch = _nearest(table, batch * num_kv_heads / 8, max_len)
+        splits = max(1, min(splits, max_len // block_n))
+        return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=warps,
+                            num_stages=stages, prefetch_scales=prefetch)
+    # untuned shapes: about 8 KB of K (and of V) per tile, and enough programs for about four per SM, each
+    # keeping at least four tiles of work
+    block_n = max(16, min(64, 8192 // (head_size * elem_bytes)))
     programs = batch * num_kv_heads
-    sms = num_sms(device.index or 0)
-    splits = 1
-    if programs < sms:
-        # enough programs for about two per SM, each keeping at least four tiles of work
-        splits = min(triton.cdiv(2 * sms, programs), max(1, max_len // (4 * block_n)), 64)
-    return DecodeConfig(block_g=max(16, _pow2(group)), block_n=block_n, num_splits=splits, num_warps=4,
+    splits = min(triton.cdiv(4 * num_sms(device.index or 0), programs), max(1, max_len // (4 * block_n)), 64)
+    return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=max(1, splits), num_warps=4,
                         num_stages=3 if head_size <= 128 else 2)
 
 
+# Context launch configurations measured on an NVIDIA H200 (bf16, head size 128): (block_m, block_n, num_warps,
+# num_stages) for long queries (prefill), and (block_n, num_warps, num_stages) for short ones (a cross-attention
+# context step of a few queries per sequence), whose block_m is the rows per sequence rounded up (at least 16).
+CONTEXT_LONG_128 = (128, 128, 8, 3)
+CONTEXT_SHORT_128 = (64, 4, 3)
+SHORT_ROWS = 64
+
+
 def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = None,
-                   max_kv_len: int | None = None) -> ContextConfig:
-    """`max_rows` (longest q_len x group) and `max_kv_len` are only used on CPU, where they are cheap to know."""
+                   max_kv_len: int | None = None, rows_per_seq: float | None = None) -> ContextConfig:
+    """`max_rows` (longest q_len x group) and `max_kv_len` are only used on CPU, where they are cheap to know;
+    `rows_per_seq` (query tokens x group / sequences, known on the host without a sync) picks small query tiles
+    on a GPU when every sequence brings few queries."""
     if INTERPRETED:
         block_m = min(_pow2(max_rows or 1), 512)
         block_n = min(_pow2(max_kv_len or 1), 256, max(16, 2 * CPU_TILE_ELEMENTS // block_m))
         return ContextConfig(block_m=block_m, block_n=block_n)
     if dtype == torch.float32:
         return ContextConfig(block_m=64, block_n=32 if head_size <= 128 else 16, num_warps=4, num_stages=2)
+    if head_size <= 128 and rows_per_seq is not None and rows_per_seq <= SHORT_ROWS:
+        block_n, warps, stages = CONTEXT_SHORT_128
+        return ContextConfig(block_m=max(16, _pow2(math.ceil(rows_per_seq))), block_n=block_n, num_warps=warps,
+                             num_stages=stages)
     if head_size <= 64:
         return ContextConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
-    if head_size <= 128:       # the best of a small sweep on an H200 (see minikv.bench kernels --sweep)
-        return ContextConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
+    if head_size <= 128:
+        return ContextConfig(*CONTEXT_LONG_128)
     return ContextConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)

@@ -51,14 +51,17 @@ def test_decode_matches_reference(fmt, block_size, heads, head_size, lengths):
     _run(fmt, block_size, heads, head_size, lens)
 
 
-@pytest.mark.parametrize("num_splits", [2, 3, 8])
-@pytest.mark.parametrize("fmt", [("auto", torch.float32), ("int8_per_token_head", torch.float16)])
-def test_split_k_merge(monkeypatch, num_splits, fmt):
-    """Force the GPU's split-K path (partials + merge kernel), including splits left empty by short sequences."""
+@pytest.mark.parametrize("num_splits,prefetch", [(2, False), (3, True), (8, False), (1, True)])
+@pytest.mark.parametrize("fmt", [("auto", torch.float32), ("int8_per_token_head", torch.float16),
+                                 ("fp8_per_token_head", torch.float32)])
+def test_split_k_merge(monkeypatch, num_splits, prefetch, fmt):
+    """Force the GPU's split-K path (partials + merge kernel), including splits left empty by short sequences,
+    and the scales loaded one tile ahead (per-token-head formats), several tiles per split."""
     original = launch.decode_config
 
     def forced(*args, **kwargs):
-        return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8)
+        return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8,
+                                   prefetch_scales=prefetch)
 
     monkeypatch.setattr(launch, "decode_config", forced)
     _run(fmt, 8, (8, 2), 32, [1, 7, 33, 60])
