@@ -51,17 +51,18 @@ def test_decode_matches_reference(fmt, block_size, heads, head_size, lengths):
     _run(fmt, block_size, heads, head_size, lens)
 
 
-@pytest.mark.parametrize("num_splits,prefetch", [(2, False), (3, True), (8, False), (1, True)])
+@pytest.mark.parametrize("num_splits,prefetch,words", [(2, False, True), (3, True, False), (8, False, False),
+                                                       (1, True, True), (1, False, False)])
 @pytest.mark.parametrize("fmt", [("auto", torch.float32), ("int8_per_token_head", torch.float16),
                                  ("fp8_per_token_head", torch.float32)])
-def test_split_k_merge(monkeypatch, num_splits, prefetch, fmt):
+def test_split_k_merge(monkeypatch, num_splits, prefetch, words, fmt):
     """Force the GPU's split-K path (partials + merge kernel), including splits left empty by short sequences,
-    and the scales loaded one tile ahead (per-token-head formats), several tiles per split."""
+    the scales loaded one tile ahead, and both readers of 1-byte codes (32-bit words or single bytes)."""
     original = launch.decode_config
 
     def forced(*args, **kwargs):
         return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8,
-                                   prefetch_scales=prefetch)
+                                   prefetch_scales=prefetch, word_loads=words)
 
     monkeypatch.setattr(launch, "decode_config", forced)
     _run(fmt, 8, (8, 2), 32, [1, 7, 33, 60])

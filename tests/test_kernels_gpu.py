@@ -105,14 +105,16 @@ def test_context_paged_on_gpu(kernels, fmt, causal):
 
 
 @pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4], GPU_FORMATS[5]])
-@pytest.mark.parametrize("block_n,warps,stages,splits,prefetch", [(16, 4, 4, 7, True), (32, 8, 3, 1, False),
-                                                                  (128, 4, 2, 3, True), (64, 2, 3, 16, False)])
-def test_decode_launch_configs_on_gpu(kernels, monkeypatch, fmt, block_n, warps, stages, splits, prefetch):
-    """Every kind of configuration the sweep may commit (tiles, warps, stages, splits, scales loaded ahead)."""
+@pytest.mark.parametrize("block_n,warps,stages,splits,prefetch,words", [
+    (16, 4, 4, 7, True, False), (32, 8, 3, 1, False, True), (128, 4, 2, 3, True, False), (64, 2, 3, 16, False, True),
+    (128, 4, 3, 5, False, True), (16, 8, 2, 2, False, True)])
+def test_decode_launch_configs_on_gpu(kernels, monkeypatch, fmt, block_n, warps, stages, splits, prefetch, words):
+    """Every kind of configuration the sweep may commit (tiles, warps, stages, splits, scales loaded ahead, 1-byte
+    codes read as words)."""
     from minikv.kernels import launch
     kv_cache_dtype, dtype = fmt
     monkeypatch.setattr(launch, "decode_config", lambda *a, **k: launch.DecodeConfig(
-        16, block_n, splits, warps, stages, prefetch))
+        16, block_n, splits, warps, stages, prefetch, words))
     lens = [1, 15, 16, 17, 200, 1000, 777]
     spec = make_spec(kv_cache_dtype, dtype, 8, 128, 16)
     tables, num_blocks = random_block_tables(lens, 16, device=CUDA)

@@ -14,7 +14,7 @@ METRICS = {"Duration": "duration", "Registers Per Thread": "regs", "Achieved Occ
 
 
 def summarize(path):
-    rows = list(csv.DictReader(open(path)))
+    rows = list(csv.DictReader(line for line in open(path) if line.startswith('"')))
     by_launch = {}
     for r in rows:
         by_launch.setdefault(r["ID"], {})[r["Metric Name"]] = f"{r['Metric Value']} {r['Metric Unit']}".strip()
@@ -35,8 +35,8 @@ def run(best_path):
         key = f"{sw.FAMILY[fmt]}|{fmt}|64|4096"
         problem = sw._decode_problem(fmt, 64, 4096)
         if key in best:
-            block_n, warps, stages, splits, prefetch = best[key][1]
-            sw._pinned_decode(DecodeConfig(16, block_n, splits, warps, stages, prefetch))
+            block_n, warps, stages, splits, prefetch, words = best[key][1]
+            sw._pinned_decode(DecodeConfig(16, block_n, splits, warps, stages, prefetch, words))
         print(fmt, best.get(key), file=sys.stderr)
         for _ in range(2):
             sw._decode_call(problem)()

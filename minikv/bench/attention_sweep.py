@@ -40,10 +40,12 @@ SHORT = [(32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (64, 8, 3), (128, 8, 3
 
 
 def decode_candidates(fmt: str) -> list[tuple]:
-    """(block_n, warps, stages, prefetch) per format."""
-    block_ns = (16, 32, 64) if fmt == "auto" else (16, 32, 64, 128)
-    prefetch = (False, True) if "per_token_head" in fmt else (False,)
-    return list(itertools.product(block_ns, (4, 8), (2, 3, 4), prefetch))
+    """(block_n, warps, stages, prefetch, words) per format."""
+    if fmt == "auto":
+        return [(n, w, st, False, False) for n, w, st in itertools.product((32, 64), (4, 8), (2, 3, 4))]
+    bytewise = [(128, 4, 2, True, False), (128, 4, 3, False, False), (128, 4, 2, False, False)]
+    words = [(n, w, st, False, True) for n, w, st in itertools.product((16, 32, 64, 128), (2, 4, 8), (1, 2, 3))]
+    return bytewise + words
 
 
 def _decode_problem(fmt, batch, ctx):
@@ -71,9 +73,9 @@ def _decode_call(problem):
     return lambda: paged_decode_attention(q, pool, tables, lens, layout, D ** -0.5, out=out, validate=False)
 
 
-def _cfg(block_n, warps, stages, prefetch, splits):
+def _cfg(block_n, warps, stages, prefetch, words, splits):
     from minikv.kernels.launch import DecodeConfig
-    return DecodeConfig(16, block_n, splits, warps, stages, prefetch)
+    return DecodeConfig(16, block_n, splits, warps, stages, prefetch, words)
 
 
 # ---- context ---------------------------------------------------------------------------------------------------
@@ -141,10 +143,10 @@ def _compile_worker(args):
     for job in jobs:
         try:
             if job[0] == "decode":
-                _, fmt, block_n, warps, stages, prefetch, splits = job
+                _, fmt, cand, splits = job
                 if fmt not in problems:
                     problems[fmt] = _decode_problem(fmt, 2, 4096)
-                _pinned_decode(_cfg(block_n, warps, stages, prefetch, splits))
+                _pinned_decode(_cfg(*cand, splits))
                 _decode_call(problems[fmt])()
             else:
                 _, name, cfg = job
@@ -162,9 +164,9 @@ def _compile_worker(args):
 def precompile(workers: int) -> None:
     jobs = []
     for fmt in FORMATS:
-        for block_n, warps, stages, prefetch in decode_candidates(fmt):
+        for cand in decode_candidates(fmt):
             for splits in (1, 2):
-                jobs.append(("decode", fmt, block_n, warps, stages, prefetch, splits))
+                jobs.append(("decode", fmt, cand, splits))
     jobs += [("context", name, cfg) for name, cfg in _context_cases()]
     chunks = [(i, jobs[i::workers]) for i in range(workers)]
     start = time.time()
@@ -196,7 +198,7 @@ class _Writer:
 
 def sweep_decode(out_dir: str, top: int = 3) -> dict:
     from minikv.bench.attention import sdpa_decode_ms
-    keys = ["stage", "format", "batch", "context", "block_n", "warps", "stages", "prefetch", "splits", "us",
+    keys = ["stage", "format", "batch", "context", "block_n", "warps", "stages", "prefetch", "words", "splits", "us",
             "sdpa_us", "error"]
     w = _Writer(os.path.join(out_dir, "decode_sweep.csv"), keys)
     score = {fmt: {} for fmt in FORMATS}           # candidate -> sum of log(best time) over the stage-A shapes
@@ -207,7 +209,7 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
                 best = math.inf
                 for splits in (1, 2, 4, 8):
                     r = dict(stage="A", format=fmt, batch=batch, context=ctx, block_n=cand[0], warps=cand[1],
-                             stages=cand[2], prefetch=cand[3], splits=splits)
+                             stages=cand[2], prefetch=cand[3], words=cand[4], splits=splits)
                     try:
                         _pinned_decode(_cfg(*cand, splits))
                         r["us"] = 1e3 * _time(_decode_call(problem))
@@ -233,13 +235,13 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
                         if splits > 1 and (ctx // cand[0] < 2 * splits or batch * HKV * splits > 65536):
                             continue
                         r = dict(stage="B", format=fmt, batch=batch, context=ctx, block_n=cand[0], warps=cand[1],
-                                 stages=cand[2], prefetch=cand[3], splits=splits, sdpa_us=sdpa)
+                                 stages=cand[2], prefetch=cand[3], words=cand[4], splits=splits, sdpa_us=sdpa)
                         try:
                             _pinned_decode(_cfg(*cand, splits))
                             r["us"] = 1e3 * _time(_decode_call(problem))
                             key = (FAMILY[fmt], fmt, batch, ctx)
                             if key not in best or r["us"] < best[key][0]:
-                                best[key] = (r["us"], [cand[0], cand[1], cand[2], splits, cand[3]])
+                                best[key] = (r["us"], [cand[0], cand[1], cand[2], splits, cand[3], cand[4]])
                         except Exception as exc:  # noqa: BLE001
                             r["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
                             torch.cuda.synchronize()
