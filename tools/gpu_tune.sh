@@ -21,7 +21,7 @@ if want tests; then
 fi
 if want sweep; then
   echo "== sweep"
-  timeout ${SWEEP_TIMEOUT:-330} python3 -m minikv.bench.attention_sweep --out "$OUT" 2>&1 | tee "$OUT/sweep.log" \
+  timeout ${SWEEP_TIMEOUT:-330} python3 -m minikv.bench.attention_sweep --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" \
     | grep -v "^  failed" | tail -60
 fi
 if want ncu; then
