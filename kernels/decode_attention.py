@@ -30,6 +30,15 @@ from .mode import INTERPRETED, require_device
 LOG2E = math.log2(math.e)
 
 
+@triton.jit
+def _pow2_row_scale(amax):
+    """Per row, the power of two that brings the row's largest |q| into [2^14, 2^15): q times it is exact in
+    float16 for every element within 2^-24 of that largest one, so a bfloat16 q can meet 1-byte codes in a float16
+    dot product (1-byte codes convert to float16 exactly, and in one instruction for e4m3)."""
+    e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    return (tl.minimum(tl.maximum(268 - e, 1), 254) << 23).to(tl.float32, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
@@ -38,7 +47,7 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
                    FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    HAS_SCALES: tl.constexpr, PREFETCH_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
-                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -52,8 +61,14 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
     heads = kv_head * GROUP + g
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
                 mask=(g < GROUP)[:, None], other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
+    if SCALED_F16:
+        q_pow2 = _pow2_row_scale(tl.max(tl.abs(q.to(tl.float32)), axis=1))
+        q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
+        s_scale = qk_scale / q_pow2[:, None]
+    else:
+        if DOT_F32:
+            q = q.to(tl.float32)
+        s_scale = qk_scale
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_SIZE], tl.float32)
@@ -82,7 +97,7 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
                 k_scale = row_scales(scales_ptr, rows, valid, scale_offset)
                 v_scale = row_scales(scales_ptr, rows + kv_stride, valid, scale_offset)
         k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * s_scale
         if HAS_SCALES:
             s = s * k_scale[None, :]
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -129,7 +144,7 @@ def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_len
                          FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                          HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr):
+                         DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr):
     """The 1-byte formats' decode: the same attention as _decode_kernel, with the codes read as 32-bit words.
 
     Loading 1-byte codes straight into the tensor-core operand layout makes many narrow loads, and the compiler
@@ -156,8 +171,18 @@ def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_len
     q1 = tl.load(q_rows + 1, mask=head_mask, other=0.0)
     q2 = tl.load(q_rows + 2, mask=head_mask, other=0.0)
     q3 = tl.load(q_rows + 3, mask=head_mask, other=0.0)
-    if DOT_F32:
+    if SCALED_F16:
         q0, q1, q2, q3 = q0.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32), q3.to(tl.float32)
+        amax = tl.maximum(tl.maximum(tl.max(tl.abs(q0), axis=1), tl.max(tl.abs(q1), axis=1)),
+                          tl.maximum(tl.max(tl.abs(q2), axis=1), tl.max(tl.abs(q3), axis=1)))
+        q_pow2 = _pow2_row_scale(amax)[:, None]
+        q0, q1 = (q0 * q_pow2).to(tl.float16), (q1 * q_pow2).to(tl.float16)
+        q2, q3 = (q2 * q_pow2).to(tl.float16), (q3 * q_pow2).to(tl.float16)
+        s_scale = qk_scale / q_pow2
+    else:
+        if DOT_F32:
+            q0, q1, q2, q3 = q0.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32), q3.to(tl.float32)
+        s_scale = qk_scale
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc0 = tl.zeros([BLOCK_G, W], tl.float32)
@@ -197,7 +222,7 @@ def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_len
         s = tl.dot(q1, tl.trans(_byte_plane(k_words, 1, FMT, q0.dtype)), s, input_precision=DOT_PRECISION)
         s = tl.dot(q2, tl.trans(_byte_plane(k_words, 2, FMT, q0.dtype)), s, input_precision=DOT_PRECISION)
         s = tl.dot(q3, tl.trans(_byte_plane(k_words, 3, FMT, q0.dtype)), s, input_precision=DOT_PRECISION)
-        s = s * qk_scale
+        s = s * s_scale
         if HAS_SCALES:
             s = s * k_scale[None, :]
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -307,8 +332,12 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     else:
         part_acc = part_ml = out
     dot_f32 = launch.dot_in_float32(q.dtype)       # "tf32" below is ignored for 16-bit operands
+    # 1-byte codes with a 16-bit q: dot products in float16 (q rescaled by a power of two per row), see
+    # _pow2_row_scale; the codes convert to float16 exactly and more cheaply than to bfloat16
+    scaled_f16 = cfg.f16_dot and spec.elem_bytes == 1 and q.dtype != torch.float32
     common = dict(FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
                   BLOCK_N=cfg.block_n, SPLIT=cfg.num_splits > 1, HAS_SCALES=has_scales, DOT_F32=dot_f32,
+                  SCALED_F16=scaled_f16,
                   DOT_PRECISION="ieee" if dot_f32 else "tf32", num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
             *element_strides(spec), spec.scale_offset, qk_scale, float(v_scale), cfg.num_splits)

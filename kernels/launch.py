@@ -37,6 +37,7 @@ class DecodeConfig:
     num_stages: int = 2
     prefetch_scales: bool = False   # per-token-head formats: load the next tile's scales one iteration ahead
     word_loads: bool = True         # 1-byte formats: read codes as 32-bit words, a tile ahead (_decode_words_kernel)
+    f16_dot: bool = False           # 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ContextConfig:
     block_n: int          # keys per tile
     num_warps: int = 4
     num_stages: int = 2
+    f16_dot: bool = False  # paged 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
 
 
 def _pow2(n: int) -> int:
@@ -73,8 +75,9 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
 # Decode launch configurations measured on an NVIDIA H200 (32 query / 8 KV heads, head size 128, block size 16,
 # shuffled blocks; `python -m minikv.bench decode-sweep`, raw results in notebooks/data/gpu_decode_sweep.csv).
 # Keyed by format family, then (batch, context) of the measured shape: (block_n, num_warps, num_stages,
-# num_splits, prefetch_scales, word_loads). A launch takes the entry of the nearest measured shape (log scale).
-DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool]]] = {}
+# num_splits, prefetch_scales, word_loads, f16_dot). A launch takes the entry of the nearest measured shape (log
+# scale).
+DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool, bool]]] = {}
 TUNED_HEAD_SIZE = 128
 
 
@@ -100,10 +103,10 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
     block_g = max(16, _pow2(group))
     table = DECODE_TUNED.get(_family(fmt, elem_bytes))
     if table and head_size == TUNED_HEAD_SIZE and block_g == 16 and batch >= 1 and max_len >= 1:
-        block_n, warps, stages, splits, prefetch, words = _nearest(table, batch * num_kv_heads / 8, max_len)
+        block_n, warps, stages, splits, prefetch, words, f16 = _nearest(table, batch * num_kv_heads / 8, max_len)
         splits = max(1, min(splits, max_len // block_n))
         return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=warps,
-                            num_stages=stages, prefetch_scales=prefetch, word_loads=words)
+                            num_stages=stages, prefetch_scales=prefetch, word_loads=words, f16_dot=f16)
     # untuned shapes: about 8 KB of K (and of V) per tile, and enough programs for about four per SM, each
     # keeping at least four tiles of work
     block_n = max(16, min(64, 8192 // (head_size * elem_bytes)))

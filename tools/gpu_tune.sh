@@ -26,7 +26,7 @@ if want sweep; then
 fi
 if want ncu; then
   echo "== ncu"
-  timeout 100 /usr/local/cuda/bin/ncu --clock-control none --target-processes all -k regex:_decode_kernel \
+  timeout 100 /usr/local/cuda/bin/ncu --clock-control none --target-processes all -k regex:_decode_ \
     --launch-count 8 --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
     --section Occupancy --csv --page details python3 tools/profile_decode.py "$OUT/best.json" \
     > "$OUT/ncu_decode.csv" 2> "$OUT/ncu.err"

@@ -35,8 +35,8 @@ def run(best_path):
         key = f"{sw.FAMILY[fmt]}|{fmt}|64|4096"
         problem = sw._decode_problem(fmt, 64, 4096)
         if key in best:
-            block_n, warps, stages, splits, prefetch, words = best[key][1]
-            sw._pinned_decode(DecodeConfig(16, block_n, splits, warps, stages, prefetch, words))
+            block_n, warps, stages, splits, prefetch, words, f16 = best[key][1]
+            sw._pinned_decode(DecodeConfig(16, block_n, splits, warps, stages, prefetch, words, f16))
         print(fmt, best.get(key), file=sys.stderr)
         for _ in range(2):
             sw._decode_call(problem)()

@@ -40,11 +40,15 @@ SHORT = [(32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (64, 8, 3), (128, 8, 3
 
 
 def decode_candidates(fmt: str) -> list[tuple]:
-    """(block_n, warps, stages, prefetch, words) per format."""
+    """(block_n, warps, stages, prefetch, words, f16_dot) per format."""
     if fmt == "auto":
-        return [(n, w, st, False, False) for n, w, st in itertools.product((32, 64), (4, 8), (2, 3, 4))]
-    bytewise = [(128, 4, 2, True, False), (128, 4, 3, False, False), (128, 4, 2, False, False)]
-    words = [(n, w, st, False, True) for n, w, st in itertools.product((16, 32, 64, 128), (2, 4, 8), (1, 2, 3))]
+        return [(n, w, st, False, False, False) for n, w, st in itertools.product((32, 64), (4, 8), (2, 3, 4))]
+    bytewise = [(128, 4, 3, False, False, f16) for f16 in (False, True)]
+    bytewise += [(128, 4, 2, True, False, f16) for f16 in (False, True)]
+    bytewise += [(64, 4, 3, False, False, True), (64, 4, 2, True, False, True), (128, 8, 3, False, False, True),
+                 (64, 8, 3, False, False, True), (32, 4, 3, False, False, True)]
+    words = [(n, w, st, False, True, f16) for n, w, st, f16 in itertools.product((32, 64, 128), (2, 4, 8), (1, 2),
+                                                                                (False, True))]
     return bytewise + words
 
 
@@ -73,9 +77,9 @@ def _decode_call(problem):
     return lambda: paged_decode_attention(q, pool, tables, lens, layout, D ** -0.5, out=out, validate=False)
 
 
-def _cfg(block_n, warps, stages, prefetch, words, splits):
+def _cfg(block_n, warps, stages, prefetch, words, f16, splits):
     from minikv.kernels.launch import DecodeConfig
-    return DecodeConfig(16, block_n, splits, warps, stages, prefetch, words)
+    return DecodeConfig(16, block_n, splits, warps, stages, prefetch, words, f16)
 
 
 # ---- context ---------------------------------------------------------------------------------------------------
@@ -121,11 +125,11 @@ def _context_cases():
     """(problem name, ContextConfig) pairs to try."""
     from minikv.kernels.launch import ContextConfig
     cases = []
-    for name in ("causal workspace", "causal paged bf16", "cross b8 q512 enc4096 fused fp8",
-                 "cross b8 q512 enc4096 unfused bf16"):
+    for name in ("causal workspace", "causal paged bf16", "cross b8 q512 enc4096 unfused bf16"):
         cases += [(name, ContextConfig(*c)) for c in LONG]
-    for name in ("cross b64 q1 enc1024 fused fp8", "cross b64 q1 enc1024 unfused bf16"):
-        cases += [(name, ContextConfig(16, *c)) for c in SHORT]
+    cases += [("cross b8 q512 enc4096 fused fp8", ContextConfig(*c, f16)) for c in LONG for f16 in (False, True)]
+    cases += [("cross b64 q1 enc1024 unfused bf16", ContextConfig(16, *c)) for c in SHORT]
+    cases += [("cross b64 q1 enc1024 fused fp8", ContextConfig(16, *c, f16)) for c in SHORT for f16 in (False, True)]
     return cases
 
 
@@ -198,7 +202,8 @@ class _Writer:
 
 def sweep_decode(out_dir: str, top: int = 3) -> dict:
     from minikv.bench.attention import sdpa_decode_ms
-    keys = ["stage", "format", "batch", "context", "block_n", "warps", "stages", "prefetch", "words", "splits", "us",
+    keys = ["stage", "format", "batch", "context", "block_n", "warps", "stages", "prefetch", "words", "f16", "splits",
+            "us",
             "sdpa_us", "error"]
     w = _Writer(os.path.join(out_dir, "decode_sweep.csv"), keys)
     score = {fmt: {} for fmt in FORMATS}           # candidate -> sum of log(best time) over the stage-A shapes
@@ -209,7 +214,7 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
                 best = math.inf
                 for splits in (1, 2, 4, 8):
                     r = dict(stage="A", format=fmt, batch=batch, context=ctx, block_n=cand[0], warps=cand[1],
-                             stages=cand[2], prefetch=cand[3], words=cand[4], splits=splits)
+                             stages=cand[2], prefetch=cand[3], words=cand[4], f16=cand[5], splits=splits)
                     try:
                         _pinned_decode(_cfg(*cand, splits))
                         r["us"] = 1e3 * _time(_decode_call(problem))
@@ -235,13 +240,14 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
                         if splits > 1 and (ctx // cand[0] < 2 * splits or batch * HKV * splits > 65536):
                             continue
                         r = dict(stage="B", format=fmt, batch=batch, context=ctx, block_n=cand[0], warps=cand[1],
-                                 stages=cand[2], prefetch=cand[3], words=cand[4], splits=splits, sdpa_us=sdpa)
+                                 stages=cand[2], prefetch=cand[3], words=cand[4], f16=cand[5], splits=splits,
+                                 sdpa_us=sdpa)
                         try:
                             _pinned_decode(_cfg(*cand, splits))
                             r["us"] = 1e3 * _time(_decode_call(problem))
                             key = (FAMILY[fmt], fmt, batch, ctx)
                             if key not in best or r["us"] < best[key][0]:
-                                best[key] = (r["us"], [cand[0], cand[1], cand[2], splits, cand[3], cand[4]])
+                                best[key] = (r["us"], [cand[0], cand[1], cand[2], splits, cand[3], cand[4], cand[5]])
                         except Exception as exc:  # noqa: BLE001
                             r["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
                             torch.cuda.synchronize()
