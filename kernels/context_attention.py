@@ -128,9 +128,11 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
         if SCALED_F16:      # 1-byte codes: float16 dot products, q rescaled per row (see decode's _pow2_row_scale)
             q_pow2 = _pow2_row_scale(tl.max(tl.abs(q.to(tl.float32)), axis=1))
             q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
-            qk_scale = qk_scale / q_pow2[:, None]
-        elif DOT_F32:
-            q = q.to(tl.float32)
+            s_scale = qk_scale / q_pow2[:, None]
+        else:
+            if DOT_F32:
+                q = q.to(tl.float32)
+            s_scale = qk_scale
 
         causal_offset = kv_len - q_len
         if CAUSAL:
@@ -150,12 +152,12 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
         for start_n in range(0, unmasked_end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                qk_scale, q_index, causal_offset, d, PAGED, False, CAUSAL, HAS_SCALES, BLOCK_SIZE,
+                                s_scale, q_index, causal_offset, d, PAGED, False, CAUSAL, HAS_SCALES, BLOCK_SIZE,
                                 BLOCK_N, ROW_ALIGN, DOT_PRECISION)
         for start_n in range(unmasked_end, end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                qk_scale, q_index, causal_offset, d, PAGED, True, CAUSAL, HAS_SCALES, BLOCK_SIZE,
+                                s_scale, q_index, causal_offset, d, PAGED, True, CAUSAL, HAS_SCALES, BLOCK_SIZE,
                                 BLOCK_N, ROW_ALIGN, DOT_PRECISION)
         out = acc / l[:, None]
         if FMT == FP8:

@@ -73,18 +73,75 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
 
 
 # Decode launch configurations measured on an NVIDIA H200 (32 query / 8 KV heads, head size 128, block size 16,
-# shuffled blocks; `python -m minikv.bench decode-sweep`, raw results in notebooks/data/gpu_decode_sweep.csv).
-# Keyed by format family, then (batch, context) of the measured shape: (block_n, num_warps, num_stages,
-# num_splits, prefetch_scales, word_loads, f16_dot). A launch takes the entry of the nearest measured shape (log
-# scale).
-DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool, bool]]] = {}
+# shuffled blocks, bf16 q; `python -m minikv.bench.attention_sweep`, raw timings in
+# notebooks/data/gpu_decode_sweep.csv). Keyed by cache format, then (batch, context) of the measured shape:
+# (block_n, num_warps, num_stages, num_splits, prefetch_scales, word_loads, f16_dot). A launch takes the entry of
+# the nearest measured shape (log scale, batch counted in groups of 8 KV heads).
+DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool, bool]]] = {
+    "auto": {
+        (1, 512): (64, 4, 2, 4, False, False, False),
+        (1, 4096): (64, 4, 4, 32, False, False, False),
+        (1, 16384): (64, 4, 2, 64, False, False, False),
+        (16, 512): (64, 4, 3, 2, False, False, False),
+        (16, 4096): (64, 4, 4, 4, False, False, False),
+        (16, 16384): (64, 4, 4, 4, False, False, False),
+        (64, 512): (64, 4, 4, 1, False, False, False),
+        (64, 4096): (64, 4, 3, 1, False, False, False),
+        (64, 16384): (64, 4, 3, 1, False, False, False),
+        (256, 512): (64, 4, 3, 1, False, False, False),
+        (256, 4096): (64, 4, 3, 1, False, False, False),
+        (256, 16384): (64, 4, 3, 1, False, False, False),
+    },
+    "fp8": {
+        (1, 512): (64, 2, 1, 4, False, True, True),
+        (1, 4096): (64, 2, 1, 32, False, True, True),
+        (1, 16384): (64, 2, 2, 64, False, True, True),
+        (16, 512): (64, 2, 1, 2, False, True, True),
+        (16, 4096): (64, 2, 2, 4, False, True, True),
+        (16, 16384): (64, 2, 1, 4, False, True, True),
+        (64, 512): (64, 2, 2, 1, False, True, True),
+        (64, 4096): (64, 2, 1, 1, False, True, True),
+        (64, 16384): (64, 2, 2, 2, False, True, True),
+        (256, 512): (64, 2, 1, 1, False, True, True),
+        (256, 4096): (64, 2, 2, 1, False, True, True),
+        (256, 16384): (64, 2, 2, 2, False, True, True),
+    },
+    "int8_per_token_head": {
+        (1, 512): (128, 4, 2, 2, True, False, False),
+        (1, 4096): (128, 4, 2, 16, True, False, False),
+        (1, 16384): (64, 2, 1, 64, False, True, False),
+        (16, 512): (128, 4, 2, 2, True, False, False),
+        (16, 4096): (64, 2, 1, 4, False, True, False),
+        (16, 16384): (64, 2, 2, 4, False, True, False),
+        (64, 512): (64, 2, 2, 1, False, True, False),
+        (64, 4096): (128, 4, 2, 1, True, False, False),
+        (64, 16384): (128, 4, 2, 1, True, False, False),
+        (256, 512): (64, 2, 2, 1, False, True, False),
+        (256, 4096): (128, 4, 2, 1, True, False, False),
+        (256, 16384): (64, 2, 1, 8, False, True, False),
+    },
+    "fp8_per_token_head": {
+        (1, 512): (128, 4, 2, 2, True, False, True),
+        (1, 4096): (128, 4, 2, 16, True, False, True),
+        (1, 16384): (128, 4, 2, 32, True, False, True),
+        (16, 512): (128, 4, 2, 2, True, False, True),
+        (16, 4096): (128, 4, 2, 2, True, False, True),
+        (16, 16384): (128, 4, 2, 2, True, False, True),
+        (64, 512): (64, 2, 2, 1, False, True, True),
+        (64, 4096): (64, 2, 1, 1, False, True, True),
+        (64, 16384): (64, 2, 1, 1, False, True, True),
+        (256, 512): (64, 2, 2, 1, False, True, True),
+        (256, 4096): (64, 2, 1, 1, False, True, True),
+        (256, 16384): (64, 2, 2, 1, False, True, True),
+    },
+}
 TUNED_HEAD_SIZE = 128
 
 
-def _family(fmt: int | None, elem_bytes: int) -> str:
-    if fmt is not None and formats.has_inline_scales(fmt):
-        return "per_token_head"
-    return {1: "fp8", 2: "16bit"}.get(elem_bytes, "other")
+def _tuned_name(fmt: int | None, elem_bytes: int) -> str:
+    if fmt is None:
+        return {1: "fp8", 2: "auto"}.get(elem_bytes, "")
+    return "auto" if fmt in (formats.F16, formats.BF16) else formats.NAMES[fmt]
 
 
 def _nearest(table: dict, batch: int, max_len: int):
@@ -101,7 +158,7 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
     block_g = max(16, _pow2(group))
-    table = DECODE_TUNED.get(_family(fmt, elem_bytes))
+    table = DECODE_TUNED.get(_tuned_name(fmt, elem_bytes))
     if table and head_size == TUNED_HEAD_SIZE and block_g == 16 and batch >= 1 and max_len >= 1:
         block_n, warps, stages, splits, prefetch, words, f16 = _nearest(table, batch * num_kv_heads / 8, max_len)
         splits = max(1, min(splits, max_len // block_n))
@@ -116,11 +173,12 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
                         num_stages=3 if head_size <= 128 else 2)
 
 
-# Context launch configurations measured on an NVIDIA H200 (bf16, head size 128): (block_m, block_n, num_warps,
-# num_stages) for long queries (prefill), and (block_n, num_warps, num_stages) for short ones (a cross-attention
-# context step of a few queries per sequence), whose block_m is the rows per sequence rounded up (at least 16).
+# Context launch configurations measured on an NVIDIA H200 (bf16, head size 128; raw timings in
+# notebooks/data/gpu_context_sweep.csv): (block_m, block_n, num_warps, num_stages) for long queries (prefill), and
+# (block_n, num_warps, num_stages) for short ones (a cross-attention context step of a few queries per sequence),
+# whose block_m is the rows per sequence rounded up (at least 16).
 CONTEXT_LONG_128 = (128, 128, 8, 3)
-CONTEXT_SHORT_128 = (64, 4, 3)
+CONTEXT_SHORT_128 = (128, 4, 3)
 SHORT_ROWS = 64
 
 

@@ -24,9 +24,9 @@ def summarize(path):
 
 def run(best_path):
     import torch
+    from minikv.kernels.launch import DecodeConfig
 
     from minikv.bench import attention_sweep as sw
-    from minikv.kernels.launch import DecodeConfig
     try:
         best = json.load(open(best_path))["decode"]
     except Exception:  # noqa: BLE001 - no sweep result: the committed tables

@@ -121,8 +121,8 @@ def _context_problems():
     return out
 
 
-def _context_cases():
-    """(problem name, ContextConfig) pairs to try."""
+def _context_cases(only: str = ""):
+    """(problem name, ContextConfig) pairs to try; `only`: keep the problems whose name contains it."""
     from minikv.kernels.launch import ContextConfig
     cases = []
     for name in ("causal workspace", "causal paged bf16", "cross b8 q512 enc4096 unfused bf16"):
@@ -130,7 +130,7 @@ def _context_cases():
     cases += [("cross b8 q512 enc4096 fused fp8", ContextConfig(*c, f16)) for c in LONG for f16 in (False, True)]
     cases += [("cross b64 q1 enc1024 unfused bf16", ContextConfig(16, *c)) for c in SHORT]
     cases += [("cross b64 q1 enc1024 fused fp8", ContextConfig(16, *c, f16)) for c in SHORT for f16 in (False, True)]
-    return cases
+    return [c for c in cases if only in c[0]]
 
 
 def _pinned_context(cfg):
@@ -165,13 +165,13 @@ def _compile_worker(args):
     return done, failed
 
 
-def precompile(workers: int) -> None:
+def precompile(workers: int, decode: bool = True, context: bool = True, only: str = "") -> None:
     jobs = []
-    for fmt in FORMATS:
+    for fmt in FORMATS if decode else ():
         for cand in decode_candidates(fmt):
             for splits in (1, 2):
                 jobs.append(("decode", fmt, cand, splits))
-    jobs += [("context", name, cfg) for name, cfg in _context_cases()]
+    jobs += [("context", name, cfg) for name, cfg in _context_cases(only)] if context else []
     chunks = [(i, jobs[i::workers]) for i in range(workers)]
     start = time.time()
     with mp.get_context("spawn").Pool(workers) as pool:
@@ -260,12 +260,12 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
     return {"|".join(map(str, k)): v for k, v in best.items()}
 
 
-def sweep_context(out_dir: str) -> dict:
+def sweep_context(out_dir: str, only: str = "") -> dict:
     import torch.nn.functional as F
     w = _Writer(os.path.join(out_dir, "context_sweep.csv"), ["case", "config", "ms", "TFLOPs", "error"])
     problems = _context_problems()
     best = {}
-    for name, cfg in _context_cases():
+    for name, cfg in _context_cases(only):
         fn, flops = problems[name]
         r = {"case": name, "config": json.dumps(dataclasses.astuple(cfg))}
         try:
@@ -294,18 +294,19 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="build/sweep")
     p.add_argument("--workers", type=int, default=max(1, min(16, (os.cpu_count() or 2) - 1)))
     p.add_argument("--skip", nargs="*", default=[], choices=["compile", "decode", "context"])
+    p.add_argument("--only", default="", help="context problems whose name contains this (e.g. 'fused')")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("the sweep needs a CUDA GPU")
         return 0
     os.makedirs(args.out, exist_ok=True)
     if "compile" not in args.skip:
-        precompile(args.workers)
+        precompile(args.workers, "decode" not in args.skip, "context" not in args.skip, args.only)
     best = {}
     if "decode" not in args.skip:
         best["decode"] = sweep_decode(args.out)
     if "context" not in args.skip:
-        best["context"] = {k: v for k, v in sweep_context(args.out).items()}
+        best["context"] = {k: v for k, v in sweep_context(args.out, args.only).items()}
     with open(os.path.join(args.out, "best.json"), "w") as f:
         json.dump(best, f, indent=1)
     return 0
