@@ -183,7 +183,8 @@ def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fie
         cfg = launch.context_config(head_size, q.dtype, max(q_lens) * group, max(kv_lens))
         programs = sum(triton.cdiv(n * group, cfg.block_m) for n in q_lens)
     else:
-        cfg = launch.context_config(head_size, q.dtype, rows_per_seq=num_tokens * group / batch)
+        cfg = launch.context_config(head_size, q.dtype, rows_per_seq=num_tokens * group / batch,
+                                    one_byte_cache=paged and fmt in ONE_BYTE_FORMATS)
         programs = triton.cdiv(num_tokens * group, cfg.block_m) + batch    # an upper bound; extras exit at once
     if programs == 0:
         return out
