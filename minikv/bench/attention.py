@@ -224,7 +224,67 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print) -> lis
     for r in rows:
         r.update(copy_GBps=ceil["copy_GBps"], read_GBps=ceil["read_GBps"], gpu=gpu, torch=torch.__version__,
                  triton=triton.__version__)
+    log("\ntargets (ratios within this run):")
+    for line in format_targets(rows):
+        log(line)
     return rows
+
+
+def _find(rows, kind, fmt, **match):
+    return next(r for r in rows if r["kind"] == kind and r["format"] == fmt
+                and all(int(r[k]) == v for k, v in match.items()))
+
+
+def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
+    """(what, measured ratio, target) for every target of issue 15, each ratio taken within the one run `rows`.
+
+    Works on the rows `run` returns and on rows read back from its CSV (numbers as floats)."""
+    decode = [r for r in rows if r["kind"] == "decode"]
+    ms = {(r["format"], int(r["batch"]), int(r["context"])): float(r["ms"]) for r in decode}
+    out = []
+
+    def speedup(fmt, b, c):
+        return ms[("auto", b, c)] / ms[(fmt, b, c)]
+
+    big = sorted((b, c) for (f, b, c) in ms if f == "auto" and b >= 16 and c >= 4096)
+    for fmt, goal in (("int8_per_token_head", 1.7), ("fp8_per_token_head", 1.7), ("fp8", 1.8)):
+        if (fmt, 64, 4096) in ms:
+            out.append((f"{fmt} vs bf16 paged decode, batch 64, context 4096", speedup(fmt, 64, 4096), goal))
+    for fmt in ("int8_per_token_head", "fp8_per_token_head"):
+        if big:
+            b, c = min(big, key=lambda bc: speedup(fmt, *bc))
+            out.append((f"{fmt} vs bf16 paged decode, worst with batch >= 16 and context >= 4096 (batch {b}, "
+                        f"context {c})", speedup(fmt, b, c), 1.5))
+    auto = [r for r in decode if r["format"] == "auto"]
+    for label, pick in (("batch >= 16", lambda r: int(r["batch"]) >= 16),
+                        ("batch 1, context >= 4096", lambda r: int(r["batch"]) == 1 and int(r["context"]) >= 4096)):
+        chosen = [r for r in auto if pick(r)]
+        if chosen:
+            w = min(chosen, key=lambda r: float(r["sdpa_over_minikv"]))
+            out.append((f"bf16 paged decode vs SDPA, worst with {label} (batch {int(w['batch'])}, context "
+                        f"{int(w['context'])})", float(w["sdpa_over_minikv"]), 0.9))
+    cross = [r for r in rows if r["kind"] == "cross-context" and "fused" in r["format"] and "unfused" not in r["format"]]
+    for r in cross:
+        out.append((f"fused fp8 cross context step vs unfused, batch {int(r['batch'])}, q_len {int(r['q_len'])}, "
+                    f"encoder {int(r['context'])}", float(r["unfused_over_fused"]), 1.3))
+    prefill = {r["format"]: float(r["TFLOPs"]) for r in rows if r["kind"] == "prefill"}
+    sdpa = prefill.get("self causal, torch SDPA")
+    if sdpa:
+        for name, goal in (("self causal, workspace (unfused)", 0.8), ("self causal, paged bf16 (fused)", 0.7)):
+            if name in prefill:
+                out.append((f"causal context attention TFLOP/s vs SDPA, {name.split(', ', 1)[1]}, batch 8, "
+                            f"length 4096", prefill[name] / sdpa, goal))
+    return out
+
+
+def format_targets(rows: list[dict]) -> list[str]:
+    """One line per target: met/MISSED, the ratio to three decimals, the target; the verdict compares the same
+    three-decimal values that are printed."""
+    lines = []
+    for what, value, goal in targets(rows):
+        met = round(value, 3) >= goal
+        lines.append(f"{'met   ' if met else 'MISSED'} {value:6.3f}x (target {goal:.2f}x)  {what}")
+    return lines
 
 
 def write_csv(rows: list[dict], path) -> None:
