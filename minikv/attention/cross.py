@@ -86,8 +86,6 @@ class CrossAttentionImpl:
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sm_scale = layout.head_size ** -0.5
         self.last_context_path: str | None = None   # "fused" or "unfused": which path the last context step took
-        # Instrumentation: probe(impl, is_prefill, q, k, v, out, metadata) after every real step, if set.
-        self.probe = None
 
     def _quantized(self) -> bool:
         return self.layout.kv_cache_dtype != "auto"
@@ -117,10 +115,7 @@ class CrossAttentionImpl:
         cm = md.cross
         if cm is None:
             raise RuntimeError(f"{self.layer_name}: cross attention needs cross metadata")
-        out = self._attend(layer.kv_cache, q, k, v, md)
-        if self.probe is not None:
-            self.probe(self, md.is_prefill, q, k, v, out, md)
-        return out
+        return self._attend(layer.kv_cache, q, k, v, md)
 
     def _attend(self, pool, q, k, v, md) -> torch.Tensor:
         cm = md.cross

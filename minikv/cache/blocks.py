@@ -58,6 +58,11 @@ def chain_root(seq: Sequence) -> int:
     return hash((tuple(seq.encoder_token_ids),))
 
 
+def slot_of(block_table: SequenceOf[int], position: int, block_size: int) -> int:
+    """The cache slot of token `position` of a sequence: its block's id times block_size, plus its place in it."""
+    return block_table[position // block_size] * block_size + position % block_size
+
+
 @dataclass
 class Block:
     """One cache block. `hash`/`token_ids` are set once the block is full (prefix caching only)."""

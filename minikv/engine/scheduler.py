@@ -57,6 +57,15 @@ class Scheduler:
             raise ValueError(f"request {seq.request_id} is not a fresh sequence ({seq!r})")
         if seq.request_id in self._unfinished:
             raise ValueError(f"request id {seq.request_id} is already queued or running")
+        self.check_admissible(seq)
+        self.waiting.append(seq)
+        self._unfinished[seq.request_id] = seq
+
+    def check_admissible(self, seq: Sequence) -> None:
+        """Raise ValueError when `seq` could never run with these pools and budgets. Changes nothing.
+
+        The one place that decides whether a request fits (the LLM facade asks it for every prompt of a call
+        before queueing any)."""
         needed = self.blocks_needed(seq)
         pool = self.block_manager.num_blocks
         if needed > pool:
@@ -89,8 +98,6 @@ class Scheduler:
                     f"tokens need {cross_needed} cross blocks, but the cross pool holds only "
                     f"{cross_pool} blocks"
                 )
-        self.waiting.append(seq)
-        self._unfinished[seq.request_id] = seq
 
     # ---- one step ----------------------------------------------------------------------------------
 
@@ -208,6 +215,10 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
+
+    def unfinished_ids(self) -> list[int]:
+        """Ids of the requests waiting or running, oldest first."""
+        return list(self._unfinished)
 
     def _free(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
