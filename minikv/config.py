@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head")
+from minikv.kernels.formats import KV_CACHE_DTYPES, check_kv_cache_dtype  # noqa: F401  (the one format table)
+
 BLOCK_SIZES = (8, 16, 32, 64)
 
 
@@ -64,12 +65,7 @@ class CacheConfig:
 
     def __post_init__(self):
         # The one authority for these parameters: everything downstream takes them as given.
-        if not isinstance(self.kv_cache_dtype, str):
-            raise TypeError(f"kv_cache_dtype must be a str, got {type(self.kv_cache_dtype).__name__}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}"
-            )
+        check_kv_cache_dtype(self.kv_cache_dtype)
         check_int("block_size", self.block_size)
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be 8, 16, 32 or 64, got {self.block_size}")

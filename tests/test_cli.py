@@ -28,9 +28,9 @@ def test_repro_cross_stride_passes(capsys):
     assert "overrun caught" in out and "All signatures reproduced" in out
 
 
-import pytest  # noqa: E402
+import pytest
 
-import minikv  # noqa: E402
+import minikv
 
 
 @pytest.mark.parametrize("argv,fragment", [

@@ -43,7 +43,7 @@ def test_two_engines_in_two_threads_match_each_alone(backend):
     def work(i):
         try:
             got[i] = [tokens(engines[i], prompts, temperature=0.7) for _ in range(2 if backend == "torch" else 1)]
-        except BaseException as err:        # pragma: no cover - reported below
+        except Exception as err:  # noqa: BLE001 - reported by the assert below
             errors.append(err)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
@@ -57,7 +57,7 @@ def test_two_engines_in_two_threads_match_each_alone(backend):
 
 
 def test_one_engine_from_two_threads_at_once_is_refused(llm):
-    inside, release = threading.Event(), threading.Event()
+    inside = threading.Event()
     rid = llm.add_request("3 7", minikv.SamplingParams(max_tokens=2))
     with llm._exclusive():                  # hold the engine as a running call in this thread would
         def other():
@@ -173,8 +173,12 @@ def _overrun():
     llm = engine(model=ENCDEC, kv_cache_dtype="fp8", reintroduce=("cross-stride",), check_layout=False,
                  cross_pool_blocks=2, max_num_seqs=2)
     prompts = ["abcdefghijklmnopq1234", "zyxwvutsrqponmlkj9876"]
-    with pytest.raises(minikv.KVCacheOverrunError):
+    with pytest.raises(minikv.KVCacheOverrunError) as info:
         llm.generate(prompts, minikv.SamplingParams(max_tokens=4), use_tqdm=False)
+    failed = info.value.step_output              # the failed step, as far as it got
+    assert failed.phase == "prefill" and failed.trace.guard_check == "failed" and not failed.sampled
+    assert [e.layer for e in failed.trace.events if e.kind == "cross"] == ["decoder.0.cross_attn",
+                                                                            "decoder.1.cross_attn"]
     return llm
 
 

@@ -121,17 +121,18 @@ class CrossAttentionImpl:
         cm = md.cross
         if md.is_prefill:
             # Context step: the encoder K/V are written once into the cross pool ...
-            self.ops.write_kv(k, v, pool, cm.slot_mapping, self.layout, self.k_scale, self.v_scale,
-                              validate=False)
+            self.ops.write_kv(k, v, pool, cm.slot_mapping, spec=self.layout, k_scale=self.k_scale,
+                              v_scale=self.v_scale, validate=False)
             if self._use_fused():
                 # ... and the fused path reads them back from the cache,
                 self.last_context_path = "fused"
-                return self.ops.paged_context(q, pool, cm.block_tables, md.query_start_loc, cm.encoder_seq_lens,
-                                              self._context_read_layout(), False, self.sm_scale, self.k_scale,
-                                              self.v_scale, validate=False)
+                return self.ops.paged_context(q, pool, block_tables=cm.block_tables,
+                                              cu_seqlens_q=md.query_start_loc, seq_lens=cm.encoder_seq_lens,
+                                              spec=self._context_read_layout(), causal=False, sm_scale=self.sm_scale,
+                                              k_scale=self.k_scale, v_scale=self.v_scale, validate=False)
             # ... while the unfused path uses the 16-bit workspace copy it already has.
             self.last_context_path = "unfused"
-            return self.ops.context(q, k, v, md.query_start_loc, cm.encoder_start_loc, False, self.sm_scale,
-                                    validate=False)
-        return self.ops.decode(q, pool, cm.block_tables, cm.encoder_seq_lens, self.layout, self.sm_scale,
-                               self.k_scale, self.v_scale, validate=False)
+            return self.ops.context(q, k, v, cu_seqlens_q=md.query_start_loc, cu_seqlens_k=cm.encoder_start_loc,
+                                    causal=False, sm_scale=self.sm_scale, validate=False)
+        return self.ops.decode(q, pool, block_tables=cm.block_tables, seq_lens=cm.encoder_seq_lens, spec=self.layout,
+                               sm_scale=self.sm_scale, k_scale=self.k_scale, v_scale=self.v_scale, validate=False)

@@ -14,7 +14,8 @@ Rules the facade keeps:
   id used, later seeded sampling unchanged);
 - a step that raises aborts the requests it was running; after a KVCacheOverrunError the cache contents are
   untrusted, so every in-flight request is aborted and every later call raises `EngineNeedsResetError` until
-  `reset()` (or `sleep()` then `wake_up()`) gives the engine a fresh arena;
+  `reset()` (or `sleep()` then `wake_up()`) gives the engine a fresh arena. The error carries the failed step
+  as far as it got, `err.step_output` (a StepOutput with no sampled tokens and guard_check "failed");
 - an engine serves one thread at a time: a call from a second thread while one runs raises
   `ConcurrentUseError` (give each thread its own LLM; two engines in two threads are independent).
 """
@@ -271,6 +272,14 @@ class LLM:
             tokens, ctx = self.runner.execute(batch, is_prefill, capture=capture)
         except KVCacheOverrunError as err:
             self._needs_reset = f"a KV cache overrun was detected at step {self.runner.step - 1} ({err})"
+            # What the failed step did, up to the guard check: block tables, slots and the layers' cache events.
+            ctx = self.runner.last_context
+            err.step_output = StepOutput(
+                step=ctx.step, phase="prefill" if is_prefill else "decode",
+                request_ids=tuple(s.request_id for s in batch), sampled={}, finished=(),
+                trace=StepTrace(events=tuple(ctx.events),
+                                scale_fills=tuple(self.runner.census.fills[fills_before:]), guard_check="failed"),
+                **self._snapshot(batch, is_prefill, ctx))
             for rid in list(self.scheduler.unfinished_ids()):
                 self.scheduler.abort(rid)
             raise

@@ -77,6 +77,7 @@ class ModelRunner:
                                         historical_context_read="cross-fp8-context-read" in bugs)
         self.arena: KVArena | None = None
         self._pool_owners: dict = {}
+        self.last_context: ForwardContext | None = None
         self.check_memory()
         self.wake_up()
 
@@ -212,6 +213,7 @@ class ModelRunner:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         input_ids, positions, md, encoder_out = self.prepare(seqs, is_prefill)
         ctx = ForwardContext(attn_metadata=md, step=self.step, pool_names=self.pool_names, capture=capture)
+        self.last_context = ctx          # kept for a step that raises (LLM attaches its partial trace to the error)
         with set_forward_context(ctx):
             if self.cross_layers:
                 hidden = self.model.decode(input_ids, positions, encoder_out=encoder_out)

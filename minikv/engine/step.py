@@ -31,8 +31,8 @@ class StepTrace:
     `events`: one `CacheEvent` per attention layer (which pool it wrote and/or read; the context path cross
     attention took). `scale_fills`: the scale-region fills (`ScaleFill`, from the engine's census) that happened
     during this step: a late fill with `overwritten > 0` is defect A at work. `guard_check`: "passed" when the
-    arena's guard zones were checked after the step and found intact, "off" with `sanitize=False` (a damaged
-    guard raises KVCacheOverrunError instead of returning a step).
+    arena's guard zones were checked after the step and found intact, "off" with `sanitize=False`; "failed"
+    only in the `step_output` a KVCacheOverrunError carries (a damaged guard raises instead of returning a step).
     """
 
     events: tuple[CacheEvent, ...]
