@@ -6,6 +6,10 @@ the safetensors header, so a file whose header still parses but whose data was d
 
     model = load_model("tiny-kvshare")                 # float32 on CPU, bfloat16 on CUDA
     model = load_model("tiny-encdec", device="cuda")   # float16 on CPU and on CUDA
+    model = load_model("/path/to/dir")                  # a transformers-format Gemma-4 or T5 checkpoint directory
+
+`load_model` and `get_tokenizer` also take the path of a checkpoint directory in transformers' format
+(config.json + model.safetensors; see `minikv.models.hf_checkpoint` and `minikv.models.dir_tokenizer`).
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from minikv.config import ModelConfig
+from minikv.models import hf_checkpoint
+from minikv.models.dir_tokenizer import load_tokenizer
 from minikv.models.encdec import EncDecModel
 from minikv.models.kvshare import KVShareModel
 from minikv.models.tokenizer import CharTokenizer
@@ -57,7 +63,9 @@ def model_config(name: str) -> ModelConfig:
     return _CONFIGS[name]
 
 
-def get_tokenizer(name: str) -> CharTokenizer:
+def get_tokenizer(name: str | Path) -> CharTokenizer:
+    if hf_checkpoint.is_checkpoint_dir(name):
+        return load_tokenizer(name)
     _check_name(name)
     return CharTokenizer()
 
@@ -133,12 +141,18 @@ def _check_tensors(name: str, model: nn.Module, tensors: dict[str, torch.Tensor]
 
 def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,
                weights_dir: str | Path | None = None) -> nn.Module:
-    """The model with its shipped weights, in eval mode, on `device`, in `dtype` (None: `default_dtype`)."""
-    _check_name(name)
+    """The model with its shipped weights, in eval mode, on `device`, in `dtype` (None: `default_dtype`).
+    `name` may also be a checkpoint directory in transformers' format."""
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         dtype = _DTYPES[dtype]
+    if hf_checkpoint.is_checkpoint_dir(name):
+        try:
+            return hf_checkpoint.load_checkpoint(name, device=device, dtype=dtype)
+        except hf_checkpoint.CheckpointError as err:
+            raise ModelLoadError(str(err)) from None
+    _check_name(name)
     if dtype is None:
         dtype = default_dtype(name, device)
     if dtype not in _DTYPES.values():

@@ -1,0 +1,546 @@
+"""Gemma-4's text decoder (transformers' `Gemma4ForCausalLM` with a `gemma4_text` config), written for minikv.
+
+What makes Gemma-4 different from a plain decoder, all driven by `config.json`:
+
+* the token embedding is multiplied by sqrt(hidden_size);
+* four RMSNorms per layer (before and after attention, before and after the MLP), RMSNorm on every query and key
+  head, and a weightless RMSNorm on every value head; attention scores are *not* scaled by 1/sqrt(head_dim);
+* two layer types: `sliding_attention` layers see only the last `sliding_window` positions (the query's own
+  included), `full_attention` layers see everything. Each type has its own RoPE (`rope_parameters[type]`: theta,
+  and for "proportional" RoPE only the first `partial_rotary_factor` of the frequencies rotate) and may have its
+  own head size and KV-head count (`per_layer_config`, or the older `global_head_dim` /
+  `num_global_key_value_heads` keys); with `attention_k_eq_v` full layers have no value projection and use the
+  raw key projection as values;
+* per-layer inputs (PLE), when `hidden_size_per_layer_input` > 0: a second, packed embedding gives every layer
+  a small extra input that gates a residual branch after the MLP;
+* a learned per-layer output scalar, and optional final logit soft-capping (cap * tanh(logits / cap));
+* KV sharing: the last `num_kv_shared_layers` layers compute no keys or values; each one attends over the K/V
+  of the last non-shared layer of its own layer type (`Gemma4Config.kv_source`), derived as transformers does.
+
+Parameter names equal transformers' (`model.layers.3.self_attn.q_proj.weight`, ...), so a checkpoint directory
+loads with a plain state dict (see `minikv.models.hf_checkpoint`).
+
+Two ways to run it, as minikv's other models:
+
+* dense (training, parity tests, the golden reference): `input_ids` and `positions` are [B, T]; an optional
+  `DenseKVCache` carries K/V across calls for incremental decoding;
+* engine (inside `set_forward_context`): flattened [T] tokens; every layer hands its q (and, if it owns K/V, its
+  fresh k and v) to its `Attention` op, which reads and writes the paged cache; a KV-sharing layer's op is bound
+  to its source layer's cache. What the paged kernels cannot do yet is refused with a clear error
+  (`Gemma4Config.check_engine_support`): a sliding window shorter than the context, and per-layer head sizes or
+  KV-head counts (the engine allocates every pool with one layout).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minikv.attention.context import get_forward_context
+from minikv.models.layers import Attention, check_token_inputs
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+_ACTIVATIONS = {
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "relu": F.relu,
+}
+_DEFAULT_ROPE = {
+    SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
+    FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+}
+
+
+class Gemma4ConfigError(ValueError):
+    """A gemma4_text config that minikv cannot run (unsupported option or inconsistent values)."""
+
+
+@dataclass(frozen=True)
+class Gemma4Config:
+    """The resolved shape of a Gemma-4 text decoder: every per-layer value already derived."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    layer_types: tuple[str, ...]
+    layer_head_dims: tuple[int, ...]         # head size of each layer
+    layer_kv_heads: tuple[int, ...]          # KV heads of each layer
+    sliding_window: int
+    rope_parameters: dict = field(default_factory=lambda: dict(_DEFAULT_ROPE))
+    hidden_activation: str = "gelu_pytorch_tanh"
+    rms_norm_eps: float = 1e-6
+    final_logit_softcapping: float | None = None
+    hidden_size_per_layer_input: int = 0
+    vocab_size_per_layer_input: int = 0
+    attention_k_eq_v: bool = False
+    num_kv_shared_layers: int = 0
+    use_double_wide_mlp: bool = False
+    attention_bias: bool = False
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 131_072
+    pad_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 1
+    bos_token_id: int | None = 2
+    name: str = field(default="gemma4", compare=False)
+
+    def __post_init__(self):
+        n = self.num_hidden_layers
+        for key in ("layer_types", "layer_head_dims", "layer_kv_heads"):
+            if len(getattr(self, key)) != n:
+                raise Gemma4ConfigError(f"{key} has {len(getattr(self, key))} entries for {n} layers")
+        if bad := set(self.layer_types) - {SLIDING, FULL}:
+            raise Gemma4ConfigError(f"unknown layer types {sorted(bad)}; Gemma-4 has {SLIDING!r} and {FULL!r}")
+        for t in set(self.layer_types):
+            rope = self.rope_parameters.get(t)
+            if rope is None or rope.get("rope_type", "default") not in ("default", "proportional"):
+                raise Gemma4ConfigError(f"rope_parameters[{t!r}] must be a 'default' or 'proportional' RoPE, "
+                                        f"got {rope!r}")
+            dims = {d for d, lt in zip(self.layer_head_dims, self.layer_types) if lt == t}
+            if len(dims) != 1:
+                raise Gemma4ConfigError(f"all {t} layers must share one head size (RoPE is per type), got {dims}")
+        for i, kv in enumerate(self.layer_kv_heads):
+            if self.num_attention_heads % kv:
+                raise Gemma4ConfigError(f"layer {i}: {self.num_attention_heads} query heads are not a multiple "
+                                        f"of {kv} KV heads")
+        if not 0 <= self.num_kv_shared_layers < n:
+            raise Gemma4ConfigError(f"num_kv_shared_layers must be in [0, {n}), got {self.num_kv_shared_layers}")
+        if self.hidden_activation not in _ACTIVATIONS:
+            raise Gemma4ConfigError(f"hidden_activation {self.hidden_activation!r} is not supported; choose one "
+                                    f"of {', '.join(_ACTIVATIONS)}")
+        self.kv_sources  # noqa: B018  (validates the sharing topology)
+
+    # ---- derived topology -------------------------------------------------------------------------------------
+    @property
+    def first_kv_shared_layer(self) -> int:
+        return self.num_hidden_layers - self.num_kv_shared_layers
+
+    @property
+    def kv_sources(self) -> tuple[int, ...]:
+        """For each layer, the layer whose K/V it attends over: itself, or for a sharing layer the last layer
+        before the shared block with the same layer type (transformers' `kv_sharing_modes`)."""
+        first = self.first_kv_shared_layer
+        last_of_type = {t: i for i, t in enumerate(self.layer_types[:first])}
+        if set(last_of_type) != set(self.layer_types):
+            raise Gemma4ConfigError("every layer type used by a KV-sharing layer needs a non-shared layer of the "
+                                    f"same type before layer {first} to produce its cache; layer types "
+                                    f"{list(self.layer_types)}, num_kv_shared_layers={self.num_kv_shared_layers}")
+        return tuple(i if i < first else last_of_type[t] for i, t in enumerate(self.layer_types))
+
+    def is_kv_shared(self, layer: int) -> bool:
+        return layer >= self.first_kv_shared_layer
+
+    def window(self, layer: int) -> int | None:
+        """Keys a query of `layer` may see, itself included (None: all earlier positions)."""
+        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+
+    def head_dim_of_type(self, layer_type: str) -> int:
+        return self.layer_head_dims[self.layer_types.index(layer_type)]
+
+    # ---- what minikv's engine reads (ModelConfig's names) -----------------------------------------------------
+    is_encoder_decoder = False
+    max_encoder_len = 0
+
+    @property
+    def max_position(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def kv_sharing(self) -> dict[int, int]:
+        """{sharing layer: the layer whose cache it reads}, the engine's form of `kv_sources`."""
+        return {i: s for i, s in enumerate(self.kv_sources) if s != i}
+
+    def kv_owner(self, layer: int) -> int:
+        return self.kv_sources[layer]
+
+    @property
+    def head_size(self) -> int:
+        self.check_engine_support()
+        return self.layer_head_dims[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        self.check_engine_support()
+        return self.layer_kv_heads[0]
+
+    def check_engine_support(self) -> None:
+        """Raise unless minikv's paged engine can run this config today."""
+        if len(set(self.layer_head_dims)) > 1 or len(set(self.layer_kv_heads)) > 1:
+            raise Gemma4ConfigError(
+                f"{self.name}: layers with different head sizes {sorted(set(self.layer_head_dims))} or KV-head "
+                f"counts {sorted(set(self.layer_kv_heads))} need one KV layout per layer type, which minikv's "
+                f"engine does not have yet; run the model in dense mode")
+        if SLIDING in self.layer_types and self.sliding_window < self.max_position_embeddings:
+            raise Gemma4ConfigError(
+                f"{self.name}: sliding_window {self.sliding_window} is shorter than max_position_embeddings "
+                f"{self.max_position_embeddings}; the paged kernels have no sliding window yet, so the engine "
+                f"runs only configs whose window covers the whole context")
+
+    # ---- transformers' config.json ----------------------------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, d: dict, name: str = "gemma4") -> Gemma4Config:
+        """Resolve a `gemma4_text` config.json the way transformers' `Gemma4TextConfig` does."""
+        if d.get("model_type", "gemma4_text") != "gemma4_text":
+            raise Gemma4ConfigError(f"expected model_type 'gemma4_text', got {d.get('model_type')!r}")
+        if d.get("enable_moe_block"):
+            raise Gemma4ConfigError("Gemma-4 MoE blocks (enable_moe_block=true) are not implemented in minikv")
+        if d.get("use_bidirectional_attention") == "all":
+            raise Gemma4ConfigError("use_bidirectional_attention='all' is not supported: minikv runs causal "
+                                    "decoders")
+        n = d.get("num_hidden_layers", 30)
+        layer_types = list(d.get("layer_types") or
+                           [SLIDING if (i + 1) % 6 else FULL for i in range(n)])
+        layer_types[-1] = FULL                              # transformers forces the last layer to be full
+        head_dim, kv_heads = d.get("head_dim", 256), d.get("num_key_value_heads", 4)
+        k_eq_v = bool(d.get("attention_k_eq_v", False))
+        if "per_layer_config" in d:
+            overrides = {int(k): dict(v) for k, v in (d["per_layer_config"] or {}).items()}
+        else:
+            full = {"head_dim": d.get("global_head_dim", 512)}
+            if k_eq_v and d.get("num_global_key_value_heads") is not None:
+                full["num_key_value_heads"] = d["num_global_key_value_heads"]
+            overrides = {i: full for i, t in enumerate(layer_types) if t == FULL}
+        for i, o in overrides.items():
+            if set(o) - {"head_dim", "num_key_value_heads"}:
+                raise Gemma4ConfigError(f"per_layer_config[{i}] overrides {sorted(o)}; minikv supports only "
+                                        f"head_dim and num_key_value_heads")
+        return cls(
+            vocab_size=d.get("vocab_size", 262_144), hidden_size=d.get("hidden_size", 2304),
+            intermediate_size=d.get("intermediate_size", 9216), num_hidden_layers=n,
+            num_attention_heads=d.get("num_attention_heads", 8), layer_types=tuple(layer_types),
+            layer_head_dims=tuple(overrides.get(i, {}).get("head_dim", head_dim) for i in range(n)),
+            layer_kv_heads=tuple(overrides.get(i, {}).get("num_key_value_heads", kv_heads) for i in range(n)),
+            sliding_window=d.get("sliding_window", 512),
+            rope_parameters={k: dict(v) for k, v in (d.get("rope_parameters") or _DEFAULT_ROPE).items()},
+            hidden_activation=d.get("hidden_activation", "gelu_pytorch_tanh"),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6), final_logit_softcapping=d.get("final_logit_softcapping"),
+            hidden_size_per_layer_input=d.get("hidden_size_per_layer_input", 256) or 0,
+            vocab_size_per_layer_input=d.get("vocab_size_per_layer_input", 262_144), attention_k_eq_v=k_eq_v,
+            num_kv_shared_layers=d.get("num_kv_shared_layers", 0),
+            use_double_wide_mlp=bool(d.get("use_double_wide_mlp", False)),
+            attention_bias=bool(d.get("attention_bias", False)),
+            tie_word_embeddings=d.get("tie_word_embeddings", True) is not False,
+            max_position_embeddings=d.get("max_position_embeddings", 131_072),
+            pad_token_id=d.get("pad_token_id", 0), eos_token_id=d.get("eos_token_id", 1),
+            bos_token_id=d.get("bos_token_id", 2), name=name,
+        )
+
+    def to_hf_dict(self) -> dict:
+        """A config.json that transformers resolves back to this config."""
+        sliding_dims = {d for d, t in zip(self.layer_head_dims, self.layer_types) if t == SLIDING}
+        base_dim = sliding_dims.pop() if sliding_dims else self.layer_head_dims[0]
+        base_kv = next((kv for kv, t in zip(self.layer_kv_heads, self.layer_types) if t == SLIDING),
+                       self.layer_kv_heads[0])
+        per_layer = {str(i): {k: v for k, v in (("head_dim", d), ("num_key_value_heads", kv))
+                              if v != {"head_dim": base_dim, "num_key_value_heads": base_kv}[k]}
+                     for i, (d, kv) in enumerate(zip(self.layer_head_dims, self.layer_kv_heads))}
+        return {
+            "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": base_kv,
+            "head_dim": base_dim, "per_layer_config": {k: v for k, v in per_layer.items() if v},
+            "layer_types": list(self.layer_types), "sliding_window": self.sliding_window,
+            "rope_parameters": self.rope_parameters, "hidden_activation": self.hidden_activation,
+            "rms_norm_eps": self.rms_norm_eps, "final_logit_softcapping": self.final_logit_softcapping,
+            "hidden_size_per_layer_input": self.hidden_size_per_layer_input,
+            "vocab_size_per_layer_input": self.vocab_size_per_layer_input,
+            "attention_k_eq_v": self.attention_k_eq_v, "num_kv_shared_layers": self.num_kv_shared_layers,
+            "use_double_wide_mlp": self.use_double_wide_mlp, "attention_bias": self.attention_bias,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings, "pad_token_id": self.pad_token_id,
+            "eos_token_id": self.eos_token_id, "bos_token_id": self.bos_token_id, "enable_moe_block": False,
+        }
+
+
+# ---- building blocks --------------------------------------------------------------------------------------------
+class Gemma4RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps), in float32, times `weight` (absent for the value norm: `with_scale=False`)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, with_scale: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            out = out * self.weight.float()
+        return out.to(x.dtype)
+
+
+class ScaledEmbedding(nn.Embedding):
+    """An embedding whose rows are multiplied by a constant, held in float32 and then rounded to the weight's
+    dtype, as upstream does (in bfloat16, sqrt(3072) becomes 55.5)."""
+
+    def __init__(self, num: int, dim: int, scale: float):
+        super().__init__(num, dim)
+        self.scale = scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor(self.scale, dtype=torch.float32, device=ids.device).to(self.weight.dtype)
+        return super().forward(ids) * scale
+
+
+def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2] of one layer type. 'proportional' RoPE rotates only the first
+    `partial_rotary_factor` of the pairs (the exponents still run over the whole head); the rest get frequency 0,
+    i.e. they pass through unrotated."""
+    theta = rope["rope_theta"]
+    if rope.get("rope_type", "default") == "default":
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    rotated = int(rope.get("partial_rotary_factor", 1.0) * head_dim // 2)
+    inv = 1.0 / (theta ** (torch.arange(0, 2 * rotated, 2, dtype=torch.float32) / head_dim))
+    inv = torch.cat([inv, torch.zeros(head_dim // 2 - rotated)])
+    return inv / rope.get("factor", 1.0)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs (x[..., i], x[..., i + D/2]). x: [B, T, heads, D]; cos, sin: [B, T, D]."""
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, :, None, :] + rotated_half * sin[:, :, None, :]
+
+
+def attention_mask(q_pos: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:
+    """bool [B, 1, T, S], True = attend. Key j is visible to a query at position p when j <= p and, on a sliding
+    layer, p - j < window (the window counts the query's own position)."""
+    k_pos = torch.arange(num_keys, device=q_pos.device)
+    dist = q_pos[:, None, :, None] - k_pos[None, None, None, :]
+    visible = dist >= 0
+    if window is not None:
+        visible &= dist < window
+    return visible
+
+
+class DenseKVCache:
+    """Per-layer K/V of every position so far, [B, kv_heads, S, D], for incremental dense decoding (the simple
+    golden reference; the engine's paged cache is elsewhere). Only layers that own K/V store anything."""
+
+    def __init__(self):
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def length(self) -> int:
+        return next(iter(self.kv.values()))[0].shape[2] if self.kv else 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer in self.kv:
+            k = torch.cat([self.kv[layer][0], k], dim=2)
+            v = torch.cat([self.kv[layer][1], v], dim=2)
+        self.kv[layer] = (k, v)
+        return k, v
+
+
+def layer_name(index: int) -> str:
+    """Name of a decoder layer's Attention op (the key the engine binds caches by)."""
+    return f"model.layers.{index}.self_attn"
+
+
+# ---- the model -----------------------------------------------------------------------------------------------------
+class Gemma4Attention(nn.Module):
+    def __init__(self, config: Gemma4Config, index: int):
+        super().__init__()
+        self.index = index
+        self.layer_type = config.layer_types[index]
+        self.window = config.window(index)
+        self.num_heads, self.head_dim = config.num_attention_heads, config.layer_head_dims[index]
+        self.num_kv_heads = config.layer_kv_heads[index]
+        self.kv_shared = config.is_kv_shared(index)
+        h, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
+        self.q_norm = Gemma4RMSNorm(self.head_dim, config.rms_norm_eps)
+        if not self.kv_shared:
+            self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+            keys_are_values = config.attention_k_eq_v and self.layer_type == FULL
+            self.v_proj = None if keys_are_values else nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+            self.k_norm = Gemma4RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.v_norm = Gemma4RMSNorm(self.head_dim, config.rms_norm_eps, with_scale=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+        source = config.kv_sources[index]
+        self.attn = Attention(layer_name(index), self.num_heads, self.num_kv_heads, self.head_dim, kind="self",
+                              kv_sharing_target=layer_name(source) if self.kv_shared else None)
+
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Fresh K (normed, rotated) and V (normed) for the tokens of x: each [B, T, kv_heads, D]."""
+        shape = (*x.shape[:-1], self.num_kv_heads, self.head_dim)
+        k = self.k_proj(x).view(shape)
+        v = k if self.v_proj is None else self.v_proj(x).view(shape)     # k_eq_v: the raw key projection
+        return apply_rope(self.k_norm(k), cos, sin), self.v_norm(v)
+
+    def forward(self, x, cos, sin, positions, produced: dict, cache: DenseKVCache | None):
+        shape = (*x.shape[:-1], self.num_heads, self.head_dim)
+        q = apply_rope(self.q_norm(self.q_proj(x).view(shape)), cos, sin)
+        if get_forward_context() is not None:                     # engine mode: x is one flattened row [1, T, H]
+            return self.o_proj(self.engine_attention(q, x, cos, sin).reshape(*x.shape[:-1], -1))
+        q = q.transpose(1, 2)
+        if self.kv_shared:
+            k, v = produced[self.layer_type]
+        else:
+            k, v = (t.transpose(1, 2) for t in self.project_kv(x, cos, sin))
+            if cache is not None:
+                k, v = cache.append(self.index, k, v)
+            produced[self.layer_type] = (k, v)      # what later sharing layers of this type attend over
+        mask = attention_mask(positions, k.shape[2], self.window)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+
+
+    def engine_attention(self, q, x, cos, sin):
+        k = v = None                                              # a sharing layer: the engine reads the source
+        if not self.kv_shared:
+            k, v = (t[0] for t in self.project_kv(x, cos, sin))
+        # Gemma-4 does not scale scores (scaling 1.0) but AttentionImpl applies head_size**-0.5: undo it on q.
+        # For head sizes 16, 64 and 256 the factor is a power of two, so this is exact.
+        return self.attn(q[0] * self.head_dim ** 0.5, k, v)[None]
+
+
+class Gemma4MLP(nn.Module):
+    def __init__(self, config: Gemma4Config, index: int):
+        super().__init__()
+        wide = 2 if config.use_double_wide_mlp and config.is_kv_shared(index) else 1
+        inter = config.intermediate_size * wide
+        self.gate_proj = nn.Linear(config.hidden_size, inter, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, inter, bias=False)
+        self.down_proj = nn.Linear(inter, config.hidden_size, bias=False)
+        self.act = _ACTIVATIONS[config.hidden_activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Gemma4DecoderLayer(nn.Module):
+    def __init__(self, config: Gemma4Config, index: int):
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = Gemma4Attention(config, index)
+        self.mlp = Gemma4MLP(config, index)
+        self.input_layernorm = Gemma4RMSNorm(h, eps)
+        self.post_attention_layernorm = Gemma4RMSNorm(h, eps)
+        self.pre_feedforward_layernorm = Gemma4RMSNorm(h, eps)
+        self.post_feedforward_layernorm = Gemma4RMSNorm(h, eps)
+        self.register_buffer("layer_scalar", torch.ones(1))
+        self.ple_dim = config.hidden_size_per_layer_input
+        if self.ple_dim:
+            self.act = _ACTIVATIONS[config.hidden_activation]
+            self.per_layer_input_gate = nn.Linear(h, self.ple_dim, bias=False)
+            self.per_layer_projection = nn.Linear(self.ple_dim, h, bias=False)
+            self.post_per_layer_input_norm = Gemma4RMSNorm(h, eps)
+
+    def forward(self, x, per_layer_input, cos, sin, positions, produced, cache):
+        x = x + self.post_attention_layernorm(
+            self.self_attn(self.input_layernorm(x), cos, sin, positions, produced, cache))
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        if self.ple_dim:
+            gated = self.act(self.per_layer_input_gate(x)) * per_layer_input
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(gated))
+        return x * self.layer_scalar
+
+
+class Gemma4TextModel(nn.Module):
+    """The decoder stack (transformers' `model.` prefix): embeddings, PLE, layers, final norm."""
+
+    def __init__(self, config: Gemma4Config):
+        super().__init__()
+        self.config = config
+        h, n = config.hidden_size, config.num_hidden_layers
+        self.embed_tokens = ScaledEmbedding(config.vocab_size, h, h ** 0.5)
+        self.layers = nn.ModuleList(Gemma4DecoderLayer(config, i) for i in range(n))
+        self.norm = Gemma4RMSNorm(h, config.rms_norm_eps)
+        p = config.hidden_size_per_layer_input
+        if p:
+            self.embed_tokens_per_layer = ScaledEmbedding(config.vocab_size_per_layer_input, n * p, p ** 0.5)
+            self.per_layer_model_projection = nn.Linear(h, n * p, bias=False)
+            self.per_layer_projection_norm = Gemma4RMSNorm(p, config.rms_norm_eps)
+        for t in set(config.layer_types):
+            inv = rope_inv_freq(config.rope_parameters[t], config.head_dim_of_type(t))
+            self.register_buffer(f"inv_freq_{t}", inv, persistent=False)
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """[B, T, layers, P]: (normed projection of the embedding + per-layer token embedding) / sqrt(2)."""
+        c, p = self.config, self.config.hidden_size_per_layer_input
+        shape = (*input_ids.shape, c.num_hidden_layers, p)
+        projected = self.per_layer_model_projection(embeds) * c.hidden_size ** -0.5
+        projected = self.per_layer_projection_norm(projected.reshape(shape))
+        return (projected + self.embed_tokens_per_layer(input_ids).reshape(shape)) * 2.0 ** -0.5
+
+    def rope(self, layer_type: str, positions: torch.Tensor, dtype: torch.dtype):
+        freqs = positions[..., None].float() * getattr(self, f"inv_freq_{layer_type}").float()   # float32
+        angles = torch.cat([freqs, freqs], dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: DenseKVCache | None = None):
+        x = self.embed_tokens(input_ids)
+        ple = self.per_layer_inputs(input_ids, x) if self.config.hidden_size_per_layer_input else None
+        rope = {t: self.rope(t, positions, x.dtype) for t in set(self.config.layer_types)}
+        produced: dict = {}
+        for i, layer in enumerate(self.layers):
+            cos, sin = rope[self.config.layer_types[i]]
+            x = layer(x, None if ple is None else ple[:, :, i], cos, sin, positions, produced, cache)
+        return self.norm(x)
+
+
+class Gemma4ForCausalLM(nn.Module):
+    """Decoder + LM head (tied to the embedding unless the config unties it) + optional logit soft-capping."""
+
+    def __init__(self, config: Gemma4Config):
+        super().__init__()
+        self.config = config
+        self.model = Gemma4TextModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: DenseKVCache | None = None) -> torch.Tensor:
+        """Final-normed hidden states [B, T, H] (engine mode: [T] in, [T, H] out). `positions` defaults to the
+        cache length onwards."""
+        if get_forward_context() is not None:
+            check_token_inputs(input_ids, positions)
+            return self.model(input_ids[None], positions[None], None)[0]
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
+        if positions is None:
+            start = cache.length if cache is not None else 0
+            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+            positions = positions.expand_as(input_ids)
+        return self.model(input_ids, positions, cache)
+
+    def attention_layers(self) -> list[Attention]:
+        """The engine binds caches and impls to these (checks first that the engine can run this config)."""
+        self.config.check_engine_support()
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
+
+    def logits(self, input_ids: torch.Tensor, cache: DenseKVCache | None = None) -> torch.Tensor:
+        return self.compute_logits(self(input_ids, cache=cache))
+
+    @torch.no_grad()
+    def greedy(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Prefill, then one token at a time through a DenseKVCache; returns the new token ids [B, N]."""
+        cache, out = DenseKVCache(), []
+        logits = self.logits(input_ids, cache)[:, -1]
+        for _ in range(max_new_tokens):
+            out.append(logits.argmax(-1, keepdim=True))
+            logits = self.logits(out[-1], cache)[:, -1]
+        return torch.cat(out, dim=1)

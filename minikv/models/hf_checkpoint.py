@@ -1,0 +1,163 @@
+"""Checkpoint directories in transformers' format: `config.json` + `model.safetensors` (or sharded, with
+`model.safetensors.index.json`), read into minikv's Gemma-4 and T5 modules and written back.
+
+minikv's modules use transformers' parameter names, so loading is a state-dict copy plus the few rules
+transformers applies on top:
+
+* Gemma-4 (`model_type` "gemma4_text"; a multimodal "gemma4" checkpoint is read through its `text_config`, its
+  `model.language_model.*` weights, and without its vision/audio towers): KV-sharing layers have no K/V
+  projections or norms, so any stored for them are ignored, as transformers ignores them;
+* T5: `encoder.embed_tokens` / `decoder.embed_tokens` are the shared embedding; the decoder's first cross
+  attention never has a position-bias table;
+* both: the LM head is tied to the embedding unless the checkpoint stores an `lm_head.weight` that differs
+  from it (transformers decides the same way).
+
+transformers is never imported here; `tests/test_parity_*.py` check that both libraries read the same
+directory to the same logits.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from minikv.models.gemma4 import Gemma4Config, Gemma4ConfigError, Gemma4ForCausalLM
+from minikv.models.t5 import T5Config, T5ConfigError, T5ForConditionalGeneration
+
+CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
+ARCHITECTURES = ("gemma4_text", "gemma4", "t5")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory minikv cannot load: missing files, an unsupported architecture, or weights that do
+    not match the config."""
+
+
+def is_checkpoint_dir(path) -> bool:
+    return isinstance(path, (str, Path)) and (Path(path) / CONFIG_FILE).is_file()
+
+
+def read_config(path: str | Path) -> dict:
+    file = Path(path) / CONFIG_FILE
+    if not file.is_file():
+        raise CheckpointError(f"{path} is not a checkpoint directory: it has no {CONFIG_FILE}")
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{file} is not valid JSON: {err}") from None
+
+
+def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory: one model.safetensors, or the shards its index names."""
+    path = Path(path)
+    if (path / WEIGHTS_FILE).is_file():
+        files = [path / WEIGHTS_FILE]
+    elif (path / INDEX_FILE).is_file():
+        index = json.loads((path / INDEX_FILE).read_text())
+        files = [path / name for name in sorted(set(index["weight_map"].values()))]
+    else:
+        raise CheckpointError(f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(load_file(str(file)))
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise CheckpointError(f"cannot read {file}: {err}") from None
+    return tensors
+
+
+def _lm_head_is_tied(tensors: dict[str, torch.Tensor], embedding_key: str) -> bool:
+    head = tensors.get("lm_head.weight")
+    return head is None or (head.shape == tensors[embedding_key].shape and torch.equal(head, tensors[embedding_key]))
+
+
+def _gemma4_from(config: dict, tensors: dict[str, torch.Tensor], name: str):
+    if config.get("model_type") == "gemma4":            # multimodal wrapper: keep the text decoder only
+        prefix = "model.language_model."
+        config = config.get("text_config") or {}
+        tensors = {"model." + k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)} | \
+                  ({"lm_head.weight": tensors["lm_head.weight"]} if "lm_head.weight" in tensors else {})
+    if "model.embed_tokens.weight" not in tensors:
+        raise CheckpointError(f"{name}: no model.embed_tokens.weight in the checkpoint")
+    tied = _lm_head_is_tied(tensors, "model.embed_tokens.weight")
+    if config.get("tie_word_embeddings", True) is False and tied and "lm_head.weight" not in tensors:
+        raise CheckpointError(f"{name}: config unties the LM head but the checkpoint has no lm_head.weight")
+    cfg = Gemma4Config.from_hf_dict({**config, "tie_word_embeddings": tied}, name=name)
+    shared_only = ("k_proj", "v_proj", "k_norm", "v_norm")
+    dropped = {f"model.layers.{i}.self_attn.{p}.{w}" for i in range(cfg.num_hidden_layers) if cfg.is_kv_shared(i)
+               for p in shared_only for w in ("weight", "bias")}
+    return Gemma4ForCausalLM(cfg), {k: v for k, v in tensors.items() if k not in dropped}
+
+
+def _t5_from(config: dict, tensors: dict[str, torch.Tensor], name: str):
+    if "shared.weight" not in tensors:
+        raise CheckpointError(f"{name}: no shared.weight in the checkpoint")
+    cfg = T5Config.from_hf_dict(config, tie_lm_head=_lm_head_is_tied(tensors, "shared.weight"), name=name)
+    dropped = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+               "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"}
+    return T5ForConditionalGeneration(cfg), {k: v for k, v in tensors.items() if k not in dropped}
+
+
+def build_from_config(config: dict, tensors: dict[str, torch.Tensor], name: str = "checkpoint"):
+    """(empty model, the tensors it should load) for a parsed config.json and its tensors."""
+    model_type = config.get("model_type")
+    try:
+        if model_type in ("gemma4_text", "gemma4"):
+            return _gemma4_from(config, tensors, name)
+        if model_type == "t5":
+            return _t5_from(config, tensors, name)
+    except (Gemma4ConfigError, T5ConfigError) as err:
+        raise CheckpointError(f"{name}: {err}") from None
+    raise CheckpointError(f"{name}: model_type {model_type!r} is not supported; minikv runs "
+                          f"{', '.join(ARCHITECTURES)} checkpoints")
+
+
+def _load_state(model: nn.Module, tensors: dict[str, torch.Tensor], name: str) -> None:
+    wanted = {k: v for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False) or getattr(model.config, "tie_lm_head", False):
+        wanted.pop("lm_head.weight")
+        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
+    problems = [f"missing {k}" for k in sorted(wanted.keys() - tensors.keys())]
+    problems += [f"unexpected {k}" for k in sorted(tensors.keys() - wanted.keys())]
+    problems += [f"{k} has shape {tuple(tensors[k].shape)}, config wants {tuple(wanted[k].shape)}"
+                 for k in sorted(wanted.keys() & tensors.keys()) if tensors[k].shape != wanted[k].shape]
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise CheckpointError(f"{name}: the weights do not match config.json: {shown}")
+    model.load_state_dict(tensors, strict=False)
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
+                    dtype: torch.dtype | None = None) -> nn.Module:
+    """The model of a transformers-format directory, in eval mode on `device`, in `dtype` (None: float32 on
+    CPU, bfloat16 on CUDA)."""
+    path = Path(path)
+    config, tensors = read_config(path), read_tensors(path)
+    model, tensors = build_from_config(config, tensors, name=path.name)
+    _load_state(model, {k: v.float() for k, v in tensors.items()}, path.name)
+    if dtype is None:
+        dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def save_checkpoint(model: nn.Module, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write `config.json` and `model.safetensors` so that minikv and transformers both load the directory.
+    A tied LM head is not stored (transformers re-ties it from the config)."""
+    if not isinstance(model, (Gemma4ForCausalLM, T5ForConditionalGeneration)):
+        raise TypeError(f"save_checkpoint takes a minikv Gemma4ForCausalLM or T5ForConditionalGeneration, got "
+                        f"{type(model).__name__}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    if model.lm_head.weight is (model.model.embed_tokens.weight if isinstance(model, Gemma4ForCausalLM)
+                                else model.shared.weight):
+        tensors.pop("lm_head.weight")
+    config = model.config.to_hf_dict()
+    config["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,330 @@
+"""T5 (v1.1 / flan-t5 flavour) encoder-decoder, following transformers' `T5ForConditionalGeneration`.
+
+What distinguishes T5 from a textbook encoder-decoder:
+
+* no absolute positions: the first self-attention layer of each stack owns a learned table
+  [num_buckets, heads] indexed by the *bucketed* relative distance key - query (`relative_position_bucket`);
+  the resulting additive bias is reused by every layer of that stack. The encoder's buckets are bidirectional
+  (half of them for keys after the query); the decoder's are causal. Cross attention has no position bias;
+* attention scores are not scaled by 1/sqrt(d_kv) (the scale is folded into the initialization);
+* T5's layer norm is an RMS norm (no mean subtraction, no bias), computed in float32;
+* the feed-forward is gated: wo(act(wi_0 x) * wi_1 x), act = tanh-approximated GELU for "gated-gelu"
+  (v1.1, flan-t5); original T5's plain ReLU "relu" feed-forward is supported too;
+* one shared embedding for encoder and decoder inputs; the LM head is tied to it or stored separately
+  (`lm_head.weight` in the checkpoint), and when the config says `tie_word_embeddings: false` (v1.1, flan-t5)
+  the decoder output is *not* multiplied by d_model**-0.5 before the head, while original T5 does multiply.
+
+Parameter names equal transformers' (`encoder.block.0.layer.0.SelfAttention.q.weight`, ...). Dense mode only:
+`encode()` once, then `decode()` the whole target or one token at a time with a `DenseKVCache`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+class T5ConfigError(ValueError):
+    """A t5 config that minikv cannot run."""
+
+
+@dataclass(frozen=True)
+class T5Config:
+    vocab_size: int
+    d_model: int
+    d_kv: int
+    d_ff: int
+    num_layers: int
+    num_decoder_layers: int
+    num_heads: int
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    layer_norm_epsilon: float = 1e-6
+    feed_forward_proj: str = "gated-gelu"
+    scale_decoder_outputs: bool = False      # original T5: True; v1.1 / flan-t5: False
+    tie_lm_head: bool = False                # the LM head is the shared embedding (no lm_head.weight stored)
+    pad_token_id: int = 0
+    eos_token_id: int = 1
+    decoder_start_token_id: int = 0
+    name: str = field(default="t5", compare=False)
+
+    def __post_init__(self):
+        parts = self.feed_forward_proj.split("-")
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated") or self.activation not in _ACTIVATIONS:
+            raise T5ConfigError(f"feed_forward_proj {self.feed_forward_proj!r} is not supported; use 'gated-gelu', "
+                                f"'relu' or another '[gated-]ACT' with ACT in {', '.join(_ACTIVATIONS)}")
+
+    @property
+    def is_gated(self) -> bool:
+        return self.feed_forward_proj.startswith("gated-")
+
+    @property
+    def activation(self) -> str:
+        # transformers maps "gated-gelu" to the tanh-approximated GELU ("gelu_new"), for backward compatibility
+        return "gelu_new" if self.feed_forward_proj == "gated-gelu" else self.feed_forward_proj.split("-")[-1]
+
+    @classmethod
+    def from_hf_dict(cls, d: dict, tie_lm_head: bool, name: str = "t5") -> T5Config:
+        """Resolve a `t5` config.json as transformers does. `tie_lm_head` comes from the checkpoint (whether it
+        stores a separate `lm_head.weight`), which is also how transformers decides."""
+        if d.get("model_type", "t5") != "t5":
+            raise T5ConfigError(f"expected model_type 't5', got {d.get('model_type')!r}")
+        num_layers = d.get("num_layers", 6)
+        scale = d["scale_decoder_outputs"] if "scale_decoder_outputs" in d else \
+            d.get("tie_word_embeddings", True) is not False
+        return cls(
+            vocab_size=d.get("vocab_size", 32128), d_model=d.get("d_model", 512), d_kv=d.get("d_kv", 64),
+            d_ff=d.get("d_ff", 2048), num_layers=num_layers,
+            num_decoder_layers=d.get("num_decoder_layers") or num_layers, num_heads=d.get("num_heads", 8),
+            relative_attention_num_buckets=d.get("relative_attention_num_buckets", 32),
+            relative_attention_max_distance=d.get("relative_attention_max_distance", 128),
+            layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-6), feed_forward_proj=d.get("feed_forward_proj", "relu"),
+            scale_decoder_outputs=bool(scale), tie_lm_head=tie_lm_head, pad_token_id=d.get("pad_token_id", 0),
+            eos_token_id=d.get("eos_token_id", 1),
+            decoder_start_token_id=d.get("decoder_start_token_id", d.get("pad_token_id", 0)), name=name,
+        )
+
+    def to_hf_dict(self) -> dict:
+        return {
+            "architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "is_encoder_decoder": True,
+            "vocab_size": self.vocab_size, "d_model": self.d_model, "d_kv": self.d_kv, "d_ff": self.d_ff,
+            "num_layers": self.num_layers, "num_decoder_layers": self.num_decoder_layers,
+            "num_heads": self.num_heads, "relative_attention_num_buckets": self.relative_attention_num_buckets,
+            "relative_attention_max_distance": self.relative_attention_max_distance,
+            "layer_norm_epsilon": self.layer_norm_epsilon, "feed_forward_proj": self.feed_forward_proj,
+            "tie_word_embeddings": self.tie_lm_head, "scale_decoder_outputs": self.scale_decoder_outputs,
+            "pad_token_id": self.pad_token_id, "eos_token_id": self.eos_token_id,
+            "decoder_start_token_id": self.decoder_start_token_id, "dropout_rate": 0.0,
+        }
+
+
+def relative_position_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> torch.Tensor:
+    """Bucket of each relative distance (key position - query position), as Mesh TensorFlow defines it.
+
+    Bidirectional: half of the buckets are for keys after the query. Causal: keys after the query all fall in
+    bucket 0 with distance 0 (the causal mask hides them anyway). Within each half, distances below
+    num_buckets/4 (/2 when causal) get a bucket each; larger ones share logarithmically wider buckets, and every
+    distance >= max_distance lands in the last one.
+    """
+    bucket = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    exact = num_buckets // 2
+    log_part = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = (exact + (log_part * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
+    return bucket + torch.where(distance < exact, distance, large)
+
+
+class T5LayerNorm(nn.Module):
+    """RMS norm in float32; the result is cast to the weight's dtype only for 16-bit weights (as upstream)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.eps)
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            x = x.to(self.weight.dtype)
+        return self.weight * x
+
+
+class DenseKVCache:
+    """Decoder self-attention K/V of every position so far, per layer ([B, heads, S, d_kv]), plus each layer's
+    cross-attention K/V over the encoder output, computed once."""
+
+    def __init__(self):
+        self.self_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.cross_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def length(self) -> int:
+        return next(iter(self.self_kv.values()))[0].shape[2] if self.self_kv else 0
+
+
+class T5Attention(nn.Module):
+    def __init__(self, config: T5Config, has_relative_bias: bool):
+        super().__init__()
+        self.num_heads, self.d_kv = config.num_heads, config.d_kv
+        inner = config.num_heads * config.d_kv
+        self.q = nn.Linear(config.d_model, inner, bias=False)
+        self.k = nn.Linear(config.d_model, inner, bias=False)
+        self.v = nn.Linear(config.d_model, inner, bias=False)
+        self.o = nn.Linear(inner, config.d_model, bias=False)
+        if has_relative_bias:
+            self.relative_attention_bias = nn.Embedding(config.relative_attention_num_buckets, config.num_heads)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], self.num_heads, self.d_kv).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, d_model]; k, v: [B, heads, S, d_kv]; bias: additive, broadcastable to [B, heads, T, S]."""
+        out = F.scaled_dot_product_attention(self.heads(self.q(x)), k, v, attn_mask=bias.to(x.dtype), scale=1.0)
+        return self.o(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+
+
+class T5FeedForward(nn.Module):
+    """`DenseReluDense` upstream: wo(act(wi_0 x) * wi_1 x) when gated, wo(act(wi x)) otherwise."""
+
+    def __init__(self, config: T5Config):
+        super().__init__()
+        self.gated = config.is_gated
+        if self.gated:
+            self.wi_0 = nn.Linear(config.d_model, config.d_ff, bias=False)
+            self.wi_1 = nn.Linear(config.d_model, config.d_ff, bias=False)
+        else:
+            self.wi = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.wo = nn.Linear(config.d_ff, config.d_model, bias=False)
+        self.act = _ACTIVATIONS[config.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.wi_0(x)) * self.wi_1(x) if self.gated else self.act(self.wi(x))
+        return self.wo(h.to(self.wo.weight.dtype))
+
+
+class _Sublayer(nn.Module):
+    """One pre-norm residual sublayer; the attribute names are transformers' (SelfAttention, EncDecAttention,
+    DenseReluDense)."""
+
+    def __init__(self, config: T5Config, kind: str, has_relative_bias: bool = False):
+        super().__init__()
+        self.layer_norm = T5LayerNorm(config.d_model, config.layer_norm_epsilon)
+        inner = T5FeedForward(config) if kind == "DenseReluDense" else T5Attention(config, has_relative_bias)
+        setattr(self, kind, inner)
+
+
+class T5Block(nn.Module):
+    def __init__(self, config: T5Config, is_decoder: bool, first: bool):
+        super().__init__()
+        subs = [_Sublayer(config, "SelfAttention", has_relative_bias=first)]
+        if is_decoder:
+            subs.append(_Sublayer(config, "EncDecAttention"))
+        subs.append(_Sublayer(config, "DenseReluDense"))
+        self.layer = nn.ModuleList(subs)
+
+    @property
+    def self_attn(self) -> T5Attention:
+        return self.layer[0].SelfAttention
+
+
+class T5Stack(nn.Module):
+    def __init__(self, config: T5Config, is_decoder: bool):
+        super().__init__()
+        self.config, self.is_decoder = config, is_decoder
+        n = config.num_decoder_layers if is_decoder else config.num_layers
+        self.block = nn.ModuleList(T5Block(config, is_decoder, i == 0) for i in range(n))
+        self.final_layer_norm = T5LayerNorm(config.d_model, config.layer_norm_epsilon)
+
+    def position_bias(self, q_pos: torch.Tensor, num_keys: int) -> torch.Tensor:
+        """[1, heads, T, S] from the first block's table; q_pos: [T] absolute query positions."""
+        c = self.config
+        relative = torch.arange(num_keys, device=q_pos.device)[None, :] - q_pos[:, None]
+        buckets = relative_position_bucket(relative, not self.is_decoder, c.relative_attention_num_buckets,
+                                           c.relative_attention_max_distance)
+        return self.block[0].self_attn.relative_attention_bias(buckets).permute(2, 0, 1)[None]
+
+
+def _key_mask_bias(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | float:
+    """Additive [B, 1, 1, S] bias that hides keys where `mask` (bool [B, S]) is False."""
+    if mask is None:
+        return 0.0
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+        ~mask, torch.finfo(dtype).min)[:, None, None, :]
+
+
+class T5ForConditionalGeneration(nn.Module):
+    def __init__(self, config: T5Config):
+        super().__init__()
+        self.config = config
+        self.shared = nn.Embedding(config.vocab_size, config.d_model)
+        self.encoder = T5Stack(config, is_decoder=False)
+        self.decoder = T5Stack(config, is_decoder=True)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_lm_head:
+            self.lm_head.weight = self.shared.weight
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Encoder output [B, S, d_model]; attention_mask: bool [B, S], False for padding."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
+        enc = self.encoder
+        x = self.shared(input_ids)
+        s = input_ids.shape[1]
+        bias = enc.position_bias(torch.arange(s, device=x.device), s) + _key_mask_bias(attention_mask, x.dtype)
+        for block in enc.block:
+            attn, ff = block.layer[0], block.layer[-1]
+            h = attn.layer_norm(x)
+            x = x + attn.SelfAttention(h, attn.SelfAttention.heads(attn.SelfAttention.k(h)),
+                                       attn.SelfAttention.heads(attn.SelfAttention.v(h)), bias)
+            x = x + ff.DenseReluDense(ff.layer_norm(x))
+        return enc.final_layer_norm(x)
+
+    def decode(self, decoder_ids: torch.Tensor, encoder_out: torch.Tensor,
+               encoder_mask: torch.Tensor | None = None, cache: DenseKVCache | None = None) -> torch.Tensor:
+        """Final-normed decoder hidden states [B, T, d_model] for `decoder_ids` [B, T], which continue the
+        cache's positions (0 without a cache)."""
+        dec = self.decoder
+        x = self.shared(decoder_ids)
+        start, t = (cache.length if cache is not None else 0), decoder_ids.shape[1]
+        q_pos = torch.arange(start, start + t, device=x.device)
+        causal = torch.zeros(t, start + t, dtype=x.dtype, device=x.device).masked_fill(
+            torch.arange(start + t, device=x.device)[None, :] > q_pos[:, None], torch.finfo(x.dtype).min)
+        self_bias = dec.position_bias(q_pos, start + t) + causal
+        cross_bias = torch.zeros((), dtype=x.dtype, device=x.device) + _key_mask_bias(encoder_mask, x.dtype)
+        for i, block in enumerate(dec.block):
+            attn, cross, ff = block.layer
+            sa, ca = attn.SelfAttention, cross.EncDecAttention
+            h = attn.layer_norm(x)
+            k, v = sa.heads(sa.k(h)), sa.heads(sa.v(h))
+            if cache is not None:
+                if i in cache.self_kv:
+                    k = torch.cat([cache.self_kv[i][0], k], dim=2)
+                    v = torch.cat([cache.self_kv[i][1], v], dim=2)
+                cache.self_kv[i] = (k, v)
+            x = x + sa(h, k, v, self_bias)
+            if cache is not None and i in cache.cross_kv:
+                ck, cv = cache.cross_kv[i]
+            else:
+                ck, cv = ca.heads(ca.k(encoder_out)), ca.heads(ca.v(encoder_out))
+                if cache is not None:
+                    cache.cross_kv[i] = (ck, cv)
+            x = x + ca(cross.layer_norm(x), ck, cv, cross_bias)
+            x = x + ff.DenseReluDense(ff.layer_norm(x))
+        return dec.final_layer_norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.config.scale_decoder_outputs:
+            hidden = hidden * self.config.d_model ** -0.5
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def greedy(self, input_ids: torch.Tensor, max_new_tokens: int,
+               attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Encode once, then decode one token at a time from the decoder start token; returns [B, N] new ids."""
+        enc = self.encode(input_ids, attention_mask)
+        cache = DenseKVCache()
+        token = torch.full((input_ids.shape[0], 1), self.config.decoder_start_token_id, device=input_ids.device)
+        out = []
+        for _ in range(max_new_tokens):
+            logits = self.compute_logits(self.decode(token, enc, attention_mask, cache))[:, -1]
+            token = logits.argmax(-1, keepdim=True)
+            out.append(token)
+        return torch.cat(out, dim=1)
