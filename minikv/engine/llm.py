@@ -132,12 +132,12 @@ class LLM:
         cache = CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                             cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching)
         sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-        _check_reintroduce_possible(defects, registry.model_config(model), kv_cache_dtype)
         device = _resolve_device(device)
         torch.manual_seed(seed)
         self.model_name = model
         self.tokenizer = registry.get_tokenizer(model)
         net = registry.load_model(model, device=device, dtype=dtype)
+        _check_reintroduce_possible(defects, net.config, kv_cache_dtype)      # before any cache is allocated
         dtype = next(net.parameters()).dtype
         self.config = EngineConfig(model=net.config, cache=cache, scheduler=sched, device=device, dtype=dtype,
                                    backend=backend, reintroduce=tuple(sorted(defects)), sanitize=sanitize,

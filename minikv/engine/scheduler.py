@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from minikv.cache.blocks import BlockManager
+from minikv.config import check_int
 from minikv.engine.sequence import FINISH_REASONS, Sequence, SequenceStatus
 
 
@@ -28,10 +29,8 @@ class Scheduler:
         cross_block_manager: BlockManager | None = None,
         eos_token_id: int | None = None,
     ):
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
-        if max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be at least 1, got {max_num_batched_tokens}")
+        check_int("max_num_seqs", max_num_seqs)                      # the same check SchedulerConfig makes
+        check_int("max_num_batched_tokens", max_num_batched_tokens)
         if cross_block_manager is not None and cross_block_manager.enable_prefix_caching:
             raise ValueError("the cross pool's block manager must not use prefix caching")
         self.max_num_seqs = max_num_seqs
