@@ -42,13 +42,8 @@
 # %%
 # %matplotlib inline
 import inspect
-import warnings
 
 import torch
-from tqdm import TqdmWarning
-
-# TEMPORARY: minikv imports tqdm.auto, which warns inside Jupyter when ipywidgets is not installed.
-warnings.filterwarnings("ignore", category=TqdmWarning)
 
 import minikv
 from minikv import viz
@@ -142,7 +137,9 @@ k_scales.fill_(1.0)
 v_scales.fill_(1.0)                                               # the one-time initialization
 
 gen = torch.Generator().manual_seed(0)
-key = torch.randn(1, layout.num_kv_heads, layout.head_size, generator=gen) * 0.4
+# Rounded to bfloat16 precision: torch.randn's last bits differ between CPU instruction sets, and the bytes printed
+# below should be the same on every machine.
+key = (torch.randn(1, layout.num_kv_heads, layout.head_size, generator=gen) * 0.4).to(torch.bfloat16).float()
 ops.write_kv(key, key.clone(), pool, torch.tensor([0]), layout, 1.0, 1.0)
 
 start = layout.row_offset(block=0, kv=0, slot_in_block=0, head=0)
@@ -336,8 +333,8 @@ for name in TARGETS:
     f, b = probe_fixed[name], probe_buggy[name]
     assert torch.equal(f["k_code"], b["k_code"]) and torch.equal(f["v_code"], b["v_code"])
     assert bool((b["k_scale"] == 1).all()) and bool((b["v_scale"] == 1).all())
-    print(f"{name}: codes identical; true K scales {f['k_scale'].min():.4f}..{f['k_scale'].max():.4f} "
-          f"(median {f['k_scale'].median():.4f}), buggy engine's: all 1.0")
+    print(f"{name}: codes identical; true K scales {f['k_scale'].min():.3f}..{f['k_scale'].max():.3f}, "
+          "buggy engine's: all 1.0")
 
 # %% [markdown]
 # The same first batch on the `triton` backend (the Triton kernels, run by the interpreter): the buggy engine
@@ -389,10 +386,12 @@ for name in TARGETS:
         live = norm_f > 0
         measured = norm_b[live] / norm_f[live]
         predicted = 1 / f[f"{part}_scale"][live]
-        assert torch.allclose(measured, predicted, rtol=1e-5), (name, part)
-        print(f"{name} {part.upper()}: median inflation x{measured.median():.1f}, "
-              f"range x{measured.min():.1f}..x{measured.max():.1f}; "
-              f"max |measured / (1/true scale) - 1| = {(measured / predicted - 1).abs().max():.1e}")
+        residual = (measured / predicted - 1).abs().max().item()
+        assert residual < 1e-5, (name, part, residual)
+        # Whole factors: the residual and the factors' last digits depend on the CPU's float arithmetic.
+        print(f"{name} {part.upper()}: median inflation x{measured.median():.0f}, "
+              f"range x{measured.min():.0f}..x{measured.max():.0f}; "
+              f"equal to 1 / true scale within a relative {1e-5:.0e}")
 
 k_clean = probe_fixed["layers.2.self_attn"]["k"]
 k_wiped = probe_buggy["layers.2.self_attn"]["k"]
@@ -543,9 +542,10 @@ for buggy_run in (False, True):
     print(f"{'buggy' if buggy_run else 'fixed'} engine, x prefilled at step 0 vs step 1:")
     for name, rows_first in first_rows.items():
         diff = rows_first != later_rows[name]
-        where = "(all in scale bytes)" if diff.any() and not diff[:, ~in_scale_byte].any() else ""
+        # Counted per 4-byte scale, not per byte: a real scale can share a byte with 1.0 (0x3f800000) by chance.
+        scales_differ = int(diff[:, in_scale_byte].reshape(diff.shape[0], -1, 4).any(dim=2).sum())
         print(f"  {name:20s} identical: {torch.equal(rows_first, later_rows[name])!s:5s} "
-              f"differing bytes: {int(diff.sum()):4d} {where}")
+              f"differing scales: {scales_differ:3d}, differing codes: {int(diff[:, ~in_scale_byte].sum())}")
         if buggy_run and name in TARGETS:
             assert diff.any() and not diff[:, ~in_scale_byte].any()
         else:

@@ -20,7 +20,8 @@
 # starts: those keys and values are projected once, stored in a separate **cross pool**, and read again at every
 # decode step.
 #
-# TensorRT-LLM's PyTorch backend had two defects on that path when the KV cache was FP8 (fixed in PR #20958):
+# TensorRT-LLM's PyTorch backend had two defects on that path when the KV cache was FP8 (issue #19861, fixed by
+# PR #20958; see also the project's page `docs/defects/cross-stride-fp8-context.md`):
 #
 # * **B1, `cross-stride`.** The cross-attention layer built its attention backend without the model's quantization
 #   config. The cache manager sized the cross pool for FP8 (1 byte per element); the backend addressed it as 16-bit
@@ -72,8 +73,10 @@ for name in ("cross-stride", "cross-fp8-context-read"):
 # cross pool. Every later step only reads them.
 #
 # To show this we drive the engine one `step()` at a time (`serve` below). After each step we copy every pool's
-# bytes, so we can count how many bytes changed, and `step(capture=True)` keeps each layer's inputs in the step's
-# trace, so we can see whether the first cross layer was handed freshly projected K/V at all.
+# bytes, so we can count the token slots whose bytes changed. (We count slots, not bytes: whether one FP8 byte
+# happens to equal the byte it replaces depends on the last bits of float math, which differ between CPUs; a slot's
+# 128 bytes of K and V all staying the same does not happen.) `step(capture=True)` keeps each layer's inputs in
+# the step's trace, so we can see whether the first cross layer was handed freshly projected K/V at all.
 
 # %%
 def one_engine(**kwargs):
@@ -107,18 +110,24 @@ kinds, changes, projected = [], [], []       # one entry per step
 snapshot = {n: fixed.arena.pool(n).clone() for n in pool_names}
 
 
-def count_changed_bytes(step):
+def changed_slots(layout, before, after):
+    """Token slots with any changed byte in their K or V rows; a pool is [blocks, K/V, slots, slot bytes]."""
+    shape = (-1, 2, layout.block_size, layout.slot_bytes)
+    return int((before.view(shape) != after.view(shape)).any(dim=3).any(dim=1).sum())
+
+
+def count_changed_slots(step):
     kinds.append("context" if step.is_prefill else "decode")
-    changes.append({n: int((fixed.arena.pool(n) != snapshot[n]).sum()) for n in pool_names})
+    changes.append({n: changed_slots(fixed.arena.layout(n), snapshot[n], fixed.arena.pool(n)) for n in pool_names})
     snapshot.update({n: fixed.arena.pool(n).clone() for n in pool_names})
     first_cross = next(e for e in step.trace.events if e.kind == "cross")
     projected.append(first_cross.tensors["k"] is not None)
 
 
-out = serve(fixed, [prompt], count_changed_bytes, capture=True)[0]
+out = serve(fixed, [prompt], count_changed_slots, capture=True)[0]
 
 print(f"prompt {prompt!r} ({len(prompt)} encoder tokens) -> {out.text!r}; right: {TASK.check(prompt, out.text)}")
-print("\nbytes changed in each pool by each step:")
+print("\ntoken slots written in each pool by each step:")
 print(f"{'step':>4s} {'kind':8s} {'K/V projected':13s} " + " ".join(pool_names))
 for i, (kind, proj, changed) in enumerate(zip(kinds, projected, changes)):
     print(f"{i:4d} {kind:8s} {str(proj):13s} " + " ".join(f"{changed[n]:{len(n)}d}" for n in pool_names))
@@ -127,9 +136,9 @@ cross_names = [n for n in pool_names if n.startswith("cross.")]
 self_names = [n for n in pool_names if n.startswith("kv.")]
 assert TASK.check(prompt, out.text)
 assert kinds[0] == "context" and set(kinds[1:]) == {"decode"} and len(projected) == len(kinds)
-assert all(changes[0][n] > 0 for n in cross_names)                              # written at the context step ...
+assert all(changes[0][n] == len(prompt) for n in cross_names)                   # every encoder token, once ...
 assert all(step[n] == 0 for step in changes[1:] for n in cross_names)           # ... and never again
-assert all(step[n] > 0 for step in changes for n in self_names)                 # self-attention: every step
+assert all(step[n] == 1 for step in changes for n in self_names)                # self-attention: one per step
 assert projected[0] and not any(projected[1:])
 
 # %% [markdown]
@@ -289,7 +298,10 @@ try:
     serve(buggy_15x, prompts)
     raise AssertionError("the overrun was not caught")
 except minikv.KVCacheOverrunError as err:
-    print(f"{type(err).__name__}: {err}")
+    # The message also counts the damaged guard bytes; that count is left out here because whether a stray FP8
+    # byte happens to equal the guard's fill byte depends on the last bits of float math, which differ per CPU.
+    print(f"{type(err).__name__} past pool {err.pool!r}: guard zone bytes [{err.guard_start}, {err.guard_end}) "
+          f"of the arena were written; first corrupted byte at arena offset {err.first_offset}")
     overrun = err
 # The error carries the step that overran, as far as it got: which cross layers ran, with which block tables.
 failed = overrun.step_output
@@ -332,14 +344,16 @@ def record_written_and_first_slots(step):
 
 
 silent_outs = serve(silent, prompts, record_written_and_first_slots, capture=True)
-print(f"{'req':>3s} {'expected':36s} {'got':40s} right")
+# A wrong answer's text is decoded from stray bytes, so it differs from CPU to CPU: we show only that it is wrong.
+print(f"{'req':>3s} {'expected':36s} {'got':36s} right")
 for i, (p, o) in enumerate(zip(prompts, silent_outs)):
-    print(f"{i:3d} {TASK.expected(p, len(p)):36s} {o.text:40s} {TASK.check(p, o.text)}")
+    right = TASK.check(p, o.text)
+    print(f"{i:3d} {TASK.expected(p, len(p)):36s} {o.text if right else '(something else)':36s} {right}")
 wrong_requests = [i for i, (p, o) in enumerate(zip(prompts, silent_outs)) if not TASK.check(p, o.text)]
 print(f"\nwrong: requests {ranges(wrong_requests)}")
-print("damaged guard zones (pool before the guard, guard start, guard end, first damaged byte, bytes damaged):")
+print("damaged guard zones (pool before the guard, guard start, guard end, first damaged byte):")
 for d in silent.arena.damaged_guards():
-    print("  ", d)
+    print("  ", d[:4])
 assert wrong_requests and set(wrong_requests) != set(range(len(prompts)))
 assert silent.arena.damaged_guards() and silent.arena.damaged_guards()[0][0] == cross_names[0]
 
@@ -455,10 +469,26 @@ b2_prompts = TASK.prompts(3, seed=1, num_tokens=12)
 b2_reference = cross_stride.reference_tokens(b2_prompts)      # the same prompts on an `auto` (16-bit) cache
 ctx_runs = [cross_stride.run_context(b2_prompts, b2_reference, version)
             for version in ("historical", "fallback", "taught-fused")]
+
+
+def error_band(err):
+    """The claim an error supports: '< 1e-3' (16-bit rounding), '< 0.1' (FP8 rounding) or '> 0.5' (garbage).
+
+    The errors themselves differ in their last digits from one CPU to another, so only the band is printed; a
+    value between the bands would be a new finding, and stops the notebook."""
+    for bound in (1e-3, 0.1):
+        if err < bound:
+            return f"< {bound:g}"
+    assert err > 0.5, f"max relative error {err} is in none of the bands"
+    return "> 0.5"
+
+
 print("prompts:", b2_prompts)
+print("max relative error of the cross-attention output vs exact attention")
 print(f"{'version':14s} {'context path':13s} {'context step':>13s} {'decode steps':>13s}  token ids = auto")
 for r in ctx_runs:
-    print(f"{r.version:14s} {r.path:13s} {r.context_error:13.3g} {r.decode_error:13.3g}  {r.tokens_equal_auto}")
+    print(f"{r.version:14s} {r.path:13s} {error_band(r.context_error):>13s} {error_band(r.decode_error):>13s}  "
+          f"{r.tokens_equal_auto}")
 
 # %%
 fig, ax = plt.subplots(figsize=(7.0, 3.6), layout="constrained")
@@ -547,8 +577,8 @@ for factor in (1.0, 1.5, 2.0):
 print(f"layout contract on, historical stride: {bind_error.split(':')[0]} -> KVLayoutMismatchError at bind")
 print("\nB2: cross-attention output vs exact attention (max relative error)")
 for r in ctx_runs:
-    print(f"{r.version:14s} {r.path:8s} context {r.context_error:9.3g}   decode {r.decode_error:9.3g}   "
-          f"token ids = auto: {r.tokens_equal_auto}")
+    print(f"{r.version:14s} {r.path:8s} context {error_band(r.context_error):>7s}   "
+          f"decode {error_band(r.decode_error):>7s}   token ids = auto: {r.tokens_equal_auto}")
 
 problems = cross_stride.check_signatures(pool_runs, bind_error, ctx_runs)
 assert not problems, problems
