@@ -64,7 +64,9 @@ def test_cross_backend_layout_in_both_construction_orders(order):
     buggy = CrossBackendBuilder("fp8", torch.float16, 16, historical=True).build(order, 2, 32)
     assert fixed.elem_bytes == 1 and buggy.elem_bytes == 2
     llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", cross_construction=order, max_num_seqs=2)
-    assert all(a.impl.layout.elem_bytes == 1 for a in llm.runner.cross_layers)
+    # The engine bound its cross backends with the layout contract on: their layouts equal the fp8 pools'.
+    assert llm.config.check_layout
+    assert all(llm.arena.layout(n).elem_bytes == 1 for n in llm.arena.offsets if n.startswith("cross."))
 
 
 def test_layout_contract_rejects_the_historical_backend_at_bind():

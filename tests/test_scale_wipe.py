@@ -13,7 +13,6 @@ from minikv.attention.backend import get_ops
 from minikv.attention.impl import AttentionImpl
 from minikv.cache.layout import KVLayout
 from minikv.repro import scale_wipe
-from minikv.repro.common import request_slots
 
 QUANTIZED = ("int8_per_token_head", "fp8_per_token_head")
 
@@ -40,7 +39,7 @@ def test_historical_path_damages_exactly_the_first_batch(max_num_seqs):
     assert buggy[max_num_seqs:] == clean[max_num_seqs:]            # later batches clean
     # The census: warmup fills wiped nothing; the KV-sharing layers' late fills wiped written scales.
     late = llm.census.wiping
-    assert {f.layer for f in late} == {a.layer_name for a in llm.runner.self_layers if a.kv_sharing_target}
+    assert {f.layer for f in late} == {f"layers.{i}.self_attn" for i in llm.config.model.kv_sharing}
     assert all(f.step == 0 and f.overwritten > 0 for f in late)
     assert all(f.step == -1 for f in llm.census.harmless)
 
@@ -88,16 +87,15 @@ def test_fixed_path_damages_nothing(fmt, prefix_caching, residue):
 def kv_bytes_after_prefill(prompts, target: str, **kw) -> dict[str, torch.Tensor]:
     """The cache rows (codes and inline scales) of request `target`, per KV-owning layer, right after its prefill."""
     llm = minikv.LLM(model="tiny-kvshare", **kw)
+    rids = {llm.add_request(p, minikv.SamplingParams(max_tokens=2)): p for p in prompts}
     rows = {}
-
-    def grab(engine, batch, is_prefill):
-        for seq in batch:
-            if is_prefill and seq.prompt == target and not rows:
-                for a in engine.runner.self_layers:
-                    if a.kv_sharing_target is None:
-                        rows[a.layer_name] = _slot_rows(engine.runner.layout, a.kv_cache, request_slots(
-                            seq, engine.runner.block_size))
-    llm.generate(prompts, minikv.SamplingParams(max_tokens=2), use_tqdm=False, on_step=grab)
+    while llm.has_unfinished():
+        out = llm.step()
+        for rid in out.request_ids:
+            if out.is_prefill and rids[rid] == target and not rows:
+                for pool in out.trace.pools_written():
+                    rows[pool] = _slot_rows(llm.arena.layout(pool), llm.arena.pool(pool),
+                                            out.block_slots(rid, llm.config.cache.block_size))
     return rows
 
 
@@ -132,10 +130,10 @@ def test_sleep_wake_up_reinitializes_the_fresh_storage():
     fills = len(llm.census.fills)
     llm.sleep()
     llm.wake_up()
-    owners = [a for a in llm.runner.self_layers if a.kv_sharing_target is None]
+    owners = [name for name in llm.arena.offsets if name.startswith("kv.")]
     assert len(llm.census.fills) == fills + len(owners)         # each fresh storage initialized once
-    for a in owners:
-        k, v = llm.runner.layout.scale_views(a.kv_cache)
+    for name in owners:
+        k, v = llm.arena.layout(name).scale_views(llm.arena.pool(name))
         assert bool((k == 1).all()) and bool((v == 1).all())
     after = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
     assert after == before

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from minikv.repro.common import dequantized_rows, ranges, request_slots, stored_scales
+from minikv.repro.common import dequantized_rows, ranges, stored_scales
 
 FORMATS = ("int8_per_token_head", "fp8_per_token_head")
 
@@ -58,22 +58,24 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
     llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                      enable_prefix_caching=prefix_caching, device=device, backend=backend,
                      reintroduce=("scale-wipe",) if buggy else ())
-    runner = llm.runner
-    targets = sorted({a.kv_sharing_target for a in runner.self_layers if a.kv_sharing_target})
+    layout = llm.runner.layout
     captured: dict = {}
-
-    def capture_first_batch(engine, batch, is_prefill):
-        if runner.step != 1 or not runner.layout.has_inline_scales:
-            return                                   # only right after the very first forward step
-        for name in targets:
-            pool = runner.by_name[name].kv_cache
-            slots = [s for seq in batch for s in request_slots(seq, runner.block_size)]
-            k, v = dequantized_rows(runner.layout, pool, slots)
-            ks, vs = stored_scales(runner.layout, pool, slots)
-            captured[name] = (k, v, ks, vs)
-
-    outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=max_tokens), use_tqdm=False,
-                        on_step=capture_first_batch)
+    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=max_tokens)) for p in prompts]
+    results = {}
+    while llm.has_unfinished():
+        out = llm.step()
+        if out.step == 0 and layout.has_inline_scales:
+            # Right after the very first forward step: read the first batch's rows back from the pools the
+            # KV-sharing layers read (their targets' pools).
+            sharing = {e.pool for e in out.trace.events if e.read and not e.wrote and e.kind == "self"}
+            slots = [s for rid in out.request_ids for s in out.block_slots(rid, layout.block_size)]
+            for name in sorted(sharing):
+                pool = llm.arena.pool(name)
+                k, v = dequantized_rows(layout, pool, slots)
+                ks, vs = stored_scales(layout, pool, slots)
+                captured[name] = (k, v, ks, vs)
+        results.update({r.request_id: r for r in out.finished})
+    outs = [results[i] for i in ids]
     texts = [o.text for o in outs]
     census = llm.census
     return Run(kv_cache_dtype, max_num_seqs, prefix_caching, buggy, texts,
