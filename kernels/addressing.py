@@ -23,14 +23,13 @@ import triton.language as tl
 from . import formats
 from .mode import INTERPRETED
 
-SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
-SCALE_BYTES = 4
-ELEM_BYTES = {formats.F16: 2, formats.BF16: 2, formats.F32: 4, formats.FP8: 1, formats.INT8_PTH: 1,
-              formats.FP8_PTH: 1}
-CODE_DTYPES = {formats.F16: torch.float16, formats.BF16: torch.bfloat16, formats.F32: torch.float32,
-               formats.FP8: torch.float8_e4m3fn, formats.INT8_PTH: torch.int8, formats.FP8_PTH: torch.float8_e4m3fn}
-AUTO_DTYPES = {formats.F16: torch.float16, formats.BF16: torch.bfloat16, formats.F32: torch.float32}
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Views of the one per-format table (formats.TABLE), under the names the kernels use.
+SUPPORTED_HEAD_SIZES = formats.SUPPORTED_HEAD_SIZES
+SCALE_BYTES = formats.SCALE_BYTES
+ELEM_BYTES = {code: f.elem_bytes for code, f in formats.TABLE.items()}
+CODE_DTYPES = {code: f.code_dtype for code, f in formats.TABLE.items()}
+AUTO_DTYPES = {code: dtype for dtype, code in formats.AUTO_FORMATS.items()}
+FLOAT_DTYPES = tuple(formats.AUTO_FORMATS)
 
 # The format codes as Triton compile-time constants, so kernels can branch on them by name.
 F16: tl.constexpr = tl.constexpr(formats.F16)
@@ -44,10 +43,7 @@ FP8_PTH: tl.constexpr = tl.constexpr(formats.FP8_PTH)
 # ---- checks shared by every kernel's validation ---------------------------------------------------------------
 def check_spec(spec) -> None:
     """Raise unless `spec` carries every field of formats.SPEC_FIELDS with values a kernel can address."""
-    missing = [f for f in formats.SPEC_FIELDS if not hasattr(spec, f)]
-    if missing:
-        raise TypeError(f"spec {type(spec).__name__} lacks the field(s) {missing}; a spec needs "
-                        f"{formats.SPEC_FIELDS} (minikv.cache.layout.KVLayout is one)")
+    spec = formats.CacheSpec.of(spec)           # TypeError naming any missing field
     for f in formats.SPEC_FIELDS:
         if not isinstance(getattr(spec, f), int):
             raise TypeError(f"spec.{f} must be an int, got {getattr(spec, f)!r}")

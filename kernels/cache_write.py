@@ -22,6 +22,12 @@ from .mode import require_device
 from .quant import quantize_fp8, quantize_int8, quantize_reference, torch_e4m3_saturates
 
 
+# The quantization limits of the one format table, as Triton compile-time constants.
+INT8_QMAX: tl.constexpr = tl.constexpr(formats.INT8_QMAX)
+FP8_QMAX: tl.constexpr = tl.constexpr(formats.FP8_QMAX)
+SCALE_EPS: tl.constexpr = tl.constexpr(formats.SCALE_EPS)
+
+
 @triton.jit
 def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, row_mask, t, h, d, layer_scale,
                 scale_offset, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, SATURATE: tl.constexpr):
@@ -37,11 +43,11 @@ def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, row_mask
     else:                                            # per token-head: scale from the row's amax, stored inline
         xf = x.to(tl.float32)
         if FMT == INT8_PTH:
-            qmax = 127.0
+            qmax = INT8_QMAX
         else:
-            qmax = 448.0
+            qmax = FP8_QMAX
         amax = tl.max(tl.abs(xf), axis=2)
-        scale = tl.maximum(tl.math.div_rn(amax, qmax), 1e-8)
+        scale = tl.maximum(tl.math.div_rn(amax, qmax), SCALE_EPS)
         y = tl.math.div_rn(xf, scale[:, :, None])
         if FMT == INT8_PTH:
             tl.store(dst, quantize_int8(y), mask=mask)

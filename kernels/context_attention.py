@@ -28,9 +28,11 @@ from . import formats, launch
 from .addressing import (FP8, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor, check_int_tensor,
                          check_pool, check_query_against_cache, check_spec, element_strides, gather_sequence,
                          paged_rows, read_views, row_alignment, row_scales)
+from .decode_attention import _pow2_row_scale
 from .mode import require_device
 
 LOG2E = math.log2(math.e)
+ONE_BYTE_FORMATS = (formats.FP8, formats.INT8_PTH, formats.FP8_PTH)
 
 
 @triton.jit
@@ -97,7 +99,7 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
                     PAGED: tl.constexpr, CAUSAL: tl.constexpr, FMT: tl.constexpr, HAS_SCALES: tl.constexpr,
                     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, ROW_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+                    DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr):
     kv_head = tl.program_id(1)
     seq, tile, num_tiles = _find_tile(cu_q_ptr, tl.program_id(0), num_seqs, GROUP, BLOCK_M, BLOCK_B)
     if seq < num_seqs:
@@ -123,8 +125,14 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
         q_rows = (q_start + q_index).to(tl.int64)
         q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                     mask=row_valid[:, None], other=0.0)
-        if DOT_F32:
-            q = q.to(tl.float32)
+        if SCALED_F16:      # 1-byte codes: float16 dot products, q rescaled per row (see decode's _pow2_row_scale)
+            q_pow2 = _pow2_row_scale(tl.max(tl.abs(q.to(tl.float32)), axis=1))
+            q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
+            s_scale = qk_scale / q_pow2[:, None]
+        else:
+            if DOT_F32:
+                q = q.to(tl.float32)
+            s_scale = qk_scale
 
         causal_offset = kv_len - q_len
         if CAUSAL:
@@ -144,12 +152,12 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
         for start_n in range(0, unmasked_end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                qk_scale, q_index, causal_offset, d, PAGED, False, CAUSAL, HAS_SCALES, BLOCK_SIZE,
+                                s_scale, q_index, causal_offset, d, PAGED, False, CAUSAL, HAS_SCALES, BLOCK_SIZE,
                                 BLOCK_N, ROW_ALIGN, DOT_PRECISION)
         for start_n in range(unmasked_end, end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                qk_scale, q_index, causal_offset, d, PAGED, True, CAUSAL, HAS_SCALES, BLOCK_SIZE,
+                                s_scale, q_index, causal_offset, d, PAGED, True, CAUSAL, HAS_SCALES, BLOCK_SIZE,
                                 BLOCK_N, ROW_ALIGN, DOT_PRECISION)
         out = acc / l[:, None]
         if FMT == FP8:
@@ -175,11 +183,13 @@ def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fie
         cfg = launch.context_config(head_size, q.dtype, max(q_lens) * group, max(kv_lens))
         programs = sum(triton.cdiv(n * group, cfg.block_m) for n in q_lens)
     else:
-        cfg = launch.context_config(head_size, q.dtype)
+        cfg = launch.context_config(head_size, q.dtype, rows_per_seq=num_tokens * group / batch,
+                                    one_byte_cache=paged and fmt in ONE_BYTE_FORMATS)
         programs = triton.cdiv(num_tokens * group, cfg.block_m) + batch    # an upper bound; extras exit at once
     if programs == 0:
         return out
     dot_f32 = launch.dot_in_float32(q.dtype)       # "tf32" below is ignored for 16-bit operands
+    scaled_f16 = paged and cfg.f16_dot and fmt in ONE_BYTE_FORMATS and q.dtype != torch.float32
     _context_kernel[(programs, num_kv_heads)](
         q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, out, batch,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -188,7 +198,7 @@ def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fie
         PAGED=paged, CAUSAL=bool(causal), FMT=fmt, HAS_SCALES=formats.has_inline_scales(fmt), GROUP=group,
         HEAD_SIZE=head_size, BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROW_ALIGN=row_align,
         BLOCK_B=max(16, triton.next_power_of_2(batch)), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SCALED_F16=scaled_f16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 

@@ -1,8 +1,15 @@
-"""Numeric codes for the KV-cache element formats, shared by every kernel and its reference.
+"""The KV-cache element formats: one table of every per-format fact, shared by the kernels, their references,
+minikv's KVLayout and the quantization-aware training.
 
-The kernels import nothing from minikv. They receive the cache's addressing as a *spec*: any object with the
-attributes listed in `SPEC_FIELDS` (minikv's `KVLayout` is one). These codes name the element format.
+The kernels import nothing from minikv. They receive the cache's addressing as a *spec*: a `CacheSpec` (or any
+object with the same int fields, such as minikv's `KVLayout`, which `CacheSpec.of` turns into one). A format is
+named by a small int code (`F16` ... `FP8_PTH`) because Triton kernels branch on it as a compile-time constant.
 """
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
 
 F16 = 0            # float16 elements, no scales            ("auto" with a float16 model)
 BF16 = 1           # bfloat16 elements, no scales           ("auto" with a bfloat16 model)
@@ -11,24 +18,101 @@ FP8 = 3            # float8 e4m3 elements, one scale per layer for K and one for
 INT8_PTH = 4       # int8 codes + inline fp32 scale per (token, kv head)   ("int8_per_token_head")
 FP8_PTH = 5        # e4m3 codes + inline fp32 scale per (token, kv head)   ("fp8_per_token_head")
 
-NAMES = {F16: "float16", BF16: "bfloat16", F32: "float32", FP8: "fp8", INT8_PTH: "int8_per_token_head",
-         FP8_PTH: "fp8_per_token_head"}
-
 INT8_QMAX = 127.0
 FP8_QMAX = 448.0
 SCALE_EPS = 1e-8
+SCALE_BYTES = 4                                    # an inline scale is one fp32
+SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
 
-# Attributes a cache spec must carry (all plain ints), all byte counts relative to the pool's first byte:
-#   row (block b, K=0/V=1 half kv, slot-in-block o, kv head h) starts at
-#       b * block_bytes + kv * kv_bytes + o * slot_bytes + h * row_bytes
-#   its inline scale (per-token-head formats only) at row start + scale_offset.
-SPEC_FIELDS = ("fmt", "elem_bytes", "head_size", "num_kv_heads", "block_size",
-               "row_bytes", "slot_bytes", "kv_bytes", "block_bytes", "scale_offset")
+
+@dataclass(frozen=True)
+class Format:
+    """Everything that depends on the element format alone."""
+
+    code: int
+    name: str
+    kv_cache_dtype: str               # the user-facing name that selects it ("auto" for the three 16/32-bit ones)
+    elem_bytes: int
+    code_dtype: torch.dtype           # the dtype of one stored element (the code, for quantized formats)
+    qmax: float | None = None         # the largest code magnitude (quantized formats)
+    inline_scales: bool = False       # an fp32 scale per (token, kv head) after each row's codes
+    layer_scales: bool = False        # one K and one V scale per layer, outside the pool
+
+
+TABLE: dict[int, Format] = {f.code: f for f in (
+    Format(F16, "float16", "auto", 2, torch.float16),
+    Format(BF16, "bfloat16", "auto", 2, torch.bfloat16),
+    Format(F32, "float32", "auto", 4, torch.float32),
+    Format(FP8, "fp8", "fp8", 1, torch.float8_e4m3fn, qmax=FP8_QMAX, layer_scales=True),
+    Format(INT8_PTH, "int8_per_token_head", "int8_per_token_head", 1, torch.int8, qmax=INT8_QMAX,
+           inline_scales=True),
+    Format(FP8_PTH, "fp8_per_token_head", "fp8_per_token_head", 1, torch.float8_e4m3fn, qmax=FP8_QMAX,
+           inline_scales=True),
+)}
+NAMES = {code: f.name for code, f in TABLE.items()}
+KV_CACHE_DTYPES = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head")
+AUTO_FORMATS = {f.code_dtype: code for code, f in TABLE.items() if f.kv_cache_dtype == "auto"}  # model dtype -> code
+
+
+def check_kv_cache_dtype(kv_cache_dtype) -> None:
+    """The one check of a kv_cache_dtype name (minikv's CacheConfig and KVLayout both call it)."""
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"kv_cache_dtype must be a str, got {type(kv_cache_dtype).__name__}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
+
+
+def format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> Format:
+    """The format a cache of `kv_cache_dtype` holds for a model computing in `model_dtype`."""
+    check_kv_cache_dtype(kv_cache_dtype)
+    if model_dtype not in AUTO_FORMATS:
+        raise ValueError(f"model dtype must be float16, bfloat16 or float32, got {model_dtype}")
+    if kv_cache_dtype == "auto":
+        return TABLE[AUTO_FORMATS[model_dtype]]
+    return next(f for f in TABLE.values() if f.kv_cache_dtype == kv_cache_dtype)
 
 
 def has_inline_scales(fmt: int) -> bool:
-    return fmt in (INT8_PTH, FP8_PTH)
+    return TABLE[fmt].inline_scales
 
 
 def qmax(fmt: int) -> float:
-    return INT8_QMAX if fmt == INT8_PTH else FP8_QMAX
+    q = TABLE[fmt].qmax
+    if q is None:
+        raise ValueError(f"format {NAMES[fmt]} is not quantized")
+    return q
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """How a kernel addresses a pool: all byte counts relative to the pool's first byte.
+
+    Row (block b, K=0/V=1 half kv, slot-in-block o, kv head h) starts at
+        b * block_bytes + kv * kv_bytes + o * slot_bytes + h * row_bytes
+    and its inline scale (per-token-head formats only) at row start + scale_offset (-1 without one).
+    """
+
+    fmt: int
+    elem_bytes: int
+    head_size: int
+    num_kv_heads: int
+    block_size: int
+    row_bytes: int
+    slot_bytes: int
+    kv_bytes: int
+    block_bytes: int
+    scale_offset: int
+
+    @classmethod
+    def of(cls, spec) -> CacheSpec:
+        """A CacheSpec from any object carrying the same fields (minikv's KVLayout); TypeError naming what lacks."""
+        if isinstance(spec, cls):
+            return spec
+        missing = [f for f in SPEC_FIELDS if not hasattr(spec, f)]
+        if missing:
+            raise TypeError(f"spec {type(spec).__name__} lacks the field(s) {missing}; a spec needs {SPEC_FIELDS} "
+                            f"(minikv.cache.layout.KVLayout is one)")
+        return cls(**{f: getattr(spec, f) for f in SPEC_FIELDS})
+
+
+SPEC_FIELDS = tuple(f.name for f in fields(CacheSpec))

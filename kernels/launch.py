@@ -8,11 +8,13 @@ as few programs as possible with tiles as large as the problem.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
 import triton
 
+from . import formats
 from .mode import INTERPRETED
 
 # Largest tile (elements) an interpreted program handles at once; numpy is fast at this size.
@@ -33,6 +35,9 @@ class DecodeConfig:
     num_splits: int       # programs sharing one sequence's tokens (split-K); 1 = no reduction pass
     num_warps: int = 4
     num_stages: int = 2
+    prefetch_scales: bool = False   # per-token-head formats: load the next tile's scales one iteration ahead
+    word_loads: bool = True         # 1-byte formats: read codes as 32-bit words, a tile ahead (_decode_words_kernel)
+    f16_dot: bool = False           # 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class ContextConfig:
     block_n: int          # keys per tile
     num_warps: int = 4
     num_stages: int = 2
+    f16_dot: bool = False  # paged 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
 
 
 def _pow2(n: int) -> int:
@@ -66,35 +72,137 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
     return WriteConfig(block_t=min(_pow2(num_tokens), max(1, 4096 // per_token)), block_h=block_h, num_warps=4)
 
 
+# Decode launch configurations measured on an NVIDIA H200 (32 query / 8 KV heads, head size 128, block size 16,
+# shuffled blocks, bf16 q; `python -m minikv.bench.attention_sweep`, raw timings in
+# notebooks/data/gpu_decode_sweep.csv). Keyed by cache format, then (batch, context) of the measured shape:
+# (block_n, num_warps, num_stages, num_splits, prefetch_scales, word_loads, f16_dot). A launch takes the entry of
+# the nearest measured shape (log scale, batch counted in groups of 8 KV heads).
+DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool, bool]]] = {
+    "auto": {
+        (1, 512): (64, 4, 2, 4, False, False, False),
+        (1, 4096): (64, 4, 4, 32, False, False, False),
+        (1, 16384): (64, 4, 2, 64, False, False, False),
+        (16, 512): (64, 4, 3, 2, False, False, False),
+        (16, 4096): (64, 4, 4, 4, False, False, False),
+        (16, 16384): (64, 4, 4, 4, False, False, False),
+        (64, 512): (64, 4, 4, 1, False, False, False),
+        (64, 4096): (64, 4, 3, 1, False, False, False),
+        (64, 16384): (64, 4, 3, 1, False, False, False),
+        (256, 512): (64, 4, 3, 1, False, False, False),
+        (256, 4096): (64, 4, 3, 1, False, False, False),
+        (256, 16384): (64, 4, 3, 1, False, False, False),
+    },
+    "fp8": {
+        (1, 512): (64, 2, 1, 4, False, True, True),
+        (1, 4096): (64, 2, 1, 32, False, True, True),
+        (1, 16384): (64, 2, 2, 64, False, True, True),
+        (16, 512): (64, 2, 1, 2, False, True, True),
+        (16, 4096): (64, 2, 2, 4, False, True, True),
+        (16, 16384): (64, 2, 1, 4, False, True, True),
+        (64, 512): (64, 2, 2, 1, False, True, True),
+        (64, 4096): (64, 2, 1, 1, False, True, True),
+        (64, 16384): (64, 2, 2, 2, False, True, True),
+        (256, 512): (64, 2, 1, 1, False, True, True),
+        (256, 4096): (64, 2, 2, 1, False, True, True),
+        (256, 16384): (64, 2, 2, 2, False, True, True),
+    },
+    "int8_per_token_head": {
+        (1, 512): (128, 4, 2, 2, True, False, False),
+        (1, 4096): (128, 4, 2, 16, True, False, False),
+        (1, 16384): (64, 2, 1, 64, False, True, False),
+        (16, 512): (128, 4, 2, 2, True, False, False),
+        (16, 4096): (64, 2, 1, 4, False, True, False),
+        (16, 16384): (64, 2, 2, 4, False, True, False),
+        (64, 512): (64, 2, 2, 1, False, True, False),
+        (64, 4096): (128, 4, 2, 1, True, False, False),
+        (64, 16384): (128, 4, 2, 1, True, False, False),
+        (256, 512): (64, 2, 2, 1, False, True, False),
+        (256, 4096): (128, 4, 2, 1, True, False, False),
+        (256, 16384): (64, 2, 1, 8, False, True, False),
+    },
+    "fp8_per_token_head": {
+        (1, 512): (128, 4, 2, 2, True, False, True),
+        (1, 4096): (128, 4, 2, 16, True, False, True),
+        (1, 16384): (128, 4, 2, 32, True, False, True),
+        (16, 512): (128, 4, 2, 2, True, False, True),
+        (16, 4096): (128, 4, 2, 2, True, False, True),
+        (16, 16384): (128, 4, 2, 2, True, False, True),
+        (64, 512): (64, 2, 2, 1, False, True, True),
+        (64, 4096): (64, 2, 1, 1, False, True, True),
+        (64, 16384): (64, 2, 1, 1, False, True, True),
+        (256, 512): (64, 2, 2, 1, False, True, True),
+        (256, 4096): (64, 2, 1, 1, False, True, True),
+        (256, 16384): (64, 2, 2, 1, False, True, True),
+    },
+}
+TUNED_HEAD_SIZE = 128
+
+
+def _tuned_name(fmt: int | None, elem_bytes: int) -> str:
+    if fmt is None:
+        return {1: "fp8", 2: "auto"}.get(elem_bytes, "")
+    return "auto" if fmt in (formats.F16, formats.BF16) else formats.NAMES[fmt]
+
+
+def _nearest(table: dict, batch: int, max_len: int):
+    def distance(key):
+        return abs(math.log2(key[0] / batch)) + abs(math.log2(key[1] / max_len))
+    return table[min(table, key=distance)]
+
+
 def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
-                  device: torch.device) -> DecodeConfig:
-    """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync)."""
+                  device: torch.device, fmt: int | None = None) -> DecodeConfig:
+    """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
+    cache's format code (tells per-token-head apart from plain fp8)."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
-    # about 16 KB of K (and of V) per tile: more tokens per tile for narrower elements
-    block_n = max(16, min(128, 16384 // (head_size * elem_bytes)))
+    block_g = max(16, _pow2(group))
+    table = DECODE_TUNED.get(_tuned_name(fmt, elem_bytes))
+    if table and head_size == TUNED_HEAD_SIZE and block_g == 16 and batch >= 1 and max_len >= 1:
+        block_n, warps, stages, splits, prefetch, words, f16 = _nearest(table, batch * num_kv_heads / 8, max_len)
+        splits = max(1, min(splits, max_len // block_n))
+        return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=warps,
+                            num_stages=stages, prefetch_scales=prefetch, word_loads=words, f16_dot=f16)
+    # untuned shapes: about 8 KB of K (and of V) per tile, and enough programs for about four per SM, each
+    # keeping at least four tiles of work
+    block_n = max(16, min(64, 8192 // (head_size * elem_bytes)))
     programs = batch * num_kv_heads
-    sms = num_sms(device.index or 0)
-    splits = 1
-    if programs < sms:
-        # enough programs for about two per SM, each keeping at least four tiles of work
-        splits = min(triton.cdiv(2 * sms, programs), max(1, max_len // (4 * block_n)), 64)
-    return DecodeConfig(block_g=max(16, _pow2(group)), block_n=block_n, num_splits=splits, num_warps=4,
+    splits = min(triton.cdiv(4 * num_sms(device.index or 0), programs), max(1, max_len // (4 * block_n)), 64)
+    return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=max(1, splits), num_warps=4,
                         num_stages=3 if head_size <= 128 else 2)
 
 
+# Context launch configurations measured on an NVIDIA H200 (bf16, head size 128; raw timings in
+# notebooks/data/gpu_context_sweep.csv): (block_m, block_n, num_warps, num_stages) for long queries (prefill), and
+# (block_n, num_warps, num_stages) for short ones (a cross-attention context step of a few queries per sequence),
+# whose block_m is the rows per sequence rounded up (at least 16).
+# A paged 1-byte cache (fp8, int8/fp8 per token-head) read by a 16-bit q: its own long-query tile, and float16
+# dot products for short queries (measured: 1.29x faster than bfloat16 ones at batch 64, one query, 1024 keys).
+CONTEXT_LONG_128 = (128, 128, 8, 3)
+CONTEXT_LONG_128_ONE_BYTE = (256, 64, 8, 3)
+CONTEXT_SHORT_128 = (128, 4, 3)
+SHORT_ROWS = 64
+
+
 def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = None,
-                   max_kv_len: int | None = None) -> ContextConfig:
-    """`max_rows` (longest q_len x group) and `max_kv_len` are only used on CPU, where they are cheap to know."""
+                   max_kv_len: int | None = None, rows_per_seq: float | None = None,
+                   one_byte_cache: bool = False) -> ContextConfig:
+    """`max_rows` (longest q_len x group) and `max_kv_len` are only used on CPU, where they are cheap to know;
+    `rows_per_seq` (query tokens x group / sequences, known on the host without a sync) picks small query tiles
+    on a GPU when every sequence brings few queries; `one_byte_cache`: K/V come from a paged 1-byte cache."""
     if INTERPRETED:
         block_m = min(_pow2(max_rows or 1), 512)
         block_n = min(_pow2(max_kv_len or 1), 256, max(16, 2 * CPU_TILE_ELEMENTS // block_m))
         return ContextConfig(block_m=block_m, block_n=block_n)
     if dtype == torch.float32:
         return ContextConfig(block_m=64, block_n=32 if head_size <= 128 else 16, num_warps=4, num_stages=2)
+    if head_size <= 128 and rows_per_seq is not None and rows_per_seq <= SHORT_ROWS:
+        block_n, warps, stages = CONTEXT_SHORT_128
+        return ContextConfig(block_m=max(16, _pow2(math.ceil(rows_per_seq))), block_n=block_n, num_warps=warps,
+                             num_stages=stages, f16_dot=one_byte_cache)
     if head_size <= 64:
         return ContextConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
-    if head_size <= 128:       # the best of a small sweep on an H200 (see minikv.bench kernels --sweep)
-        return ContextConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
+    if head_size <= 128:
+        return ContextConfig(*(CONTEXT_LONG_128_ONE_BYTE if one_byte_cache else CONTEXT_LONG_128))
     return ContextConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)

@@ -1,4 +1,8 @@
-"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs."""
+"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs.
+
+A user error (a bad argument, a prompt the model cannot take) prints one line, `minikv: error: ...`, and exits
+with status 2, as argparse does for its own errors; anything else is a bug and keeps its traceback.
+"""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +54,13 @@ def _cmd_bench(args) -> int:
     return bench_main([args.what] + args.rest)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _cmd_bugs(args) -> int:
     from minikv import bugs
     print(bugs.table())
@@ -57,7 +68,9 @@ def _cmd_bugs(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minikv", description=__doc__)
+    import minikv
+    p = argparse.ArgumentParser(prog="minikv", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"minikv {minikv.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="the main job: kernels vs references per format, then both models generate")
@@ -69,19 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
         sp.add_argument("--device", default="cpu")
         sp.add_argument("--backend", default="triton", choices=("triton", "torch"))
-        sp.add_argument("--max-num-seqs", type=int, default=8)
+        sp.add_argument("--max-num-seqs", type=_positive_int, default=8)
 
     g = sub.add_parser("generate", help="generate continuations for prompts")
     engine_args(g)
     g.add_argument("prompts", nargs="+")
-    g.add_argument("--max-tokens", type=int, default=12)
+    g.add_argument("--max-tokens", type=_positive_int, default=12)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
     g.set_defaults(func=_cmd_generate)
 
     e = sub.add_parser("eval", help="greedy exact match on held-out prompts of the model's task")
     engine_args(e)
-    e.add_argument("--n", type=int, default=200)
+    e.add_argument("--n", type=_positive_int, default=200, help="number of held-out prompts (at least 1)")
     e.set_defaults(func=_cmd_eval)
 
     t = sub.add_parser("train", help="train a tiny model from scratch (writes safetensors)")
@@ -97,8 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("rest", nargs=argparse.REMAINDER)
     r.set_defaults(func=_cmd_repro)
 
-    b = sub.add_parser("bench", help="benchmarks (kernels, engine, attention)")
-    b.add_argument("what")
+    from minikv.bench import DESCRIPTIONS
+    b = sub.add_parser("bench", help="benchmarks (kernels, engine, attention)",
+                       description="benchmarks: " + "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
+    b.add_argument("what", choices=tuple(DESCRIPTIONS), help="which benchmark: " + ", ".join(DESCRIPTIONS))
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_cmd_bench)
 
@@ -108,8 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, MemoryError) as err:
+        # Raised by minikv's boundary checks for bad input; the message says what to do.
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,26 @@ from dataclasses import dataclass, field
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head")
+from minikv.kernels.formats import KV_CACHE_DTYPES, check_kv_cache_dtype  # noqa: F401  (the one format table)
+
+BLOCK_SIZES = (8, 16, 32, 64)
+
+
+def check_int(name: str, value, low: int = 1, high: int | None = None, allow_none: bool = False) -> None:
+    """Raise TypeError unless `value` is an int (not a bool), ValueError unless low <= value <= high."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        kind = "an int or None" if allow_none else "an int"
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+
+
+def check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
@@ -45,16 +64,14 @@ class CacheConfig:
     enable_prefix_caching: bool = False
 
     def __post_init__(self):
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}"
-            )
-        if self.block_size not in (8, 16, 32, 64):
+        # The one authority for these parameters: everything downstream takes them as given.
+        check_kv_cache_dtype(self.kv_cache_dtype)
+        check_int("block_size", self.block_size)
+        if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be 8, 16, 32 or 64, got {self.block_size}")
-        for name in ("num_blocks", "cross_pool_blocks"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+        check_int("num_blocks", self.num_blocks, allow_none=True)
+        check_int("cross_pool_blocks", self.cross_pool_blocks, allow_none=True)
+        check_bool("enable_prefix_caching", self.enable_prefix_caching)
 
 
 @dataclass(frozen=True)
@@ -63,8 +80,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 4096
 
     def __post_init__(self):
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        check_int("max_num_seqs", self.max_num_seqs)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens)
 
 
 @dataclass(frozen=True)

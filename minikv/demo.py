@@ -32,10 +32,11 @@ def kernel_roundtrip(kv_cache_dtype: str, device: torch.device, seed: int = 0) -
     out = kern.paged_decode_attention(q, pool, tables, lens, layout, sm)
     ref = kern.paged_decode_attention_reference(q, pool, tables, lens, layout, sm)
     cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
-    ctx = kern.paged_context_attention(q[0:1], pool, tables, cu, lens, layout, True, sm)
-    ctx_ref = kern.paged_context_attention_reference(q[0:1], pool, tables, cu, lens, layout, True, sm)
+    ctx = kern.paged_context_attention(q[0:1], pool, tables, cu, lens, spec=layout, causal=True, sm_scale=sm)
+    ctx_ref = kern.paged_context_attention_reference(q[0:1], pool, tables, cu, lens, spec=layout, causal=True,
+                                                     sm_scale=sm)
     exact = kern.context_attention_reference(
-        q[0:1], k, v, cu, torch.tensor([0, seq_len], dtype=torch.int32, device=device), True, sm)
+        q[0:1], k, v, cu, torch.tensor([0, seq_len], dtype=torch.int32, device=device), causal=True, sm_scale=sm)
     return {
         "write: bytes differing from reference": float((pool != ref_pool).sum()),
         "decode: max |kernel - reference|": float((out - ref).abs().max()),

@@ -100,7 +100,7 @@ del cache
 # %% [markdown]
 # Now a real batch: 16 arithmetic prompts of the held-out test set, each asking for 12 new tokens. Their lengths
 # are ragged, as requests are. We run them through minikv's engine with all 16 in flight at once
-# (`max_num_seqs=16`), and an `on_step` hook records, after every step, how many tokens of each request have their
+# (`max_num_seqs=16`), driving it one `step()` at a time and recording from each step's `StepOutput` how many tokens of each request have their
 # K/V in the cache and how many blocks the engine's block manager gives it (blocks are the subject of section 2;
 # here it is enough that a block holds 16 tokens).
 
@@ -111,15 +111,16 @@ llm = minikv.LLM(model="tiny-kvshare", max_num_seqs=16, device=DEVICE, backend="
 cached_tokens, blocks_held, blocks_in_use = {}, {}, []
 
 
-def record_usage(engine, batch, is_prefill):
-    for seq in batch:
-        cached_tokens[seq.request_id] = len(seq)            # every token of seq has its K/V written now
-        blocks_held[seq.request_id] = len(seq.block_table)
-    manager = engine.block_manager
-    blocks_in_use.append(manager.num_blocks - manager.num_free_blocks)
-
-
-outs = llm.generate(prompts, params, use_tqdm=False, on_step=record_usage)
+ids = [llm.add_request(p, params) for p in prompts]
+finished = {}
+while llm.has_unfinished():
+    out = llm.step()
+    for rid in out.request_ids:
+        cached_tokens[rid] = out.seq_lens[rid]              # every token of the request has its K/V written now
+        blocks_held[rid] = len(out.block_tables[rid])       # (taken before finished requests free their blocks)
+    blocks_in_use.append(sum(len(t) for t in out.block_tables.values()))
+    finished.update({o.request_id: o for o in out.finished})
+outs = [finished[i] for i in ids]
 lengths = [cached_tokens[o.request_id] for o in outs]
 blocks = [blocks_held[o.request_id] for o in outs]
 print("prompt tokens (with BOS):", [len(p) + 1 for p in prompts])
@@ -196,25 +197,21 @@ for size in (8, 16, 32, 64):
 lengths_with_bos = (14, 21, 9, 30)
 small_prompts = [task.prompts(1, seed=1, num_tokens=n)[0] for n in lengths_with_bos]
 llm = minikv.LLM(model="tiny-kvshare", max_num_seqs=4, device=DEVICE, backend="torch")
-history = []                   # per step: (step, prefill?, {request: block table}, attention metadata)
-
-
-def record_tables(engine, batch, is_prefill):
-    tables = {seq.request_id: list(seq.block_table) for seq in batch}
+history = []                   # per step: (step, prefill?, {request: block table}, the StepOutput)
+ids = [llm.add_request(p, params) for p in small_prompts]
+finished = {}
+while llm.has_unfinished():
+    out = llm.step()
+    tables = {r: list(t) for r, t in out.block_tables.items()}
     if not history or tables != history[-1][2]:
-        print(f"step {engine.runner.step - 1:2d} ({'prefill' if is_prefill else 'decode '}) lengths "
-              f"{[len(s) for s in batch]}: block tables {tables}")
-    # The hook runs after the step and before the new tokens are appended, so preparing the batch again rebuilds
-    # exactly the metadata the step used (prepare has no side effects).
-    metadata = engine.runner.prepare(batch, is_prefill)[2]
-    history.append((engine.runner.step - 1, is_prefill, tables, metadata))
-
-
-small_outs = llm.generate(small_prompts, params, use_tqdm=False, on_step=record_tables)
+        print(f"step {out.step:2d} ({out.phase:7s}) lengths {list(out.seq_lens.values())}: block tables {tables}")
+    history.append((out.step, out.is_prefill, tables, out))
+    finished.update({o.request_id: o for o in out.finished})
+small_outs = [finished[i] for i in ids]
 for p, o in zip(small_prompts, small_outs):
     print(f"{p!r:>40s} -> {o.text!r}")
 final_tables = history[-1][2]
-print("lengths at the last step:", history[-1][3].seq_lens.tolist())
+print("lengths at the last step:", list(history[-1][3].seq_lens.values()))
 assert final_tables == {0: [0, 6], 1: [1, 2], 2: [3, 8], 3: [4, 5, 7]}
 assert all(task.check(p, o.text) for p, o in zip(small_prompts, small_outs))
 
@@ -237,20 +234,23 @@ viz.block_table_diagram({f"request {r}": t for r, t in final_tables.items()}, nu
 # each step (`ModelRunner.prepare`). A slot of -1 means "write nothing"; the warmup step at start-up uses it for
 # every token.
 #
-# The hook above kept each step's metadata. Here is the prefill step's, with each slot checked against the
-# formula.
+# Each `StepOutput` above carries the step's slot mapping, per request. Here is the prefill step's, with each
+# slot checked against the formula.
 
 # %%
 prefill = history[0][3]
-slots = prefill.slot_mapping.tolist()
-print("prefill: query_start_loc", prefill.query_start_loc.tolist(), " seq_lens", prefill.seq_lens.tolist())
-for r, (a, b) in enumerate(zip(prefill.query_start_loc.tolist(), prefill.query_start_loc.tolist()[1:])):
+slots = [s for r in prefill.request_ids for s in prefill.slot_mapping[r]]
+starts = [0]
+for r in prefill.request_ids:
+    starts.append(starts[-1] + len(prefill.slot_mapping[r]))
+print("prefill: query_start_loc", starts, " seq_lens", list(prefill.seq_lens.values()))
+for r, (a, b) in enumerate(zip(starts, starts[1:])):
     print(f"  request {r}: tokens {a}-{b - 1} of the batch -> slots {ranges(slots[a:b])}")
 expected = [final_tables[r][p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
             for r, n in enumerate(lengths_with_bos) for p in range(n)]
 assert slots == expected
 labels = [c if c != " " else "·" for p in small_prompts for c in "B" + p]   # B: BOS, ·: a space
-viz.slot_mapping_diagram(prefill.slot_mapping, BLOCK_SIZE, token_labels=labels,
+viz.slot_mapping_diagram(torch.tensor(slots), BLOCK_SIZE, token_labels=labels,
                          title="Prefill: where each prompt character's K/V is written")
 
 # %% [markdown]
@@ -261,13 +261,14 @@ viz.slot_mapping_diagram(prefill.slot_mapping, BLOCK_SIZE, token_labels=labels,
 # %%
 crossing = next(i for i, (_, pre, tables, _) in enumerate(history) if not pre and tables != history[i - 1][2])
 decode = history[crossing][3]
-print(f"step {crossing}: seq_lens {decode.seq_lens.tolist()}, slot mapping {decode.slot_mapping.tolist()}")
-for r, slot in enumerate(decode.slot_mapping.tolist()):
-    position = decode.seq_lens[r].item() - 1
+decode_slots = [decode.slot_mapping[r][0] for r in decode.request_ids]
+decode_lens = [decode.seq_lens[r] for r in decode.request_ids]
+print(f"step {crossing}: seq_lens {decode_lens}, slot mapping {decode_slots}")
+for r, slot in enumerate(decode_slots):
+    position = decode_lens[r] - 1
     print(f"  request {r}: token {position:2d} -> block {slot // BLOCK_SIZE}, offset {slot % BLOCK_SIZE}")
-assert [s % BLOCK_SIZE for s in decode.slot_mapping.tolist()] == [p % BLOCK_SIZE
-                                                                 for p in (decode.seq_lens - 1).tolist()]
-viz.slot_mapping_diagram(decode.slot_mapping, BLOCK_SIZE, token_labels=[f"r{r}" for r in range(4)],
+assert [s % BLOCK_SIZE for s in decode_slots] == [(n - 1) % BLOCK_SIZE for n in decode_lens]
+viz.slot_mapping_diagram(torch.tensor(decode_slots), BLOCK_SIZE, token_labels=[f"r{r}" for r in range(4)],
                          title=f"Decode step {crossing}: one new token per request")
 
 # %% [markdown]
@@ -349,18 +350,23 @@ assert seq_d.num_cached_tokens == 0 and not set(seq_d.block_table) & {0, 1}
 computed = {}
 
 
-def record_prefill(engine, batch, is_prefill):
-    if is_prefill:
-        for seq in batch:
-            computed[seq.prompt] = (len(seq) - seq.num_cached_tokens, seq.num_cached_tokens)
+def serve_one(engine, text):
+    """Run one request step by step; record how many prompt tokens its prefill computed and found cached."""
+    rid = engine.add_request(text, params)
+    while engine.has_unfinished():
+        out = engine.step()
+        if out.is_prefill:
+            cached = out.num_cached_tokens[rid]
+            computed[text] = (out.seq_lens[rid] - cached, cached)
+        if out.finished:
+            return out.finished[0]
 
 
 runs = {}
 for caching in (False, True):
     engine = minikv.LLM(model="tiny-kvshare", max_num_seqs=4, device=DEVICE, backend="torch",
                         enable_prefix_caching=caching)
-    runs[caching] = [engine.generate([text], params, use_tqdm=False, on_step=record_prefill)[0]
-                     for text in (text_a, text_b)]
+    runs[caching] = [serve_one(engine, text) for text in (text_a, text_b)]
     print(f"prefix caching {'on ' if caching else 'off'}: hit blocks {engine.block_manager.num_hit_blocks}; "
           + "; ".join(f"{'AB'[i]} computed {computed[t][0]} tokens, found {computed[t][1]} in the cache"
                       for i, t in enumerate((text_a, text_b))))

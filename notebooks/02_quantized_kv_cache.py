@@ -69,7 +69,6 @@ from minikv import kernels, viz
 from minikv.cache.layout import KVLayout
 from minikv.config import KV_CACHE_DTYPES
 from minikv.models import registry
-from minikv.repro.common import request_slots
 
 cache_write, launch, addressing, quant = kernels.cache_write, kernels.launch, kernels.addressing, kernels.quant
 
@@ -147,8 +146,8 @@ viz.row_layout_diagram(layout_of("fp8"))
 
 # %% [markdown]
 # To read a row by hand we need real keys. We run 8 prompts through an engine with the `auto` cache (float32, so
-# the cache holds K and V exactly as the model computed them) and, from an `on_step` hook after the prefill
-# step, copy every prompt token's K and V out of each owning layer's pool with `KVLayout.code_views`: views
+# the cache holds K and V exactly as the model computed them), one `step()` at a time, and after the prefill
+# step copy every prompt token's K and V out of each pool the step wrote with `KVLayout.code_views`: views
 # `[blocks, block_size, kv_heads, head_size]` over the pool's bytes, indexed by each token's block and offset.
 # These are the K/V after the key norm and rotary embedding, exactly what attention reads.
 
@@ -158,21 +157,23 @@ params = minikv.SamplingParams(max_tokens=12)
 captured = {}
 
 
-def capture_prompt_kv(engine, batch, is_prefill):
-    if not is_prefill:
-        return
-    runner = engine.runner
-    slots = torch.tensor([s for seq in batch for s in request_slots(seq, runner.block_size)])
-    blocks, offsets = slots // runner.block_size, slots % runner.block_size
-    for a in runner.self_layers:
-        if a.kv_sharing_target is None:
-            k_view, v_view = runner.layout.code_views(a.kv_cache)
-            captured[int(a.layer_name.split(".")[1])] = (k_view[blocks, offsets].clone(),
-                                                         v_view[blocks, offsets].clone())
+def prompt_slots(step):
+    """The cache slots of every prompt token of a prefill step's requests, in batch order."""
+    return torch.tensor([s for r in step.request_ids for s in step.block_slots(r, BLOCK_SIZE)])
 
 
 auto_engine = minikv.LLM(model="tiny-kvshare", max_num_seqs=8, device=DEVICE, backend="torch")
-auto_outs = auto_engine.generate(prompts, params, use_tqdm=False, on_step=capture_prompt_kv)
+ids = [auto_engine.add_request(p, params) for p in prompts]
+done = {}
+while auto_engine.has_unfinished():
+    step = auto_engine.step()
+    if step.is_prefill:
+        blocks, offsets = prompt_slots(step) // BLOCK_SIZE, prompt_slots(step) % BLOCK_SIZE
+        for pool in step.trace.pools_written():           # "kv.layers.N.self_attn": the KV-owning layers
+            k_view, v_view = auto_engine.arena.layout(pool).code_views(auto_engine.arena.pool(pool))
+            captured[int(pool.split(".")[2])] = (k_view[blocks, offsets].clone(), v_view[blocks, offsets].clone())
+    done.update({o.request_id: o for o in step.finished})
+auto_outs = [done[i] for i in ids]
 k0, v0 = captured[0]
 print(f"captured layers {sorted(captured)}; layer 0 K and V: {tuple(k0.shape)} "
       "(prompt tokens, kv heads, head size)")
@@ -384,20 +385,17 @@ for fmt in KV_CACHE_DTYPES:
 int8_engine = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=8,
                          device=DEVICE, backend="torch")
 stored = {}
-
-
-def grab_layer0_rows(engine, batch, is_prefill):
-    if is_prefill:
-        runner = engine.runner
-        slots = torch.tensor([s for seq in batch for s in request_slots(seq, runner.block_size)])
-        k_codes, v_codes = runner.layout.code_views(runner.by_name["layers.0.self_attn"].kv_cache)
-        k_scales, v_scales = runner.layout.scale_views(runner.by_name["layers.0.self_attn"].kv_cache)
-        b, o = slots // runner.block_size, slots % runner.block_size
+for p in prompts:
+    int8_engine.add_request(p, params)
+while int8_engine.has_unfinished():
+    step = int8_engine.step()
+    if step.is_prefill:
+        name = "kv.layers.0.self_attn"
+        pool, layout = int8_engine.arena.pool(name), int8_engine.arena.layout(name)
+        (k_codes, v_codes), (k_scales, v_scales) = layout.code_views(pool), layout.scale_views(pool)
+        b, o = prompt_slots(step) // BLOCK_SIZE, prompt_slots(step) % BLOCK_SIZE
         stored.update(k=k_codes[b, o].clone(), v=v_codes[b, o].clone(), ks=k_scales[b, o].clone(),
                       vs=v_scales[b, o].clone())
-
-
-int8_engine.generate(prompts, params, use_tqdm=False, on_step=grab_layer0_rows)
 offline = torch.zeros(int8_layout.pool_bytes(-(-k0.shape[0] // BLOCK_SIZE)), dtype=torch.uint8)
 kernels.write_kv(k0, v0, offline, torch.arange(k0.shape[0]), int8_layout)
 (k_codes, v_codes), (k_scales, v_scales) = int8_layout.code_views(offline), int8_layout.scale_views(offline)

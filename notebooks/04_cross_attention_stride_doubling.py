@@ -73,11 +73,11 @@ for name in ("cross-stride", "cross-fp8-context-read"):
 # (context) step, each cross-attention layer projects K and V from the encoder output and writes them into its
 # cross pool. Every later step only reads them.
 #
-# To show this we use two hooks. `generate(on_step=...)` copies every pool's bytes after each step, so we can count
-# the token slots whose bytes changed. (We count slots, not bytes: whether one FP8 byte happens to equal the byte
-# it replaces depends on the last bits of float math, which differ between CPUs; a slot's 128 bytes of K and V all
-# staying the same does not happen.) The `probe` on the first cross layer records whether that step handed it
-# freshly projected K/V at all.
+# To show this we drive the engine one `step()` at a time (`serve` below). After each step we copy every pool's
+# bytes, so we can count the token slots whose bytes changed. (We count slots, not bytes: whether one FP8 byte
+# happens to equal the byte it replaces depends on the last bits of float math, which differ between CPUs; a slot's
+# 128 bytes of K and V all staying the same does not happen.) `step(capture=True)` keeps each layer's inputs in
+# the step's trace, so we can see whether the first cross layer was handed freshly projected K/V at all.
 
 # %%
 def one_engine(**kwargs):
@@ -89,6 +89,17 @@ def one_engine(**kwargs):
 
 def params_for(prompts):
     return [minikv.SamplingParams(max_tokens=TASK.max_tokens(p)) for p in prompts]
+
+
+def serve(llm, prompt_list, after_step=lambda out: None, capture=False):
+    """add_request for every prompt, then step until all finish; `after_step` sees each StepOutput."""
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompt_list, params_for(prompt_list))]
+    done = {}
+    while llm.has_unfinished():
+        out = llm.step(capture=capture)
+        after_step(out)
+        done.update({o.request_id: o for o in out.finished})
+    return [done[i] for i in ids]
 
 
 fixed = one_engine()
@@ -106,20 +117,15 @@ def changed_slots(layout, before, after):
     return int((before.view(shape) != after.view(shape)).any(dim=3).any(dim=1).sum())
 
 
-def count_changed_slots(llm, batch, is_prefill):
-    kinds.append("context" if is_prefill else "decode")
-    changes.append({n: changed_slots(llm.runner.layout, snapshot[n], llm.arena.pool(n)) for n in pool_names})
-    snapshot.update({n: llm.arena.pool(n).clone() for n in pool_names})
+def count_changed_slots(step):
+    kinds.append("context" if step.is_prefill else "decode")
+    changes.append({n: changed_slots(fixed.arena.layout(n), snapshot[n], fixed.arena.pool(n)) for n in pool_names})
+    snapshot.update({n: fixed.arena.pool(n).clone() for n in pool_names})
+    first_cross = next(e for e in step.trace.events if e.kind == "cross")
+    projected.append(first_cross.tensors["k"] is not None)
 
 
-def record_projection(impl, is_prefill, q, k, v, out, md):
-    projected.append(k is not None)
-
-
-first_cross = fixed.runner.cross_layers[0]
-first_cross.impl.probe = record_projection
-out = fixed.generate([prompt], params_for([prompt]), use_tqdm=False, on_step=count_changed_slots)[0]
-first_cross.impl.probe = None
+out = serve(fixed, [prompt], count_changed_slots, capture=True)[0]
 
 print(f"prompt {prompt!r} ({len(prompt)} encoder tokens) -> {out.text!r}; right: {TASK.check(prompt, out.text)}")
 print("\ntoken slots written in each pool by each step:")
@@ -197,22 +203,23 @@ need = fixed.cross_blocks_needed(prompts)
 tables, first_slots = {}, {}
 
 
-def first_slot_bytes(llm, seq):
-    """The K and V bytes of a sequence's first token (BOS) in layer 0's self-attention pool."""
+def first_slot_bytes(llm, block):
+    """The K and V bytes of the first token (BOS) of a request whose first block is `block`, in layer 0's
+    self-attention pool."""
     layout, pool = llm.arena.layout(self_names[0]), llm.arena.pool(self_names[0]).view(-1)
-    block = seq.block_table[0]
     return torch.cat([pool[layout.row_offset(block, kv, 0, 0): layout.row_offset(block, kv, 0, 0) + layout.slot_bytes]
                       for kv in (0, 1)]).clone()
 
 
-def record_tables(llm, batch, is_prefill):
-    if is_prefill:
-        assert [s.prompt for s in batch] == prompts          # one batch, in submission order
-        tables.update({s.prompt: list(s.cross_block_table) for s in batch})
-        first_slots.update({s.prompt: first_slot_bytes(llm, s) for s in batch})
+def record_tables(step):
+    if step.is_prefill:
+        ids = step.request_ids
+        assert len(ids) == len(prompts) and list(ids) == sorted(ids)    # one batch, in submission order
+        tables.update({p: list(step.cross_block_tables[r]) for p, r in zip(prompts, ids)})
+        first_slots.update({p: first_slot_bytes(fixed, step.block_tables[r][0]) for p, r in zip(prompts, ids)})
 
 
-fixed_outs = fixed.generate(prompts, params_for(prompts), use_tqdm=False, on_step=record_tables)
+fixed_outs = serve(fixed, prompts, record_tables)
 fixed_tokens = [o.token_ids for o in fixed_outs]
 block_tables = [tables[p] for p in prompts]
 for i, (p, t) in enumerate(zip(prompts, block_tables)):
@@ -304,19 +311,8 @@ for name in cross_names:
 # above.
 
 # %%
-seen_tables = []
-
-
-def record_used_tables(impl, is_prefill, q, k, v, out, md):
-    # Block-table rows are padded with 0: keep each request's first ceil(encoder tokens / block size) entries.
-    rows, lens = md.cross.block_tables.tolist(), md.cross.encoder_seq_lens.tolist()
-    seen_tables.append((is_prefill, [row[: math.ceil(n / impl.layout.block_size)] for row, n in zip(rows, lens)]))
-
-
-for a in buggy_15x.runner.cross_layers:
-    a.impl.probe = record_used_tables
 try:
-    buggy_15x.generate(prompts, params_for(prompts), use_tqdm=False)
+    serve(buggy_15x, prompts)
     raise AssertionError("the overrun was not caught")
 except minikv.KVCacheOverrunError as err:
     # The message also counts the damaged guard bytes; that count is left out here because whether a stray FP8
@@ -324,6 +320,10 @@ except minikv.KVCacheOverrunError as err:
     print(f"{type(err).__name__} past pool {err.pool!r}: guard zone bytes [{err.guard_start}, {err.guard_end}) "
           f"of the arena were written; first corrupted byte at arena offset {err.first_offset}")
     overrun = err
+# The error carries the step that overran, as far as it got: which cross layers ran, with which block tables.
+failed = overrun.step_output
+seen_tables = [(failed.is_prefill, [list(failed.cross_block_tables[r]) for r in failed.request_ids])
+               for e in failed.trace.events if e.kind == "cross"]
 print(f"cross-layer calls before the error: {len(seen_tables)}, "
       f"{'all' if all(pre for pre, _ in seen_tables) else 'not all'} at the context step")
 assert overrun.pool == cross_names[0]
@@ -344,22 +344,23 @@ written = {}              # (cross layer, request) -> the 16-bit K and V the his
 silent_first_slots = {}   # request -> its first self-attention slot in layer 0, right after the context step
 
 
-def record_written(impl, is_prefill, q, k, v, out, md):
-    if is_prefill:
-        layer, starts = cross_names.index(f"cross.{impl.layer_name}"), md.cross.encoder_start_loc.tolist()
-        for r in range(md.num_seqs):
-            written[layer, r] = (k[starts[r]: starts[r + 1]].clone(), v[starts[r]: starts[r + 1]].clone())
+def record_written_and_first_slots(step):
+    if not step.is_prefill:
+        return
+    ids = step.request_ids
+    assert len(ids) == len(prompts) and list(ids) == sorted(ids)
+    silent_first_slots.update({p: first_slot_bytes(silent, step.block_tables[r][0]) for p, r in zip(prompts, ids)})
+    for e in step.trace.events:
+        if e.kind == "cross":               # the K/V this cross layer was handed, split per request
+            layer, start = cross_names.index(e.pool), 0
+            for i, r in enumerate(ids):
+                n = len(step.cross_slot_mapping[r])
+                k, v = e.tensors["k"][start:start + n], e.tensors["v"][start:start + n]
+                written[layer, i] = (k, v)
+                start += n
 
 
-def record_first_slots(llm, batch, is_prefill):
-    if is_prefill:
-        assert [s.prompt for s in batch] == prompts
-        silent_first_slots.update({s.prompt: first_slot_bytes(llm, s) for s in batch})
-
-
-for a in silent.runner.cross_layers:
-    a.impl.probe = record_written
-silent_outs = silent.generate(prompts, params_for(prompts), use_tqdm=False, on_step=record_first_slots)
+silent_outs = serve(silent, prompts, record_written_and_first_slots, capture=True)
 # A wrong answer's text is decoded from stray bytes, so it differs from CPU to CPU: we show only that it is wrong.
 print(f"{'req':>3s} {'expected':36s} {'got':36s} right")
 for i, (p, o) in enumerate(zip(prompts, silent_outs)):

@@ -66,6 +66,9 @@ def test_cross_backend_layout_in_both_construction_orders(order):
     assert fixed.elem_bytes == 1 and buggy.elem_bytes == 2
     llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", cross_construction=order, max_num_seqs=2,
                      backend="torch")
+    # The engine bound its cross backends with the layout contract on: their layouts equal the fp8 pools'.
+    assert llm.config.check_layout
+    assert all(llm.arena.layout(n).elem_bytes == 1 for n in llm.arena.offsets if n.startswith("cross."))
     assert all(a.impl.layout.elem_bytes == 1 for a in llm.runner.cross_layers)
 
 

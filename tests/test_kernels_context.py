@@ -97,3 +97,25 @@ def test_strided_q_k_v():
     out = context_attention(q, k, v, cq, cq, True, 0.25)
     torch.testing.assert_close(out, context_attention_reference(q, k, v, cq, cq, True, 0.25),
                                **attention_tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8_per_token_head", "fp8_per_token_head"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_paged_f16_dot_on_1byte_cache(monkeypatch, kv_cache_dtype, causal):
+    """The GPU option for 1-byte caches: float16 dot products, q rescaled by a power of two per row."""
+    import dataclasses
+
+    from minikv.kernels import launch
+    original = launch.context_config
+    monkeypatch.setattr(launch, "context_config",
+                        lambda *a, **k: dataclasses.replace(original(*a, **k), f16_dot=True))
+    q_lens, kv_lens = _shape("prefix", causal)
+    spec = make_spec(kv_cache_dtype, torch.float16, 2, 32, 8)
+    tables, num_blocks = random_block_tables(kv_lens, 8)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, kv_lens, torch.float16, k_scale=0.45, v_scale=1.3)
+    q = (torch.randn(sum(q_lens), 4, 32) * torch.tensor([30.0, 1e-3, 1.0, 7.0])[None, :, None]).half()
+    args = (q, pool, tables, cu_seqlens(q_lens), torch.tensor(kv_lens, dtype=torch.int32), spec, causal,
+            0.02, 0.45, 1.3)
+    torch.testing.assert_close(paged_context_attention(*args).float(), paged_context_attention_reference(*args).float(),
+                               **attention_tolerance(torch.float16))

@@ -51,17 +51,37 @@ def test_decode_matches_reference(fmt, block_size, heads, head_size, lengths):
     _run(fmt, block_size, heads, head_size, lens)
 
 
-@pytest.mark.parametrize("num_splits", [2, 3, 8])
-@pytest.mark.parametrize("fmt", [("auto", torch.float32), ("int8_per_token_head", torch.float16)])
-def test_split_k_merge(monkeypatch, num_splits, fmt):
-    """Force the GPU's split-K path (partials + merge kernel), including splits left empty by short sequences."""
+@pytest.mark.parametrize("num_splits,prefetch,words,f16", [(2, False, True, False), (3, True, False, True),
+                                                           (8, False, False, False), (1, True, True, True),
+                                                           (1, False, False, False), (3, False, True, True)])
+@pytest.mark.parametrize("fmt", [("auto", torch.float32), ("int8_per_token_head", torch.float16),
+                                 ("fp8_per_token_head", torch.float32), ("fp8", torch.float16)])
+def test_split_k_merge(monkeypatch, num_splits, prefetch, words, f16, fmt):
+    """Force the GPU's split-K path (partials + merge kernel), including splits left empty by short sequences,
+    the scales loaded one tile ahead, both readers of 1-byte codes (32-bit words or single bytes), and float16 dot
+    products with q rescaled by a power of two per row."""
     original = launch.decode_config
 
     def forced(*args, **kwargs):
-        return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8)
+        return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8,
+                                   prefetch_scales=prefetch, word_loads=words, f16_dot=f16)
 
     monkeypatch.setattr(launch, "decode_config", forced)
     _run(fmt, 8, (8, 2), 32, [1, 7, 33, 60])
+
+
+@pytest.mark.parametrize("magnitude", [3000.0, 1e-3])
+@pytest.mark.parametrize("words", [False, True])
+def test_f16_dot_rescales_large_and_small_q(monkeypatch, magnitude, words):
+    """The float16 dot products rescale q by a power of two per row, so q far from 1 loses nothing."""
+    original = launch.decode_config
+
+    def forced(*args, **kwargs):
+        return dataclasses.replace(original(*args, **kwargs), block_n=16, f16_dot=True, word_loads=words)
+
+    monkeypatch.setattr(launch, "decode_config", forced)
+    _run(("fp8_per_token_head", torch.float16), 16, (4, 2), 64, [9, 40],
+         q_transform=lambda q: (q.float() * magnitude).half())
 
 
 def test_out_argument_and_strided_q():

@@ -102,3 +102,74 @@ def test_context_paged_on_gpu(kernels, fmt, causal):
     out = kernels.paged_context_attention(*args)
     ref = kernels.paged_context_attention_reference(*args)
     torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4], GPU_FORMATS[5]])
+@pytest.mark.parametrize("block_n,warps,stages,splits,prefetch,words,f16", [
+    (16, 4, 4, 7, True, False, False), (32, 8, 3, 1, False, True, False), (128, 4, 2, 3, True, False, True),
+    (64, 2, 3, 16, False, True, True), (128, 4, 3, 5, False, True, False), (16, 8, 2, 2, False, True, True),
+    (64, 4, 2, 1, False, False, True)])
+@pytest.mark.parametrize("q_magnitude", [1.0, 1e6])
+def test_decode_launch_configs_on_gpu(kernels, monkeypatch, fmt, block_n, warps, stages, splits, prefetch, words,
+                                      f16, q_magnitude):
+    """Every kind of configuration the sweep may commit (tiles, warps, stages, splits, scales loaded ahead, 1-byte
+    codes read as words, float16 dot products), with q of ordinary size and far beyond float16's range."""
+    from minikv.kernels import launch
+    kv_cache_dtype, dtype = fmt
+    if q_magnitude > 1 and dtype != torch.bfloat16:
+        pytest.skip("only bfloat16 holds q this large")
+    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: launch.DecodeConfig(
+        16, block_n, splits, warps, stages, prefetch, words, f16))
+    lens = [1, 15, 16, 17, 200, 1000, 777]
+    spec = make_spec(kv_cache_dtype, dtype, 8, 128, 16)
+    tables, num_blocks = random_block_tables(lens, 16, device=CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
+    # heads of very different sizes; sm_scale keeps the logits ordinary however large q is
+    q = (torch.randn(len(lens), 32, 128) * q_magnitude / torch.arange(1, 33)[None, :, None]).to(dtype).to(CUDA)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    sm = 128 ** -0.5 / q_magnitude
+    out = kernels.paged_decode_attention(q, pool, tables, seq_lens, spec, sm, 0.6, 1.7)
+    ref = kernels.paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm, 0.6, 1.7)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("q_lens,kv_lens", [([1] * 9, [700, 5, 64, 1, 33, 16, 17, 300, 2]), ([3, 12, 0], [40, 9, 7])])
+def test_context_short_queries_on_gpu(kernels, q_lens, kv_lens):
+    """The small query tiles chosen when sequences bring few queries (cross-attention context step), fused fp8
+    and unfused bf16."""
+    dtype, block_size, head_size, num_heads, kv_heads = torch.bfloat16, 16, 128, 32, 8
+    spec = make_spec("fp8", dtype, kv_heads, head_size, block_size)
+    tables, num_blocks = random_block_tables(kv_lens, block_size, device=CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    fill_sequences(pool, spec, tables, kv_lens, dtype, 0.45, 1.3)
+    q = torch.randn(sum(q_lens), num_heads, head_size).to(dtype).to(CUDA)
+    args = (q, pool, tables, cu_seqlens(q_lens, CUDA), torch.tensor(kv_lens, dtype=torch.int32, device=CUDA), spec,
+            False, head_size ** -0.5, 0.45, 1.3)
+    torch.testing.assert_close(kernels.paged_context_attention(*args).float(),
+                               kernels.paged_context_attention_reference(*args).float(), **attention_tolerance(dtype))
+    k = torch.randn(sum(kv_lens), kv_heads, head_size).to(dtype).to(CUDA)
+    v = torch.randn(sum(kv_lens), kv_heads, head_size).to(dtype).to(CUDA)
+    cq, ck = cu_seqlens(q_lens, CUDA), cu_seqlens(kv_lens, CUDA)
+    torch.testing.assert_close(kernels.context_attention(q, k, v, cq, ck, False, head_size ** -0.5).float(),
+                               kernels.context_attention_reference(q, k, v, cq, ck, False, head_size ** -0.5).float(),
+                               **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8_per_token_head", "fp8_per_token_head"])
+@pytest.mark.parametrize("causal,block_m", [(True, 128), (False, 16), (False, 64)])
+def test_context_paged_f16_dot_on_gpu(kernels, monkeypatch, kv_cache_dtype, causal, block_m):
+    """Paged context attention over a 1-byte cache with float16 dot products (bfloat16 q rescaled per row)."""
+    from minikv.kernels import launch
+    monkeypatch.setattr(launch, "context_config", lambda *a, **k: launch.ContextConfig(block_m, 64, 4, 3, True))
+    dtype, block_size, head_size, num_heads, kv_heads = torch.bfloat16, 16, 128, 32, 8
+    q_lens, kv_lens = ([1, 100, 33], [1, 260, 33]) if causal else ([1, 3, 40], [9, 700, 500])
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    tables, num_blocks = random_block_tables(kv_lens, block_size, device=CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    fill_sequences(pool, spec, tables, kv_lens, dtype, 0.45, 1.3)
+    q = (torch.randn(sum(q_lens), num_heads, head_size) * 1e5 / torch.arange(1, 33)[None, :, None]).to(dtype)
+    args = (q.to(CUDA), pool, tables, cu_seqlens(q_lens, CUDA), torch.tensor(kv_lens, dtype=torch.int32, device=CUDA),
+            spec, causal, head_size ** -0.5 / 1e5, 0.45, 1.3)
+    torch.testing.assert_close(kernels.paged_context_attention(*args).float(),
+                               kernels.paged_context_attention_reference(*args).float(), **attention_tolerance(dtype))

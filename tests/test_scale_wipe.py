@@ -13,7 +13,6 @@ from minikv.attention.backend import get_ops
 from minikv.attention.impl import AttentionImpl, ScaleFillCensus, release_scale_init, storage_key
 from minikv.cache.layout import KVLayout
 from minikv.repro import scale_wipe
-from minikv.repro.common import request_slots
 
 QUANTIZED = ("int8_per_token_head", "fp8_per_token_head")
 
@@ -40,7 +39,7 @@ def test_historical_path_damages_exactly_the_first_batch(max_num_seqs):
     assert buggy[max_num_seqs:] == clean[max_num_seqs:]            # later batches clean
     # The census: warmup fills wiped nothing; the KV-sharing layers' late fills wiped written scales.
     late = llm.census.wiping
-    assert {f.layer for f in late} == {a.layer_name for a in llm.runner.self_layers if a.kv_sharing_target}
+    assert {f.layer for f in late} == {f"layers.{i}.self_attn" for i in llm.config.model.kv_sharing}
     assert all(f.step == 0 and f.overwritten > 0 for f in late)
     assert all(f.step == -1 for f in llm.census.harmless)
 
@@ -88,16 +87,15 @@ def test_fixed_path_damages_nothing(fmt, prefix_caching, residue):
 def kv_bytes_after_prefill(prompts, target: str, **kw) -> dict[str, torch.Tensor]:
     """The cache rows (codes and inline scales) of request `target`, per KV-owning layer, right after its prefill."""
     llm = minikv.LLM(model="tiny-kvshare", **kw)
+    rids = {llm.add_request(p, minikv.SamplingParams(max_tokens=2)): p for p in prompts}
     rows = {}
-
-    def grab(engine, batch, is_prefill):
-        for seq in batch:
-            if is_prefill and seq.prompt == target and not rows:
-                for a in engine.runner.self_layers:
-                    if a.kv_sharing_target is None:
-                        rows[a.layer_name] = _slot_rows(engine.runner.layout, a.kv_cache, request_slots(
-                            seq, engine.runner.block_size))
-    llm.generate(prompts, minikv.SamplingParams(max_tokens=2), use_tqdm=False, on_step=grab)
+    while llm.has_unfinished():
+        out = llm.step()
+        for rid in out.request_ids:
+            if out.is_prefill and rids[rid] == target and not rows:
+                for pool in out.trace.pools_written():
+                    rows[pool] = _slot_rows(llm.arena.layout(pool), llm.arena.pool(pool),
+                                            out.block_slots(rid, llm.config.cache.block_size))
     return rows
 
 
@@ -180,6 +178,16 @@ def test_historical_engine_is_not_rearmed_by_wake_up(mode):
     again = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
     assert all(task.check(p, t) for p, t in zip(prompts, again))
     assert len(llm.census.fills) == fills                     # no impl filled anything after the wake-up
+
+
+def test_arrival_timing_decides_the_damaged_set():
+    # Requests arrive over several steps (seeded); the damaged requests are exactly the first scheduled batch,
+    # whether it holds one request or several: timing, not the requests, decides who is hit.
+    prompts = scale_wipe.make_prompts(8)
+    runs = [scale_wipe.arrival_run(prompts, 4, seed, max_tokens=6) for seed in (0, 1)]
+    assert [r.first_batch for r in runs] == [[0, 1, 2], [0]]
+    for r in runs:
+        assert r.damaged == r.first_batch
 
 
 @pytest.mark.parametrize("fmt", QUANTIZED)

@@ -265,7 +265,7 @@ def test_prefix_caching_within_the_scheduler():
 def test_sampling_params_validation():
     with pytest.raises(ValueError, match="max_tokens must be at least 1, got 0"):
         SamplingParams(max_tokens=0)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="temperature must be 0 .greedy. or between"):
         SamplingParams(temperature=-0.5)
     with pytest.raises(ValueError, match="non-empty"):
         SamplingParams(stop=[""])

@@ -44,12 +44,6 @@ def test_training_rejects_bad_arguments():
         train.train("tiny-gpt", steps=1, progress=False)
 
 
-def test_fake_quant_constants_match_the_kernels():
-    from minikv.kernels import formats
-    assert (train.INT8_QMAX, train.FP8_QMAX, train.SCALE_EPS) == \
-        (formats.INT8_QMAX, formats.FP8_QMAX, formats.SCALE_EPS)
-
-
 @pytest.mark.parametrize("fmt,rel_tol", [("int8_per_token_head", 0.5 / 127), ("fp8_per_token_head", 1 / 16)])
 def test_per_token_head_fake_quant_error(fmt, rel_tol):
     x = torch.randn(50, 2, 32) * 3

@@ -28,7 +28,7 @@ PY
 
 if want tests; then
 step "GPU tests (make test-gpu)"
-timeout 160 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_engine.py \
+timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_engine.py \
   tests/test_engine.py 2>&1 | tee "$OUT/test-gpu.log" || status=1
 fi
 

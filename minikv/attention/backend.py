@@ -6,6 +6,8 @@ cost host syncs, and the arena's guard canaries are the engine's safety net.
 """
 from __future__ import annotations
 
+import functools
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,12 +23,27 @@ class KernelOps:
     paged_context: Callable        # fused context attention: K/V read back from the paged cache
 
 
+# The Triton interpreter patches triton.language process-wide while it runs a kernel, so two threads cannot
+# interpret kernels at once; engines in different threads take turns per kernel call (compiled kernels need not).
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def _one_interpreter_at_a_time(op: Callable) -> Callable:
+    @functools.wraps(op)
+    def locked(*args, **kwargs):
+        with _INTERPRETER_LOCK:
+            return op(*args, **kwargs)
+    return locked
+
+
 def get_ops(name: str) -> KernelOps:
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     from minikv import kernels as k
     if name == "triton":
-        return KernelOps("triton", k.write_kv, k.paged_decode_attention, k.context_attention,
-                         k.paged_context_attention)
+        ops = (k.write_kv, k.paged_decode_attention, k.context_attention, k.paged_context_attention)
+        if k.mode.INTERPRETED:
+            ops = tuple(_one_interpreter_at_a_time(op) for op in ops)
+        return KernelOps("triton", *ops)
     return KernelOps("torch", k.write_kv_reference, k.paged_decode_attention_reference,
                      k.context_attention_reference, k.paged_context_attention_reference)

@@ -189,8 +189,6 @@ class CrossAttentionImpl:
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sm_scale = layout.head_size ** -0.5
         self.last_context_path: str | None = None   # "fused" or "unfused": which path the last context step took
-        # Instrumentation: probe(impl, is_prefill, q, k, v, out, metadata) after every real step, if set.
-        self.probe = None
         # Decided once, when the op is initialized (as upstream's AttentionOp::initialize does).
         self.uses_fused_context = self._decide_fused()
 
@@ -227,26 +225,24 @@ class CrossAttentionImpl:
         cm = md.cross
         if cm is None:
             raise RuntimeError(f"{self.layer_name}: cross attention needs cross metadata")
-        out = self._attend(layer.kv_cache, q, k, v, md)
-        if self.probe is not None:
-            self.probe(self, md.is_prefill, q, k, v, out, md)
-        return out
+        return self._attend(layer.kv_cache, q, k, v, md)
 
     def _attend(self, pool, q, k, v, md) -> torch.Tensor:
         cm = md.cross
         if md.is_prefill:
             # Context step: the encoder K/V are written once into the cross pool ...
-            self.ops.write_kv(k, v, pool, cm.slot_mapping, self.layout, self.k_scale, self.v_scale,
-                              validate=False)
+            self.ops.write_kv(k, v, pool, cm.slot_mapping, spec=self.layout, k_scale=self.k_scale,
+                              v_scale=self.v_scale, validate=False)
             if self.uses_fused_context:
                 # ... and the fused path reads them back from the cache,
                 self.last_context_path = "fused"
-                return self.ops.paged_context(q, pool, cm.block_tables, md.query_start_loc, cm.encoder_seq_lens,
-                                              self._context_read_layout(), False, self.sm_scale, self.k_scale,
-                                              self.v_scale, validate=False)
+                return self.ops.paged_context(q, pool, block_tables=cm.block_tables,
+                                              cu_seqlens_q=md.query_start_loc, seq_lens=cm.encoder_seq_lens,
+                                              spec=self._context_read_layout(), causal=False, sm_scale=self.sm_scale,
+                                              k_scale=self.k_scale, v_scale=self.v_scale, validate=False)
             # ... while the unfused path uses the 16-bit workspace copy it already has.
             self.last_context_path = "unfused"
-            return self.ops.context(q, k, v, md.query_start_loc, cm.encoder_start_loc, False, self.sm_scale,
-                                    validate=False)
-        return self.ops.decode(q, pool, cm.block_tables, cm.encoder_seq_lens, self.layout, self.sm_scale,
-                               self.k_scale, self.v_scale, validate=False)
+            return self.ops.context(q, k, v, cu_seqlens_q=md.query_start_loc, cu_seqlens_k=cm.encoder_start_loc,
+                                    causal=False, sm_scale=self.sm_scale, validate=False)
+        return self.ops.decode(q, pool, block_tables=cm.block_tables, seq_lens=cm.encoder_seq_lens, spec=self.layout,
+                               sm_scale=self.sm_scale, k_scale=self.k_scale, v_scale=self.v_scale, validate=False)

@@ -167,8 +167,8 @@ class AttentionImpl:
                     slot_mapping: torch.Tensor) -> None:
         """Quantize and scatter the new tokens' K/V into their slots (slot -1: skipped)."""
         self.scale_views(kv_cache)
-        self.ops.write_kv(key, value, kv_cache, slot_mapping, self.layout, self.k_scale, self.v_scale,
-                          validate=False)
+        self.ops.write_kv(key, value, kv_cache, slot_mapping, spec=self.layout, k_scale=self.k_scale,
+                          v_scale=self.v_scale, validate=False)
 
     def forward(self, layer, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 ctx: ForwardContext) -> torch.Tensor:
@@ -187,8 +187,9 @@ class AttentionImpl:
         else:
             self.scale_views(kv_cache)   # a sharing layer's first touch of the shared storage
         if md.is_prefill:
-            return self.ops.paged_context(q, kv_cache, md.block_tables, md.query_start_loc, md.seq_lens,
-                                          self.layout, True, self.sm_scale, self.k_scale, self.v_scale,
-                                          validate=False)
-        return self.ops.decode(q, kv_cache, md.block_tables, md.seq_lens, self.layout, self.sm_scale,
-                               self.k_scale, self.v_scale, validate=False)
+            return self.ops.paged_context(q, kv_cache, block_tables=md.block_tables,
+                                          cu_seqlens_q=md.query_start_loc, seq_lens=md.seq_lens, spec=self.layout,
+                                          causal=True, sm_scale=self.sm_scale, k_scale=self.k_scale,
+                                          v_scale=self.v_scale, validate=False)
+        return self.ops.decode(q, kv_cache, block_tables=md.block_tables, seq_lens=md.seq_lens, spec=self.layout,
+                               sm_scale=self.sm_scale, k_scale=self.k_scale, v_scale=self.v_scale, validate=False)

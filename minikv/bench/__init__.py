@@ -15,6 +15,11 @@ def _lazy(module: str):
     return run
 
 
+DESCRIPTIONS = {
+    "kernels": "each Triton kernel vs its torch reference (and SDPA on GPU)",
+    "attention": "paged attention vs hardware ceilings and SDPA (GPU)",
+    "engine": "end-to-end generation speed per backend",
+}
 COMMANDS = {
     "kernels": _lazy("minikv.bench.kernels"),        # each Triton kernel vs its torch reference (and SDPA on GPU)
     "attention": _lazy("minikv.bench.attention"),    # paged attention vs hardware ceilings and SDPA (GPU)

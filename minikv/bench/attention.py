@@ -18,52 +18,15 @@ import sys
 
 import torch
 
+from minikv.bench.timing import Timing, time_ms
+
 FORMATS = ("auto", "fp8", "fp8_per_token_head", "int8_per_token_head")
 HQ, HKV, D, BS = 32, 8, 128, 16
 
 
-def _capture(fn):
-    """fn captured in a CUDA graph (after a warm-up on a side stream), or None if it cannot be captured."""
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph
-    except Exception:           # noqa: BLE001 - fall back to eager timing, and say so in the row
-        torch.cuda.synchronize()
-        return None
-
-
-TIMING = {}     # how the last _time_ms call timed: "cuda graph" or "eager"
-
-
-def _time_ms(fn, reps: int = 20, graph: bool = True) -> float:
-    """Median GPU time of `fn` in ms: CUDA events around a CUDA-graph replay, the L2 cache flushed before each run.
-
-    Replaying a graph takes the Python launch overhead out (a real engine captures its decode step in a graph
-    too), so the figure is the kernels' own time, for minikv and for SDPA alike."""
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    captured = _capture(fn) if graph else None
-    run = captured.replay if captured is not None else fn
-    TIMING["last"] = "cuda graph" if captured is not None else "eager"
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+def _time_ms(fn, reps: int = 20, graph: bool = True) -> Timing:
+    """GPU time of `fn`: CUDA events, L2 flushed, replayed from a CUDA graph where it can be captured."""
+    return time_ms(fn, "cuda", reps=reps, graph=graph)
 
 
 def ceilings(gib: float = 4.0) -> dict[str, float]:
@@ -72,8 +35,8 @@ def ceilings(gib: float = 4.0) -> dict[str, float]:
     b = torch.empty_like(a)
     # Eager: a captured copy becomes a copy-engine node, slower than the copy kernel torch launches eagerly;
     # at 4 GiB the launch overhead is nothing anyway.
-    copy_ms = _time_ms(lambda: b.copy_(a), graph=False)
-    read_ms = _time_ms(lambda: a.sum(), graph=False)
+    copy_ms = _time_ms(lambda: b.copy_(a), graph=False).ms
+    read_ms = _time_ms(lambda: a.sum(), graph=False).ms
     nbytes = a.numel() * 4
     return {"copy_GBps": 2 * nbytes / copy_ms / 1e6, "read_GBps": nbytes / read_ms / 1e6}
 
@@ -110,13 +73,14 @@ def decode_case(fmt: str, batch: int, ctx: int) -> dict:
     q = torch.randn(batch, HQ, D, dtype=dtype, device="cuda")
     out = torch.empty_like(q)
     sm = D ** -0.5
-    ms = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, layout, sm, out=out, validate=False))
+    ms, how = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, spec=layout, sm_scale=sm, out=out,
+                                                      validate=False))
     nbytes = batch * ctx * 2 * layout.slot_bytes + 2 * q.numel() * q.element_size() + tables.numel() * 4
     return {"kind": "decode", "format": fmt, "batch": batch, "context": ctx, "ms": ms,
-            "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": TIMING["last"]}
+            "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": how}
 
 
-def sdpa_decode_ms(batch: int, ctx: int) -> float:
+def sdpa_decode_ms(batch: int, ctx: int) -> Timing:
     import torch.nn.functional as F
     q = torch.randn(batch, HQ, 1, D, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(batch, HKV, ctx, D, dtype=torch.bfloat16, device="cuda")
@@ -151,17 +115,18 @@ def prefill_cases(batch: int = 8, length: int = 4096) -> list[dict]:
     pool, tables = _paged_copy(k, v, layout, batch, length)
     qs, ks, vs = (t.view(batch, length, -1, D).transpose(1, 2) for t in (q, k, v))
     cases = {
-        "self causal, workspace (unfused)": lambda: context_attention(q, k, v, cu, cu, True, sm, validate=False),
-        "self causal, paged bf16 (fused)": lambda: paged_context_attention(q, pool, tables, cu, lens, layout, True,
-                                                                           sm, validate=False),
+        "self causal, workspace (unfused)": lambda: context_attention(q, k, v, cu, cu, causal=True, sm_scale=sm,
+                                                                     validate=False),
+        "self causal, paged bf16 (fused)": lambda: paged_context_attention(q, pool, tables, cu, lens, spec=layout,
+                                                                           causal=True, sm_scale=sm, validate=False),
         "self causal, torch SDPA": lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
                                                                           enable_gqa=True),
     }
     rows = []
     for name, fn in cases.items():
-        ms = _time_ms(fn, reps=10)
+        ms, how = _time_ms(fn, reps=10)
         rows.append({"kind": "prefill", "format": name, "batch": batch, "context": length, "q_len": length,
-                     "ms": ms, "TFLOPs": flops / ms / 1e9, "timing": TIMING["last"]})
+                     "ms": ms, "TFLOPs": flops / ms / 1e9, "timing": how})
     return rows
 
 
@@ -181,12 +146,12 @@ def cross_context_cases(shapes=((64, 1, 1024), (8, 512, 4096))) -> list[dict]:
         pool, tables = _paged_copy(k, v, layout, batch, enc)
         lens = torch.full((batch,), enc, dtype=torch.int32, device="cuda")
         flops = 4 * batch * HQ * qlen * enc * D
-        fused = _time_ms(lambda: paged_context_attention(q, pool, tables, cu_q, lens, layout, False, sm,
-                                                         validate=False))
-        fused_timing = TIMING["last"]
-        unfused = _time_ms(lambda: context_attention(q, k, v, cu_q, cu_k, False, sm, validate=False))
+        fused, fused_timing = _time_ms(lambda: paged_context_attention(
+            q, pool, tables, cu_q, lens, spec=layout, causal=False, sm_scale=sm, validate=False))
+        unfused, unfused_timing = _time_ms(lambda: context_attention(
+            q, k, v, cu_q, cu_k, causal=False, sm_scale=sm, validate=False))
         for name, ms, how in (("cross, fp8 paged (fused, taught)", fused, fused_timing),
-                              ("cross, bf16 workspace (unfused)", unfused, TIMING["last"])):
+                              ("cross, bf16 workspace (unfused)", unfused, unfused_timing)):
             rows.append({"kind": "cross-context", "format": name, "batch": batch, "context": enc, "q_len": qlen,
                          "ms": ms, "TFLOPs": flops / ms / 1e9, "unfused_over_fused": unfused / fused,
                          "timing": how})
@@ -205,8 +170,7 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print) -> lis
         f"{'SDPA us':>8s} {'SDPA/minikv':>11s}")
     for batch in batches:
         for ctx in contexts:
-            sdpa = sdpa_decode_ms(batch, ctx)
-            sdpa_timing = TIMING["last"]
+            sdpa, sdpa_timing = sdpa_decode_ms(batch, ctx)
             torch.cuda.empty_cache()
             for fmt in FORMATS:
                 r = decode_case(fmt, batch, ctx)
@@ -224,7 +188,67 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print) -> lis
     for r in rows:
         r.update(copy_GBps=ceil["copy_GBps"], read_GBps=ceil["read_GBps"], gpu=gpu, torch=torch.__version__,
                  triton=triton.__version__)
+    log("\ntargets (ratios within this run):")
+    for line in format_targets(rows):
+        log(line)
     return rows
+
+
+def _find(rows, kind, fmt, **match):
+    return next(r for r in rows if r["kind"] == kind and r["format"] == fmt
+                and all(int(r[k]) == v for k, v in match.items()))
+
+
+def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
+    """(what, measured ratio, target) for every target of issue 15, each ratio taken within the one run `rows`.
+
+    Works on the rows `run` returns and on rows read back from its CSV (numbers as floats)."""
+    decode = [r for r in rows if r["kind"] == "decode"]
+    ms = {(r["format"], int(r["batch"]), int(r["context"])): float(r["ms"]) for r in decode}
+    out = []
+
+    def speedup(fmt, b, c):
+        return ms[("auto", b, c)] / ms[(fmt, b, c)]
+
+    big = sorted((b, c) for (f, b, c) in ms if f == "auto" and b >= 16 and c >= 4096)
+    for fmt, goal in (("int8_per_token_head", 1.7), ("fp8_per_token_head", 1.7), ("fp8", 1.8)):
+        if (fmt, 64, 4096) in ms:
+            out.append((f"{fmt} vs bf16 paged decode, batch 64, context 4096", speedup(fmt, 64, 4096), goal))
+    for fmt in ("int8_per_token_head", "fp8_per_token_head"):
+        if big:
+            b, c = min(big, key=lambda bc: speedup(fmt, *bc))
+            out.append((f"{fmt} vs bf16 paged decode, worst with batch >= 16 and context >= 4096 (batch {b}, "
+                        f"context {c})", speedup(fmt, b, c), 1.5))
+    auto = [r for r in decode if r["format"] == "auto"]
+    for label, pick in (("batch >= 16", lambda r: int(r["batch"]) >= 16),
+                        ("batch 1, context >= 4096", lambda r: int(r["batch"]) == 1 and int(r["context"]) >= 4096)):
+        chosen = [r for r in auto if pick(r)]
+        if chosen:
+            w = min(chosen, key=lambda r: float(r["sdpa_over_minikv"]))
+            out.append((f"bf16 paged decode vs SDPA, worst with {label} (batch {int(w['batch'])}, context "
+                        f"{int(w['context'])})", float(w["sdpa_over_minikv"]), 0.9))
+    cross = [r for r in rows if r["kind"] == "cross-context" and "fused" in r["format"] and "unfused" not in r["format"]]
+    for r in cross:
+        out.append((f"fused fp8 cross context step vs unfused, batch {int(r['batch'])}, q_len {int(r['q_len'])}, "
+                    f"encoder {int(r['context'])}", float(r["unfused_over_fused"]), 1.3))
+    prefill = {r["format"]: float(r["TFLOPs"]) for r in rows if r["kind"] == "prefill"}
+    sdpa = prefill.get("self causal, torch SDPA")
+    if sdpa:
+        for name, goal in (("self causal, workspace (unfused)", 0.8), ("self causal, paged bf16 (fused)", 0.7)):
+            if name in prefill:
+                out.append((f"causal context attention TFLOP/s vs SDPA, {name.split(', ', 1)[1]}, batch 8, "
+                            f"length 4096", prefill[name] / sdpa, goal))
+    return out
+
+
+def format_targets(rows: list[dict]) -> list[str]:
+    """One line per target: met/MISSED, the ratio to three decimals, the target; the verdict compares the same
+    three-decimal values that are printed."""
+    lines = []
+    for what, value, goal in targets(rows):
+        met = round(value, 3) >= goal
+        lines.append(f"{'met   ' if met else 'MISSED'} {value:6.3f}x (target {goal:.2f}x)  {what}")
+    return lines
 
 
 def write_csv(rows: list[dict], path) -> None:

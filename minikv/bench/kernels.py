@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import statistics
-import time
 
 import torch
 from tqdm import tqdm
 
+from minikv.bench.timing import time_ms
 from minikv.cache.layout import KVLayout
 from minikv.kernels import (INTERPRETED, context_attention, context_attention_reference, launch, mode,
                             paged_context_attention, paged_context_attention_reference, paged_decode_attention,
@@ -38,26 +37,14 @@ class Row:
 
 
 def _time_ms(fn, device: str) -> float:
-    """Median milliseconds per call: triton's do_bench on a GPU, a few wall-clock runs on CPU."""
-    if device == "cuda":
-        import triton.testing
-        return float(triton.testing.do_bench(fn, warmup=10, rep=50))
-    fn()
-    samples = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    """Median milliseconds per call (minikv.bench.timing: CUDA events on a GPU, wall clock on CPU)."""
+    return time_ms(fn, device, reps=20 if device == "cuda" else 3).ms
 
 
 def _graph_ms(fn) -> float | None:
     """GPU time of `fn` replayed from a CUDA graph (no Python launch overhead); None if it cannot be captured."""
-    import triton.testing
-    try:
-        return float(triton.testing.do_bench_cudagraph(fn, rep=50))
-    except Exception:  # noqa: BLE001 - capture is an extra figure, not a requirement
-        return None
+    timing = time_ms(fn, "cuda", reps=20, graph=True)
+    return timing.ms if timing.how == "cuda graph" else None
 
 
 def _rate(nbytes: int, ms: float) -> str:

@@ -29,10 +29,21 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from minikv.engine.sequence import Sequence
+
+class BlockTableHolder(Protocol):
+    """What the block manager needs from a request: the cache package defines it, the engine's `Sequence`
+    implements it (so nothing here imports the engine). The manager reads the tokens and writes the two fields
+    that describe the request's blocks, `block_table` and `num_cached_tokens`."""
+
+    request_id: int
+    token_ids: list[int]
+    encoder_token_ids: list[int] | None
+    block_table: list[int]
+    num_cached_tokens: int
+
+    def __len__(self) -> int: ...
 
 # Parent hash of a decoder-only sequence's first block. CPython's hash() never returns -1, so no real
 # block hash can equal it.
@@ -47,7 +58,7 @@ def block_hash(parent_hash: int, token_ids: SequenceOf[int]) -> int:
     return hash((parent_hash, tuple(token_ids)))
 
 
-def chain_root(seq: Sequence) -> int:
+def chain_root(seq: BlockTableHolder) -> int:
     """The parent hash of a sequence's first block.
 
     An encoder-decoder's decoder K/V depend on the encoder input (through cross-attention), so for such a
@@ -56,6 +67,11 @@ def chain_root(seq: Sequence) -> int:
     if seq.encoder_token_ids is None:
         return NO_PARENT
     return hash((tuple(seq.encoder_token_ids),))
+
+
+def slot_of(block_table: SequenceOf[int], position: int, block_size: int) -> int:
+    """The cache slot of token `position` of a sequence: its block's id times block_size, plus its place in it."""
+    return block_table[position // block_size] * block_size + position % block_size
 
 
 @dataclass
@@ -111,13 +127,13 @@ class BlockManager:
 
     # ---- sequences -----------------------------------------------------------------------------------
 
-    def can_allocate(self, seq: Sequence) -> bool:
+    def can_allocate(self, seq: BlockTableHolder) -> bool:
         """True when `allocate(seq)` would find enough blocks. Hits on blocks in use cost no free block."""
         hits = self._match_prefix(seq)
         shared_in_use = sum(1 for block_id in hits if self.blocks[block_id].ref_count > 0)
-        return seq.num_blocks(self.block_size) - shared_in_use <= self.num_free_blocks
+        return self.blocks_for_tokens(len(seq)) - shared_in_use <= self.num_free_blocks
 
-    def allocate(self, seq: Sequence) -> None:
+    def allocate(self, seq: BlockTableHolder) -> None:
         """Give `seq` blocks for all of `seq.token_ids` (a prefill, first or after preemption).
 
         With prefix caching, the longest chain of registered full blocks matching the sequence's start is
@@ -130,7 +146,7 @@ class BlockManager:
             raise RuntimeError(f"request {seq.request_id} already holds blocks {seq.block_table}")
         if not self.can_allocate(seq):
             raise RuntimeError(
-                f"request {seq.request_id} needs {seq.num_blocks(self.block_size)} blocks, "
+                f"request {seq.request_id} needs {self.blocks_for_tokens(len(seq))} blocks, "
                 f"{self.num_free_blocks} are free; check can_allocate() first"
             )
         hits = self._match_prefix(seq)
@@ -144,7 +160,7 @@ class BlockManager:
             table.append(block_id)
             parent = block.hash
         bs = self.block_size
-        for index in range(len(hits), seq.num_blocks(bs)):
+        for index in range(len(hits), self.blocks_for_tokens(len(seq))):
             block_id = self._take_free_block()
             table.append(block_id)
             tokens = seq.token_ids[index * bs:(index + 1) * bs]
@@ -154,11 +170,11 @@ class BlockManager:
         seq.num_cached_tokens = len(hits) * bs
         self.num_hit_blocks += len(hits)
 
-    def can_append(self, seq: Sequence) -> bool:
+    def can_append(self, seq: BlockTableHolder) -> bool:
         """True when `may_append(seq)` can succeed: no new block is needed, or a free one exists."""
-        return len(seq.block_table) >= seq.num_blocks(self.block_size) or self.num_free_blocks >= 1
+        return len(seq.block_table) >= self.blocks_for_tokens(len(seq)) or self.num_free_blocks >= 1
 
-    def may_append(self, seq: Sequence) -> None:
+    def may_append(self, seq: BlockTableHolder) -> None:
         """Make room for the decode step that computes the K/V of the last token, `token_ids[len(seq) - 1]`.
 
         Call it after that token was appended and before the step. Before: `block_table` covers
@@ -166,7 +182,7 @@ class BlockManager:
         taken when the token starts one. When the token fills its block, the block's hash is registered
         (prefix caching), so later requests can hit it.
         """
-        needed = seq.num_blocks(self.block_size)
+        needed = self.blocks_for_tokens(len(seq))
         have = len(seq.block_table)
         if have not in (needed - 1, needed):
             raise RuntimeError(
@@ -182,7 +198,7 @@ class BlockManager:
                 tokens = seq.token_ids[index * self.block_size:]
                 self._register(seq.block_table[index], parent, tokens)
 
-    def deallocate(self, seq: Sequence) -> None:
+    def deallocate(self, seq: BlockTableHolder) -> None:
         """Release the sequence's blocks (ref_count - 1) and reset its block table and cached-token count.
 
         Blocks are released last to first, so among the blocks this frees, the end of the prefix is evicted
@@ -213,7 +229,7 @@ class BlockManager:
 
     # ---- internals ---------------------------------------------------------------------------------
 
-    def _match_prefix(self, seq: Sequence) -> list[int]:
+    def _match_prefix(self, seq: BlockTableHolder) -> list[int]:
         """Registered blocks matching the start of `seq`, capped so at least one token is left to compute."""
         if not self.enable_prefix_caching:
             return []

@@ -17,17 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from minikv.config import KV_CACHE_DTYPES
 from minikv.kernels import formats
 
-_AUTO_FMT = {torch.float16: formats.F16, torch.bfloat16: formats.BF16, torch.float32: formats.F32}
-_ELEM_BYTES = {formats.F16: 2, formats.BF16: 2, formats.F32: 4, formats.FP8: 1, formats.INT8_PTH: 1,
-               formats.FP8_PTH: 1}
-_CODE_DTYPE = {formats.F16: torch.float16, formats.BF16: torch.bfloat16, formats.F32: torch.float32,
-               formats.FP8: torch.float8_e4m3fn, formats.INT8_PTH: torch.int8,
-               formats.FP8_PTH: torch.float8_e4m3fn}
-SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
-SCALE_BYTES = 4
+SCALE_BYTES = formats.SCALE_BYTES
 
 
 class KVLayoutMismatchError(RuntimeError):
@@ -43,40 +35,43 @@ class KVLayout:
     block_size: int
 
     def __post_init__(self):
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose one of "
-                             f"{', '.join(KV_CACHE_DTYPES)}")
-        if self.model_dtype not in _AUTO_FMT:
-            raise ValueError(f"model dtype must be float16, bfloat16 or float32, got {self.model_dtype}")
-        if self.head_size not in SUPPORTED_HEAD_SIZES:
-            raise ValueError(f"unsupported head size {self.head_size}; supported: {SUPPORTED_HEAD_SIZES}")
+        formats.format_of(self.kv_cache_dtype, self.model_dtype)     # checks both, with clear errors
+        if self.head_size not in formats.SUPPORTED_HEAD_SIZES:
+            raise ValueError(f"unsupported head size {self.head_size}; supported: {formats.SUPPORTED_HEAD_SIZES}")
         if self.num_kv_heads < 1 or self.block_size < 1:
             raise ValueError("num_kv_heads and block_size must be positive")
 
-    # ---- element format -------------------------------------------------------------------------------
+    # ---- element format (all facts from the one table, kernels/formats.py) ---------------------------------
+    @property
+    def format(self) -> formats.Format:
+        return formats.format_of(self.kv_cache_dtype, self.model_dtype)
+
     @property
     def fmt(self) -> int:
-        return {"auto": _AUTO_FMT[self.model_dtype], "fp8": formats.FP8,
-                "int8_per_token_head": formats.INT8_PTH,
-                "fp8_per_token_head": formats.FP8_PTH}[self.kv_cache_dtype]
+        return self.format.code
 
     @property
     def elem_bytes(self) -> int:
-        return _ELEM_BYTES[self.fmt]
+        return self.format.elem_bytes
 
     @property
     def code_dtype(self) -> torch.dtype:
         """The torch dtype of one stored element (the code, for quantized formats)."""
-        return _CODE_DTYPE[self.fmt]
+        return self.format.code_dtype
 
     @property
     def has_inline_scales(self) -> bool:
-        return formats.has_inline_scales(self.fmt)
+        return self.format.inline_scales
 
     @property
     def has_layer_scales(self) -> bool:
         """fp8 keeps one scale for K and one for V per layer, outside the pool."""
-        return self.fmt == formats.FP8
+        return self.format.layer_scales
+
+    @property
+    def spec(self) -> formats.CacheSpec:
+        """The typed spec the kernels address this layout's pools with."""
+        return formats.CacheSpec.of(self)
 
     # ---- bytes --------------------------------------------------------------------------------------------
     @property

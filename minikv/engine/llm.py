@@ -1,50 +1,136 @@
-"""LLM: the public facade. Builds an engine (model, scheduler, block managers, model runner) and generates.
+"""LLM: the public facade. Builds an engine (model, scheduler, block managers, model runner) and runs it.
 
     llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
     outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12))
+
+or one step at a time (requests added between steps join the running batch):
+
+    rid = llm.add_request("5 10 15", minikv.SamplingParams(max_tokens=4))
+    while llm.has_unfinished():
+        out = llm.step()            # a StepOutput (minikv.engine.step): what ran, what was sampled, the trace
+
+Rules the facade keeps:
+- every input is checked before anything is queued; a call that raises leaves the engine as it was (no request
+  id used, later seeded sampling unchanged);
+- a step that raises aborts the requests it was running; after a KVCacheOverrunError the cache contents are
+  untrusted, so every in-flight request is aborted and every later call raises `EngineNeedsResetError` until
+  `reset()` (or `sleep()` then `wake_up()`) gives the engine a fresh arena. The error carries the failed step
+  as far as it got, `err.step_output` (a StepOutput with no sampled tokens and guard_check "failed");
+- an engine serves one thread at a time: a call from a second thread while one runs raises
+  `ConcurrentUseError` (give each thread its own LLM; two engines in two threads are independent).
 """
 from __future__ import annotations
 
-import math
-from typing import Sequence as Seq
+import contextlib
+import threading
+from collections.abc import Iterable
 
 import torch
 from tqdm import tqdm
 
 from minikv import bugs
 from minikv.attention.backend import BACKENDS
-from minikv.cache.blocks import BlockManager
-from minikv.config import CacheConfig, EngineConfig, SchedulerConfig
+from minikv.cache.arena import KVCacheOverrunError
+from minikv.cache.blocks import BlockManager, slot_of
+from minikv.config import CacheConfig, EngineConfig, SchedulerConfig, check_bool, check_int
 from minikv.engine.model_runner import ModelRunner
 from minikv.engine.scheduler import Scheduler
 from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
+from minikv.engine.step import StepOutput, StepTrace
 from minikv.models import registry
 
 
-def _resolve_device(device: str | torch.device) -> torch.device:
-    device = torch.device(device)
+class ConcurrentUseError(RuntimeError):
+    """An LLM was called from a second thread while a call from another thread was still running."""
+
+
+class EngineNeedsResetError(RuntimeError):
+    """The engine's KV arena was overrun earlier; call reset() (or sleep() then wake_up()) before using it."""
+
+
+def _resolve_device(device) -> torch.device:
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', got {type(device).__name__}")
+    try:
+        device = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device {device!r} is not a device string; use 'cpu', 'cuda' or 'cuda:N'") from err
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but no CUDA device is available; use device='cpu'")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but no CUDA device is available; use device='cpu'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device} does not exist: {torch.cuda.device_count()} CUDA device(s) visible")
     return device
 
 
+def _check_choice(name: str, value, choices) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, one of {', '.join(choices)}; got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+
+
+def _check_reintroduce_possible(defects: frozenset[str], model_config, kv_cache_dtype: str) -> None:
+    """A defect switched on where its mechanism cannot occur would silently do nothing: refuse it, saying why."""
+    if "scale-wipe" in defects and not model_config.kv_sharing:
+        raise ValueError(f"scale-wipe cannot happen in {model_config.name}: it has no KV-sharing layers (the wipe "
+                         f"is a sharing layer's late first touch of its target's cache); use tiny-kvshare")
+    for name in ("cross-stride", "cross-fp8-context-read"):
+        if name not in defects:
+            continue
+        if not model_config.is_encoder_decoder:
+            raise ValueError(f"{name} cannot happen in {model_config.name}: it is decoder-only, with no cross "
+                             f"attention; use tiny-encdec")
+        if kv_cache_dtype == "auto":
+            raise ValueError(f"{name} cannot happen with kv_cache_dtype='auto': the cross pool then holds the "
+                             f"model's own 16-bit (or wider) elements, so nothing is misread; use kv_cache_dtype='fp8'")
+
+
 class LLM:
-    """A minikv engine for one model. See DESIGN.md section 8 for the API."""
+    """A minikv engine for one model.
+
+    Arguments (all checked here, before any memory is allocated):
+      model                 a shipped model name (`minikv.models.registry.MODEL_NAMES`)
+      kv_cache_dtype        "auto", "fp8", "int8_per_token_head" or "fp8_per_token_head"
+      max_num_seqs          sequences per step (the first prefill batch is this many requests)
+      block_size            tokens per cache block (8, 16, 32 or 64)
+      enable_prefix_caching share full blocks between requests with equal prefixes
+      device                "cpu" (Triton interpreter) or "cuda[:N]" (compiled kernels)
+      backend               "triton" or "torch" (the pure-PyTorch references, same byte addressing)
+      reintroduce           historical defects to switch back on (`minikv.bugs.DEFECTS`)
+      sanitize              check the arena's guard zones after every step (KVCacheOverrunError)
+      check_layout          check each backend's layout against its pool's when binding (KVLayoutMismatchError)
+      seed                  the engine's seed (per-request sampling seeds derive from it)
+      num_blocks, cross_pool_blocks  pool sizes in blocks; None sizes them for max_num_seqs full-length requests
+      dtype                 activation dtype (torch.float32/float16/bfloat16); None: the model's default
+      max_num_batched_tokens the most tokens one prefill step may compute
+      cross_context_path, paged_context, cross_construction  the cross-attention variants of notebook 04
+    """
 
     def __init__(self, model: str = "tiny-kvshare", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
                  block_size: int = 16, enable_prefix_caching: bool = False, device: str = "cpu",
-                 backend: str = "triton", reintroduce: Seq[str] = (), sanitize: bool = True,
+                 backend: str = "triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
                  check_layout: bool = True, seed: int = 0, cross_pool_blocks: int | None = None,
                  num_blocks: int | None = None, dtype: torch.dtype | None = None,
                  max_num_batched_tokens: int = 4096, cross_context_path: str = "fused",
                  paged_context: bool = False, cross_construction: str = "eager", warmup: str = "dummy"):
-        if model not in registry.MODEL_NAMES:
-            raise ValueError(f"unknown model {model!r}; known models: {', '.join(registry.MODEL_NAMES)}")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        from minikv.attention.cross import CONSTRUCTION_ORDERS, CROSS_CONTEXT_PATHS
+        from minikv.engine.model_runner import WARMUP_SHAPES
+        _check_choice("model", model, registry.MODEL_NAMES)
+        _check_choice("backend", backend, BACKENDS)
+        _check_choice("cross_context_path", cross_context_path, CROSS_CONTEXT_PATHS)
+        _check_choice("cross_construction", cross_construction, CONSTRUCTION_ORDERS)
+        _check_choice("warmup", warmup, WARMUP_SHAPES)
+        for name, value in (("sanitize", sanitize), ("check_layout", check_layout),
+                            ("paged_context", paged_context)):
+            check_bool(name, value)
+        check_int("seed", seed, low=0, high=2**63 - 1)
+        if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {dtype!r}")
         defects = bugs.validate(reintroduce)
+        # CacheConfig and SchedulerConfig are the one authority for their parameters.
         cache = CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                             cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching)
         sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
@@ -53,6 +139,7 @@ class LLM:
         self.model_name = model
         self.tokenizer = registry.get_tokenizer(model)
         net = registry.load_model(model, device=device, dtype=dtype)
+        _check_reintroduce_possible(defects, net.config, kv_cache_dtype)      # before any cache is allocated
         dtype = next(net.parameters()).dtype
         self.config = EngineConfig(model=net.config, cache=cache, scheduler=sched, device=device, dtype=dtype,
                                    backend=backend, reintroduce=tuple(sorted(defects)), sanitize=sanitize,
@@ -63,6 +150,9 @@ class LLM:
         self.is_encoder_decoder = net.config.is_encoder_decoder
         self._build_scheduler()
         self._next_id = 0
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._needs_reset: str | None = None
 
     def _build_scheduler(self) -> None:
         # Block managers describe the bytes of the current arena: a fresh arena needs fresh ones (a prefix-cache
@@ -74,13 +164,42 @@ class LLM:
         self.scheduler = Scheduler(sched.max_num_seqs, sched.max_num_batched_tokens, self.block_manager,
                                    self.cross_block_manager, eos_token_id=self.tokenizer.eos_id)
 
+    # ---- one thread at a time, and no use after an overrun ------------------------------------------------------
+    @contextlib.contextmanager
+    def _exclusive(self, usable: bool = True):
+        me = threading.get_ident()
+        if self._owner == me:                     # re-entered from our own call (generate -> step)
+            yield
+            return
+        if not self._lock.acquire(blocking=False):
+            raise ConcurrentUseError("this LLM is already running a call from another thread; an engine serves "
+                                     "one thread at a time: give each thread its own LLM, or serialize the calls")
+        self._owner = me
+        try:
+            if usable:
+                self._check_usable()
+            yield
+        finally:
+            self._owner = None
+            self._lock.release()
+
+    def _check_usable(self) -> None:
+        if self._needs_reset is not None:
+            raise EngineNeedsResetError(f"{self._needs_reset}; the cache contents are untrusted and every request "
+                                        f"in flight was aborted. Call llm.reset() (or llm.sleep() then "
+                                        f"llm.wake_up()) to get a fresh arena")
+        if self.runner.asleep:
+            raise RuntimeError("the engine is asleep: call wake_up() first")
+
     # ---- requests -----------------------------------------------------------------------------------------------
-    def _encode(self, prompt: str) -> tuple[list[int], list[int] | None]:
+    def _encode(self, prompt) -> tuple[list[int], list[int] | None]:
         """(decoder prompt ids, encoder ids or None) for one prompt, with clear errors for bad input."""
         if not isinstance(prompt, str):
             raise TypeError(f"a prompt must be a str, got {type(prompt).__name__}")
         if not prompt:
             raise ValueError("empty prompt: give at least one character")
+        if prompt.isspace():
+            raise ValueError(f"prompt {prompt!r} is only whitespace: give the model something to continue")
         ids = self.tokenizer.encode(prompt)
         mc = self.config.model
         if self.is_encoder_decoder:
@@ -90,115 +209,216 @@ class LLM:
             return [self.tokenizer.bos_id], ids
         ids = [self.tokenizer.bos_id] + ids
         if len(ids) >= mc.max_position:
-            raise ValueError(f"prompt is {len(ids)} tokens, the model's maximum is {mc.max_position - 1} "
-                             f"(max_position {mc.max_position} includes room for one new token)")
+            raise ValueError(f"prompt is {len(ids)} tokens (with BOS), which leaves no room to generate: the model's "
+                             f"maximum is {mc.max_position - 1} prompt tokens (max_position {mc.max_position})")
         return ids, None
 
-    def _make_sequence(self, prompt: str, params: SamplingParams) -> Sequence:
+    def _prepare(self, prompt, params) -> tuple[list[int], list[int] | None, SamplingParams]:
+        """Check one request completely, without touching the engine."""
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a minikv.SamplingParams, got {type(params).__name__}")
         ids, enc = self._encode(prompt)
         room = self.config.model.max_position - len(ids)
         if params.max_tokens > room:
-            params = SamplingParams(max_tokens=room, temperature=params.temperature, seed=params.seed,
-                                    stop=params.stop, ignore_eos=params.ignore_eos)
+            raise ValueError(f"max_tokens={params.max_tokens} but the model has room for only {room} new tokens "
+                             f"after this {len(ids)}-token prompt (max_position {self.config.model.max_position}); "
+                             f"lower max_tokens to at most {room}")
+        probe = Sequence(-1, prompt, ids, params, encoder_token_ids=enc)
+        self.scheduler.check_admissible(probe)
+        return ids, enc, params
+
+    def _queue(self, prompt: str, checked) -> int:
+        ids, enc, params = checked
         seq = Sequence(self._next_id, prompt, ids, params, encoder_token_ids=enc, default_seed=self.config.seed)
+        self.scheduler.add(seq)
         self._next_id += 1
-        return seq
+        return seq.request_id
 
-    def _check_fits(self, seq: Sequence) -> None:
-        bs = self.config.cache.block_size
-        need = math.ceil((len(seq.prompt_token_ids) + seq.sampling.max_tokens) / bs)
-        if need > self.runner.num_blocks:
-            raise ValueError(f"request {seq.request_id} needs {need} KV blocks (prompt + max_tokens) but the pool "
-                             f"holds only {self.runner.num_blocks}; raise num_blocks or lower max_tokens")
-        if seq.encoder_token_ids is not None:
-            need = math.ceil(len(seq.encoder_token_ids) / bs)
-            if need > self.runner.num_cross_blocks:
-                raise ValueError(f"request {seq.request_id} needs {need} cross-pool blocks but the cross pool "
-                                 f"holds only {self.runner.num_cross_blocks}; raise cross_pool_blocks")
+    def add_request(self, prompt: str, params: SamplingParams | None = None) -> int:
+        """Queue one request; return its id. It joins the running batch at the next step that has room."""
+        with self._exclusive():
+            return self._queue(prompt, self._prepare(prompt, params))
 
-    def cross_blocks_needed(self, prompts: Seq[str]) -> int:
+    def abort(self, request_id: int) -> bool:
+        """Finish a queued or running request with reason "abort"; False if it is not in flight."""
+        with self._exclusive(usable=False):
+            return self.scheduler.abort(request_id) is not None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def cross_blocks_needed(self, prompts) -> int:
         """Blocks the cross pool must hold to serve all of `prompts` at once."""
         if not self.is_encoder_decoder:
             raise ValueError(f"{self.model_name} has no cross attention")
         bs = self.config.cache.block_size
-        return sum(math.ceil(len(self._encode(p)[1]) / bs) for p in prompts)
+        return sum(-(-len(self._encode(p)[1]) // bs) for p in _prompt_list(prompts))
+
+    # ---- stepping -----------------------------------------------------------------------------------------------
+    def step(self, capture: bool = False) -> StepOutput:
+        """Run one engine step (a prefill or a decode batch) and say what it did.
+
+        `capture=True` also keeps a copy of every attention layer's q, k, v and output in its trace event
+        (`CacheEvent.tensors`): for measuring attention error; it costs memory, so it is off by default."""
+        with self._exclusive():
+            return self._step(capture)
+
+    def _step(self, capture: bool = False) -> StepOutput:
+        batch, is_prefill = self.scheduler.schedule()
+        if not batch:
+            raise RuntimeError("nothing to run: add_request() first (has_unfinished() is False)")
+        fills_before = len(self.runner.census.fills)
+        try:
+            tokens, ctx = self.runner.execute(batch, is_prefill, capture=capture)
+        except KVCacheOverrunError as err:
+            self._needs_reset = f"a KV cache overrun was detected at step {self.runner.step - 1} ({err})"
+            # What the failed step did, up to the guard check: block tables, slots and the layers' cache events.
+            ctx = self.runner.last_context
+            err.step_output = StepOutput(
+                step=ctx.step, phase="prefill" if is_prefill else "decode",
+                request_ids=tuple(s.request_id for s in batch), sampled={}, finished=(),
+                trace=StepTrace(events=tuple(ctx.events),
+                                scale_fills=tuple(self.runner.census.fills[fills_before:]), guard_check="failed"),
+                **self._snapshot(batch, is_prefill, ctx))
+            for rid in list(self.scheduler.unfinished_ids()):
+                self.scheduler.abort(rid)
+            raise
+        except BaseException:
+            for s in batch:                                     # leave nothing half-done
+                self.scheduler.abort(s.request_id)
+            raise
+        snapshot = self._snapshot(batch, is_prefill, ctx)
+        self.scheduler.postprocess(batch, tokens)
+        finished = []
+        for s in batch:
+            self._apply_stop_strings(s)
+            if s.finish_reason is not None:
+                finished.append(self._output(s))
+        trace = StepTrace(events=tuple(ctx.events), scale_fills=tuple(self.runner.census.fills[fills_before:]),
+                          guard_check="passed" if self.config.sanitize else "off")
+        return StepOutput(step=ctx.step, phase="prefill" if is_prefill else "decode",
+                          request_ids=tuple(s.request_id for s in batch),
+                          sampled={s.request_id: t for s, t in zip(batch, tokens)},
+                          finished=tuple(finished), trace=trace, **snapshot)
+
+    def _snapshot(self, batch, is_prefill: bool, ctx) -> dict:
+        bs = self.config.cache.block_size
+        slots, cross_slots = {}, {}
+        for s in batch:
+            first = s.num_cached_tokens if is_prefill else len(s) - 1
+            slots[s.request_id] = tuple(slot_of(s.block_table, p, bs) for p in range(first, len(s)))
+            if is_prefill and s.encoder_token_ids is not None:
+                cross_slots[s.request_id] = tuple(slot_of(s.cross_block_table, p, bs)
+                                                  for p in range(len(s.encoder_token_ids)))
+        return dict(num_cached_tokens={s.request_id: s.num_cached_tokens for s in batch} if is_prefill else {},
+                    seq_lens={s.request_id: len(s) for s in batch},
+                    block_tables={s.request_id: tuple(s.block_table) for s in batch},
+                    slot_mapping=slots,
+                    cross_block_tables={s.request_id: tuple(s.cross_block_table) for s in batch
+                                        if s.encoder_token_ids is not None},
+                    cross_slot_mapping=cross_slots)
 
     # ---- generation ---------------------------------------------------------------------------------------------
-    def generate(self, prompts: str | Seq[str], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = True, on_step=None) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the order of `prompts`.
 
-        `on_step(llm, batch, is_prefill)`, if given, is called after every forward step (before the batch's
-        finished requests free their blocks): a hook for instrumentation that needs to look at the cache.
+        Every prompt and parameter is checked before any request is queued. Then it is `add_request` for each
+        prompt and `while has_unfinished(): step()`; requests queued earlier with add_request run too, but only
+        this call's outputs are returned. To watch the steps, drive the engine with add_request()/step().
         """
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if not prompts:
-            return []
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        params = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
-                  else [sampling_params] * len(prompts))
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        if self.runner.asleep:
-            raise RuntimeError("the engine is asleep: call wake_up() first")
-        seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, params)]   # all checked before any runs
-        for s in seqs:
-            self._check_fits(s)
-        for s in seqs:
-            self.scheduler.add(s)
-        # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
-        bar = tqdm(total=len(seqs), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
-        try:
-            while self.scheduler.has_unfinished():
-                batch, is_prefill = self.scheduler.schedule()
-                tokens = self.runner.execute(batch, is_prefill)
-                if on_step is not None:
-                    on_step(self, batch, is_prefill)
-                self.scheduler.postprocess(batch, tokens)
-                for s in batch:
-                    self._apply_stop_strings(s)
-                bar.update(sum(1 for s in seqs if s.finish_reason is not None) - bar.n)
-        except BaseException:
-            for s in seqs:                     # leave nothing half-done in the engine
-                if s.finish_reason is None:
-                    self.scheduler.abort(s.request_id)
-            raise
-        finally:
-            bar.close()
-        return [self._output(s) for s in seqs]
+        prompts = _prompt_list(prompts)
+        check_bool("use_tqdm", use_tqdm)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        elif isinstance(sampling_params, (list, tuple)):
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        else:
+            raise TypeError(f"sampling_params must be a SamplingParams, a list of them, or None; got "
+                            f"{type(sampling_params).__name__}")
+        with self._exclusive():
+            if not prompts:
+                return []
+            checked = [self._prepare(p, sp) for p, sp in zip(prompts, params)]
+            ids = [self._queue(p, c) for p, c in zip(prompts, checked)]
+            results: dict[int, RequestOutput] = {}
+            # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
+            bar = tqdm(total=len(ids), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
+            wanted = set(ids)
+            try:
+                while self.scheduler.has_unfinished():
+                    out = self._step()
+                    for r in out.finished:
+                        if r.request_id in wanted:
+                            results[r.request_id] = r
+                    bar.update(len(results) - bar.n)
+            except BaseException:
+                for rid in ids:                     # leave nothing half-done in the engine
+                    self.scheduler.abort(rid)
+                raise
+            finally:
+                bar.close()
+            return [results[rid] for rid in ids]
+
+    def _stop_cut(self, seq: Sequence) -> int | None:
+        """Characters of the generated text before the first stop string, or None when none appears."""
+        if not seq.sampling.stop:
+            return None
+        text = self.tokenizer.decode(seq.output_token_ids)
+        cuts = [text.find(st) for st in seq.sampling.stop if st in text]
+        return min(cuts) if cuts else None
 
     def _apply_stop_strings(self, seq: Sequence) -> None:
-        stops = seq.sampling.stop
-        if not stops or seq.finish_reason is not None:
-            return
-        text = self.tokenizer.decode(seq.output_token_ids)
-        if any(st in text for st in stops):
+        if seq.finish_reason is None and self._stop_cut(seq) is not None:
             self.scheduler.finish(seq, "stop")
 
     def _output(self, seq: Sequence) -> RequestOutput:
         ids = list(seq.output_token_ids)
-        text = self.tokenizer.decode(ids)
-        if seq.sampling.stop:
-            cut = min((text.find(st) for st in seq.sampling.stop if st in text), default=-1)
-            if cut >= 0:
-                text = text[:cut]
-        return RequestOutput(seq.request_id, seq.prompt, text, ids, seq.finish_reason)
+        cut = self._stop_cut(seq)
+        if cut is not None:
+            # token_ids and text end at the same place: keep tokens while their text stays before the cut.
+            kept, chars = [], 0
+            for t in ids:
+                if chars >= cut:
+                    break
+                kept.append(t)
+                chars += len(self.tokenizer.decode([t]))
+            ids = kept
+        return RequestOutput(seq.request_id, seq.prompt, self.tokenizer.decode(ids), ids, seq.finish_reason)
 
     # ---- memory -----------------------------------------------------------------------------------------------
     def sleep(self, mode: str = "free") -> None:
         """Release the KV cache (requests must be finished): mode "free" drops the arena, "discard" (vLLM's
         shape) keeps its storage and addresses and discards the contents."""
-        if self.scheduler.has_unfinished():
-            raise RuntimeError("cannot sleep with unfinished requests")
-        self.runner.sleep(mode)
+        with self._exclusive(usable=False):
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("cannot sleep with unfinished requests: let them finish (step()) or abort() them")
+            self.runner.sleep(mode)
 
     def wake_up(self) -> None:
-        """Bring the KV cache back (a fresh arena after mode "free"), re-initialize it and warm up again."""
-        if self.runner.asleep:
+        """Bring the KV cache back (a fresh arena after mode "free"), re-initialize it and warm up again (this also
+        clears the state left by an overrun)."""
+        with self._exclusive(usable=False):
+            if self.runner.asleep:
+                self.runner.wake_up()
+                self._build_scheduler()
+                self._needs_reset = None
+
+    def reset(self) -> None:
+        """Abort every request in flight and replace the KV arena with a fresh one (sleep() then wake_up()).
+
+        The way back after a KVCacheOverrunError. Request ids keep counting up."""
+        with self._exclusive(usable=False):
+            for rid in list(self.scheduler.unfinished_ids()):
+                self.scheduler.abort(rid)
+            self.runner.sleep()
             self.runner.wake_up()
             self._build_scheduler()
+            self._needs_reset = None
 
     @property
     def arena(self):
@@ -208,3 +428,15 @@ class LLM:
     def census(self):
         """The scale-fill census of this engine (defect A instrumentation)."""
         return self.runner.census
+
+
+def _prompt_list(prompts) -> list[str]:
+    """A bare str is one prompt; a list or tuple of str is many. Anything else is a TypeError."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a str or a list/tuple of str, got {type(prompts).__name__}")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise TypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
+    return list(prompts)

@@ -27,11 +27,24 @@ from minikv.attention.cross import CrossAttentionImpl, CrossBackendBuilder
 from minikv.attention.impl import AttentionImpl, ScaleFillCensus, release_scale_init
 from minikv.attention.metadata import AttentionMetadata, CrossMetadata
 from minikv.cache.arena import KVArena, PoolSpec
+from minikv.cache.blocks import slot_of
 from minikv.cache.layout import KVLayout
 from minikv.config import EngineConfig
 
 WARMUP_SHAPES = ("dummy", "capture")
 SLEEP_MODES = ("free", "discard")
+
+
+def _available_host_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 class ModelRunner:
@@ -80,7 +93,21 @@ class ModelRunner:
                                         context_path=cross_context_path, paged_context=paged_context,
                                         historical_context_read="cross-fp8-context-read" in bugs)
         self.arena: KVArena | None = None
+        self._pool_owners: dict = {}
+        self.last_context: ForwardContext | None = None
+        self.check_memory()
         self.wake_up()
+
+    def check_memory(self) -> None:
+        """Refuse, before allocating, an arena larger than the memory the device has free."""
+        need = sum(s.nbytes for s in self.pool_specs())
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0]
+        else:
+            free = _available_host_bytes()
+        if free is not None and need > free:
+            raise MemoryError(f"the KV cache would need {need / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB "
+                              f"is free on {self.device}; lower num_blocks, cross_pool_blocks or max_num_seqs")
 
     # ---- the arena ------------------------------------------------------------------------------------------
     def pool_specs(self) -> list[PoolSpec]:
@@ -92,6 +119,8 @@ class ModelRunner:
 
     def _bind_caches(self) -> None:
         check = self.config.check_layout
+        self._pool_owners = {f"kv.{a.layer_name}": a for a in self.self_layers if a.kv_sharing_target is None}
+        self._pool_owners.update({f"cross.{a.layer_name}": a for a in self.cross_layers})
         for a in self.self_layers:
             if a.kv_sharing_target is None:
                 a.kv_cache = self.arena.bind(f"kv.{a.layer_name}", a.impl.layout, check=check)
@@ -181,7 +210,7 @@ class ModelRunner:
             for p in range(first, len(s)):
                 input_ids.append(s.token_ids[p])
                 positions.append(p)
-                slots.append(s.block_table[p // bs] * bs + p % bs)
+                slots.append(slot_of(s.block_table, p, bs))
             starts.append(len(input_ids))
             seq_lens.append(len(s))
         md = AttentionMetadata(
@@ -207,7 +236,7 @@ class ModelRunner:
             return cm, None
         starts, slots = [0], []
         for s, n in zip(seqs, enc_lens):
-            slots += [s.cross_block_table[p // bs] * bs + p % bs for p in range(n)]
+            slots += [slot_of(s.cross_block_table, p, bs) for p in range(n)]
             starts.append(starts[-1] + n)
         cm.encoder_start_loc, cm.slot_mapping = self._tensor(starts), self._tensor(slots, torch.int64)
         # The encoder is dense and unpaged: run it on the padded batch, then keep only the real rows.
@@ -221,12 +250,19 @@ class ModelRunner:
         return cm, enc[mask]
 
     @torch.inference_mode()
-    def execute(self, seqs, is_prefill: bool) -> list[int]:
-        """Run one forward step for `seqs` and sample one token for each."""
+    def execute(self, seqs, is_prefill: bool, capture: bool = False) -> tuple[list[int], ForwardContext]:
+        """Run one forward step for `seqs`; return one sampled token per sequence and the step's context.
+
+        The context carries the step's metadata and its trace of cache events (`ForwardContext.events`).
+        With sanitize on, raises KVCacheOverrunError when a guard zone was written, and FloatingPointError, naming
+        the step and the first layer whose attention output was not finite, when the logits hold NaN or inf.
+        """
         if self.arena is None or self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         input_ids, positions, md, encoder_out = self.prepare(seqs, is_prefill)
-        with set_forward_context(ForwardContext(attn_metadata=md, step=self.step)):
+        ctx = ForwardContext(attn_metadata=md, step=self.step, pool_names=self.pool_names, capture=capture)
+        self.last_context = ctx          # kept for a step that raises (LLM attaches its partial trace to the error)
+        with set_forward_context(ctx):
             if self.cross_layers:
                 hidden = self.model.decode(input_ids, positions, encoder_out=encoder_out)
             else:
@@ -236,7 +272,19 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[last])
         if self.config.sanitize:
             self.arena.check()
-        return self.sample(logits, seqs)
+        # Part of the sanitizer: with sanitize=False a defect runs silently (as upstream), NaN logits included.
+        if self.config.sanitize and not bool(torch.isfinite(logits).all()):
+            layer = ctx.first_non_finite_layer()
+            where = (f"the first non-finite attention output was in layer {layer!r}" if layer else
+                     "every attention output was finite, so it arose after attention (MLP, norm or LM head)")
+            raise FloatingPointError(f"step {ctx.step}: the logits hold NaN or inf; {where}. Check the model's "
+                                     f"weights and the KV cache (sanitize=True checks the arena's guards)")
+        return self.sample(logits, seqs), ctx
+
+    @property
+    def pool_names(self) -> dict[int, str]:
+        """Arena pool name of every bound cache tensor, keyed by id(tensor) (KV-sharing layers share an entry)."""
+        return {id(a.kv_cache): name for name, a in self._pool_owners.items() if a.kv_cache is not None}
 
     @staticmethod
     def sample(logits: torch.Tensor, seqs) -> list[int]:

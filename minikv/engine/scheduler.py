@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from minikv.cache.blocks import BlockManager
+from minikv.config import check_int
 from minikv.engine.sequence import FINISH_REASONS, Sequence, SequenceStatus
 
 
@@ -28,10 +29,8 @@ class Scheduler:
         cross_block_manager: BlockManager | None = None,
         eos_token_id: int | None = None,
     ):
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
-        if max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be at least 1, got {max_num_batched_tokens}")
+        check_int("max_num_seqs", max_num_seqs)                      # the same check SchedulerConfig makes
+        check_int("max_num_batched_tokens", max_num_batched_tokens)
         if cross_block_manager is not None and cross_block_manager.enable_prefix_caching:
             raise ValueError("the cross pool's block manager must not use prefix caching")
         self.max_num_seqs = max_num_seqs
@@ -57,6 +56,15 @@ class Scheduler:
             raise ValueError(f"request {seq.request_id} is not a fresh sequence ({seq!r})")
         if seq.request_id in self._unfinished:
             raise ValueError(f"request id {seq.request_id} is already queued or running")
+        self.check_admissible(seq)
+        self.waiting.append(seq)
+        self._unfinished[seq.request_id] = seq
+
+    def check_admissible(self, seq: Sequence) -> None:
+        """Raise ValueError when `seq` could never run with these pools and budgets. Changes nothing.
+
+        The one place that decides whether a request fits (the LLM facade asks it for every prompt of a call
+        before queueing any)."""
         needed = self.blocks_needed(seq)
         pool = self.block_manager.num_blocks
         if needed > pool:
@@ -89,8 +97,6 @@ class Scheduler:
                     f"tokens need {cross_needed} cross blocks, but the cross pool holds only "
                     f"{cross_pool} blocks"
                 )
-        self.waiting.append(seq)
-        self._unfinished[seq.request_id] = seq
 
     # ---- one step ----------------------------------------------------------------------------------
 
@@ -208,6 +214,10 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
+
+    def unfinished_ids(self) -> list[int]:
+        """Ids of the requests waiting or running, oldest first."""
+        return list(self._unfinished)
 
     def _free(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)

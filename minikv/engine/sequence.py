@@ -17,18 +17,29 @@ if TYPE_CHECKING:  # torch is imported only when a seeded generator is actually 
 FINISH_REASONS = ("length", "stop", "eos", "abort")
 
 
-@dataclass
-class SamplingParams:
-    """How to sample one request. `temperature == 0` is greedy; `seed` makes temperature sampling repeatable.
+# Temperatures below this make logits / temperature overflow float16 for ordinary logits; above MAX_TEMPERATURE
+# sampling is uniform noise. Both bounds are far outside any useful setting.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 100.0
+MAX_SEED = 2**63 - 1
 
-    `stop` strings end the request when they appear in the generated text (checked by the LLM facade);
-    `ignore_eos` keeps generating past the end-of-sequence token (useful for fixed-length benchmarks).
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request; frozen and validated when built.
+
+    `max_tokens`: new tokens to generate (at least 1; the engine refuses more than the model has room for).
+    `temperature`: 0 is greedy; otherwise between MIN_TEMPERATURE and MAX_TEMPERATURE.
+    `seed`: makes temperature sampling repeatable (0 <= seed <= 2**63 - 1); None derives one from the engine's
+    seed and the request id. `stop`: strings that end the request when they appear in the generated text (the
+    output's text and token_ids are both cut just before the first one). `ignore_eos` keeps generating past the
+    end-of-sequence token (useful for fixed-length benchmarks).
     """
 
     max_tokens: int = 16
     temperature: float = 0.0
     seed: int | None = None
-    stop: list[str] | None = None
+    stop: tuple[str, ...] | None = None
     ignore_eos: bool = False
 
     def __post_init__(self):
@@ -38,17 +49,23 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
             raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
-        if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):  # rejects NaN
+            raise ValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, "
+                             f"got {self.temperature}")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+            if not 0 <= self.seed <= MAX_SEED:
+                raise ValueError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         if self.stop is not None:
             if isinstance(self.stop, str) or not isinstance(self.stop, (list, tuple)):
                 raise TypeError(f"stop must be a list of strings or None, got {self.stop!r}")
             for text in self.stop:
                 if not isinstance(text, str) or not text:
                     raise ValueError(f"stop strings must be non-empty strings, got {text!r}")
-            self.stop = list(self.stop)
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
 
 
 class SequenceStatus(enum.Enum):
@@ -138,9 +155,9 @@ class Sequence:
         self.token_ids.append(int(token_id))
 
 
-@dataclass
+@dataclass(frozen=True)
 class RequestOutput:
-    """What `LLM.generate` returns for one request. `token_ids` are the generated ids only."""
+    """One finished request. `token_ids` are the generated ids only; `text` is their decoded text."""
 
     request_id: int
     prompt: str

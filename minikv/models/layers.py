@@ -102,4 +102,6 @@ class Attention(nn.Module):
             return dense_attention(q, k, v, causal=self.kind == "self", key_mask=key_mask)
         if self.impl is None:
             raise RuntimeError(f"{self.layer_name}: no attention impl bound; run it through the engine")
-        return self.impl.forward(self, q, k, v, ctx)
+        out = self.impl.forward(self, q, k, v, ctx)
+        ctx.record(self, out, q, k, v)          # the step's trace of cache events (see minikv.attention.context)
+        return out

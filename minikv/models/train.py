@@ -26,11 +26,10 @@ from torch import nn
 from tqdm import tqdm
 
 from minikv import tasks
+from minikv.kernels.formats import FP8_QMAX, INT8_QMAX, SCALE_EPS   # the one per-format table
 from minikv.models import registry
 
 FAKE_QUANT_FORMATS = ("int8_per_token_head", "fp8_per_token_head", "fp8")
-# The same constants as minikv.kernels.formats (a test keeps them equal); training does not import the kernels.
-INT8_QMAX, FP8_QMAX, SCALE_EPS = 127.0, 448.0, 1e-8
 IGNORE = -100
 
 

@@ -133,7 +133,8 @@ def _attend_exact(q, k, v, sm_scale):
 
 
 def run_context(prompts, reference, version: str, device="cpu", backend="triton") -> ContextRun:
-    """Run with a probe on every cross impl and compare each step's output with exact attention."""
+    """Drive the engine step by step, capturing every cross layer's q, k, v and output, and compare each step's
+    output with exact attention; record how far into the pool the fused context read reaches."""
     import minikv
     kwargs = {"historical": dict(reintroduce=("cross-fp8-context-read",)),
               "fallback": dict(cross_context_path="fallback"),
@@ -145,26 +146,38 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
     paths = set()
     extent = [0]
 
-    def probe(impl, is_prefill, q, k, v, out, md):
-        cm = md.cross
-        qs = md.query_start_loc.tolist()
-        for i in range(md.num_seqs):
-            key = (impl.layer_name, tuple(cm.block_tables[i].tolist()))
-            if is_prefill:
-                a, b = cm.encoder_start_loc[i].item(), cm.encoder_start_loc[i + 1].item()
-                encoder_kv[key] = (k[a:b], v[a:b])
-                paths.add(impl.last_context_path)
-                if impl.last_context_path == "fused":
-                    extent[0] = max(extent[0], read_extent(impl._context_read_layout(), cm.block_tables[i], b - a))
-            kk, vv = encoder_kv[key]
-            ref = _attend_exact(q[qs[i]:qs[i + 1]], kk, vv, impl.sm_scale)
-            got = out[qs[i]:qs[i + 1]].float()
-            err = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
-            errors[is_prefill].append(err if math.isfinite(err) else float("inf"))
-
-    for a in llm.runner.cross_layers:
-        a.impl.probe = probe
-    tokens = _generate(llm, prompts)
+    task = minikv.tasks.for_model("tiny-encdec")
+    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
+    results = {}
+    while llm.has_unfinished():
+        out = llm.step(capture=True)          # every cross layer's q, k, v and output, per step
+        is_prefill = out.is_prefill
+        q_lens = [len(out.slot_mapping[rid]) for rid in out.request_ids]
+        enc_lens = [len(out.cross_slot_mapping[rid]) for rid in out.request_ids] if is_prefill else []
+        for e in out.trace.events:
+            if e.kind != "cross":
+                continue
+            t = e.tensors
+            qa = ea = 0
+            for i, rid in enumerate(out.request_ids):
+                key = (e.layer, out.cross_block_tables[rid])
+                if is_prefill:
+                    encoder_kv[key] = (t["k"][ea:ea + enc_lens[i]], t["v"][ea:ea + enc_lens[i]])
+                    ea += enc_lens[i]
+                    paths.add(e.context_path)
+                    if e.context_path == "fused":
+                        read = llm.runner.by_name[e.layer].impl._context_read_layout()
+                        table = torch.tensor(out.cross_block_tables[rid])
+                        extent[0] = max(extent[0], read_extent(read, table, enc_lens[i]))
+                kk, vv = encoder_kv[key]
+                q = t["q"][qa:qa + q_lens[i]]
+                ref = _attend_exact(q, kk, vv, q.shape[-1] ** -0.5)
+                got = t["out"][qa:qa + q_lens[i]].float()
+                qa += q_lens[i]
+                err = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+                errors[is_prefill].append(err if math.isfinite(err) else float("inf"))
+        results.update({r.request_id: r.token_ids for r in out.finished})
+    tokens = [results[i] for i in ids]
     return ContextRun(version, max(errors[True]), max(errors[False]), "/".join(sorted(paths)),
                       tokens == reference, extent[0], llm.runner.cross_layers[0].kv_cache.numel())
 

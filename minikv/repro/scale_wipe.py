@@ -18,7 +18,9 @@ Then three smaller tables:
 * sleep / wake_up: in both sleep modes the fixed engine initializes every scale region again; with nothing
   re-initializing after a same-address wake (a registry keyed by (data_ptr, nbytes) alone) the scale slots stay
   0 - which no minikv kernel reads; the historical engine's wipe is not re-armed by a wake-up;
-* who reads unwritten scale slots (`minikv.repro.unwritten_slots`).
+* who reads unwritten scale slots (`minikv.repro.unwritten_slots`);
+* arrival timing: requests arrive over several steps (seeded) through the step API; the damaged set is exactly the
+  first scheduled batch, whatever it holds - why upstream saw the bug as stochastic under multiprocess serving.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from minikv.repro.common import dequantized_rows, ranges, request_slots, stored_scales
+from minikv.repro.common import dequantized_rows, ranges, stored_scales
 
 FORMATS = ("int8_per_token_head", "fp8_per_token_head")
 
@@ -67,22 +69,24 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
     llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                      enable_prefix_caching=prefix_caching, device=device, backend=backend,
                      reintroduce=("scale-wipe",) if buggy else ())
-    runner = llm.runner
-    targets = sorted({a.kv_sharing_target for a in runner.self_layers if a.kv_sharing_target})
+    layout = llm.runner.layout
     captured: dict = {}
-
-    def capture_first_batch(engine, batch, is_prefill):
-        if runner.step != 1 or not runner.layout.has_inline_scales:
-            return                                   # only right after the very first forward step
-        for name in targets:
-            pool = runner.by_name[name].kv_cache
-            slots = [s for seq in batch for s in request_slots(seq, runner.block_size)]
-            k, v = dequantized_rows(runner.layout, pool, slots)
-            ks, vs = stored_scales(runner.layout, pool, slots)
-            captured[name] = (k, v, ks, vs)
-
-    outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=max_tokens), use_tqdm=False,
-                        on_step=capture_first_batch)
+    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=max_tokens)) for p in prompts]
+    results = {}
+    while llm.has_unfinished():
+        out = llm.step()
+        if out.step == 0 and layout.has_inline_scales:
+            # Right after the very first forward step: read the first batch's rows back from the pools the
+            # KV-sharing layers read (their targets' pools).
+            sharing = {e.pool for e in out.trace.events if e.read and not e.wrote and e.kind == "self"}
+            slots = [s for rid in out.request_ids for s in out.block_slots(rid, layout.block_size)]
+            for name in sorted(sharing):
+                pool = llm.arena.pool(name)
+                k, v = dequantized_rows(layout, pool, slots)
+                ks, vs = stored_scales(layout, pool, slots)
+                captured[name] = (k, v, ks, vs)
+        results.update({r.request_id: r for r in out.finished})
+    outs = [results[i] for i in ids]
     texts = [o.text for o in outs]
     census = llm.census
     return Run(kv_cache_dtype, max_num_seqs, prefix_caching, buggy, texts,
@@ -172,6 +176,53 @@ def warmup_shape_runs(prompts, max_num_seqs: int, device="cpu", backend="torch")
 
 
 @dataclass
+class ArrivalRun:
+    seed: int
+    arrivals: list[int]            # how many requests arrived before each step
+    first_batch: list[int]         # the requests the first step ran (indices into the prompts)
+    damaged: list[int]
+
+
+def arrival_run(prompts, max_num_seqs: int, seed: int, device="cpu", backend="torch",
+                max_tokens: int = 12) -> ArrivalRun:
+    """The buggy engine driven step by step while requests arrive over several steps (0 to max_num_seqs of them
+    before each step, seeded), as a server sees them: the damaged set is the first scheduled batch, whatever it
+    holds."""
+    import random
+
+    import minikv
+    rng = random.Random(seed)
+    task = minikv.tasks.for_model("tiny-kvshare")
+    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
+                     device=device, backend=backend, reintroduce=("scale-wipe",))
+    params = minikv.SamplingParams(max_tokens=max_tokens)
+    pending, index_of, texts, arrivals, first = list(range(len(prompts))), {}, {}, [], None
+    while pending or llm.has_unfinished():
+        k = rng.randint(0, max_num_seqs)
+        if not llm.has_unfinished():
+            k = max(k, 1)
+        for i in pending[:k]:
+            index_of[llm.add_request(prompts[i], params)] = i
+        arrivals.append(min(k, len(pending)))
+        pending = pending[k:]
+        out = llm.step()
+        if first is None:
+            first = sorted(index_of[r] for r in out.request_ids)
+        texts.update({index_of[r.request_id]: r.text for r in out.finished})
+    damaged = [i for i in range(len(prompts)) if not task.check(prompts[i], texts[i])]
+    return ArrivalRun(seed, arrivals, first, damaged)
+
+
+def format_arrivals(runs: list[ArrivalRun]) -> str:
+    lines = []
+    for r in runs:
+        shown = " ".join(map(str, r.arrivals[:8])) + (" ..." if len(r.arrivals) > 8 else "")
+        lines.append(f"  seed {r.seed}: arrivals per step {shown:22s} first batch: requests {ranges(r.first_batch):8s}"
+                     f" damaged: {ranges(r.damaged)}")
+    return "\n".join(lines)
+
+
+@dataclass
 class WakeRun:
     label: str
     mode: str
@@ -225,8 +276,13 @@ def format_wake_table(runs: list[WakeRun]) -> str:
 
 
 def check_extra_signatures(warmups: dict[str, list[int]], max_num_seqs: int, wakes: list[WakeRun],
-                           unwritten) -> list[str]:
+                           unwritten, arrivals: list[ArrivalRun] = ()) -> list[str]:
     problems = []
+    for r in arrivals:
+        if r.damaged != r.first_batch:
+            problems.append(f"arrival seed {r.seed}: first batch {ranges(r.first_batch)}, damaged {ranges(r.damaged)}")
+    if arrivals and len({tuple(r.first_batch) for r in arrivals}) < 2:
+        problems.append("arrival timing: every seed gave the same first batch")
     if warmups["dummy"] != list(range(max_num_seqs)):
         problems.append(f"dummy warmup: buggy engine damaged {ranges(warmups['dummy'])}")
     if warmups["capture"]:
@@ -293,7 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     unwritten = unwritten_slots.run(("torch", "triton"))
     print("\nwho reads a scale slot nobody wrote (output compared with the 1.0-fill output):")
     print(unwritten_slots.format_table(unwritten))
-    problems += check_extra_signatures(warmups, seqs, wakes, unwritten)
+    arrivals = [arrival_run(few, seqs, seed, args.device, args.backend) for seed in range(4)]
+    print(f"\narrival timing (buggy engine, max_num_seqs={seqs}, requests arrive 0-{seqs} per step, seeded):")
+    print(format_arrivals(arrivals))
+    problems += check_extra_signatures(warmups, seqs, wakes, unwritten, arrivals)
     print(f"\n{len(configs)} configurations x (buggy, fixed), {len(prompts)} requests each, "
           f"on {args.device}/{args.backend}, {time.perf_counter() - start:.0f} s")
     if problems:
