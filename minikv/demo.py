@@ -108,7 +108,7 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
     inflation = 1 / float(written.median()) if written.numel() else 1.0   # dequantized with 1.0 instead
     lines = [f"tiny-kvshare, int8_per_token_head cache, {n} requests, max_num_seqs={max_num_seqs}",
              f"buggy  reintroduce=('scale-wipe',): requests {_ranges(wrong)} of {n} wrong"
-             + (" = exactly the first scheduled batch" if first_batch else ""),
+             + (" = exactly the first scheduled batch" if first_batch else " (unexpected)"),
              f"       why: KV-sharing {layers} built their scale views late (step {', '.join(map(str, steps))}),",
              f"       filling the shared storage's scales with 1.0: {wiped} scales their target layers had just",
              (f"       written were wiped, so those prompts' K dequantize x{inflation:.2g} too large "
@@ -119,7 +119,8 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
         lines.append(f"       e.g. {p!r} -> {text!r}, right: {task.expected(p, len(text))!r}")
     right = sum(task.check(p, o.text) for p, o in zip(prompts, fixed_outs))
     same = sum(o.token_ids == r for o, r in zip(fixed_outs, reference))
-    lines += [f"fixed  {right} of {n} right; {same} of {n} token ids identical to the 16-bit-cache (auto) reference",
+    lines += [f"fixed  {right} of {n} right; {same} of {n} token ids identical to the 16-bit-cache (auto) reference"
+              + ("" if right == same == n else " (unexpected)"),
               f"explained in {NOTEBOOK_A} and docs/defects/scale-wipe.md"]
     return lines
 
@@ -140,8 +141,9 @@ def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_fact
     blocks = math.ceil(pool_factor * need)
     b1 = {"reintroduce": ("cross-stride",), "cross_pool_blocks": blocks}
 
-    def identical(outs) -> int:
-        return sum(o.token_ids == r for o, r in zip(outs, reference))
+    def identical(outs) -> str:
+        same = sum(o.token_ids == r for o, r in zip(outs, reference))
+        return f"{same} of {n} token ids identical to the auto-cache reference" + ("" if same == n else " (unexpected)")
 
     lines = [(f"tiny-encdec, fp8 cache, {n} requests; cross pool of {blocks} blocks = {pool_factor}x the {need} "
              "they need at once")]
@@ -161,7 +163,7 @@ def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_fact
               "   why: the cross backend was built without the quantization config, so it addresses the 1-byte",
               "   fp8 pool as 16-bit: every block at twice its offset, the upper half past the pool's end"]
     fixed = _generate(engine(cross_pool_blocks=blocks), task, prompts)
-    lines.append(f"B1 fixed:  {identical(fixed)} of {n} token ids identical to the auto-cache reference")
+    lines.append(f"B1 fixed:  {identical(fixed)}")
 
     b2 = _generate(engine(reintroduce=("cross-fp8-context-read",)), task, prompts)
     first_only = sum(o.token_ids[0] != r[0] and o.token_ids[1:] == r[1:] for o, r in zip(b2, reference))
@@ -170,12 +172,13 @@ def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_fact
               f"{first_only} only in the first token"),
               "   why: the fused context step reads the fp8 cross cache as 16-bit; decode steps read it right"]
     fixed = _generate(engine(), task, prompts)
-    lines += [f"B2 fixed:  {identical(fixed)} of {n} token ids identical to the auto-cache reference",
+    lines += [f"B2 fixed:  {identical(fixed)}",
               f"explained in {NOTEBOOK_B} and docs/defects/cross-stride-fp8-context.md"]
     return lines
 
 
 def main(device: str | None = None) -> int:
+    """Print the demo; exit status 1 when a story did not come out as expected (a line says "(unexpected)")."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     backend = "triton" if device.type == "cuda" else "torch"    # on CPU the Triton interpreter is slow
     print(f"minikv demo on {device}")
@@ -185,9 +188,9 @@ def main(device: str | None = None) -> int:
         r = list(kernel_roundtrip(fmt, device).values())
         print(f"   {fmt:22s}{int(r[0]):>12d}{_small(r[1]):>9s}{_small(r[2]):>9s}   {_small(r[3], '1e-2')}")
     print(f"\n2. Defect A, the scale wipe (vLLM issues #50702, #50749); models on the {backend} backend")
-    for line in scale_wipe_story(device, backend):
-        print(f"   {line}")
+    story_a = scale_wipe_story(device, backend)
+    print(*(f"   {line}" for line in story_a), sep="\n")
     print("\n3. Defect B, cross stride doubling (B1) and the FP8 context read (B2) (TensorRT-LLM PR #20958)")
-    for line in cross_stride_story(device, backend):
-        print(f"   {line}")
-    return 0
+    story_b = cross_stride_story(device, backend)
+    print(*(f"   {line}" for line in story_b), sep="\n")
+    return 1 if any("(unexpected)" in line for line in story_a + story_b) else 0
