@@ -71,6 +71,30 @@ REPORT_JS = f"""() => ({{
 }})"""
 
 
+# One Playwright driver and one Chromium for the whole module, shared by JupyterLab and the docs site: the sync API
+# runs one driver per thread, so a second `sync_playwright().start()` while the first is alive fails.
+_CHROMIUM = {"playwright": None, "browser": None, "users": 0}
+
+
+def _acquire_chromium():
+    if _CHROMIUM["browser"] is None:
+        from playwright.sync_api import sync_playwright
+
+        _CHROMIUM["playwright"] = sync_playwright().start()
+        _CHROMIUM["browser"] = _CHROMIUM["playwright"].chromium.launch(executable_path=str(CHROMIUM),
+                                                                      args=CHROMIUM_ARGS)
+    _CHROMIUM["users"] += 1
+    return _CHROMIUM["browser"]
+
+
+def _release_chromium() -> None:
+    _CHROMIUM["users"] -= 1
+    if _CHROMIUM["users"] == 0:
+        _CHROMIUM["browser"].close()
+        _CHROMIUM["playwright"].stop()
+        _CHROMIUM["browser"] = _CHROMIUM["playwright"] = None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -94,7 +118,6 @@ class Lab:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = scratch / "jupyterlab.log"
         self.server = None
-        self.playwright = None
         self.browser = None
 
     def api(self, path: str, method: str = "GET"):
@@ -131,16 +154,11 @@ class Lab:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"jupyter lab did not answer within 90 s:\n{self.log_tail()}")
             time.sleep(0.5)
-        from playwright.sync_api import sync_playwright
-
-        self.playwright = sync_playwright().start()
-        self.browser = self.playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        self.browser = _acquire_chromium()
 
     def stop(self) -> None:
         if self.browser is not None:
-            self.browser.close()
-        if self.playwright is not None:
-            self.playwright.stop()
+            _release_chromium()
         if self.server is None:
             return
         try:
@@ -299,7 +317,6 @@ def site_browser(tmp_path_factory):
     import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
-    from playwright.sync_api import sync_playwright
     spec = importlib.util.spec_from_file_location("docs_build", REPO / "tests" / "test_docs_build.py")
     docs_build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(docs_build)
@@ -312,15 +329,13 @@ def site_browser(tmp_path_factory):
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    playwright = sync_playwright().start()
     try:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = _acquire_chromium()
         try:
             yield f"http://127.0.0.1:{server.server_address[1]}", browser
         finally:
-            browser.close()
+            _release_chromium()
     finally:
-        playwright.stop()
         server.shutdown()
         server.server_close()
 
