@@ -147,7 +147,7 @@ def on_page_content(html, page, config, files):
 # name -> (notebook stem, marker): the first figure output of the first code cell whose source contains the marker.
 NOTEBOOK_FIGURES = {
     "paged-fragmentation": ("01_paged_kv_cache", "viz.fragmentation_plot("),
-    "paged-slot-mapping": ("01_paged_kv_cache", "viz.slot_mapping_diagram(prefill.slot_mapping"),
+    "paged-slot-mapping": ("01_paged_kv_cache", "viz.slot_mapping_diagram(torch.tensor(slots), BLOCK_SIZE"),
     "paged-prefix-caching": ("01_paged_kv_cache", "Prefix caching: B reuses"),
     "formats-quant-error": ("02_quantized_kv_cache", "viz.quant_error_plot(errors[\"K\"]"),
     "scale-wipe-heatmap": ("03_kv_sharing_scale_wipe", "viz.scale_heatmap("),
