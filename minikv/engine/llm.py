@@ -425,6 +425,32 @@ class LLM:
         """The scale-fill census of this engine (defect A instrumentation)."""
         return self.runner.census
 
+    # ---- inspection: what the notebooks and tests look at, besides StepOutput ---------------------------------
+    @property
+    def attention_layers(self) -> dict:
+        """Every attention layer of the model by name, in model order (read it, don't rebind it).
+
+        Each is the model's `Attention` op as the runner bound it: `kind` ("self" or "cross"),
+        `kv_sharing_target` (the layer whose cache a KV-sharing layer reads, else None), `kv_cache` (the cache
+        tensor; a sharing layer holds the *same tensor object* as its target) and `impl` (the attention impl, whose
+        `layout` is what its backend believes the pool holds)."""
+        return dict(self.runner.by_name)
+
+    @property
+    def kv_layout(self):
+        """The `KVLayout` of the self-attention pools (and of the cross pools, as allocated)."""
+        return self.runner.layout
+
+    @property
+    def kernel_ops(self):
+        """The kernels this engine runs (Triton, or their PyTorch references with backend="torch")."""
+        return self.runner.ops
+
+    @property
+    def model_config(self):
+        """The loaded model's configuration."""
+        return self.runner.model.config
+
 
 def _prompt_list(prompts) -> list[str]:
     """A bare str is one prompt; a list or tuple of str is many. Anything else is a TypeError."""
