@@ -340,7 +340,7 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     group = num_heads // spec.num_kv_heads
     max_len = int(seq_lens.max()) if q.device.type == "cpu" else block_tables.shape[1] * spec.block_size
     cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len, q.device,
-                               fmt=spec.fmt)
+                               fmt=spec.fmt, placement=spec.placement)
     has_scales = formats.has_inline_scales(spec.fmt)
     codes, scales = read_views(pool, spec)
     qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)

@@ -149,8 +149,8 @@ class KVLayout:
         return num_blocks * self.block_bytes
 
     def bytes_per_token(self) -> int:
-        """KV bytes one token costs in one layer (K and V, all KV heads, scales included)."""
-        return 2 * self.slot_bytes
+        """KV bytes one token costs in one layer (K and V, all KV heads, scales included; not the padding)."""
+        return 2 * self.num_kv_heads * (self.code_bytes + (SCALE_BYTES if self.has_inline_scales else 0))
 
     def row_offset(self, block: int, kv: int, slot_in_block: int, head: int) -> int:
         return block * self.block_bytes + kv * self.kv_bytes + slot_in_block * self.slot_bytes + head * self.row_bytes
