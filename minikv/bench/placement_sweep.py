@@ -122,10 +122,12 @@ def report_registers() -> None:
         fn = getattr(da, name)
         for caches in getattr(fn, "device_caches", {}).values():
             for kernel in caches[0].values():
-                c = kernel.src.constants if hasattr(kernel, "src") else {}
-                print(f"{name}: regs {getattr(kernel, 'n_regs', '?')} spills {getattr(kernel, 'n_spills', '?')} "
-                      f"warps {kernel.metadata.num_warps} {dict((k, v) for k, v in c.items() if isinstance(v, int))}",
-                      flush=True)
+                try:
+                    c = {k: v for k, v in kernel.src.constants.items() if isinstance(v, (int, str))}
+                    print(f"{name}: regs {kernel.n_regs} spills {kernel.n_spills} warps {kernel.metadata.num_warps} "
+                          f"stages {kernel.metadata.num_stages} {c}", flush=True)
+                except Exception as exc:  # noqa: BLE001 - Triton's internals differ between versions
+                    print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
 
 
 def main(argv=None) -> int:
