@@ -183,9 +183,10 @@ def precompile(workers: int, decode: bool = True, context: bool = True, only: st
 
 
 # ---- timing ----------------------------------------------------------------------------------------------------
-def _time(fn, reps=10):
+def _time(fn, reps=10) -> float:
+    """Milliseconds (the median of `reps` CUDA-graph replays, L2 flushed)."""
     from minikv.bench.attention import _time_ms
-    return _time_ms(fn, reps=reps)
+    return _time_ms(fn, reps=reps).ms
 
 
 class _Writer:
