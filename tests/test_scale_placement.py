@@ -161,5 +161,4 @@ def test_scale_wipe_reproduces_with_block_placement():
     damaged = [i for i, (p, t) in enumerate(zip(prompts, buggy)) if t != fixed[i] and not task.check(p, t)]
     assert damaged == [0, 1, 2, 3]                              # the first batch, as with vLLM's row layout
     assert buggy[4:] == fixed[4:]
-    assert [i for i, (p, t) in enumerate(zip(prompts, fixed)) if not task.check(p, t)] == \
-        [i for i, (p, t) in enumerate(zip(prompts, clean)) if not task.check(p, t)]
+    assert fixed == clean           # same codes and scales, other addresses: the same tokens as vLLM's row layout
