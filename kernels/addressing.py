@@ -4,7 +4,12 @@ A pool is one contiguous run of bytes. The row of (block b, K=0/V=1 half kv, slo
 
     b * block_bytes + kv * kv_bytes + o * slot_bytes + h * row_bytes
 
-and, for the per-token-head formats, its fp32 scale sits at row start + scale_offset. Token n of a sequence lives
+and, for the per-token-head formats, its fp32 scale sits at
+
+    b * block_bytes + kv * kv_bytes + scale_offset + o * scale_slot_bytes + h * scale_head_bytes
+
+(placement ROW, vLLM's: that is row start + scale_offset; BLOCK: inside the half's scale region). Token n of a
+sequence lives
 in block block_table[n // block_size] at slot-in-block n % block_size; a cache slot s is block s // block_size,
 slot-in-block s % block_size.
 
@@ -38,6 +43,8 @@ F32: tl.constexpr = tl.constexpr(formats.F32)
 FP8: tl.constexpr = tl.constexpr(formats.FP8)
 INT8_PTH: tl.constexpr = tl.constexpr(formats.INT8_PTH)
 FP8_PTH: tl.constexpr = tl.constexpr(formats.FP8_PTH)
+SCALES_IN_ROW: tl.constexpr = tl.constexpr(formats.ROW)
+SCALES_IN_BLOCK: tl.constexpr = tl.constexpr(formats.BLOCK)
 
 
 # ---- checks shared by every kernel's validation ---------------------------------------------------------------
@@ -62,13 +69,31 @@ def check_spec(spec) -> None:
     for f in ("row_bytes", "slot_bytes", "kv_bytes", "block_bytes"):
         if getattr(spec, f) <= 0 or getattr(spec, f) % align:
             raise ValueError(f"spec.{f}={getattr(spec, f)} must be a positive multiple of {align}")
+    if spec.placement not in (formats.ROW, formats.BLOCK):
+        raise ValueError(f"spec.placement must be formats.ROW ({formats.ROW}) or formats.BLOCK ({formats.BLOCK}), "
+                         f"got {spec.placement!r}")
+    code_bytes = spec.head_size * spec.elem_bytes
     if formats.has_inline_scales(spec.fmt):
-        if spec.scale_offset < spec.head_size * spec.elem_bytes or spec.scale_offset % SCALE_BYTES:
-            raise ValueError(f"spec.scale_offset={spec.scale_offset} must be a 4-byte aligned offset after the "
-                             f"row's {spec.head_size * spec.elem_bytes} code bytes")
-        if spec.scale_offset + SCALE_BYTES > spec.row_bytes:
-            raise ValueError(f"inline scale at byte {spec.scale_offset} does not fit a {spec.row_bytes}-byte row")
-    elif spec.head_size * spec.elem_bytes > spec.row_bytes:
+        for f in ("scale_offset", "scale_slot_bytes", "scale_head_bytes"):
+            if getattr(spec, f) <= 0 or getattr(spec, f) % SCALE_BYTES:
+                raise ValueError(f"spec.{f}={getattr(spec, f)} must be a positive multiple of {SCALE_BYTES}")
+        if spec.placement == formats.ROW:
+            if spec.scale_offset < code_bytes:
+                raise ValueError(f"spec.scale_offset={spec.scale_offset} must be a 4-byte aligned offset after the "
+                                 f"row's {code_bytes} code bytes")
+            if spec.scale_offset + SCALE_BYTES > spec.row_bytes:
+                raise ValueError(f"inline scale at byte {spec.scale_offset} does not fit a {spec.row_bytes}-byte row")
+        else:
+            last = spec.scale_offset + (spec.block_size - 1) * spec.scale_slot_bytes \
+                + (spec.num_kv_heads - 1) * spec.scale_head_bytes + SCALE_BYTES
+            if spec.scale_offset < spec.block_size * spec.slot_bytes or last > spec.kv_bytes:
+                raise ValueError(f"the scale region at byte {spec.scale_offset} must lie after the half's "
+                                 f"{spec.block_size * spec.slot_bytes} code bytes and inside its {spec.kv_bytes}")
+            if code_bytes > spec.row_bytes:
+                raise ValueError(f"a {spec.head_size}-element head does not fit a {spec.row_bytes}-byte row")
+    elif spec.placement != formats.ROW:
+        raise ValueError(f"{formats.NAMES[spec.fmt]} has no scales to place; its spec.placement must be ROW")
+    elif code_bytes > spec.row_bytes:
         raise ValueError(f"a {spec.head_size}-element head does not fit a {spec.row_bytes}-byte row")
 
 
@@ -173,6 +198,15 @@ def _flat(pool: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(pool, (reach,), (1,))
 
 
+def scale_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
+    """int64 [N, num_kv_heads]: byte offset of the fp32 scale of each row of `slots` in half `kv` (either placement)."""
+    slots = slots.to(torch.int64)
+    block, in_block = slots // spec.block_size, slots % spec.block_size
+    heads = torch.arange(spec.num_kv_heads, device=slots.device, dtype=torch.int64)
+    start = block * spec.block_bytes + kv * spec.kv_bytes + spec.scale_offset + in_block * spec.scale_slot_bytes
+    return start[:, None] + heads[None, :] * spec.scale_head_bytes
+
+
 def gather_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int):
     """Read rows back: codes [N, H, D] in the format's dtype, and fp32 scales [N, H] (None without inline scales)."""
     flat, rows = _flat(pool), row_byte_offsets(spec, slots, kv)
@@ -181,7 +215,7 @@ def gather_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int):
     codes = flat[idx].view(CODE_DTYPES[spec.fmt])
     if not formats.has_inline_scales(spec.fmt):
         return codes, None
-    sidx = rows[:, :, None] + spec.scale_offset + torch.arange(SCALE_BYTES, device=pool.device)
+    sidx = scale_byte_offsets(spec, slots, kv)[:, :, None] + torch.arange(SCALE_BYTES, device=pool.device)
     return codes, flat[sidx].view(torch.float32)[..., 0]
 
 
@@ -193,7 +227,7 @@ def scatter_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int, codes: 
     idx = rows[:, :, None] + torch.arange(code_bytes, device=pool.device)
     flat[idx] = codes.contiguous().view(torch.uint8).reshape(idx.shape)
     if scales is not None:
-        sidx = rows[:, :, None] + spec.scale_offset + torch.arange(SCALE_BYTES, device=pool.device)
+        sidx = scale_byte_offsets(spec, slots, kv)[:, :, None] + torch.arange(SCALE_BYTES, device=pool.device)
         flat[sidx] = scales.to(torch.float32).contiguous()[..., None].view(torch.uint8).reshape(sidx.shape)
 
 
@@ -234,12 +268,46 @@ def read_views(pool: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
 def row_alignment(spec) -> int:
     """The largest power of two (in elements, at most 16 bytes' worth) dividing every row offset of the pool.
 
-    Kernels pass it to tl.multiple_of so the compiler can use wide loads: 16 bytes for the plain formats, but
-    only 4 for the per-token-head ones, whose rows are head_size + 4 bytes long."""
+    Kernels pass it to tl.multiple_of so the compiler can use wide loads: 16 bytes for the plain formats and the
+    per-token-head ones with "block" placement, but only 4 for "row" placement, whose rows are head_size + 4
+    bytes long."""
     align = 16 // spec.elem_bytes
     for stride in element_strides(spec):
         align = math.gcd(align, stride)
     return align
+
+
+def scale_word_strides(spec) -> tuple[int, int, int]:
+    """(slot, head, first) of the scales in fp32 words: scale word of (block b, half kv, slot o, head h) =
+    b * block_stride + kv * kv_stride + first + o * slot + h * head (block and kv strides in words: element
+    strides of 1-byte codes divided by 4). Zeros for formats without scales."""
+    if not formats.has_inline_scales(spec.fmt):
+        return 0, 0, 0
+    return spec.scale_slot_bytes // 4, spec.scale_head_bytes // 4, spec.scale_offset // 4
+
+
+def scale_alignment(spec) -> int:
+    """"block" placement: how many consecutive tokens' scales (of one head) may be read as one vector: contiguous
+    within a block, and every vector's first word aligned to it (at most 4 words = 16 bytes). 1 for "row"."""
+    if spec.placement != formats.BLOCK or spec.scale_slot_bytes != SCALE_BYTES or spec.elem_bytes != 1:
+        return 1
+    align = 4
+    for words in (spec.block_bytes // 4, spec.kv_bytes // 4, spec.scale_offset // 4, spec.scale_head_bytes // 4,
+                  spec.block_size):
+        align = math.gcd(align, words)
+    return align
+
+
+@triton.jit
+def block_scales(scales_ptr, block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_words, slot_words,
+                 head_words, SCALE_ALIGN: tl.constexpr):
+    """fp32 scales of tokens `n` of one sequence and kv head, "block" placement: `head_words` is the word offset
+    of the head's slot-0 scale in the half, `block_words` / `slot_words` the strides (scale_word_strides).
+    Tiles start at multiples of SCALE_ALIGN tokens, so each run of SCALE_ALIGN scales is one aligned vector."""
+    block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
+    words = block * block_words + (n % BLOCK_SIZE).to(tl.int64) * slot_words + head_words
+    words = tl.max_contiguous(tl.multiple_of(words, SCALE_ALIGN), SCALE_ALIGN)
+    return tl.load(scales_ptr + words, mask=mask, other=1.0)
 
 
 @triton.jit
@@ -256,5 +324,18 @@ def paged_rows(block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_stride,
 
 @triton.jit
 def row_scales(scales_ptr, rows, mask, scale_offset):
-    """fp32 inline scales of byte-element rows `rows` (per-token-head formats, 1-byte codes)."""
+    """fp32 inline scales of byte-element rows `rows` (per-token-head formats, 1-byte codes, "row" placement)."""
     return tl.load(scales_ptr + (rows + scale_offset) // 4, mask=mask, other=1.0)
+
+
+@triton.jit
+def tile_scales(scales_ptr, table, n, rows, mask, kv_offset, scale_offset, block_words, slot_words, head_words,
+                BLOCK_SIZE: tl.constexpr, SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr):
+    """fp32 scales of a tile of tokens `n` (rows `rows`, as paged_rows gives them) of one kv head, in the K half
+    (kv_offset 0) or the V half (kv_offset = kv stride in bytes), for either placement (1-byte codes)."""
+    if SCALE_PLACEMENT == SCALES_IN_ROW:
+        scales = row_scales(scales_ptr, rows + kv_offset, mask, scale_offset)
+    else:
+        scales = block_scales(scales_ptr + kv_offset // 4, table, n, mask, BLOCK_SIZE, block_words, slot_words,
+                              head_words, SCALE_ALIGN)
+    return scales

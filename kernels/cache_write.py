@@ -3,7 +3,8 @@
     auto (float16 / bfloat16 / float32)  the value as is
     fp8 (per layer)                      code = e4m3(clamp(x / k_scale, -448, 448))   (v with v_scale)
     int8 / fp8 per token-head            scale = max(amax(|x|) / QMAX, SCALE_EPS), code = clamp(rne(x / scale)),
-                                         the fp32 scale stored inline after the row's codes
+                                         the fp32 scale stored where the spec places it (after the row's
+                                         codes, or in the block half's scale region)
 
 Slot s of slot_mapping is block s // block_size, slot-in-block s % block_size; -1 skips the token (warmup, padding).
 `write_kv_reference` does the same with torch, scattering into the pool's bytes; the two agree byte for byte.
@@ -16,8 +17,8 @@ import triton.language as tl
 
 from . import formats, launch
 from .addressing import (AUTO_DTYPES, BF16, CODE_DTYPES, F16, F32, FP8, INT8_PTH, check_float_tensor,
-                         check_int_tensor, check_pool, check_scale, check_spec, element_strides, scatter_rows,
-                         typed_pool)
+                         check_int_tensor, check_pool, check_scale, check_spec, element_strides, scale_word_strides,
+                         scatter_rows, typed_pool)
 from .mode import require_device
 from .quant import quantize_fp8, quantize_int8, quantize_reference, torch_e4m3_saturates
 
@@ -29,9 +30,10 @@ SCALE_EPS: tl.constexpr = tl.constexpr(formats.SCALE_EPS)
 
 
 @triton.jit
-def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, row_mask, t, h, d, layer_scale,
-                scale_offset, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, SATURATE: tl.constexpr):
-    """Quantize and store one of K or V for a [BLOCK_T, BLOCK_H, D] tile; `rows` are element offsets [T, H]."""
+def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, scale_words, row_mask, t, h, d, layer_scale,
+                FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, SATURATE: tl.constexpr):
+    """Quantize and store one of K or V for a [BLOCK_T, BLOCK_H, D] tile; `rows` are element offsets [T, H],
+    `scale_words` the fp32-word offsets of their scales [T, H] (per-token-head formats)."""
     mask = row_mask[:, :, None] & (d < HEAD_SIZE)[None, None, :]
     x = tl.load(x_ptr + t[:, None, None] * stride_t + h[None, :, None] * stride_h + d[None, None, :], mask=mask)
     dst = codes_ptr + rows[:, :, None] + d[None, None, :]
@@ -40,7 +42,7 @@ def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, row_mask
     elif FMT == FP8:                                 # one scale per layer
         y = tl.math.div_rn(x.to(tl.float32), layer_scale)
         tl.store(dst, quantize_fp8(y, SATURATE), mask=mask)
-    else:                                            # per token-head: scale from the row's amax, stored inline
+    else:                                            # per token-head: scale from the row's amax
         xf = x.to(tl.float32)
         if FMT == INT8_PTH:
             qmax = INT8_QMAX
@@ -53,13 +55,14 @@ def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, row_mask
             tl.store(dst, quantize_int8(y), mask=mask)
         else:
             tl.store(dst, quantize_fp8(y, SATURATE), mask=mask)
-        tl.store(scales_ptr + (rows + scale_offset) // 4, scale, mask=row_mask)
+        tl.store(scales_ptr + scale_words, scale, mask=row_mask)
 
 
 @triton.jit
 def _write_kv_kernel(key_ptr, value_ptr, codes_ptr, scales_ptr, slot_mapping_ptr, num_tokens,
                      stride_kt, stride_kh, stride_vt, stride_vh,
-                     block_stride, kv_stride, slot_stride, row_stride, scale_offset, k_scale, v_scale,
+                     block_stride, kv_stride, slot_stride, row_stride, scale_slot_words, scale_head_words,
+                     scale_first_word, block_words, kv_words, k_scale, v_scale,
                      FMT: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                      SATURATE: tl.constexpr):
@@ -71,11 +74,14 @@ def _write_kv_kernel(key_ptr, value_ptr, codes_ptr, scales_ptr, slot_mapping_ptr
     safe = tl.where(write, slot, 0)
     rows = ((safe // BLOCK_SIZE) * block_stride + (safe % BLOCK_SIZE) * slot_stride)[:, None] \
         + h[None, :].to(tl.int64) * row_stride
+    # scale words of either placement, from the spec's strides (formats.CacheSpec)
+    scale_words = ((safe // BLOCK_SIZE) * block_words + (safe % BLOCK_SIZE) * scale_slot_words)[:, None] \
+        + h[None, :].to(tl.int64) * scale_head_words + scale_first_word
     row_mask = write[:, None] & (h < NUM_HEADS)[None, :]
-    _store_half(key_ptr, stride_kt, stride_kh, codes_ptr, scales_ptr, rows, row_mask, t, h, d, k_scale,
-                scale_offset, FMT, HEAD_SIZE, SATURATE)
-    _store_half(value_ptr, stride_vt, stride_vh, codes_ptr, scales_ptr, rows + kv_stride, row_mask, t, h, d,
-                v_scale, scale_offset, FMT, HEAD_SIZE, SATURATE)
+    _store_half(key_ptr, stride_kt, stride_kh, codes_ptr, scales_ptr, rows, scale_words, row_mask, t, h, d,
+                k_scale, FMT, HEAD_SIZE, SATURATE)
+    _store_half(value_ptr, stride_vt, stride_vh, codes_ptr, scales_ptr, rows + kv_stride, scale_words + kv_words,
+                row_mask, t, h, d, v_scale, FMT, HEAD_SIZE, SATURATE)
 
 
 def _validate(key, value, pool, slot_mapping, spec, k_scale, v_scale) -> None:
@@ -127,7 +133,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_ma
     _write_kv_kernel[grid](
         key, value, codes, scales, slot_mapping, num_tokens,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        *element_strides(spec), spec.scale_offset, float(k_scale), float(v_scale),
+        *element_strides(spec), *scale_word_strides(spec), spec.block_bytes // 4, spec.kv_bytes // 4,
+        float(k_scale), float(v_scale),
         FMT=spec.fmt, NUM_HEADS=spec.num_kv_heads, HEAD_SIZE=spec.head_size, BLOCK_SIZE=spec.block_size,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, SATURATE=torch_e4m3_saturates(key.device.type),
         num_warps=cfg.num_warps)

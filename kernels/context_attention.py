@@ -27,7 +27,8 @@ import triton.language as tl
 from . import formats, launch
 from .addressing import (FP8, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor, check_int_tensor,
                          check_pool, check_query_against_cache, check_spec, element_strides, gather_sequence,
-                         paged_rows, read_views, row_alignment, row_scales)
+                         paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides,
+                         tile_scales)
 from .decode_attention import _pow2_row_scale
 from .mode import require_device
 
@@ -52,10 +53,10 @@ def _find_tile(cu_q_ptr, pid, num_seqs, GROUP: tl.constexpr, BLOCK_M: tl.constex
 
 @triton.jit
 def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, table, codes_ptr, scales_ptr,
-            kv_stride, block_stride, slot_stride, head_row, scale_offset, qk_scale, q_index, causal_offset,
-            d, PAGED: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_SCALES: tl.constexpr,
-            BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, ROW_ALIGN: tl.constexpr,
-            DOT_PRECISION: tl.constexpr):
+            kv_stride, block_stride, slot_stride, head_row, scale_offset, scale_slot_words, head_scale, qk_scale,
+            q_index, causal_offset, d, PAGED: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+            HAS_SCALES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, ROW_ALIGN: tl.constexpr,
+            SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One K/V tile of the online softmax: returns the updated (max, sum, accumulator)."""
     n = start_n + tl.arange(0, BLOCK_N)
     valid = n < kv_len
@@ -75,7 +76,9 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
         v = tl.load(v_tile).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if HAS_SCALES:
-        s = s * row_scales(scales_ptr, rows, valid, scale_offset)[None, :]
+        k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_stride // 4, scale_slot_words,
+                              head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
+        s = s * k_scale[None, :]
     if MASKED:
         visible = valid[None, :]
         if CAUSAL:
@@ -86,7 +89,9 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
     p = tl.exp2(s - m_new[:, None])
     l = l * alpha + tl.sum(p, axis=1)
     if HAS_SCALES:
-        p = p * row_scales(scales_ptr, rows + kv_stride, valid, scale_offset)[None, :]
+        v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_stride // 4,
+                              scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
+        p = p * v_scale[None, :]
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_new, l, acc
 
@@ -95,10 +100,11 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
 def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, seq_lens_ptr,
                     out_ptr, num_seqs, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_ot, stride_oh, stride_bt, block_stride, kv_stride, slot_stride, row_stride, scale_offset,
-                    qk_scale, v_layer_scale,
+                    scale_slot_words, scale_head_words, qk_scale, v_layer_scale,
                     PAGED: tl.constexpr, CAUSAL: tl.constexpr, FMT: tl.constexpr, HAS_SCALES: tl.constexpr,
                     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, ROW_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, ROW_ALIGN: tl.constexpr,
+                    SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr):
     kv_head = tl.program_id(1)
     seq, tile, num_tiles = _find_tile(cu_q_ptr, tl.program_id(0), num_seqs, GROUP, BLOCK_M, BLOCK_B)
@@ -146,19 +152,22 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
 
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
         head_row = kv_head.to(tl.int64) * row_stride
+        head_scale = scale_offset // 4 + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
         for start_n in range(0, unmasked_end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                s_scale, q_index, causal_offset, d, PAGED, False, CAUSAL, HAS_SCALES, BLOCK_SIZE,
-                                BLOCK_N, ROW_ALIGN, DOT_PRECISION)
+                                scale_slot_words, head_scale, s_scale, q_index, causal_offset, d, PAGED, False,
+                                CAUSAL, HAS_SCALES, BLOCK_SIZE, BLOCK_N, ROW_ALIGN, SCALE_PLACEMENT, SCALE_ALIGN,
+                                DOT_PRECISION)
         for start_n in range(unmasked_end, end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                s_scale, q_index, causal_offset, d, PAGED, True, CAUSAL, HAS_SCALES, BLOCK_SIZE,
-                                BLOCK_N, ROW_ALIGN, DOT_PRECISION)
+                                scale_slot_words, head_scale, s_scale, q_index, causal_offset, d, PAGED, True,
+                                CAUSAL, HAS_SCALES, BLOCK_SIZE, BLOCK_N, ROW_ALIGN, SCALE_PLACEMENT, SCALE_ALIGN,
+                                DOT_PRECISION)
         out = acc / l[:, None]
         if FMT == FP8:
             out = out * v_layer_scale
@@ -169,8 +178,8 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
 def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fields, causal, sm_scale,
             v_layer_scale, num_kv_heads, paged):
     """Shared launcher; `spec_fields` = (fmt, block_size, (block, kv, slot, row) strides, scale_offset, row
-    alignment)."""
-    fmt, block_size, strides, scale_offset, row_align = spec_fields
+    alignment, placement, (scale slot, scale head) word strides, scale alignment)."""
+    fmt, block_size, strides, scale_offset, row_align, placement, scale_strides, scale_align = spec_fields
     num_tokens, num_heads, head_size = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     batch = cu_q.shape[0] - 1
@@ -193,10 +202,11 @@ def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fie
     _context_kernel[(programs, num_kv_heads)](
         q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, out, batch,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), block_tables.stride(0), *strides, scale_offset,
+        out.stride(0), out.stride(1), block_tables.stride(0), *strides, scale_offset, *scale_strides,
         sm_scale * LOG2E, v_layer_scale,
         PAGED=paged, CAUSAL=bool(causal), FMT=fmt, HAS_SCALES=formats.has_inline_scales(fmt), GROUP=group,
         HEAD_SIZE=head_size, BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROW_ALIGN=row_align,
+        SCALE_PLACEMENT=placement, SCALE_ALIGN=scale_align,
         BLOCK_B=max(16, triton.next_power_of_2(batch)), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
         SCALED_F16=scaled_f16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
@@ -252,7 +262,7 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     if validate:
         _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    spec_fields = (formats.F16, 16, (0, 0, 0, 0), 0, 1)       # no cache involved
+    spec_fields = (formats.F16, 16, (0, 0, 0, 0), 0, 1, formats.ROW, (0, 0), 1)       # no cache involved
     return _launch(q, k, v, q, q, cu_seqlens_q, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q, spec_fields, causal,
                    sm_scale, 1.0, k.shape[1], paged=False)
 
@@ -317,7 +327,8 @@ def paged_context_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: t
     q = _last_dim_contiguous(q)
     codes, scales = read_views(pool, spec)
     layer_k = float(k_scale) if spec.fmt == formats.FP8 else 1.0
-    spec_fields = (spec.fmt, spec.block_size, element_strides(spec), spec.scale_offset, row_alignment(spec))
+    spec_fields = (spec.fmt, spec.block_size, element_strides(spec), spec.scale_offset, row_alignment(spec),
+                   spec.placement, scale_word_strides(spec)[:2], scale_alignment(spec))
     return _launch(q, q, q, codes, scales, block_tables, cu_seqlens_q, cu_seqlens_q, seq_lens, spec_fields, causal,
                    sm_scale * layer_k, float(v_scale), spec.num_kv_heads, paged=True)
 

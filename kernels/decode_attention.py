@@ -24,7 +24,7 @@ import triton.language as tl
 from . import formats, launch
 from .addressing import (FP8, INT8_PTH, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
                          check_query_against_cache, check_spec, element_strides, gather_sequence, paged_rows,
-                         read_views, row_alignment, row_scales, typed_pool)
+                         read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales, typed_pool)
 from .mode import INTERPRETED, require_device
 
 LOG2E = math.log2(math.e)
@@ -42,11 +42,13 @@ def _pow2_row_scale(amax):
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
-                   block_stride, kv_stride, slot_stride, row_stride, scale_offset, qk_scale, v_layer_scale,
+                   block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words,
+                   scale_head_words, qk_scale, v_layer_scale,
                    num_splits,
                    FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    HAS_SCALES: tl.constexpr, PREFETCH_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
+                   SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr,
                    DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -74,13 +76,17 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
     acc = tl.zeros([BLOCK_G, HEAD_SIZE], tl.float32)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     head_row = kv_head.to(tl.int64) * row_stride
+    head_scale = scale_offset // 4 + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
+    block_words = block_stride // 4
     if PREFETCH_SCALES:
         # The compiler pipelines only the loads that feed tl.dot; the scales are loaded one tile ahead by hand
         # so that no iteration waits on a scattered 4-byte load.
         n0 = start + tl.arange(0, BLOCK_N)
         rows0 = paged_rows(table, n0, n0 < end, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
-        next_k_scale = row_scales(scales_ptr, rows0, n0 < end, scale_offset)
-        next_v_scale = row_scales(scales_ptr, rows0 + kv_stride, n0 < end, scale_offset)
+        next_k_scale = tile_scales(scales_ptr, table, n0, rows0, n0 < end, 0, scale_offset, block_words,
+                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
+        next_v_scale = tile_scales(scales_ptr, table, n0, rows0, n0 < end, kv_stride, scale_offset, block_words,
+                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         valid = n < end
@@ -91,11 +97,15 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
                 v_scale = next_v_scale
                 n1 = n + BLOCK_N
                 rows1 = paged_rows(table, n1, n1 < end, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
-                next_k_scale = row_scales(scales_ptr, rows1, n1 < end, scale_offset)
-                next_v_scale = row_scales(scales_ptr, rows1 + kv_stride, n1 < end, scale_offset)
+                next_k_scale = tile_scales(scales_ptr, table, n1, rows1, n1 < end, 0, scale_offset, block_words,
+                                           scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
+                next_v_scale = tile_scales(scales_ptr, table, n1, rows1, n1 < end, kv_stride, scale_offset, block_words,
+                                           scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
             else:
-                k_scale = row_scales(scales_ptr, rows, valid, scale_offset)
-                v_scale = row_scales(scales_ptr, rows + kv_stride, valid, scale_offset)
+                k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_words,
+                                      scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
+                v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_words,
+                                      scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
         k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * s_scale
         if HAS_SCALES:
@@ -129,7 +139,12 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
 @triton.jit
 def _byte_plane(words, J: tl.constexpr, FMT: tl.constexpr, dtype: tl.constexpr):
     """Byte J of every little-endian 32-bit word (head elements 4w + J), decoded from the format's code to dtype."""
-    if FMT == INT8_PTH:
+    if FMT == INT8_PTH and dtype == tl.float16:
+        # no int-to-float conversion instruction (a slow pipe): code + 128 placed in the mantissa of float16 1024
+        # gives 1024 + code + 128 exactly, and one subtraction the code
+        biased = ((words >> (8 * J)) & 0xFF) ^ 0x80
+        return (biased | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1152.0
+    elif FMT == INT8_PTH:
         return ((words << (24 - 8 * J)) >> 24).to(tl.float32).to(dtype)     # arithmetic shift sign-extends
     else:                                                                  # e4m3 codes (fp8, fp8 per token-head)
         code = ((words >> (8 * J)) & 0xFF).to(tl.uint8)
@@ -139,11 +154,13 @@ def _byte_plane(words, J: tl.constexpr, FMT: tl.constexpr, dtype: tl.constexpr):
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr,
                          part_ml_ptr, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
-                         block_stride, kv_stride, slot_stride, row_stride, scale_offset, qk_scale, v_layer_scale,
+                         block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words,
+                         scale_head_words, qk_scale, v_layer_scale,
                          num_splits,
                          FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
+                         HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr, SCALE_PLACEMENT: tl.constexpr,
+                         SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
                          DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr):
     """The 1-byte formats' decode: the same attention as _decode_kernel, with the codes read as 32-bit words.
 
@@ -191,6 +208,8 @@ def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_len
     acc3 = tl.zeros([BLOCK_G, W], tl.float32)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     head_row = kv_head.to(tl.int64) * row_stride
+    head_scale = scale_offset // 4 + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
+    block_words = block_stride // 4
     v_words_ptr = words_ptr + kv_stride // 4
 
     n = start + tl.arange(0, BLOCK_N)
@@ -199,8 +218,10 @@ def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_len
     next_k = tl.load(words_ptr + row_words[:, None] + w[None, :], mask=(n < end)[:, None], other=0)
     next_v = tl.load(v_words_ptr + row_words[:, None] + w[None, :], mask=(n < end)[:, None], other=0)
     if HAS_SCALES:
-        next_k_scale = row_scales(scales_ptr, rows, n < end, scale_offset)
-        next_v_scale = row_scales(scales_ptr, rows + kv_stride, n < end, scale_offset)
+        next_k_scale = tile_scales(scales_ptr, table, n, rows, n < end, 0, scale_offset, block_words,
+                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
+        next_v_scale = tile_scales(scales_ptr, table, n, rows, n < end, kv_stride, scale_offset, block_words,
+                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
     for start_n in range(start, end, BLOCK_N):
         valid = start_n + tl.arange(0, BLOCK_N) < end
         k_words = next_k
@@ -215,8 +236,10 @@ def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_len
         next_k = tl.load(words_ptr + row_words[:, None] + w[None, :], mask=(n < end)[:, None], other=0)
         next_v = tl.load(v_words_ptr + row_words[:, None] + w[None, :], mask=(n < end)[:, None], other=0)
         if HAS_SCALES:
-            next_k_scale = row_scales(scales_ptr, rows, n < end, scale_offset)
-            next_v_scale = row_scales(scales_ptr, rows + kv_stride, n < end, scale_offset)
+            next_k_scale = tile_scales(scales_ptr, table, n, rows, n < end, 0, scale_offset, block_words,
+                                       scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
+            next_v_scale = tile_scales(scales_ptr, table, n, rows, n < end, kv_stride, scale_offset, block_words,
+                                       scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
 
         s = tl.dot(q0, tl.trans(_byte_plane(k_words, 0, FMT, q0.dtype)), input_precision=DOT_PRECISION)
         s = tl.dot(q1, tl.trans(_byte_plane(k_words, 1, FMT, q0.dtype)), s, input_precision=DOT_PRECISION)
@@ -322,7 +345,7 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     group = num_heads // spec.num_kv_heads
     max_len = int(seq_lens.max()) if q.device.type == "cpu" else block_tables.shape[1] * spec.block_size
     cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len, q.device,
-                               fmt=spec.fmt)
+                               fmt=spec.fmt, placement=spec.placement)
     has_scales = formats.has_inline_scales(spec.fmt)
     codes, scales = read_views(pool, spec)
     qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)
@@ -337,10 +360,12 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     scaled_f16 = cfg.f16_dot and spec.elem_bytes == 1 and q.dtype != torch.float32
     common = dict(FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
                   BLOCK_N=cfg.block_n, SPLIT=cfg.num_splits > 1, HAS_SCALES=has_scales, DOT_F32=dot_f32,
+                  SCALE_PLACEMENT=spec.placement, SCALE_ALIGN=scale_alignment(spec),
                   SCALED_F16=scaled_f16,
                   DOT_PRECISION="ieee" if dot_f32 else "tf32", num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-            *element_strides(spec), spec.scale_offset, qk_scale, float(v_scale), cfg.num_splits)
+            *element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2], qk_scale, float(v_scale),
+            cfg.num_splits)
     grid = (batch, spec.num_kv_heads, cfg.num_splits)
     if cfg.word_loads and _words_apply(pool, spec):
         words = typed_pool(pool, torch.int32)

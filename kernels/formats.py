@@ -22,6 +22,12 @@ INT8_QMAX = 127.0
 FP8_QMAX = 448.0
 SCALE_EPS = 1e-8
 SCALE_BYTES = 4                                    # an inline scale is one fp32
+SCALE_REGION_ALIGN = 16                            # "block" placement: the scale region is padded to 16 bytes
+
+# Where the per-token-head formats keep their fp32 scales (CacheSpec.placement; kernels: SCALE_PLACEMENT):
+ROW = 0            # after each row's codes, as vLLM does: rows of head_size + 4 bytes   ("row", the default)
+BLOCK = 1          # grouped after the codes of each block half: rows of head_size bytes ("block")
+SCALE_PLACEMENTS = {"row": ROW, "block": BLOCK}
 SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
 
 
@@ -72,6 +78,15 @@ def format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> Format:
     return next(f for f in TABLE.values() if f.kv_cache_dtype == kv_cache_dtype)
 
 
+def check_scale_placement(scale_placement) -> None:
+    """The one check of a scale placement name (minikv's CacheConfig and KVLayout both call it)."""
+    if not isinstance(scale_placement, str):
+        raise TypeError(f"kv_scale_placement must be a str, got {type(scale_placement).__name__}")
+    if scale_placement not in SCALE_PLACEMENTS:
+        raise ValueError(f"unknown kv_scale_placement {scale_placement!r}; choose one of "
+                         f"{', '.join(SCALE_PLACEMENTS)}")
+
+
 def has_inline_scales(fmt: int) -> bool:
     return TABLE[fmt].inline_scales
 
@@ -89,7 +104,12 @@ class CacheSpec:
 
     Row (block b, K=0/V=1 half kv, slot-in-block o, kv head h) starts at
         b * block_bytes + kv * kv_bytes + o * slot_bytes + h * row_bytes
-    and its inline scale (per-token-head formats only) at row start + scale_offset (-1 without one).
+    and its fp32 scale (per-token-head formats only) at
+        b * block_bytes + kv * kv_bytes + scale_offset + o * scale_slot_bytes + h * scale_head_bytes
+    placement ROW: scale_offset is the offset inside a row and the scale strides are the row's
+    (slot_bytes, row_bytes); BLOCK: scale_offset is where the half's scale region starts (after its codes) and the
+    region is [kv head][slot] (scale_head_bytes = block_size * 4, scale_slot_bytes = 4), so one head's scales of a
+    block are one contiguous vector. Formats without scales: scale_offset -1, scale strides 0, placement ROW.
     """
 
     fmt: int
@@ -102,6 +122,9 @@ class CacheSpec:
     kv_bytes: int
     block_bytes: int
     scale_offset: int
+    scale_slot_bytes: int
+    scale_head_bytes: int
+    placement: int                    # ROW or BLOCK: where the scales sit (kernels take it as SCALE_PLACEMENT)
 
     @classmethod
     def of(cls, spec) -> CacheSpec:

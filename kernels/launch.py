@@ -74,7 +74,9 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
 
 # Decode launch configurations measured on an NVIDIA H200 (32 query / 8 KV heads, head size 128, block size 16,
 # shuffled blocks, bf16 q; `python -m minikv.bench.attention_sweep`, raw timings in
-# notebooks/data/gpu_decode_sweep.csv). Keyed by cache format, then (batch, context) of the measured shape:
+# notebooks/data/gpu_decode_sweep.csv). Keyed by cache format (with "/block" for the per-token-head formats whose
+# scales are grouped per block, KVLayout.scale_placement; raw timings in notebooks/data/gpu_placement_sweep.csv),
+# then (batch, context) of the measured shape:
 # (block_n, num_warps, num_stages, num_splits, prefetch_scales, word_loads, f16_dot). A launch takes the entry of
 # the nearest measured shape (log scale, batch counted in groups of 8 KV heads).
 DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool, bool]]] = {
@@ -134,14 +136,43 @@ DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bo
         (256, 4096): (64, 2, 1, 1, False, True, True),
         (256, 16384): (64, 2, 2, 1, False, True, True),
     },
+    "int8_per_token_head/block": {
+        (1, 512): (64, 2, 2, 4, False, True, True),
+        (1, 4096): (64, 2, 2, 32, False, True, True),
+        (1, 16384): (64, 2, 1, 64, False, True, True),
+        (16, 512): (64, 2, 1, 2, False, True, True),
+        (16, 4096): (64, 2, 1, 4, False, True, True),
+        (16, 16384): (64, 2, 1, 4, False, True, True),
+        (64, 512): (64, 2, 1, 1, False, True, True),
+        (64, 4096): (64, 2, 1, 1, False, True, True),
+        (64, 16384): (64, 2, 2, 1, False, True, True),
+        (256, 512): (64, 2, 2, 1, False, True, True),
+        (256, 4096): (64, 2, 1, 1, False, True, True),
+        (256, 16384): (64, 2, 1, 1, False, True, True),
+    },
+    "fp8_per_token_head/block": {
+        (1, 512): (64, 2, 2, 4, False, True, True),
+        (1, 4096): (64, 2, 1, 32, False, True, True),
+        (1, 16384): (64, 2, 1, 64, False, True, True),
+        (16, 512): (64, 2, 1, 2, False, True, True),
+        (16, 4096): (64, 2, 1, 4, False, True, True),
+        (16, 16384): (64, 2, 1, 4, False, True, True),
+        (64, 512): (64, 2, 1, 1, False, True, True),
+        (64, 4096): (64, 2, 2, 1, False, True, True),
+        (64, 16384): (64, 2, 1, 1, False, True, True),
+        (256, 512): (64, 2, 2, 1, False, True, True),
+        (256, 4096): (64, 2, 2, 1, False, True, True),
+        (256, 16384): (64, 2, 2, 1, False, True, True),
+    },
 }
 TUNED_HEAD_SIZE = 128
 
 
-def _tuned_name(fmt: int | None, elem_bytes: int) -> str:
+def _tuned_name(fmt: int | None, elem_bytes: int, placement: int = formats.ROW) -> str:
     if fmt is None:
         return {1: "fp8", 2: "auto"}.get(elem_bytes, "")
-    return "auto" if fmt in (formats.F16, formats.BF16) else formats.NAMES[fmt]
+    name = "auto" if fmt in (formats.F16, formats.BF16) else formats.NAMES[fmt]
+    return name + "/block" if placement == formats.BLOCK else name
 
 
 def _nearest(table: dict, batch: int, max_len: int):
@@ -151,14 +182,14 @@ def _nearest(table: dict, batch: int, max_len: int):
 
 
 def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
-                  device: torch.device, fmt: int | None = None) -> DecodeConfig:
+                  device: torch.device, fmt: int | None = None, placement: int = formats.ROW) -> DecodeConfig:
     """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
-    cache's format code (tells per-token-head apart from plain fp8)."""
+    cache's format code (tells per-token-head apart from plain fp8); `placement`: where its scales sit."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
     block_g = max(16, _pow2(group))
-    table = DECODE_TUNED.get(_tuned_name(fmt, elem_bytes))
+    table = DECODE_TUNED.get(_tuned_name(fmt, elem_bytes, placement))
     if table and head_size == TUNED_HEAD_SIZE and block_g == 16 and batch >= 1 and max_len >= 1:
         block_n, warps, stages, splits, prefetch, words, f16 = _nearest(table, batch * num_kv_heads / 8, max_len)
         splits = max(1, min(splits, max_len // block_n))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minikv.kernels.formats import KV_CACHE_DTYPES, check_kv_cache_dtype  # noqa: F401  (the one format table)
+from minikv.kernels.formats import check_scale_placement
 
 BLOCK_SIZES = (8, 16, 32, 64)
 
@@ -62,6 +63,7 @@ class CacheConfig:
     num_blocks: int | None = None          # None: sized automatically
     cross_pool_blocks: int | None = None   # encoder-decoder only; None: sized automatically
     enable_prefix_caching: bool = False
+    kv_scale_placement: str = "row"        # per-token-head scales: "row" (vLLM's) or "block" (minikv.cache.layout)
 
     def __post_init__(self):
         # The one authority for these parameters: everything downstream takes them as given.
@@ -72,6 +74,7 @@ class CacheConfig:
         check_int("num_blocks", self.num_blocks, allow_none=True)
         check_int("cross_pool_blocks", self.cross_pool_blocks, allow_none=True)
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
+        check_scale_placement(self.kv_scale_placement)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
+# Colour means one thing in every figure: red is WRONG and nothing else (a damaged request, a wiped scale, a block
+# outside its pool); green is RIGHT. Neutral marks (a maximum, a reference line, a row's scale bytes) use the others.
 RIGHT = "#4c9a2a"       # green: a correct request / a block inside its pool
 WRONG = "#c0392b"       # red: a damaged request / a block outside its pool
+NEUTRAL = "#333333"     # dark grey: a statistic or reference line that is neither right nor wrong
+SCALE = "#d4a017"       # gold: the inline fp32 scale bytes of a row
 EMPTY = "#eeeeee"
 POOL_COLOURS = ("#4878a8", "#e8a33d", "#7a5aa6", "#3a9d8f", "#b5651d")
 GUARD = "#999999"
@@ -172,7 +176,7 @@ def row_layout_diagram(layout, title: str | None = None) -> Figure:
          f"{layout.num_kv_heads} kv head row(s)"),
         ("row", layout.row_bytes,
          [(f"{layout.head_size} x {layout.elem_bytes} B", 0, code_bytes, POOL_COLOURS[3])]
-         + ([("scale", layout.scale_offset, layout.scale_offset + 4, WRONG)] if layout.scale_offset >= 0 else []),
+         + ([("scale", layout.scale_offset, layout.scale_offset + 4, SCALE)] if layout.scale_offset >= 0 else []),
          "codes | fp32 scale" if layout.scale_offset >= 0
          else "elements; one K and one V scale per layer, outside the pool" if getattr(layout, "has_layer_scales", 0)
          else "elements, no scales"),
@@ -210,7 +214,7 @@ def quant_error_plot(errors_by_format: Mapping[str, object], title: str = "Quant
     fig, ax = _new_figure(figsize=(max(5.0, 1.3 * len(names) + 2), 4.0))
     x = np.arange(len(names))
     ax.bar(x, np.maximum(means, floor), color=POOL_COLOURS[0], label="mean")
-    ax.plot(x, np.maximum(maxes, floor), "o", color=WRONG, label="max")
+    ax.plot(x, np.maximum(maxes, floor), "o", color=NEUTRAL, label="max")
     for xi, mean in zip(x, means):
         ax.text(xi, max(mean, floor), f"{mean:.2g}" if mean > 0 else "0", ha="center", va="bottom", fontsize=8)
     ax.set_yscale("log")
@@ -443,7 +447,7 @@ def bandwidth_plot(rows: Sequence, copy_gbps: float, title: str = "Achieved memo
     ax.barh(y, values, color=POOL_COLOURS[0])
     for yi, g in zip(y, values):
         ax.text(g, yi, f" {g:.0f} ({100 * g / copy_gbps:.0f}%)", va="center", fontsize=7)
-    ax.axvline(copy_gbps, color=WRONG, linestyle="--", label=f"device copy: {copy_gbps:.0f} GB/s")
+    ax.axvline(copy_gbps, color=NEUTRAL, linestyle="--", label=f"device copy: {copy_gbps:.0f} GB/s")
     ax.set_yticks(y, [label for label, _ in items], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, max(max(values), copy_gbps) * 1.25)

@@ -61,8 +61,8 @@ def sample_cases(seed: int, n: int, *axes) -> list[tuple]:
 
 
 def make_spec(kv_cache_dtype: str, model_dtype: torch.dtype, num_kv_heads: int, head_size: int,
-              block_size: int) -> KVLayout:
-    return KVLayout(kv_cache_dtype, model_dtype, num_kv_heads, head_size, block_size)
+              block_size: int, scale_placement: str = "row") -> KVLayout:
+    return KVLayout(kv_cache_dtype, model_dtype, num_kv_heads, head_size, block_size, scale_placement)
 
 
 def make_pool(spec: KVLayout, num_blocks: int, device="cpu", random_bytes: bool = True) -> torch.Tensor:

@@ -9,6 +9,10 @@ and figures must be rendered as images. A screenshot is written under build/scre
 Tests: notebook 01 (skipped until it exists), and a tiny smoke notebook made on the fly (plus a failing variant that
 the driver must catch), so that the browser path runs in CI from the start. Needs /usr/bin/chromium
 (`apt-get install -y chromium`) and the `playwright` pip package (its bundled driver only; no browser download).
+
+The built documentation site is opened in the same Chromium too (served over HTTP on 127.0.0.1): each concept and
+defect page must show exactly one top-level heading and every image on it must have loaded (naturalWidth > 0).
+tests/test_docs_build.py checks the same from the HTML, for machines without a browser.
 """
 from __future__ import annotations
 
@@ -67,6 +71,30 @@ REPORT_JS = f"""() => ({{
 }})"""
 
 
+# One Playwright driver and one Chromium for the whole module, shared by JupyterLab and the docs site: the sync API
+# runs one driver per thread, so a second `sync_playwright().start()` while the first is alive fails.
+_CHROMIUM = {"playwright": None, "browser": None, "users": 0}
+
+
+def _acquire_chromium():
+    if _CHROMIUM["browser"] is None:
+        from playwright.sync_api import sync_playwright
+
+        _CHROMIUM["playwright"] = sync_playwright().start()
+        _CHROMIUM["browser"] = _CHROMIUM["playwright"].chromium.launch(executable_path=str(CHROMIUM),
+                                                                      args=CHROMIUM_ARGS)
+    _CHROMIUM["users"] += 1
+    return _CHROMIUM["browser"]
+
+
+def _release_chromium() -> None:
+    _CHROMIUM["users"] -= 1
+    if _CHROMIUM["users"] == 0:
+        _CHROMIUM["browser"].close()
+        _CHROMIUM["playwright"].stop()
+        _CHROMIUM["browser"] = _CHROMIUM["playwright"] = None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,7 +118,6 @@ class Lab:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = scratch / "jupyterlab.log"
         self.server = None
-        self.playwright = None
         self.browser = None
 
     def api(self, path: str, method: str = "GET"):
@@ -127,16 +154,11 @@ class Lab:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"jupyter lab did not answer within 90 s:\n{self.log_tail()}")
             time.sleep(0.5)
-        from playwright.sync_api import sync_playwright
-
-        self.playwright = sync_playwright().start()
-        self.browser = self.playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        self.browser = _acquire_chromium()
 
     def stop(self) -> None:
         if self.browser is not None:
-            self.browser.close()
-        if self.playwright is not None:
-            self.playwright.stop()
+            _release_chromium()
         if self.server is None:
             return
         try:
@@ -272,3 +294,68 @@ def test_notebook_01_runs_in_jupyterlab(request):
         pytest.skip(f"{NOTEBOOK_01.relative_to(REPO)} does not exist yet")
     report = run_notebook_in_lab(request.getfixturevalue("lab"), NOTEBOOK_01, NOTEBOOK_01.stem)
     _assert_clean_run(report, min_images=1)
+
+
+# ---- the documentation site in Chromium -------------------------------------------------------------------------
+
+SITE_REPORT_JS = """() => ({
+  h1: [...document.querySelectorAll('h1')].map(e => e.textContent.trim()),
+  images: [...document.querySelectorAll('article img')].map(e => ({src: e.getAttribute('src'), complete: e.complete,
+                                                                   width: e.naturalWidth})),
+})"""
+
+
+@pytest.fixture(scope="module")
+def site_browser(tmp_path_factory):
+    """(base URL of the built site served on 127.0.0.1, a headless Chromium)."""
+    if not CHROMIUM.exists():
+        pytest.skip("no browser: /usr/bin/chromium is missing (install Debian's chromium: "
+                    "apt-get install -y chromium); the docs browser test needs it")
+    pytest.importorskip("playwright.sync_api", reason="the `playwright` pip package is not installed")
+    import functools
+    import importlib.util
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    spec = importlib.util.spec_from_file_location("docs_build", REPO / "tests" / "test_docs_build.py")
+    docs_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_build)
+    site = docs_build.build_site(tmp_path_factory.mktemp("site"))
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        browser = _acquire_chromium()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}", browser
+        finally:
+            _release_chromium()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("page", ["concepts/paged-kv-cache", "concepts/kv-cache-formats", "concepts/kv-sharing",
+                                  "concepts/cross-attention", "defects/scale-wipe",
+                                  "defects/cross-stride-fp8-context"])
+def test_docs_page_renders_in_chromium(site_browser, page):
+    base, browser = site_browser
+    tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        response = tab.goto(f"{base}/{page}/", wait_until="load")
+        assert response is not None and response.ok, f"{page}: HTTP {response.status if response else None}"
+        tab.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=30_000)
+        report = tab.evaluate(SITE_REPORT_JS)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(SCREENSHOTS / f"docs-{page.replace('/', '-')}.png"), full_page=True)
+    finally:
+        tab.close()
+    assert len(report["h1"]) == 1, f"{page}: {len(report['h1'])} top-level headings: {report['h1']}"
+    assert report["images"], f"{page} shows no figure"
+    broken = [i["src"] for i in report["images"] if not i["complete"] or i["width"] == 0]
+    assert not broken, f"{page}: images that did not load: {broken}"

@@ -51,7 +51,7 @@ def checkpoint(tmp_path, monkeypatch, **overrides):
 def test_engine_greedy_equals_transformers_generate(tmp_path, monkeypatch):
     hf = checkpoint(tmp_path, monkeypatch)
     llm = minikv.LLM(model=str(tmp_path), backend="torch", max_num_seqs=4, block_size=8)
-    assert sum(1 for a in llm.runner.self_layers if a.kv_sharing_target is not None) == 6
+    assert sum(1 for a in llm.attention_layers.values() if a.kv_sharing_target is not None) == 6
     outs = llm.generate(PROMPTS, minikv.SamplingParams(max_tokens=10, ignore_eos=True))
     tok = CharTokenizer()
     for prompt, out in zip(PROMPTS, outs):

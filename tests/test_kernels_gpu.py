@@ -14,6 +14,15 @@ GPU_FORMATS = [("auto", torch.bfloat16), ("auto", torch.float16), ("auto", torch
                ("int8_per_token_head", torch.bfloat16), ("fp8_per_token_head", torch.float16)]
 
 
+PLACEMENTS = ["row", "block"]      # where the per-token-head formats keep their scales (KVLayout.scale_placement)
+
+
+def placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement):
+    if placement != "row" and "per_token_head" not in kv_cache_dtype:
+        pytest.skip(f"{kv_cache_dtype} has no scales to place")
+    return make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
+
+
 @pytest.fixture(scope="module")
 def kernels():
     import minikv.kernels as k
@@ -38,9 +47,10 @@ def test_fp8_encoder_bit_identical_to_torch_on_gpu(kernels):
 
 @pytest.mark.parametrize("fmt", GPU_FORMATS)
 @pytest.mark.parametrize("kv_heads,head_size,block_size", [(8, 128, 16), (2, 64, 8)])
-def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_size):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_size, placement):
     kv_cache_dtype, dtype = fmt
-    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
     num_tokens, num_blocks = 3 * block_size + 1, 8
     slots = torch.randperm(num_blocks * block_size)[:num_tokens]
     slots[::7] = -1
@@ -55,12 +65,13 @@ def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_s
 
 @pytest.mark.parametrize("fmt", GPU_FORMATS)
 @pytest.mark.parametrize("batch,heads", [(3, (32, 8)), (64, (8, 8)), (5, (8, 1))])
-def test_decode_on_gpu(kernels, fmt, batch, heads):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_decode_on_gpu(kernels, fmt, batch, heads, placement):
     (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
     block_size, head_size = 16, 128
     edges = length_choices(block_size) + [200, 1000]
     lens = [edges[i % len(edges)] for i in range(batch)]
-    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
     tables, num_blocks = random_block_tables(lens, block_size, device=CUDA)
     pool = make_pool(spec, num_blocks, CUDA)
     fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
@@ -88,11 +99,12 @@ def test_context_unfused_on_gpu(kernels, dtype, causal, heads, head_size):
 
 @pytest.mark.parametrize("fmt,causal", [(GPU_FORMATS[0], True), (GPU_FORMATS[3], False), (GPU_FORMATS[4], True),
                                         (GPU_FORMATS[5], True)])
-def test_context_paged_on_gpu(kernels, fmt, causal):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_context_paged_on_gpu(kernels, fmt, causal, placement):
     kv_cache_dtype, dtype = fmt
     block_size, head_size, num_heads, kv_heads = 16, 128, 16, 4
     q_lens, kv_lens = [1, 100, 33], ([1, 260, 33] if causal else [9, 40, 500])
-    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
     tables, num_blocks = random_block_tables(kv_lens, block_size, device=CUDA)
     pool = make_pool(spec, num_blocks, CUDA)
     fill_sequences(pool, spec, tables, kv_lens, dtype, 0.45, 1.3)
@@ -110,8 +122,9 @@ def test_context_paged_on_gpu(kernels, fmt, causal):
     (64, 2, 3, 16, False, True, True), (128, 4, 3, 5, False, True, False), (16, 8, 2, 2, False, True, True),
     (64, 4, 2, 1, False, False, True)])
 @pytest.mark.parametrize("q_magnitude", [1.0, 1e6])
+@pytest.mark.parametrize("placement", PLACEMENTS)
 def test_decode_launch_configs_on_gpu(kernels, monkeypatch, fmt, block_n, warps, stages, splits, prefetch, words,
-                                      f16, q_magnitude):
+                                      f16, q_magnitude, placement):
     """Every kind of configuration the sweep may commit (tiles, warps, stages, splits, scales loaded ahead, 1-byte
     codes read as words, float16 dot products), with q of ordinary size and far beyond float16's range."""
     from minikv.kernels import launch
@@ -121,7 +134,7 @@ def test_decode_launch_configs_on_gpu(kernels, monkeypatch, fmt, block_n, warps,
     monkeypatch.setattr(launch, "decode_config", lambda *a, **k: launch.DecodeConfig(
         16, block_n, splits, warps, stages, prefetch, words, f16))
     lens = [1, 15, 16, 17, 200, 1000, 777]
-    spec = make_spec(kv_cache_dtype, dtype, 8, 128, 16)
+    spec = placed_spec(kv_cache_dtype, dtype, 8, 128, 16, placement)
     tables, num_blocks = random_block_tables(lens, 16, device=CUDA)
     pool = make_pool(spec, num_blocks, CUDA)
     fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
@@ -158,13 +171,14 @@ def test_context_short_queries_on_gpu(kernels, q_lens, kv_lens):
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8_per_token_head", "fp8_per_token_head"])
 @pytest.mark.parametrize("causal,block_m", [(True, 128), (False, 16), (False, 64)])
-def test_context_paged_f16_dot_on_gpu(kernels, monkeypatch, kv_cache_dtype, causal, block_m):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_context_paged_f16_dot_on_gpu(kernels, monkeypatch, kv_cache_dtype, causal, block_m, placement):
     """Paged context attention over a 1-byte cache with float16 dot products (bfloat16 q rescaled per row)."""
     from minikv.kernels import launch
     monkeypatch.setattr(launch, "context_config", lambda *a, **k: launch.ContextConfig(block_m, 64, 4, 3, True))
     dtype, block_size, head_size, num_heads, kv_heads = torch.bfloat16, 16, 128, 32, 8
     q_lens, kv_lens = ([1, 100, 33], [1, 260, 33]) if causal else ([1, 3, 40], [9, 700, 500])
-    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
     tables, num_blocks = random_block_tables(kv_lens, block_size, device=CUDA)
     pool = make_pool(spec, num_blocks, CUDA)
     fill_sequences(pool, spec, tables, kv_lens, dtype, 0.45, 1.3)

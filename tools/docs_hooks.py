@@ -5,13 +5,26 @@
   `mkdocs build --strict` passes while the notebooks are still being written.
 * API reference: one generated page per package (minikv, minikv.cache, ..., minikv.kernels), listing every module
   found on disk with a mkdocstrings `:::` block, so a new module shows up without editing the docs.
+* Figures: the PNGs the concept and defect pages embed (`docs/figures/NAME.png` in the built site). Each is either
+  taken from a notebook's recorded outputs (the figure of the first code cell whose source contains a marker, so
+  the docs show exactly what the notebook computed) or drawn at build time by a `minikv.viz` function (Agg,
+  fixed size, no timestamp: the same bytes on every build). A figure whose source is gone is a build warning, so
+  `mkdocs build --strict` fails rather than showing a broken image.
+* Back links: every rendered notebook page starts with links to the docs pages that explain it.
 """
 from __future__ import annotations
 
+import base64
+import io
+import json
+import logging
 from pathlib import Path
 
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
+from mkdocs.utils import get_relative_url
+
+log = logging.getLogger("mkdocs.hooks.minikv")
 
 NOTEBOOKS = [
     ("01_paged_kv_cache", "1. Paged KV cache"),
@@ -20,6 +33,17 @@ NOTEBOOKS = [
     ("04_cross_attention_stride_doubling", "4. Cross-attention stride doubling"),
     ("05_gpu_performance", "5. GPU performance"),
 ]
+# Docs pages that explain each notebook: the notebook's rendered page links back to them.
+NOTEBOOK_PAGES = {
+    "01_paged_kv_cache": [("Paged KV cache and block tables", "concepts/paged-kv-cache.md")],
+    "02_quantized_kv_cache": [("KV cache formats and inline scales", "concepts/kv-cache-formats.md")],
+    "03_kv_sharing_scale_wipe": [("KV sharing", "concepts/kv-sharing.md"),
+                                 ("Defect A: the scale wipe", "defects/scale-wipe.md")],
+    "04_cross_attention_stride_doubling": [("Encoder-decoder cross attention", "concepts/cross-attention.md"),
+                                           ("Defect B: cross stride and FP8 context read",
+                                            "defects/cross-stride-fp8-context.md")],
+    "05_gpu_performance": [("Results", "results.md")],
+}
 NOTEBOOKS_SECTION = "Notebooks"
 API_SECTION = "API reference"
 
@@ -96,4 +120,107 @@ def on_files(files, config):
                           use_directory_urls=config.use_directory_urls))
     for path, content in api_pages(repo).items():
         files.append(File.generated(config, path, content=content))
+    for name, png in figures(repo).items():
+        files.append(File.generated(config, f"figures/{name}.png", content=png))
     return files
+
+
+def on_page_content(html, page, config, files):
+    """Prepend links to the docs pages that explain a notebook to its rendered page."""
+    stem = Path(page.file.src_uri).stem
+    if not page.file.src_uri.startswith("notebooks/") or stem not in NOTEBOOK_PAGES:
+        return html
+    links = []
+    for title, path in NOTEBOOK_PAGES[stem]:
+        target = files.get_file_from_path(path)
+        if target is None:
+            log.warning(f"notebook {stem}: back link to missing docs page {path}")
+            continue
+        links.append(f'<a href="{get_relative_url(target.url, page.url)}">{title}</a>')
+    note = ('<div class="admonition info minikv-backlinks"><p class="admonition-title">Explained in the docs</p>'
+            f"<p>{' · '.join(links)}</p></div>")
+    return note + html
+
+
+# ---- figures --------------------------------------------------------------------------------------------------
+
+# name -> (notebook stem, marker): the first figure output of the first code cell whose source contains the marker.
+NOTEBOOK_FIGURES = {
+    "paged-fragmentation": ("01_paged_kv_cache", "viz.fragmentation_plot("),
+    "paged-slot-mapping": ("01_paged_kv_cache", "viz.slot_mapping_diagram(torch.tensor(slots), BLOCK_SIZE"),
+    "paged-prefix-caching": ("01_paged_kv_cache", "Prefix caching: B reuses"),
+    "formats-quant-error": ("02_quantized_kv_cache", "viz.quant_error_plot(errors[\"K\"]"),
+    "scale-wipe-heatmap": ("03_kv_sharing_scale_wipe", "viz.scale_heatmap("),
+    "scale-wipe-k-magnitude": ("03_kv_sharing_scale_wipe", "viz.k_magnitude_plot("),
+    "scale-wipe-requests": ("03_kv_sharing_scale_wipe", 'title="Buggy engine"'),
+    "scale-wipe-prefix-caching": ("03_kv_sharing_scale_wipe", 'title="Buggy, prefix caching"'),
+    "cross-byte-map-2x": ("04_cross_attention_stride_doubling", "doubled_map(2.0)"),
+    "cross-byte-map-1.5x": ("04_cross_attention_stride_doubling", "doubled_map(1.5)"),
+}
+
+
+def notebook_figure(repo: Path, stem: str, marker: str) -> bytes | None:
+    """The PNG bytes of the first figure recorded by the first code cell of `stem` containing `marker`."""
+    path = repo / "notebooks" / f"{stem}.ipynb"
+    if not path.exists():
+        return None
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] != "code" or marker not in "".join(cell["source"]):
+            continue
+        for output in cell.get("outputs", []):
+            png = output.get("data", {}).get("image/png")
+            if png:
+                return base64.b64decode("".join(png) if isinstance(png, list) else png)
+    return None
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})   # no version stamp: stable bytes
+    return buffer.getvalue()
+
+
+def _viz_figures() -> dict[str, bytes]:
+    """The figures drawn at build time from the code itself (layouts and model configs, no engine run)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import torch
+
+    from minikv import viz
+    from minikv.cache.layout import KVLayout
+    from minikv.models.registry import model_config
+
+    def layout(fmt: str, heads: int = 2, head_size: int = 32) -> KVLayout:
+        return KVLayout(fmt, torch.float16, heads, head_size, 16)
+
+    kvshare = model_config("tiny-kvshare")
+    encdec = model_config("tiny-encdec")
+    # One box per layer's pool: a KV-sharing layer points at its target's pool (the same tensor).
+    owners = {f"layer {i}" + (f" (shares layer {kvshare.kv_owner(i)})" if kvshare.kv_owner(i) != i else ""):
+              [kvshare.kv_owner(i)] for i in range(kvshare.num_layers)}
+    num_pools = len({kvshare.kv_owner(i) for i in range(kvshare.num_layers)})
+    figures = {
+        "formats-int8-row": viz.row_layout_diagram(layout("int8_per_token_head", kvshare.num_kv_heads,
+                                                          kvshare.head_size),
+                                                   title="int8_per_token_head: codes, then an inline fp32 scale"),
+        "sharing-layers": viz.block_table_diagram(owners, num_blocks=num_pools,
+                                                  title="Layer → pool"),
+        "cross-fp8-block": viz.row_layout_diagram(layout("fp8", encdec.num_kv_heads, encdec.head_size),
+                                                  title="The fp8 cross pool as allocated: 1 byte per element"),
+        "cross-16bit-block": viz.row_layout_diagram(layout("auto", encdec.num_kv_heads, encdec.head_size),
+                                                    title="The same pool as a 16-bit reader addresses it"),
+    }
+    return {name: _png(fig) for name, fig in figures.items()}
+
+
+def figures(repo: Path) -> dict[str, bytes]:
+    """{figure name: PNG bytes} of every figure the docs embed; a missing notebook figure is a build warning."""
+    out = _viz_figures()
+    for name, (stem, marker) in NOTEBOOK_FIGURES.items():
+        png = notebook_figure(repo, stem, marker)
+        if png is None:
+            log.warning(f"docs figure {name!r}: notebooks/{stem}.ipynb has no recorded figure in a cell containing "
+                        f"{marker!r} (update NOTEBOOK_FIGURES in tools/docs_hooks.py)")
+            continue
+        out[name] = png
+    return out

@@ -138,7 +138,8 @@ class CrossBackendBuilder:
 
 @dataclass(frozen=True)
 class ReadLayout:
-    """A kernel spec (formats.SPEC_FIELDS) for a paged reader whose element format differs from the pool's."""
+    """A kernel spec (the fields of formats.CacheSpec) for a paged reader whose element format differs from the
+    pool's."""
 
     fmt: int
     elem_bytes: int
@@ -150,6 +151,9 @@ class ReadLayout:
     kv_bytes: int
     block_bytes: int
     scale_offset: int
+    scale_slot_bytes: int
+    scale_head_bytes: int
+    placement: int
     model_dtype: torch.dtype
 
     def describe(self) -> str:
@@ -167,7 +171,8 @@ def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
     auto = KVLayout("auto", pool_layout.model_dtype, pool_layout.num_kv_heads, pool_layout.head_size,
                     pool_layout.block_size)
     return ReadLayout(auto.fmt, auto.elem_bytes, auto.head_size, auto.num_kv_heads, auto.block_size,
-                      auto.row_bytes, auto.slot_bytes, pool_layout.kv_bytes, pool_layout.block_bytes, -1,
+                      auto.row_bytes, auto.slot_bytes, pool_layout.kv_bytes, pool_layout.block_bytes,
+                      auto.scale_offset, auto.scale_slot_bytes, auto.scale_head_bytes, auto.placement,
                       pool_layout.model_dtype)
 
 

@@ -1,7 +1,9 @@
 """`python -m minikv.bench attention`: paged attention on a GPU against the hardware and torch SDPA.
 
 * Paged decode for auto (bf16), fp8, fp8_per_token_head and int8_per_token_head at batch x context, 32 query heads,
-  8 KV heads, head size 128, block size 16, blocks in shuffled order. Achieved bandwidth = bytes read (KV rows with
+  8 KV heads, head size 128, block size 16, blocks in shuffled order; the per-token-head formats twice: with vLLM's
+  row layout (each scale after its row) and with "/block" (KVLayout scale_placement="block": scales grouped after
+  each block half's codes). Achieved bandwidth = bytes read (KV rows with
   their inline scales, queries, block tables) + bytes written (outputs), over the kernel time.
 * Two ceilings measured in the same run: a device-to-device copy (bytes read + written) and a read-only pass (sum).
 * torch SDPA on a contiguous (unpaged) bf16 cache of the same shape: the ratio SDPA time / minikv time.
@@ -20,7 +22,15 @@ import torch
 
 from minikv.bench.timing import Timing, time_ms
 
-FORMATS = ("auto", "fp8", "fp8_per_token_head", "int8_per_token_head")
+FORMATS = ("auto", "fp8", "fp8_per_token_head", "int8_per_token_head", "fp8_per_token_head/block",
+           "int8_per_token_head/block")
+
+
+def layout_for(name: str, dtype: torch.dtype = torch.bfloat16):
+    """The KVLayout of a benchmark format name: a kv_cache_dtype, with "/block" for the block scale placement."""
+    from minikv.cache.layout import KVLayout
+    kv_cache_dtype, _, placement = name.partition("/")
+    return KVLayout(kv_cache_dtype, dtype, HKV, D, BS, placement or "row")
 HQ, HKV, D, BS = 32, 8, 128, 16
 
 
@@ -60,10 +70,9 @@ def _fill_pool(pool: torch.Tensor, layout, seed: int = 0) -> None:
 
 
 def decode_case(fmt: str, batch: int, ctx: int) -> dict:
-    from minikv.cache.layout import KVLayout
     from minikv.kernels.decode_attention import paged_decode_attention
     dtype = torch.bfloat16
-    layout = KVLayout(fmt, dtype, HKV, D, BS)
+    layout = layout_for(fmt, dtype)
     blocks_per_seq = ctx // BS
     num_blocks = batch * blocks_per_seq
     pool = torch.empty(num_blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
@@ -75,7 +84,7 @@ def decode_case(fmt: str, batch: int, ctx: int) -> dict:
     sm = D ** -0.5
     ms, how = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, spec=layout, sm_scale=sm, out=out,
                                                       validate=False))
-    nbytes = batch * ctx * 2 * layout.slot_bytes + 2 * q.numel() * q.element_size() + tables.numel() * 4
+    nbytes = batch * ctx * layout.bytes_per_token() + 2 * q.numel() * q.element_size() + tables.numel() * 4
     return {"kind": "decode", "format": fmt, "batch": batch, "context": ctx, "ms": ms,
             "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": how}
 
@@ -166,7 +175,7 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print) -> lis
     ceil = ceilings()
     log(f"ceilings: device-to-device copy {ceil['copy_GBps']:.0f} GB/s, read-only sum {ceil['read_GBps']:.0f} GB/s")
     rows = []
-    log(f"\n{'format':22s} {'batch':>5s} {'context':>7s} {'minikv us':>10s} {'GB/s':>7s} {'% copy':>7s} "
+    log(f"\n{'format':26s} {'batch':>5s} {'context':>7s} {'minikv us':>10s} {'GB/s':>7s} {'% copy':>7s} "
         f"{'SDPA us':>8s} {'SDPA/minikv':>11s}")
     for batch in batches:
         for ctx in contexts:
@@ -177,7 +186,7 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print) -> lis
                 r.update(sdpa_ms=sdpa, sdpa_over_minikv=sdpa / r["ms"], pct_copy=100 * r["GBps"] / ceil["copy_GBps"],
                          sdpa_timing=sdpa_timing)
                 rows.append(r)
-                log(f"{fmt:22s} {batch:5d} {ctx:7d} {1e3 * r['ms']:10.1f} {r['GBps']:7.0f} {r['pct_copy']:6.0f}% "
+                log(f"{fmt:26s} {batch:5d} {ctx:7d} {1e3 * r['ms']:10.1f} {r['GBps']:7.0f} {r['pct_copy']:6.0f}% "
                     f"{1e3 * sdpa:8.1f} {r['sdpa_over_minikv']:11.2f}" + ("" if r["timing"] == sdpa_timing ==
                                                                           "cuda graph" else "  (eager)"))
                 torch.cuda.empty_cache()
@@ -211,11 +220,12 @@ def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
         return ms[("auto", b, c)] / ms[(fmt, b, c)]
 
     big = sorted((b, c) for (f, b, c) in ms if f == "auto" and b >= 16 and c >= 4096)
-    for fmt, goal in (("int8_per_token_head", 1.7), ("fp8_per_token_head", 1.7), ("fp8", 1.8)):
+    for fmt, goal in (("int8_per_token_head", 1.7), ("fp8_per_token_head", 1.7), ("int8_per_token_head/block", 1.7),
+                      ("fp8_per_token_head/block", 1.7), ("fp8", 1.8)):
         if (fmt, 64, 4096) in ms:
             out.append((f"{fmt} vs bf16 paged decode, batch 64, context 4096", speedup(fmt, 64, 4096), goal))
-    for fmt in ("int8_per_token_head", "fp8_per_token_head"):
-        if big:
+    for fmt in ("int8_per_token_head", "fp8_per_token_head", "int8_per_token_head/block", "fp8_per_token_head/block"):
+        if big and all((fmt, b, c) in ms for b, c in big):
             b, c = min(big, key=lambda bc: speedup(fmt, *bc))
             out.append((f"{fmt} vs bf16 paged decode, worst with batch >= 16 and context >= 4096 (batch {b}, "
                         f"context {c})", speedup(fmt, b, c), 1.5))

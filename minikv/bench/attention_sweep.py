@@ -53,9 +53,8 @@ def decode_candidates(fmt: str) -> list[tuple]:
 
 
 def _decode_problem(fmt, batch, ctx):
-    from minikv.bench.attention import _fill_pool
-    from minikv.cache.layout import KVLayout
-    layout = KVLayout(fmt, torch.bfloat16, HKV, D, BS)
+    from minikv.bench.attention import _fill_pool, layout_for
+    layout = layout_for(fmt)                 # a kv_cache_dtype, or one with "/block" (minikv.bench.placement_sweep)
     num_blocks = batch * (ctx // BS)
     pool = torch.empty(num_blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
     _fill_pool(pool, layout)
@@ -184,9 +183,10 @@ def precompile(workers: int, decode: bool = True, context: bool = True, only: st
 
 
 # ---- timing ----------------------------------------------------------------------------------------------------
-def _time(fn, reps=10):
+def _time(fn, reps=10) -> float:
+    """Milliseconds (the median of `reps` CUDA-graph replays, L2 flushed)."""
     from minikv.bench.attention import _time_ms
-    return _time_ms(fn, reps=reps)
+    return _time_ms(fn, reps=reps).ms
 
 
 class _Writer:

@@ -1,11 +1,17 @@
 """KVLayout: the one place where the bytes of a KV-cache pool are computed.
 
 A pool is a run of blocks. A block holds `block_size` slots for K, then `block_size` slots for V. A slot holds one
-*row* per KV head. A row is the head vector's elements, followed, for the per-token-head formats, by its fp32
-scale:
+*row* per KV head. A row is the head vector's elements; the per-token-head formats add one fp32 scale per row,
+placed as `scale_placement` says:
 
-    row = [ codes: head_size * elem_bytes | scale: 4 bytes fp32 ]      (per-token-head formats)
-    row = [ elements: head_size * elem_bytes ]                           (auto, fp8)
+    "row" (vLLM's layout, the default): each scale right after its row's codes
+        row  = [ codes: head_size * elem_bytes | scale: 4 bytes fp32 ]
+    "block": each half (K or V) of a block keeps its rows' codes together, then all their scales
+        half = [ codes: block_size x kv heads rows of head_size bytes | scales: [kv head][slot] fp32, padded to 16 ]
+    auto, fp8 (no scales): row = [ elements: head_size * elem_bytes ], whatever the placement
+
+"row" gives 132-byte rows (head size 128) that are only 4-byte aligned and a scattered 4-byte load per row;
+"block" keeps every row 16-byte aligned (wide loads) and one head's scales of a block as one contiguous vector.
 
 The allocator sizes pools from a layout, the kernels address pools from a layout (passed as a plain spec), and
 the scale views are built from a layout. If two parties use two different layouts for one pool, they disagree
@@ -33,9 +39,11 @@ class KVLayout:
     num_kv_heads: int
     head_size: int
     block_size: int
+    scale_placement: str = "row"
 
     def __post_init__(self):
         formats.format_of(self.kv_cache_dtype, self.model_dtype)     # checks both, with clear errors
+        formats.check_scale_placement(self.scale_placement)
         if self.head_size not in formats.SUPPORTED_HEAD_SIZES:
             raise ValueError(f"unsupported head size {self.head_size}; supported: {formats.SUPPORTED_HEAD_SIZES}")
         if self.num_kv_heads < 1 or self.block_size < 1:
@@ -75,22 +83,63 @@ class KVLayout:
 
     # ---- bytes --------------------------------------------------------------------------------------------
     @property
-    def scale_offset(self) -> int:
-        """Byte offset of the inline scale inside a row; -1 when the format has none."""
-        return self.head_size * self.elem_bytes if self.has_inline_scales else -1
+    def scales_in_block(self) -> bool:
+        """Whether the scales are grouped after each block half's codes ("block" with a per-token-head format)."""
+        return self.has_inline_scales and self.scale_placement == "block"
+
+    @property
+    def placement(self) -> int:
+        """formats.ROW or formats.BLOCK, as the kernels see it (ROW for formats without scales)."""
+        return formats.BLOCK if self.scales_in_block else formats.ROW
+
+    @property
+    def code_bytes(self) -> int:
+        """Bytes of one row's codes (elements)."""
+        return self.head_size * self.elem_bytes
 
     @property
     def row_bytes(self) -> int:
-        return self.head_size * self.elem_bytes + (SCALE_BYTES if self.has_inline_scales else 0)
+        inline = self.has_inline_scales and not self.scales_in_block
+        return self.code_bytes + (SCALE_BYTES if inline else 0)
 
     @property
     def slot_bytes(self) -> int:
         return self.num_kv_heads * self.row_bytes
 
     @property
+    def scale_region_bytes(self) -> int:
+        """"block" placement: bytes of one half's scale region (padded so the next half stays 16-byte aligned)."""
+        if not self.scales_in_block:
+            return 0
+        a = formats.SCALE_REGION_ALIGN
+        return -(-self.block_size * self.num_kv_heads * SCALE_BYTES // a) * a
+
+    @property
     def kv_bytes(self) -> int:
         """Bytes of one half (K or V) of a block; V starts this far into the block."""
-        return self.block_size * self.slot_bytes
+        return self.block_size * self.slot_bytes + self.scale_region_bytes
+
+    @property
+    def scale_offset(self) -> int:
+        """Where the scale of (slot 0, head 0) sits: inside the row ("row") or inside the block half ("block");
+        -1 when the format has none."""
+        if not self.has_inline_scales:
+            return -1
+        return self.block_size * self.slot_bytes if self.scales_in_block else self.code_bytes
+
+    @property
+    def scale_slot_bytes(self) -> int:
+        """Bytes from the scale of slot o to that of slot o + 1 (same head); 0 without scales."""
+        if not self.has_inline_scales:
+            return 0
+        return SCALE_BYTES if self.scales_in_block else self.slot_bytes
+
+    @property
+    def scale_head_bytes(self) -> int:
+        """Bytes from the scale of head h to that of head h + 1 (same slot); 0 without scales."""
+        if not self.has_inline_scales:
+            return 0
+        return self.block_size * SCALE_BYTES if self.scales_in_block else self.row_bytes
 
     @property
     def block_bytes(self) -> int:
@@ -100,11 +149,18 @@ class KVLayout:
         return num_blocks * self.block_bytes
 
     def bytes_per_token(self) -> int:
-        """KV bytes one token costs in one layer (K and V, all KV heads, scales included)."""
-        return 2 * self.slot_bytes
+        """KV bytes one token costs in one layer (K and V, all KV heads, scales included; not the padding)."""
+        return 2 * self.num_kv_heads * (self.code_bytes + (SCALE_BYTES if self.has_inline_scales else 0))
 
     def row_offset(self, block: int, kv: int, slot_in_block: int, head: int) -> int:
         return block * self.block_bytes + kv * self.kv_bytes + slot_in_block * self.slot_bytes + head * self.row_bytes
+
+    def scale_byte_offset(self, block: int, kv: int, slot_in_block: int, head: int) -> int:
+        """Where the fp32 scale of one row lives (per-token-head formats)."""
+        if not self.has_inline_scales:
+            raise ValueError(f"{self.kv_cache_dtype} has no inline scales")
+        return (block * self.block_bytes + kv * self.kv_bytes + self.scale_offset + slot_in_block
+                * self.scale_slot_bytes + head * self.scale_head_bytes)
 
     # ---- views over a pool --------------------------------------------------------------------------------
     def _check_pool(self, pool: torch.Tensor) -> int:
@@ -124,7 +180,7 @@ class KVLayout:
             raise ValueError("inline scales must be 4-byte aligned")
         words = torch.as_strided(pool, (pool.numel(),), (1,)).view(torch.float32)
         size = (num_blocks, self.block_size, self.num_kv_heads)
-        stride = (self.block_bytes // 4, self.slot_bytes // 4, self.row_bytes // 4)
+        stride = (self.block_bytes // 4, self.scale_slot_bytes // 4, self.scale_head_bytes // 4)
         first = self.scale_offset // 4
         k = torch.as_strided(words, size, stride, words.storage_offset() + first)
         v = torch.as_strided(words, size, stride, words.storage_offset() + first + self.kv_bytes // 4)
@@ -154,12 +210,12 @@ class KVLayout:
                 f"({self.elem_bytes} byte(s) per element, {self.block_bytes} bytes per block), but the backend "
                 f"addresses it as {other.describe()} ({other.elem_bytes} byte(s) per element, "
                 f"{other.block_bytes} bytes per block). The backend was built with a different cache config "
-                f"than the allocator; pass the same kv_cache_dtype to both."
+                f"than the allocator; pass the same kv_cache_dtype and kv_scale_placement to both."
             )
 
     def spec_tuple(self) -> tuple[int, ...]:
         return tuple(getattr(self, f) for f in formats.SPEC_FIELDS)
 
     def describe(self) -> str:
-        name = formats.NAMES[self.fmt]
+        name = formats.NAMES[self.fmt] + (", scales per block" if self.scales_in_block else "")
         return f"{name} (heads={self.num_kv_heads}, head_size={self.head_size}, block_size={self.block_size})"

@@ -94,6 +94,8 @@ class LLM:
     Arguments (all checked here, before any memory is allocated):
       model                 a shipped model name (`minikv.models.registry.MODEL_NAMES`)
       kv_cache_dtype        "auto", "fp8", "int8_per_token_head" or "fp8_per_token_head"
+      kv_scale_placement    per-token-head formats: "row" (vLLM's layout, each scale after its row) or "block"
+                            (each block half's scales grouped after its codes: aligned rows, faster on a GPU)
       max_num_seqs          sequences per step (the first prefill batch is this many requests)
       block_size            tokens per cache block (8, 16, 32 or 64)
       enable_prefix_caching share full blocks between requests with equal prefixes
@@ -115,7 +117,8 @@ class LLM:
                  check_layout: bool = True, seed: int = 0, cross_pool_blocks: int | None = None,
                  num_blocks: int | None = None, dtype: torch.dtype | None = None,
                  max_num_batched_tokens: int = 4096, cross_context_path: str = "fused",
-                 paged_context: bool = False, cross_construction: str = "eager", warmup: str = "dummy"):
+                 paged_context: bool = False, cross_construction: str = "eager",
+                 kv_scale_placement: str = "row", warmup: str = "dummy"):
         from minikv.attention.cross import CONSTRUCTION_ORDERS, CROSS_CONTEXT_PATHS
         from minikv.engine.model_runner import WARMUP_SHAPES
         _check_choice("model", model, registry.MODEL_NAMES)
@@ -132,7 +135,8 @@ class LLM:
         defects = bugs.validate(reintroduce)
         # CacheConfig and SchedulerConfig are the one authority for their parameters.
         cache = CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
-                            cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching)
+                            cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
+                            kv_scale_placement=kv_scale_placement)
         sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         device = _resolve_device(device)
         torch.manual_seed(seed)
@@ -428,6 +432,32 @@ class LLM:
     def census(self):
         """The scale-fill census of this engine (defect A instrumentation)."""
         return self.runner.census
+
+    # ---- inspection: what the notebooks and tests look at, besides StepOutput ---------------------------------
+    @property
+    def attention_layers(self) -> dict:
+        """Every attention layer of the model by name, in model order (read it, don't rebind it).
+
+        Each is the model's `Attention` op as the runner bound it: `kind` ("self" or "cross"),
+        `kv_sharing_target` (the layer whose cache a KV-sharing layer reads, else None), `kv_cache` (the cache
+        tensor; a sharing layer holds the *same tensor object* as its target) and `impl` (the attention impl, whose
+        `layout` is what its backend believes the pool holds)."""
+        return dict(self.runner.by_name)
+
+    @property
+    def kv_layout(self):
+        """The `KVLayout` of the self-attention pools (and of the cross pools, as allocated)."""
+        return self.runner.layout
+
+    @property
+    def kernel_ops(self):
+        """The kernels this engine runs (Triton, or their PyTorch references with backend="torch")."""
+        return self.runner.ops
+
+    @property
+    def model_config(self):
+        """The loaded model's configuration."""
+        return self.runner.model.config
 
 
 def _prompt_list(prompts) -> list[str]:

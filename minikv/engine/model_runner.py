@@ -73,7 +73,7 @@ class ModelRunner:
         self.by_name = {a.layer_name: a for a in layers}
         # The layout the cache manager allocates every pool with: the engine's own cache config.
         self.layout = KVLayout(config.cache.kv_cache_dtype, self.dtype, mc.num_kv_heads, mc.head_size,
-                               self.block_size)
+                               self.block_size, config.cache.kv_scale_placement)
         per_seq = math.ceil(mc.max_position / self.block_size)
         self.num_blocks = config.cache.num_blocks or config.scheduler.max_num_seqs * per_seq
         per_enc = math.ceil(max(mc.max_encoder_len, 1) / self.block_size)
