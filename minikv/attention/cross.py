@@ -49,6 +49,7 @@ class QuantConfig:
     """The part of a model's quantization config the KV cache cares about."""
 
     kv_cache_dtype: str = "auto"
+    kv_scale_placement: str = "row"
 
 
 class CrossAttentionBackend:
@@ -65,8 +66,9 @@ class CrossAttentionBackend:
 
     @property
     def layout(self) -> KVLayout:
-        dtype = self.quant_config.kv_cache_dtype if self.quant_config is not None else "auto"
-        return KVLayout(dtype, self.model_dtype, self.num_kv_heads, self.head_size, self.block_size)
+        qc = self.quant_config if self.quant_config is not None else QuantConfig()
+        return KVLayout(qc.kv_cache_dtype, self.model_dtype, self.num_kv_heads, self.head_size, self.block_size,
+                        qc.kv_scale_placement)
 
 
 def create_attention(num_kv_heads: int, head_size: int, model_dtype: torch.dtype, block_size: int,
@@ -112,8 +114,8 @@ class CrossBackendBuilder:
     """The layout each cross layer's backend addresses its pool with, built in the chosen construction order."""
 
     def __init__(self, kv_cache_dtype: str, model_dtype: torch.dtype, block_size: int, *, historical: bool,
-                 historical_sites: frozenset[str] | None = None):
-        self.quant_config = QuantConfig(kv_cache_dtype)
+                 historical_sites: frozenset[str] | None = None, kv_scale_placement: str = "row"):
+        self.quant_config = QuantConfig(kv_cache_dtype, kv_scale_placement)
         self.model_dtype = model_dtype
         self.block_size = block_size
         self.historical_sites = (frozenset(B1_SITES) if historical else frozenset()) if historical_sites is None \

@@ -86,7 +86,8 @@ class ModelRunner:
                                    kv_sharing_target=a.kv_sharing_target,
                                    historical_scale_init="scale-wipe" in bugs, census=self.census)
         builder = CrossBackendBuilder(config.cache.kv_cache_dtype, self.dtype, self.block_size,
-                                      historical="cross-stride" in bugs)
+                                      historical="cross-stride" in bugs,
+                                      kv_scale_placement=config.cache.kv_scale_placement)
         for a in self.cross_layers:
             a.impl = CrossAttentionImpl(a.layer_name, a.num_heads,
                                         builder.build(cross_construction, a.num_kv_heads, a.head_size), self.ops,
