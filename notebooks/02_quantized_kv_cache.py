@@ -371,7 +371,7 @@ for fmt in KV_CACHE_DTYPES:
     answers[fmt] = engine.generate(eval_prompts, params, use_tqdm=False)
     right = sum(task.check(p, o.text) for p, o in zip(eval_prompts, answers[fmt]))
     same = sum(o.token_ids == a.token_ids for o, a in zip(answers[fmt], answers["auto"]))
-    layer_scales = {(a.impl.k_scale, a.impl.v_scale) for a in engine.runner.self_layers}
+    layer_scales = {(a.impl.k_scale, a.impl.v_scale) for a in engine.attention_layers.values()}
     print(f"{fmt:22s} right {right}/24, token ids equal to auto's: {same}/24"
           + (f"; per-layer (K, V) scales used: {layer_scales}" if fmt == "fp8" else ""))
     assert right == 24 and same == 24 and layer_scales == {(1.0, 1.0)}
