@@ -291,7 +291,7 @@ class T5ForConditionalGeneration(nn.Module):
         causal = torch.zeros(t, start + t, dtype=x.dtype, device=x.device).masked_fill(
             torch.arange(start + t, device=x.device)[None, :] > q_pos[:, None], torch.finfo(x.dtype).min)
         self_bias = dec.position_bias(q_pos, start + t) + causal
-        cross_bias = torch.zeros((), dtype=x.dtype, device=x.device) + _key_mask_bias(encoder_mask, x.dtype)
+        cross_bias = torch.zeros((1, 1, 1, 1), dtype=x.dtype, device=x.device) + _key_mask_bias(encoder_mask, x.dtype)
         for i, block in enumerate(dec.block):
             attn, cross, ff = block.layer
             sa, ca = attn.SelfAttention, cross.EncDecAttention

@@ -294,7 +294,9 @@ def generate_dense(model: nn.Module, prompts: list[str], max_new_tokens: int, ba
             chunk = indices[first: first + batch_size]
             ids = torch.tensor([[tokenizer.bos_id] + tokenizer.encode(prompts[i]) for i in chunk], device=device)
             prompt_len = ids.shape[1]
-            for _ in range(max_new_tokens):
+            if isinstance(model, Gemma4ForCausalLM):       # incremental, through its DenseKVCache
+                ids = torch.cat([ids, model.greedy(ids, max_new_tokens)], dim=1)
+            for _ in range(max_new_tokens if not isinstance(model, Gemma4ForCausalLM) else 0):
                 hidden = model(ids, _positions(ids))
                 next_ids = model.compute_logits(hidden[:, -1]).argmax(-1)
                 ids = torch.cat([ids, next_ids[:, None]], dim=1)
