@@ -142,3 +142,27 @@ def test_window_task_holds_out_whole_sequence_families():
     rng = random.Random(0)
     assert not any(task.is_held_out(*task.training_start(rng)) for _ in range(2000))
     assert len({len(p) + 1 for p in task.prompts(5, num_tokens=20)}) == 1
+
+
+# ---- the engine --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_per_token_head"])
+def test_gemma4_runs_in_the_paged_engine_like_dense(kv_cache_dtype):
+    import minikv
+    prompts = _prompts("tiny-gemma4", 6)
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype=kv_cache_dtype, backend="torch", max_num_seqs=6)
+    assert sum(1 for a in llm.runner.self_layers if a.kv_sharing_target is not None) == 4
+    outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=12, ignore_eos=True))
+    fmt = None if kv_cache_dtype == "auto" else kv_cache_dtype
+    model = registry.load_model("tiny-gemma4")
+    model.kv_transform = train.kv_transform_for(fmt)
+    assert [o.token_ids for o in outs] == train.generate_dense(model, prompts, 12)
+    task = tasks.for_model("tiny-gemma4")
+    assert all(task.check(p, o.text) for p, o in zip(prompts, outs))
+
+
+def test_t5_is_refused_by_the_engine_with_a_clear_error():
+    import minikv
+    from minikv.models.t5 import T5ConfigError
+    with pytest.raises(T5ConfigError, match="relative position bias"):
+        minikv.LLM(model="tiny-t5", backend="torch")
