@@ -5,7 +5,6 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#       format_version: '1.3'
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
