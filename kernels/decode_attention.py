@@ -39,12 +39,12 @@ def _pow2_row_scale(amax):
     return (tl.minimum(tl.maximum(268 - e, 1), 254) << 23).to(tl.float32, bitcast=True)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "window"])
 def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                    block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words,
                    scale_head_words, qk_scale, v_layer_scale,
-                   num_splits,
+                   num_splits, window,
                    FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    HAS_SCALES: tl.constexpr, PREFETCH_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
@@ -54,8 +54,10 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    # sliding window (0 = none): only the last `window` tokens, the query's own included, are read at all
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     g = tl.arange(0, BLOCK_G)
@@ -151,12 +153,12 @@ def _byte_plane(words, J: tl.constexpr, FMT: tl.constexpr, dtype: tl.constexpr):
         return code.to(tl.float8e4nv, bitcast=True).to(dtype)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "window"])
 def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr,
                          part_ml_ptr, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                          block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words,
                          scale_head_words, qk_scale, v_layer_scale,
-                         num_splits,
+                         num_splits, window,
                          FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                          HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr, SCALE_PLACEMENT: tl.constexpr,
@@ -174,8 +176,10 @@ def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_len
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    # sliding window (0 = none): only the last `window` tokens, the query's own included, are read at all
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + split * chunk
     end = tl.minimum(start + chunk, seq_len)
     W: tl.constexpr = HEAD_SIZE // 4
 
@@ -294,7 +298,7 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_heads, stride_o
     m = tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"))
     l = tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0)
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :], mask=used[:, None], other=0.0)
-    m_all = tl.max(m, axis=0)                      # finite: the first split always holds a token
+    m_all = tl.max(m, axis=0)                      # finite: the first split always holds a token (window or not)
     w = tl.exp2(m - m_all)                         # empty splits (max -inf) weigh 0
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
@@ -305,6 +309,13 @@ def _words_apply(pool: torch.Tensor, spec) -> bool:
     GPU, where tl.dot needs K >= 16) at least 64 elements per head."""
     return (spec.elem_bytes == 1 and row_alignment(spec) % 4 == 0 and pool.data_ptr() % 4 == 0
             and (INTERPRETED or spec.head_size >= 64))
+
+
+def _check_window(sliding_window) -> None:
+    if sliding_window is None:
+        return
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ValueError(f"sliding_window must be an int >= 0 (0 or None = no window), got {sliding_window!r}")
 
 
 def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> None:
@@ -331,10 +342,14 @@ def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> N
 
 def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            spec, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                           out: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
-    """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype."""
+                           out: torch.Tensor | None = None, validate: bool = True,
+                           sliding_window: int = 0) -> torch.Tensor:
+    """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype.
+
+    sliding_window > 0: only the last sliding_window tokens of each sequence (the query's own included) count."""
     if validate:
         _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
+        _check_window(sliding_window)
     if q.stride(-1) != 1:
         q = q.contiguous()
     batch, num_heads, head_size = q.shape
@@ -365,7 +380,7 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
                   DOT_PRECISION="ieee" if dot_f32 else "tf32", num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
             *element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2], qk_scale, float(v_scale),
-            cfg.num_splits)
+            cfg.num_splits, int(sliding_window or 0))
     grid = (batch, spec.num_kv_heads, cfg.num_splits)
     if cfg.word_loads and _words_apply(pool, spec):
         words = typed_pool(pool, torch.int32)
@@ -385,10 +400,11 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
 def paged_decode_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
                                      seq_lens: torch.Tensor, spec, sm_scale: float, k_scale: float = 1.0,
                                      v_scale: float = 1.0, out: torch.Tensor | None = None,
-                                     validate: bool = True) -> torch.Tensor:
+                                     validate: bool = True, sliding_window: int = 0) -> torch.Tensor:
     """The same attention in fp32 torch, one sequence at a time, K/V gathered from the pool's bytes."""
     if validate:
         _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
+        _check_window(sliding_window)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     group = q.shape[1] // spec.num_kv_heads
@@ -396,5 +412,7 @@ def paged_decode_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_
         k = gather_sequence(pool, spec, block_tables[b], length, 0, k_scale).repeat_interleave(group, dim=1)
         v = gather_sequence(pool, spec, block_tables[b], length, 1, v_scale).repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[b].to(torch.float32), k) * sm_scale
+        if sliding_window:
+            scores[:, :max(0, length - sliding_window)] = float("-inf")
         out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v).to(out.dtype)
     return out
