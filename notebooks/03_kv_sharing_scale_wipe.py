@@ -15,9 +15,10 @@
 # # 03 · KV sharing and the scale wipe
 #
 # This notebook takes apart a defect that shipped in vLLM's Triton attention backend: with an int8 or fp8
-# *per-token-head* KV cache, a model whose last layers share an earlier layer's KV cache (Gemma 3n, Gemma 4)
+# *per-token-head* KV cache, a model whose last layers share an earlier layer's KV cache (the Gemma 4 family)
 # answered the first `max_num_seqs` requests an engine ever served wrongly, and every later request correctly.
-# It was reported in vLLM issues #50702 and #50749 and fixed by PR #51091.
+# A vLLM pull request fixed it and called it the likely root cause of issues #50702 and #50749 (the upstream
+# text minikv works from, `shared/upstream/vllm-scale-wipe.md`, does not give the pull request's number).
 #
 # No single line of the old code is wrong on its own. The defect is where three reasonable ideas meet:
 #
@@ -161,16 +162,18 @@ assert torch.allclose(codes.float() * scale, key[0, 0], atol=scale.item() / 2 + 
 #
 # The question is *when* the one-time fill happens. The attention impl reaches the scales through
 # `scale_views(kv_cache)`, which dispatches to one of two versions that sit side by side in
-# `minikv/attention/impl.py`. The historical version fills on the first touch **by this impl**:
+# `minikv/attention/impl.py`. The historical version fills on the first touch **by this impl**, and from then on
+# returns early for good, as upstream's `_ensure_scale_caches` does:
 
 # %%
 print(inspect.getsource(AttentionImpl._scale_views_historical))
 
 # %% [markdown]
 # The fixed version also builds its views per impl, but fills once **per storage**, whichever impl touches it
-# first. A class-level registry is keyed by the storage (its first byte's address and its size); a weak reference
-# to the cache tensor tells a live registration from a stale one, so a new allocation that happens to land at a
-# freed storage's address is filled again.
+# first. A class-level registry is keyed by (first byte's address, size in bytes), and each entry holds a weak
+# reference to the storage itself (`tensor.untyped_storage()`, not one tensor viewing it): two views of one
+# storage count once, two pools packed in one allocation are two entries, and a new allocation that lands at a
+# freed storage's address no longer matches the dead reference and is filled again.
 
 # %%
 print(inspect.getsource(AttentionImpl._scale_views_once_per_storage))
@@ -416,7 +419,8 @@ assert [not ok for ok in right_buggy] == [i in damaged for i in range(len(prompt
 viz.request_grid([not ok for ok in right_buggy], max_num_seqs=4, title="Buggy engine")
 
 # %% [markdown]
-# **Prefix caching carries the damage further.** With prefix caching on, a finished request's full blocks stay in
+# **minikv's own observation: prefix caching carries the damage further.** (Upstream called the apparent
+# dependence on prefix caching spurious; this is not one of its symptoms.) With prefix caching on, a finished request's full blocks stay in
 # the cache for later requests with the same prefix. If those blocks were written in the first batch, their
 # target-layer scales are the wiped 1.0s, and a later request that reuses them reads the inflated K/V even
 # though it was never in the first batch. To see it we need prompts longer than one block (16 tokens): 8 distinct
@@ -552,44 +556,73 @@ for buggy_run in (False, True):
             assert torch.equal(rows_first, later_rows[name])
 
 # %% [markdown]
-# **sleep() / wake_up() initializes the fresh storage.** `sleep()` frees the arena; `wake_up()` allocates a new
-# one, binds the caches and runs the warmup again. The new storage is zero-filled like the first, so it must be
-# filled again. The census gains one warmup fill per owning layer, every scale of the new pools reads 1.0, and
-# the first batch after waking up gives the same answers as before.
+# **sleep() / wake_up() initializes every scale region again, in both sleep modes.** `sleep(mode="discard")` is
+# vLLM's shape: the arena's storage stays at its address and the pools' contents are discarded (zeroed here).
+# `sleep(mode="free")` frees the arena, and `wake_up()` allocates a new one. A key of (address, size) cannot tell a
+# same-address wake-up from no sleep at all, so the fixed runner releases the registry entries at `sleep()`. Either
+# way the census gains one warmup fill per owning layer, every scale of the pools reads 1.0, and the first batch
+# after waking up gives the same answers as before.
 
 # %%
-fills_before = len(fixed.census.fills)
-fixed.sleep()
-fixed.wake_up()
-show_census(fixed, "fixed, fills since sleep()", since=fills_before)
-new_fills = fixed.census.fills[fills_before:]
-assert [f.layer for f in new_fills] == owners and all(f.step == -1 and f.overwritten == 0 for f in new_fills)
-for a in fixed.runner.self_layers:
-    k, v = fixed.runner.layout.scale_views(a.kv_cache)
-    assert bool((k == 1).all()) and bool((v == 1).all())
-again = [o.text for o in fixed.generate(prompts[:4], params, use_tqdm=False)]
-print("first batch after wake_up:", again)
-assert again == texts_fixed[:4]
+for mode in ("discard", "free"):
+    fills_before = len(fixed.census.fills)
+    address = fixed.arena.storage.data_ptr()
+    fixed.sleep(mode=mode)
+    fixed.wake_up()
+    if mode == "discard":
+        assert fixed.arena.storage.data_ptr() == address
+    show_census(fixed, f"fixed, fills since sleep(mode={mode!r})", since=fills_before)
+    new_fills = fixed.census.fills[fills_before:]
+    assert [f.layer for f in new_fills] == owners and all(f.step == -1 and f.overwritten == 0 for f in new_fills)
+    for a in fixed.runner.self_layers:
+        k, v = fixed.runner.layout.scale_views(a.kv_cache)
+        assert bool((k == 1).all()) and bool((v == 1).all())
+    again = [o.text for o in fixed.generate(prompts[:4], params, use_tqdm=False)]
+    print(f"first batch after wake_up ({mode}):", again)
+    assert again == texts_fixed[:4]
 assert not fixed.census.wiping
 
 # %% [markdown]
-# The same cycle on the buggy engine shows one more thing: `sleep()` makes every impl forget its views, so after
-# `wake_up()` the sharing layers' first touch is again in the middle of a real batch, and the first batch after
-# every wake-up is wiped again. (The engine's step counter keeps counting across `sleep()`, so these late fills
-# are logged at the first step after waking up, not at step 0.)
+# The buggy engine behaves as upstream's: an impl that has its views returns early for good, and nothing tells it
+# about a sleep. So the wipe happens once per engine start. After `wake_up()` no impl fills anything and the first
+# batch is right. (The scale slots are then 0.0, not 1.0, and no minikv kernel reads them: its loads are masked.
+# `minikv repro scale-wipe` shows which readers would see an unwritten slot.)
 
 # %%
 fills_before = len(buggy.census.fills)
-buggy.sleep()
+buggy.sleep(mode="discard")
 buggy.wake_up()
-first_step_after_wake_up = buggy.runner.step
 again_buggy = [o.text for o in buggy.generate(prompts[:4], params, use_tqdm=False)]
 show_census(buggy, "buggy, fills since sleep()", since=fills_before)
 print("first batch after wake_up:", again_buggy)
-assert again_buggy == texts_buggy[:4]
-late_after_wake_up = [f for f in buggy.census.fills[fills_before:] if f.overwritten]
-assert [f.layer for f in late_after_wake_up] == list(sharing)
-assert all(f.step == first_step_after_wake_up for f in late_after_wake_up)
+assert buggy.census.fills[fills_before:] == []
+assert again_buggy == texts_fixed[:4]
+
+# %% [markdown]
+# **Same code, different warmup.** Upstream's fix says the wipe happens "when warmup didn't exercise" the sharing
+# layers. A warmup that runs every layer with attention metadata, as CUDA-graph capture does
+# (`warmup="capture"`), gives the sharing impls their first touch before anything is written, so the historical
+# code wipes nothing.
+
+# %%
+capture = engine(buggy=True, warmup="capture")
+texts_capture = [o.text for o in capture.generate(prompts[:8], params, use_tqdm=False)]
+show_census(capture, "buggy engine, capture-shaped warmup")
+assert not capture.census.wiping and texts_capture == texts_fixed[:8]
+print("first two batches equal to the fixed engine's:", texts_capture == texts_fixed[:8])
+
+# %% [markdown]
+# **Why it looked stochastic.** A server does not get its requests all at once. Below, the buggy engine is driven
+# step by step (`add_request()` / `step()`) while requests arrive over several steps, 0 to 4 of them before each
+# step at seeded random times. The damaged requests are exactly the ones the first step ran, however many that
+# was: when a request arrives, not what it asks, decides whether it is hit. Under multiprocess serving that
+# timing varies from run to run, which is how the defect looked random upstream.
+
+# %%
+arrivals = [scale_wipe.arrival_run(prompts[:8], 4, seed, backend=BACKEND) for seed in range(4)]
+print(scale_wipe.format_arrivals(arrivals))
+assert all(r.damaged == r.first_batch for r in arrivals)
+assert len({tuple(r.first_batch) for r in arrivals}) > 1
 
 # %% [markdown]
 # ## Summary
@@ -599,8 +632,9 @@ assert all(f.step == first_step_after_wake_up for f in late_after_wake_up)
 # * The historical code filled a storage's inline scales with 1.0 on each impl's first touch. Warmup gives the
 #   owning layers their first touch harmlessly; the sharing layers' first touch falls inside step 0, after the
 #   prompt's scales are written, and resets them. The codes survive, so K and V come back inflated by exactly
-#   1 / true scale, and exactly the first batch is wrong. Prefix caching can hand the wiped blocks to later
-#   requests, and with the historical code every `wake_up()` re-arms the wipe.
-# * The fix fills once per storage (a registry keyed by address and size, with a weak reference to notice a
-#   reused address). After it, outputs equal the float32 cache's, a request's KV bytes do not depend on when it
-#   ran, and a woken-up engine initializes its fresh storage once.
+#   1 / true scale, and exactly the first batch is wrong; a warmup that touches every layer hides it. In minikv,
+#   prefix caching can hand the wiped blocks to later requests (minikv's observation, not upstream's). The wipe
+#   happens once per engine start: the historical views outlive `sleep()`.
+# * The fix fills once per storage (a registry keyed by address and size, with a weak reference to the storage
+#   itself to notice a reused address). After it, outputs equal the float32 cache's, a request's KV bytes do not
+#   depend on when it ran, and a woken-up engine initializes every scale region again in both sleep modes.

@@ -30,7 +30,8 @@
 #   end of the pool.
 # * **B2, `cross-fp8-context-read`.** With the addressing fixed, the fused context-attention kernel reads the
 #   encoder K/V back from the FP8 cross pool, but it was told the cache's data type only when the "paged context
-#   FMHA" option was on. Without that option it decodes FP8 bytes as 16-bit values, so the first decoder step
+#   FMHA" option was on. Without that option it finds the right blocks but decodes the FP8 bytes inside them
+#   as 16-bit values, so the first decoder step
 #   sees garbage while the decode steps, which use another kernel, read correctly.
 #
 # Upstream, a flan-t5-base run with an FP8 cache and a 768-block cross pool crashed with an illegal memory access
@@ -151,9 +152,12 @@ assert projected[0] and not any(projected[1:])
 # ## 2. B1: the allocator and the backend disagree about the element size
 #
 # The cache manager sizes every pool from one `KVLayout`, the engine's cache config. The cross backend gets its
-# own layout from `CrossBackendBuilder`. Upstream built that backend in one of two orders: eagerly in the layer's
-# constructor, or later, when the layer's weights were created. The fix had to pass the quantization config in
-# both places.
+# own layout from `CrossBackendBuilder`. Upstream's layer gets its backend in one of two construction orders, and
+# minikv models them as two code paths of `CrossAttentionModule`, each with its own historical / fixed site:
+# **eager**, where the layer is built with its quantization config and the backend is created from the
+# constructor's argument; and **deferred** (`skip_create_weights_in_init`), where the layer is built before the
+# config is known and `create_weights()` must pass it on with `backend.update_quant_config(...)`. The fix
+# (TensorRT-LLM PR #20958, closing issue #19861) changed both sites.
 
 # %%
 mc = fixed.config.model
@@ -169,6 +173,19 @@ for historical in (True, False):
 pool_layout = fixed.arena.layout(cross_names[0])
 print(f"\nthe allocator's cross pool layout: {pool_layout.describe()}, {pool_layout.elem_bytes} byte per element, "
       f"{pool_layout.block_bytes} bytes per block")
+
+# %% [markdown]
+# Fixing one site only is a half-fix: the order that goes through the other site keeps the 16-bit layout.
+
+# %%
+from minikv.attention.cross import B1_SITES
+
+for fixed_site in B1_SITES:
+    half = CrossBackendBuilder("fp8", fixed.config.dtype, 16, historical=False,
+                               historical_sites=set(B1_SITES) - {fixed_site})
+    got = {order: half.build(order, mc.num_kv_heads, mc.head_size).elem_bytes for order in ("eager", "deferred")}
+    print(f"only the {fixed_site!r} site fixed: bytes per element, eager {got['eager']}, deferred {got['deferred']}")
+    assert sorted(got.values()) == [1, 2]
 
 # %% [markdown]
 # The historical builder's layout is 16-bit whichever order is used: a block is 4096 bytes where the pool holds
@@ -531,7 +548,9 @@ for paged in (False, True):
 #
 # The fallback attends over the 16-bit workspace copy, so its context error is only float16 rounding. The taught
 # fused path reads the FP8 pool the same way the decode kernel does, and its context error is of the same size as
-# theirs. Both fixes give token ids equal to the `auto` cache.
+# theirs. Both fixes give token ids equal to the `auto` cache. As upstream's, the fallback logs one warning per
+# cross-attention layer (the two log lines under the table) and none for a 16-bit cache, and a float32 model
+# takes the unfused path in every layer (`tests/test_cross_stride.py`).
 
 # %% [markdown]
 # ## 6. The fixes, checked
@@ -555,6 +574,25 @@ print(f"three identical requests and a repeat agree: {fixed.tokenizer.decode(alo
 deferred = one_engine(cross_construction="deferred")
 assert all(a.impl.layout.elem_bytes == 1 for a in deferred.runner.cross_layers)
 print("the deferred construction order gets the fp8 layout too")
+
+# %% [markdown]
+# **"The first request differs."** Upstream, three identical requests disagreed before the fix, the first one
+# differing. Its text does not say which blocks each request got or what lies past the cross pool. In minikv the
+# route is visible: the one cross block manager (shared by all decoder layers) hands out the lowest free block
+# first, so the last request holds the highest block ids and only its doubled addresses run past the pool.
+# The arena puts the cross pools first and the self-attention pools after them. Layer 0's overrun lands on the
+# start of layer 1's cross pool, which layer 1 then overwrites with the first request's K/V, so the last request
+# reads the wrong bytes at its decode steps. Layer 1's overrun lands on the start of the first self-attention
+# pool, whose lowest blocks are the first request's. Below, three copies of one request (2 cross blocks each)
+# with the historical stride and the sanitizer off: the first copy differs only when the overrun reaches that
+# far, and never alone, because the last copy's own bytes are overwritten first.
+
+# %%
+copies = cross_stride.identical_requests(cross_stride.make_prompts(1, seed=2)[0])
+for blocks, factor, differ in copies:
+    print(f"{blocks:3d} blocks ({factor:.2f}x): copies differing from auto: {', '.join(map(str, differ)) or 'none'}")
+assert any(0 in d for _, f, d in copies if f < 2) and all(2 in d for _, _, d in copies if 0 in d)
+assert not any(d for _, f, d in copies if f >= 2)
 
 # %% [markdown]
 # Finally the pool-size table, with the sanitizer on. Buggy and fixed engines on cross pools of 1x, 1.5x and 2x
@@ -589,10 +627,12 @@ print("\nall signatures reproduced")
 #
 # * **B1.** The cross backend was built without the quantization config, so it addressed a 1-byte pool with a
 #   2-byte stride. That happens to work when the pool holds at least twice the blocks in use, and overruns
-#   otherwise. The fix passes the config in both construction orders. The layout contract, which goes beyond
+#   otherwise. The fix passes the config in both construction orders, two code paths with a fix site each (a
+#   half-fix leaves the other order broken). The layout contract, which goes beyond
 #   upstream, rejects the mismatch when the backend is bound, before any byte is written. The arena's guard
 #   canaries catch an overrun within the step that caused it.
-# * **B2.** The fused context kernel read the FP8 cross pool as 16-bit unless paged context was on. Upstream
+# * **B2.** The fused context kernel found the right blocks of the FP8 cross pool but read their bytes as 16-bit
+#   elements unless paged context was on. Upstream
 #   falls back to the unfused path. minikv tells the fused kernel the real layout, and both give token ids equal
 #   to the `auto` cache.
 #

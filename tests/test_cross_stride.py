@@ -2,13 +2,14 @@
 reviewers asked for, the layout contract, both construction orders, and the fixed fp8 path equal to `auto`."""
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
 
 import minikv
-from minikv.attention.cross import CrossBackendBuilder
+from minikv.attention.cross import B1_SITES, CrossAttentionModule, CrossBackendBuilder, QuantConfig
 from minikv.repro import cross_stride
 
 TASK = minikv.tasks.for_model("tiny-encdec")
@@ -63,10 +64,64 @@ def test_cross_backend_layout_in_both_construction_orders(order):
     fixed = CrossBackendBuilder("fp8", torch.float16, 16, historical=False).build(order, 2, 32)
     buggy = CrossBackendBuilder("fp8", torch.float16, 16, historical=True).build(order, 2, 32)
     assert fixed.elem_bytes == 1 and buggy.elem_bytes == 2
-    llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", cross_construction=order, max_num_seqs=2)
+    llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", cross_construction=order, max_num_seqs=2,
+                     backend="torch")
     # The engine bound its cross backends with the layout contract on: their layouts equal the fp8 pools'.
     assert llm.config.check_layout
     assert all(llm.arena.layout(n).elem_bytes == 1 for n in llm.arena.offsets if n.startswith("cross."))
+    assert all(a.impl.layout.elem_bytes == 1 for a in llm.runner.cross_layers)
+
+
+@pytest.mark.parametrize("fixed_site, broken_order", [("construction", "deferred"), ("create_weights", "eager")])
+def test_a_half_fix_leaves_the_other_construction_order_broken(fixed_site, broken_order):
+    historical = frozenset(B1_SITES) - {fixed_site}
+    builder = CrossBackendBuilder("fp8", torch.float16, 16, historical=False, historical_sites=historical)
+    other = "eager" if broken_order == "deferred" else "deferred"
+    assert builder.build(other, 2, 32).elem_bytes == 1
+    assert builder.build(broken_order, 2, 32).elem_bytes == 2
+
+
+def test_the_two_orders_reach_the_backend_by_different_calls():
+    eager = CrossBackendBuilder("fp8", torch.float16, 16, historical=False).module("eager", 2, 32)
+    deferred = CrossBackendBuilder("fp8", torch.float16, 16, historical=False).module("deferred", 2, 32)
+    assert eager.weights_created and deferred.weights_created
+    # Deferred: the layer was built without a config; only create_weights' update gave the backend one.
+    layer = CrossAttentionModule(2, 32, torch.float16, 16, None, skip_create_weights_in_init=True)
+    assert layer.backend.layout.kv_cache_dtype == "auto" and not layer.weights_created
+    assert eager.backend.quant_config == deferred.backend.quant_config == QuantConfig("fp8")
+
+
+@pytest.mark.parametrize("order", ["eager", "deferred"])
+@pytest.mark.parametrize("historical", [False, True])
+def test_unquantized_cache_is_16_bit_in_both_orders_and_versions(order, historical):
+    layout = CrossBackendBuilder("auto", torch.float16, 16, historical=historical).build(order, 2, 32)
+    assert layout.kv_cache_dtype == "auto" and layout.elem_bytes == 2
+
+
+def cross_fallback_warnings(caplog, **kw):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="minikv.attention.cross"):
+        llm = minikv.LLM(model="tiny-encdec", max_num_seqs=2, backend="torch", cross_context_path="fallback", **kw)
+        llm.generate(cross_stride.make_prompts(2), minikv.SamplingParams(max_tokens=3), use_tqdm=False)
+    return llm, [r for r in caplog.records if "falls back to the unfused path" in r.getMessage()]
+
+
+def test_fallback_warns_once_per_cross_layer_and_not_for_a_16_bit_cache(caplog):
+    llm, records = cross_fallback_warnings(caplog, kv_cache_dtype="fp8")
+    layers = [a.layer_name for a in llm.runner.cross_layers]
+    assert len(layers) >= 2
+    assert sorted(r.getMessage().split(":")[0] for r in records) == sorted(layers)
+    assert all(a.impl.last_context_path == "unfused" for a in llm.runner.cross_layers)
+    llm, records = cross_fallback_warnings(caplog, kv_cache_dtype="auto")
+    assert records == []
+    assert all(a.impl.last_context_path == "fused" for a in llm.runner.cross_layers)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_float32_model_takes_the_unfused_path_in_every_layer(caplog, kv_cache_dtype):
+    llm, _ = cross_fallback_warnings(caplog, kv_cache_dtype=kv_cache_dtype, dtype=torch.float32)
+    assert llm.config.dtype == torch.float32
+    assert [a.impl.last_context_path for a in llm.runner.cross_layers] == ["unfused"] * len(llm.runner.cross_layers)
 
 
 def test_layout_contract_rejects_the_historical_backend_at_bind():
@@ -108,3 +163,24 @@ def test_fp8_cross_context_kernels_match_their_references(path):
         out = kernels.context_attention(q, k, v, cu_q, cu_k, False, sm)
         ref = kernels.context_attention_reference(q, k, v, cu_q, cu_k, False, sm)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-3, rtol=2e-3)
+
+
+def test_historical_context_read_locates_the_right_blocks_and_reads_them_as_16_bit():
+    from minikv.kernels.addressing import row_byte_offsets
+
+    from minikv.attention.cross import sixteen_bit_read_of
+    from minikv.cache.layout import KVLayout
+    pool = KVLayout("fp8", torch.float16, 2, 32, 16)
+    read = sixteen_bit_read_of(pool)
+    assert read.elem_bytes == 2 and read.block_bytes == pool.block_bytes and read.kv_bytes == pool.kv_bytes
+    first_slots = torch.tensor([b * 16 for b in range(5)])
+    for kv in (0, 1):      # slot 0, head 0 of every block, K and V halves: exactly where the pool put them
+        assert torch.equal(row_byte_offsets(read, first_slots, kv)[:, 0], row_byte_offsets(pool, first_slots, kv)[:, 0])
+    # Inside a block, rows are 16-bit wide: slot 1 starts where the pool's slot 2 starts.
+    assert int(row_byte_offsets(read, torch.tensor([1]), 0)[0, 0]) == pool.row_offset(0, 0, 2, 0)
+
+
+def test_historical_context_read_stays_inside_the_pool(prompts, reference):
+    hist = cross_stride.run_context(prompts, reference, "historical", backend="torch")
+    assert 0 < hist.read_end <= hist.pool_bytes
+    assert hist.context_error > 0.5 and hist.decode_error < 0.2

@@ -162,3 +162,15 @@ def test_scale_wipe_reproduces_with_block_placement():
     assert damaged == [0, 1, 2, 3]                              # the first batch, as with vLLM's row layout
     assert buggy[4:] == fixed[4:]
     assert fixed == clean           # same codes and scales, other addresses: the same tokens as vLLM's row layout
+
+
+def test_encoder_decoder_runs_with_block_placement():
+    """The cross backend is told the scale placement too, so the layout contract holds and tokens match "row"."""
+    import minikv
+    prompts = ["abcdef", "hello"]
+    outs = {}
+    for placement in ("row", "block"):
+        llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="int8_per_token_head", backend="torch",
+                         kv_scale_placement=placement)
+        outs[placement] = [o.token_ids for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=8))]
+    assert outs["row"] == outs["block"]

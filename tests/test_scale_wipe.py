@@ -10,7 +10,7 @@ import torch
 
 import minikv
 from minikv.attention.backend import get_ops
-from minikv.attention.impl import AttentionImpl
+from minikv.attention.impl import AttentionImpl, ScaleFillCensus, release_scale_init, storage_key
 from minikv.cache.layout import KVLayout
 from minikv.repro import scale_wipe
 
@@ -123,21 +123,85 @@ def test_first_and_later_batch_kv_bytes_identical(fmt):
         assert torch.equal(first[name], later[name]), name
 
 
-def test_sleep_wake_up_reinitializes_the_fresh_storage():
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
+def scale_regions(llm):
+    """{owning layer: (K scales, V scales)} of every scale region of the engine's pools."""
+    return {a.layer_name: llm.runner.layout.scale_views(a.kv_cache) for a in llm.runner.self_layers
+            if a.kv_sharing_target is None}
+
+
+@pytest.mark.parametrize("mode", ["discard", "free"])
+def test_sleep_wake_up_reinitializes_every_scale_region(mode):
+    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
     prompts = scale_wipe.make_prompts(4)
     before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    address = llm.arena.storage.data_ptr()
     fills = len(llm.census.fills)
-    llm.sleep()
+    llm.sleep(mode=mode)
     llm.wake_up()
-    owners = [name for name in llm.arena.offsets if name.startswith("kv.")]
-    assert len(llm.census.fills) == fills + len(owners)         # each fresh storage initialized once
-    for name in owners:
-        k, v = llm.arena.layout(name).scale_views(llm.arena.pool(name))
+    if mode == "discard":
+        assert llm.arena.storage.data_ptr() == address           # vLLM's shape: the same address
+    assert len(llm.census.fills) == fills + len(scale_regions(llm))   # each region initialized once, at warmup
+    for k, v in scale_regions(llm).values():
         assert bool((k == 1).all()) and bool((v == 1).all())
     after = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
     assert after == before
     assert not llm.census.wiping
+
+
+def test_same_address_wake_without_reinitialization_leaves_zero_scales_that_nothing_reads():
+    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
+    llm.runner.reinit_scales_on_wake = False                  # a registry keyed by (data_ptr, nbytes) alone
+    prompts = scale_wipe.make_prompts(4)
+    before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    fills = len(llm.census.fills)
+    llm.sleep(mode="discard")
+    llm.wake_up()
+    assert len(llm.census.fills) == fills                     # nothing re-initialized ...
+    for k, v in scale_regions(llm).values():
+        assert bool((k == 0).all()) and bool((v == 0).all())  # ... every scale slot is 0, not 1
+    after = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    assert after == before                                    # minikv's kernels never read an unwritten slot
+
+
+@pytest.mark.parametrize("mode", ["discard", "free"])
+def test_historical_engine_is_not_rearmed_by_wake_up(mode):
+    # Upstream's views outlive sleep: the wipe happens in the first batch after engine start, never again.
+    prompts = scale_wipe.make_prompts(4)
+    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch",
+                     reintroduce=("scale-wipe",))
+    task = minikv.tasks.for_model("tiny-kvshare")
+    first = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    assert not any(task.check(p, t) for p, t in zip(prompts, first))
+    fills = len(llm.census.fills)
+    llm.sleep(mode=mode)
+    llm.wake_up()
+    again = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    assert all(task.check(p, t) for p, t in zip(prompts, again))
+    assert len(llm.census.fills) == fills                     # no impl filled anything after the wake-up
+
+
+def test_arrival_timing_decides_the_damaged_set():
+    # Requests arrive over several steps (seeded); the damaged requests are exactly the first scheduled batch,
+    # whether it holds one request or several: timing, not the requests, decides who is hit.
+    prompts = scale_wipe.make_prompts(8)
+    runs = [scale_wipe.arrival_run(prompts, 4, seed, max_tokens=6) for seed in (0, 1)]
+    assert [r.first_batch for r in runs] == [[0, 1, 2], [0]]
+    for r in runs:
+        assert r.damaged == r.first_batch
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_capture_warmup_hides_the_defect(fmt):
+    # Same historical code, different warmup: when warmup runs every layer with attention metadata, the sharing
+    # layers' first touch (and fill) happens before anything is written, so it wipes nothing.
+    prompts = scale_wipe.make_prompts(6)
+    _, clean = generate(prompts, kv_cache_dtype=fmt, max_num_seqs=4, backend="torch")
+    llm, buggy = generate(prompts, kv_cache_dtype=fmt, max_num_seqs=4, backend="torch",
+                          reintroduce=("scale-wipe",), warmup="capture")
+    assert buggy == clean
+    assert not llm.census.wiping
+    assert all(f.step == -1 for f in llm.census.fills)
+    assert {f.layer for f in llm.census.fills} == {a.layer_name for a in llm.runner.self_layers}
 
 
 # ---- impl level ----------------------------------------------------------------------------------------------------
@@ -172,6 +236,19 @@ def test_second_impl_aliasing_a_storage(historical):
         assert torch.equal(k_after, written)                                      # the fix keeps them
 
 
+def test_several_sharers_of_one_storage_census_shape():
+    # Gemma-4's topology: several sharing layers read one target's storage. Historically the first sharer's fill
+    # wipes the written scales and the later sharers' fills find only 1.0s: harmless late fills, as upstream counted.
+    pool = new_pool()
+    census = ScaleFillCensus()
+    owner, *sharers = (AttentionImpl(n, 4, LAYOUT, get_ops("torch"), historical_scale_init=True, census=census)
+                       for n in ("L2", "L4", "L5", "L6"))
+    write_some(owner, pool)
+    for s in sharers:
+        s.scale_views(pool)
+    assert [f.overwritten for f in census.fills] == [0, 20, 0, 0]
+
+
 def test_new_storage_is_initialized():
     a, b = new_pool(), new_pool()
     impl("L0").scale_views(a)
@@ -181,19 +258,59 @@ def test_new_storage_is_initialized():
         assert bool((k == 1).all()) and bool((v == 1).all())
 
 
-def test_dead_weak_reference_at_a_reused_address_reinitializes():
-    base = new_pool(8)
-    view = base[:4]
-    first = impl("L0")
-    first.scale_views(view)
-    key = (view.data_ptr(), view.numel())
-    LAYOUT.scale_views(view)[0].fill_(0.25)                   # stale bytes left by the previous owner
-    del view
-    first.forget_storage()
-    reused = base[:4]                                          # same address and size, a new storage object
-    assert (reused.data_ptr(), reused.numel()) == key
-    impl("L0-again").scale_views(reused)
+def test_two_views_of_one_storage_count_once():
+    # The owner registers through one view object, which then dies; the sharer touches another view object of the
+    # same live storage. A registry holding a weak reference to the *tensor* would see a dead reference and fill
+    # again (wiping the written scales); keyed on the storage, it must not.
+    base = new_pool(4)
+    owner, sharer = impl("L2"), impl("L4")
+    first_view = base.view(4, LAYOUT.block_bytes)
+    write_some(owner, first_view)
+    written = LAYOUT.scale_views(base)[0].clone()
+    del first_view
+    second_view = base[:]
+    assert second_view is not base and storage_key(second_view) == storage_key(base)
+    sharer.scale_views(second_view)
+    assert torch.equal(LAYOUT.scale_views(base)[0], written)
+    assert len(owner.census.fills) == 1 and not sharer.census.fills
+
+
+def test_freed_and_reused_address_is_initialized_again():
+    # Two torch storages over one buffer, one after the other: the second is a new allocation at the old address
+    # with the old size, so (data_ptr, nbytes) repeats; only the weak reference to the storage tells them apart.
+    buffer = bytearray(4 * LAYOUT.block_bytes)
+    old = torch.frombuffer(buffer, dtype=torch.uint8)
+    impl("L0").scale_views(old)
+    key = storage_key(old)
+    LAYOUT.scale_views(old)[0].fill_(0.25)                    # stale bytes left by the previous owner
+    del old                                                   # the storage dies (its registry reference with it)
+    reused = torch.frombuffer(buffer, dtype=torch.uint8)
+    assert storage_key(reused) == key
+    newcomer = impl("L0-again")
+    newcomer.scale_views(reused)
+    assert len(newcomer.census.fills) == 1
     assert bool((LAYOUT.scale_views(reused)[0] == 1).all())
+
+
+def test_released_storage_is_initialized_again_at_the_same_address():
+    pool = new_pool()
+    impl("L0").scale_views(pool)
+    LAYOUT.scale_views(pool)[0].zero_()                       # contents discarded, storage and address kept
+    later = impl("L0-after-wake")
+    later.scale_views(pool)
+    assert not later.census.fills                             # same storage, same key: nothing says "discarded"
+    release_scale_init(pool)
+    later.scale_views(pool)
+    assert len(later.census.fills) == 1 and bool((LAYOUT.scale_views(pool)[0] == 1).all())
+
+
+def test_historical_site_fills_once_per_impl_then_returns_early_for_good():
+    owner = impl("L0", historical=True)
+    first, second = new_pool(), new_pool()
+    owner.scale_views(first)
+    owner.scale_views(second)                                 # a different tensor and storage: still no fill
+    assert len(owner.census.fills) == 1
+    assert bool((LAYOUT.scale_views(second)[0] == 0).all())
 
 
 def test_two_layers_packed_in_one_storage_each_initialize_their_region():

@@ -3,69 +3,179 @@
 The cross K/V of a request are projected from the encoder output once, at the decoder's context (prefill) step,
 written into the cross pool, and read at every decode step.
 
-B1, `cross-stride` — which layout the cross backend is built with (`CrossBackendBuilder`):
-  HISTORICAL: the cross-attention layer builds its backend without the model's quantization config, so the
-  backend's layout says "auto" (16-bit elements) while the allocator sized the cross pool from the quantized
-  config (1 byte per element). Writes and reads share the doubled stride, so a pool of at least twice the needed
-  blocks happens to work; a smaller one runs past its end.
-  FIX: pass the quantization config, both when the backend is built eagerly and when weights are created later.
+B1, `cross-stride` — which quantization config the cross layer's attention backend gets. The backend's layout
+follows its quant config (none: the model's 16-bit elements), while the allocator sized the cross pool from the
+engine's config (1 byte per fp8 element). Writes and reads share the doubled stride, so a pool of at least twice
+the needed blocks happens to work; a smaller one runs past its end. Upstream's layer gets its backend in one of two
+construction orders, modelled here by `CrossAttentionModule`, each with its own fix site:
+  eager    — the layer is built with its quant config and its weights at once; the backend is created last, from
+             the constructor's argument. HISTORICAL: `create_attention` without the config. FIX: pass it.
+  deferred — the layer is built before the quant config is known (`skip_create_weights_in_init`); the loader sets
+             the config and calls `create_weights()`. HISTORICAL: the backend is never updated. FIX:
+             `create_weights()` calls `backend.update_quant_config(...)`.
+  Each order depends on its own site only, so fixing one site (a half-fix) leaves the other order broken.
 
 B2, `cross-fp8-context-read` — what the fused context path is told about the cache (`_context_read_layout`):
   HISTORICAL: the fused context kernel reads the encoder K/V back from the paged cross cache but is given the
-  cache's data type only when `paged_context` is on; otherwise it reads fp8 bytes as 16-bit elements.
+  cache's data type only when `paged_context` is on; otherwise it reads fp8 bytes as 16-bit elements. The blocks
+  themselves are located from the pool's real bytes per block (and the V half from the pool's real K/V split);
+  only the addressing inside a half-block uses the 16-bit element size.
   UPSTREAM FIX ("fallback"): use the unfused path (K/V from the 16-bit workspace) for cross attention with a
-  quantized cache unless `paged_context` is on.
+  quantized cache unless `paged_context` is on, with a warning once per cross-attention layer; a float32 model
+  has no fused context kernel upstream and takes the unfused path in every layer.
   MINIKV ("fused", the default): the fused kernel is always given the cache's real layout; no fallback needed.
 """
 from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
 
 import torch
 
 from minikv.attention.backend import KernelOps
 from minikv.attention.context import ForwardContext
 from minikv.cache.layout import KVLayout
+from minikv.kernels import formats
+
+logger = logging.getLogger(__name__)
 
 CROSS_CONTEXT_PATHS = ("fused", "fallback")
 CONSTRUCTION_ORDERS = ("eager", "deferred")
+B1_SITES = ("construction", "create_weights")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """The part of a model's quantization config the KV cache cares about."""
+
+    kv_cache_dtype: str = "auto"
+    kv_scale_placement: str = "row"
+
+
+class CrossAttentionBackend:
+    """A cross layer's attention op as far as the cache goes: it addresses the pool as its quant config says."""
+
+    def __init__(self, num_kv_heads: int, head_size: int, model_dtype: torch.dtype, block_size: int,
+                 quant_config: QuantConfig | None = None):
+        self.num_kv_heads, self.head_size = num_kv_heads, head_size
+        self.model_dtype, self.block_size = model_dtype, block_size
+        self.quant_config = quant_config
+
+    def update_quant_config(self, quant_config: QuantConfig | None) -> None:
+        self.quant_config = quant_config
+
+    @property
+    def layout(self) -> KVLayout:
+        qc = self.quant_config if self.quant_config is not None else QuantConfig()
+        return KVLayout(qc.kv_cache_dtype, self.model_dtype, self.num_kv_heads, self.head_size, self.block_size,
+                        qc.kv_scale_placement)
+
+
+def create_attention(num_kv_heads: int, head_size: int, model_dtype: torch.dtype, block_size: int,
+                     quant_config: QuantConfig | None = None) -> CrossAttentionBackend:
+    return CrossAttentionBackend(num_kv_heads, head_size, model_dtype, block_size, quant_config)
+
+
+class CrossAttentionModule:
+    """How a cross-attention layer gets its backend (the B1 sites), in upstream's two construction orders."""
+
+    def __init__(self, num_kv_heads: int, head_size: int, model_dtype: torch.dtype, block_size: int,
+                 quant_config: QuantConfig | None, *, skip_create_weights_in_init: bool,
+                 historical_sites: frozenset[str] = frozenset()):
+        unknown = set(historical_sites) - set(B1_SITES)
+        if unknown:
+            raise ValueError(f"unknown B1 site(s) {sorted(unknown)}; known: {B1_SITES}")
+        self.quant_config = quant_config
+        self.historical_sites = frozenset(historical_sites)
+        self.backend: CrossAttentionBackend | None = None
+        self.weights_created = False
+        if not skip_create_weights_in_init:
+            self.create_weights()                 # eager: the weights first, the backend below
+        shape = (num_kv_heads, head_size, model_dtype, block_size)
+        if "construction" in self.historical_sites:
+            # HISTORICAL (cross-stride): the backend is created without the quant config.
+            self.backend = create_attention(*shape)
+        else:
+            # FIX (cross-stride): the quant config is passed at construction.
+            self.backend = create_attention(*shape, quant_config=self.quant_config)
+
+    def create_weights(self) -> None:
+        self.weights_created = True
+        if self.backend is None:
+            return                                # eager order: no backend yet; the constructor passes the config
+        if "create_weights" in self.historical_sites:
+            # HISTORICAL (cross-stride): the backend is never told the config that arrived after construction.
+            return
+        # FIX (cross-stride): creating the weights updates the backend with the now-known quant config.
+        self.backend.update_quant_config(self.quant_config)
 
 
 class CrossBackendBuilder:
-    """Decides the KVLayout a cross-attention backend addresses its pool with (the B1 site).
+    """The layout each cross layer's backend addresses its pool with, built in the chosen construction order."""
 
-    Upstream builds the backend either in the layer's constructor ("eager") or when the layer's weights are
-    created after the quantization config is known ("deferred"); the fix had to cover both orders.
-    """
-
-    def __init__(self, kv_cache_dtype: str, model_dtype: torch.dtype, block_size: int, *, historical: bool):
-        self.kv_cache_dtype = kv_cache_dtype          # the model's quantization config, as far as the KV cache goes
+    def __init__(self, kv_cache_dtype: str, model_dtype: torch.dtype, block_size: int, *, historical: bool,
+                 historical_sites: frozenset[str] | None = None, kv_scale_placement: str = "row"):
+        self.quant_config = QuantConfig(kv_cache_dtype, kv_scale_placement)
         self.model_dtype = model_dtype
         self.block_size = block_size
-        self.historical = historical
+        self.historical_sites = (frozenset(B1_SITES) if historical else frozenset()) if historical_sites is None \
+            else frozenset(historical_sites)
 
-    def _layout(self, num_kv_heads: int, head_size: int, kv_cache_dtype: str) -> KVLayout:
-        return KVLayout(kv_cache_dtype, self.model_dtype, num_kv_heads, head_size, self.block_size)
-
-    def layout_at_construction(self, num_kv_heads: int, head_size: int) -> KVLayout:
-        if self.historical:
-            # HISTORICAL (cross-stride): built without the quant config: the cache is assumed to hold the
-            # model's 16-bit elements.
-            return self._layout(num_kv_heads, head_size, "auto")
-        # FIX (cross-stride): the quant config is passed to the backend.
-        return self._layout(num_kv_heads, head_size, self.kv_cache_dtype)
-
-    def layout_at_weight_creation(self, num_kv_heads: int, head_size: int) -> KVLayout:
-        if self.historical:
-            # HISTORICAL (cross-stride): the deferred path forgot the quant config too.
-            return self._layout(num_kv_heads, head_size, "auto")
-        # FIX (cross-stride): the deferred path passes it as well.
-        return self._layout(num_kv_heads, head_size, self.kv_cache_dtype)
-
-    def build(self, order: str, num_kv_heads: int, head_size: int) -> KVLayout:
+    def module(self, order: str, num_kv_heads: int, head_size: int) -> CrossAttentionModule:
         if order not in CONSTRUCTION_ORDERS:
             raise ValueError(f"construction order must be one of {CONSTRUCTION_ORDERS}, got {order!r}")
+        shape = (num_kv_heads, head_size, self.model_dtype, self.block_size)
         if order == "eager":
-            return self.layout_at_construction(num_kv_heads, head_size)
-        return self.layout_at_weight_creation(num_kv_heads, head_size)
+            return CrossAttentionModule(*shape, self.quant_config, skip_create_weights_in_init=False,
+                                        historical_sites=self.historical_sites)
+        layer = CrossAttentionModule(*shape, None, skip_create_weights_in_init=True,
+                                     historical_sites=self.historical_sites)
+        layer.quant_config = self.quant_config    # the loader learns the config, then creates the weights
+        layer.create_weights()
+        return layer
+
+    def build(self, order: str, num_kv_heads: int, head_size: int) -> KVLayout:
+        return self.module(order, num_kv_heads, head_size).backend.layout
+
+
+@dataclass(frozen=True)
+class ReadLayout:
+    """A kernel spec (the fields of formats.CacheSpec) for a paged reader whose element format differs from the
+    pool's."""
+
+    fmt: int
+    elem_bytes: int
+    head_size: int
+    num_kv_heads: int
+    block_size: int
+    row_bytes: int
+    slot_bytes: int
+    kv_bytes: int
+    block_bytes: int
+    scale_offset: int
+    scale_slot_bytes: int
+    scale_head_bytes: int
+    placement: int
+    model_dtype: torch.dtype
+
+    def describe(self) -> str:
+        return (f"{formats.NAMES[self.fmt]} elements ({self.elem_bytes} bytes each) inside the pool's "
+                f"{self.block_bytes}-byte blocks (heads={self.num_kv_heads}, head_size={self.head_size}, "
+                f"block_size={self.block_size})")
+
+
+def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
+    """HISTORICAL (cross-fp8-context-read): the pool's blocks, with their insides read as the model's elements.
+
+    Block and K/V-half offsets come from the pool (its real bytes per block), as upstream's kernel gets its block
+    pointers from the cache; slots and rows inside a half-block are addressed at the 16-bit element size the kernel
+    believes in."""
+    auto = KVLayout("auto", pool_layout.model_dtype, pool_layout.num_kv_heads, pool_layout.head_size,
+                    pool_layout.block_size)
+    return ReadLayout(auto.fmt, auto.elem_bytes, auto.head_size, auto.num_kv_heads, auto.block_size,
+                      auto.row_bytes, auto.slot_bytes, pool_layout.kv_bytes, pool_layout.block_bytes,
+                      auto.scale_offset, auto.scale_slot_bytes, auto.scale_head_bytes, auto.placement,
+                      pool_layout.model_dtype)
 
 
 class CrossAttentionImpl:
@@ -86,24 +196,31 @@ class CrossAttentionImpl:
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sm_scale = layout.head_size ** -0.5
         self.last_context_path: str | None = None   # "fused" or "unfused": which path the last context step took
+        # Decided once, when the op is initialized (as upstream's AttentionOp::initialize does).
+        self.uses_fused_context = self._decide_fused()
 
     def _quantized(self) -> bool:
         return self.layout.kv_cache_dtype != "auto"
 
-    def _use_fused(self) -> bool:
+    def _decide_fused(self) -> bool:
+        if self.context_path == "fused" and not self.historical_context_read:
+            return True                                   # minikv: the fused kernel knows every cache format
+        if self.layout.model_dtype == torch.float32:
+            return False                                  # upstream has no fused fp32 context kernel
         if self.historical_context_read:
-            return True                                   # upstream always took the fused kernel
-        if self.context_path == "fallback":
+            return True                                   # before the fix: always the fused kernel
+        if self._quantized() and not self.paged_context:
             # Upstream fix: fall back to the unfused path for a quantized cross cache unless paged context is on.
-            return not self._quantized() or self.paged_context
+            logger.warning("%s: cross attention with a %s KV cache and paged context FMHA off: the context step "
+                           "falls back to the unfused path", self.layer_name, self.layout.kv_cache_dtype)
+            return False
         return True
 
-    def _context_read_layout(self) -> KVLayout:
+    def _context_read_layout(self):
         if self.historical_context_read and not self.paged_context:
             # HISTORICAL (cross-fp8-context-read): the fused kernel learns the cache's type only with paged
-            # context on; otherwise it assumes the model's 16-bit elements.
-            return KVLayout("auto", self.layout.model_dtype, self.layout.num_kv_heads, self.layout.head_size,
-                            self.layout.block_size)
+            # context on; otherwise it reads the pool's blocks as if they held the model's 16-bit elements.
+            return sixteen_bit_read_of(self.layout)
         # FIX (minikv): the fused kernel is always told the cache's real layout.
         return self.layout
 
@@ -123,7 +240,7 @@ class CrossAttentionImpl:
             # Context step: the encoder K/V are written once into the cross pool ...
             self.ops.write_kv(k, v, pool, cm.slot_mapping, spec=self.layout, k_scale=self.k_scale,
                               v_scale=self.v_scale, validate=False)
-            if self._use_fused():
+            if self.uses_fused_context:
                 # ... and the fused path reads them back from the cache,
                 self.last_context_path = "fused"
                 return self.ops.paged_context(q, pool, block_tables=cm.block_tables,

@@ -8,12 +8,17 @@ Per-token-head formats keep an fp32 scale inline in every cache row. The impl ad
 fp32 views over the cache bytes (`KVLayout.scale_views`). A freshly allocated cache is zero-filled, so the scale
 regions must be set to 1.0 once before any kernel reads a slot nobody wrote. *When* that happens is defect A:
 
-* HISTORICAL (scale-wipe): each impl builds its views lazily on first touch and fills the whole storage's scale
-  regions then. Warmup touches only KV-owning layers; a KV-sharing layer's first touch comes in the middle of the
-  first real forward pass, after its target layer wrote the prompt's real scales into the shared storage, and
-  the fill wipes them.
-* FIX: a class-level registry keyed by the storage (data pointer and size, with a weak reference to the cache
-  tensor so that a freed-and-reused address counts as new) initializes each storage exactly once.
+* HISTORICAL (scale-wipe): as upstream's `_ensure_scale_caches`, each impl builds its views lazily on first touch,
+  fills the whole storage's scale regions then, and returns early on every later call, for good. Warmup touches
+  only KV-owning layers; a KV-sharing layer's first touch comes in the middle of the first real forward pass,
+  after its target layer wrote the prompt's real scales into the shared storage, and the fill wipes them.
+* FIX: a class-level registry initializes each storage region exactly once. Its key is the region's
+  (data pointer, size in bytes), and each entry keeps a weak reference to the *storage itself*
+  (`tensor.untyped_storage()`, whose Python object torch keeps unique per live storage): two views of one
+  storage count once, two layers packed into one allocation are two regions, and an address that was freed and
+  reused by a new allocation no longer matches the dead reference, so it is initialized again. An address that is
+  kept across sleep (vLLM's sleep mode) still matches: `release_scale_init` is how the runner says "the
+  contents were discarded, initialize again".
 """
 from __future__ import annotations
 
@@ -66,6 +71,11 @@ def storage_key(kv_cache: torch.Tensor) -> tuple[int, int]:
     return kv_cache.data_ptr(), kv_cache.numel() * kv_cache.element_size()
 
 
+def release_scale_init(kv_cache: torch.Tensor) -> None:
+    """Forget that `kv_cache`'s scale regions were initialized (its contents were discarded, e.g. by sleep)."""
+    AttentionImpl._initialized_storages.pop(storage_key(kv_cache), None)
+
+
 def _written_scales(k: torch.Tensor, v: torch.Tensor) -> int:
     return int(((k != 0) & (k != 1)).sum() + ((v != 0) & (v != 1)).sum())
 
@@ -73,7 +83,8 @@ def _written_scales(k: torch.Tensor, v: torch.Tensor) -> int:
 class AttentionImpl:
     """Self-attention over a paged cache (causal prefill, single-token decode)."""
 
-    # FIX (scale-wipe): storages whose scale regions were initialized, keyed by (data_ptr, nbytes).
+    # FIX (scale-wipe): storage regions whose scale regions were initialized: (data_ptr, nbytes) -> weak reference
+    # to the untyped storage that held them.
     _initialized_storages: dict[tuple[int, int], weakref.ref] = {}
 
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
@@ -94,7 +105,7 @@ class AttentionImpl:
         self.sm_scale = layout.head_size ** -0.5 if sm_scale is None else float(sm_scale)
         self.sliding_window = int(sliding_window or 0)      # 0: no window
         self._views: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._views_of: weakref.ref | None = None
+        self._views_of: tuple | None = None      # (key, registry entry) the fixed path's views were built for
         self._step = -1
 
     # ---- the defect site: inline-scale views -----------------------------------------------------------------
@@ -107,26 +118,30 @@ class AttentionImpl:
         return self._scale_views_once_per_storage(kv_cache)
 
     def _scale_views_historical(self, kv_cache):
-        # HISTORICAL (scale-wipe): lazy, per impl instance. The first time *this impl* touches a storage it fills
-        # all of the storage's scale regions with 1.0, whether or not another impl already wrote real scales there.
-        if self._views is None or self._views_of() is not kv_cache:
-            k, v = self.layout.scale_views(kv_cache)
-            self._fill(k, v, kv_cache)
-            self._views, self._views_of = (k, v), weakref.ref(kv_cache)
+        # HISTORICAL (scale-wipe): lazy, per impl instance, as upstream's `_ensure_scale_caches`. Once this impl has
+        # its views it returns early for good; the first time it gets here it fills all of the storage's scale
+        # regions with 1.0, whether or not another impl already wrote real scales there.
+        if self._views is not None:
+            return self._views
+        k, v = self.layout.scale_views(kv_cache)
+        self._fill(k, v, kv_cache)
+        self._views = (k, v)
         return self._views
 
     def _scale_views_once_per_storage(self, kv_cache):
-        # FIX (scale-wipe): views are still built per impl, but the fill happens once per storage, whichever impl
-        # touches it first. A dead weak reference means the registered storage was freed, so an equal
-        # (data_ptr, nbytes) now names a fresh allocation that must be initialized again.
-        if self._views is None or self._views_of() is not kv_cache:
+        # FIX (scale-wipe): the fill happens once per storage region, whichever impl touches it first. The registry
+        # is consulted on every touch (one dict lookup), so a region released by sleep, or a new allocation at an
+        # old address, is initialized before anything is written into it.
+        storage = kv_cache.untyped_storage()
+        key = storage_key(kv_cache)
+        known = AttentionImpl._initialized_storages.get(key)
+        fresh = known is None or known() is not storage
+        if fresh or self._views is None or self._views_of != (key, known):
             k, v = self.layout.scale_views(kv_cache)
-            key = storage_key(kv_cache)
-            known = AttentionImpl._initialized_storages.get(key)
-            if known is None or known() is None:
+            if fresh:
                 self._fill(k, v, kv_cache)
-                AttentionImpl._initialized_storages[key] = weakref.ref(kv_cache)
-            self._views, self._views_of = (k, v), weakref.ref(kv_cache)
+                known = AttentionImpl._initialized_storages[key] = weakref.ref(storage)
+            self._views, self._views_of = (k, v), (key, known)
         return self._views
 
     def _fill(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> None:
@@ -144,7 +159,9 @@ class AttentionImpl:
         return self._views is not None
 
     def forget_storage(self) -> None:
-        """Drop this impl's views (the runner calls it when the cache is freed by sleep())."""
+        """Drop this impl's views (the fixed runner calls it when sleep() frees the cache).
+
+        The historical impl is never told: upstream's views outlive a sleep, so its fill never runs again."""
         self._views, self._views_of = None, None
 
     # ---- forward ----------------------------------------------------------------------------------------------

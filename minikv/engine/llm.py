@@ -117,12 +117,15 @@ class LLM:
                  check_layout: bool = True, seed: int = 0, cross_pool_blocks: int | None = None,
                  num_blocks: int | None = None, dtype: torch.dtype | None = None,
                  max_num_batched_tokens: int = 4096, cross_context_path: str = "fused",
-                 paged_context: bool = False, cross_construction: str = "eager", kv_scale_placement: str = "row"):
+                 paged_context: bool = False, cross_construction: str = "eager",
+                 kv_scale_placement: str = "row", warmup: str = "dummy"):
         from minikv.attention.cross import CONSTRUCTION_ORDERS, CROSS_CONTEXT_PATHS
+        from minikv.engine.model_runner import WARMUP_SHAPES
         _check_choice("model", model, registry.MODEL_NAMES)
         _check_choice("backend", backend, BACKENDS)
         _check_choice("cross_context_path", cross_context_path, CROSS_CONTEXT_PATHS)
         _check_choice("cross_construction", cross_construction, CONSTRUCTION_ORDERS)
+        _check_choice("warmup", warmup, WARMUP_SHAPES)
         for name, value in (("sanitize", sanitize), ("check_layout", check_layout),
                             ("paged_context", paged_context)):
             check_bool(name, value)
@@ -147,7 +150,7 @@ class LLM:
                                    check_layout=check_layout, seed=seed)
         self.runner = ModelRunner(self.config, net, pad_id=self.tokenizer.pad_id,
                                   cross_context_path=cross_context_path, paged_context=paged_context,
-                                  cross_construction=cross_construction)
+                                  cross_construction=cross_construction, warmup=warmup)
         self.is_encoder_decoder = net.config.is_encoder_decoder
         self._build_scheduler()
         self._next_id = 0
@@ -189,7 +192,7 @@ class LLM:
             raise EngineNeedsResetError(f"{self._needs_reset}; the cache contents are untrusted and every request "
                                         f"in flight was aborted. Call llm.reset() (or llm.sleep() then "
                                         f"llm.wake_up()) to get a fresh arena")
-        if self.runner.arena is None:
+        if self.runner.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
 
     # ---- requests -----------------------------------------------------------------------------------------------
@@ -392,17 +395,19 @@ class LLM:
         return RequestOutput(seq.request_id, seq.prompt, self.tokenizer.decode(ids), ids, seq.finish_reason)
 
     # ---- memory -----------------------------------------------------------------------------------------------
-    def sleep(self) -> None:
-        """Free the KV arena (requests must be finished)."""
+    def sleep(self, mode: str = "free") -> None:
+        """Release the KV cache (requests must be finished): mode "free" drops the arena, "discard" (vLLM's
+        shape) keeps its storage and addresses and discards the contents."""
         with self._exclusive(usable=False):
             if self.scheduler.has_unfinished():
                 raise RuntimeError("cannot sleep with unfinished requests: let them finish (step()) or abort() them")
-            self.runner.sleep()
+            self.runner.sleep(mode)
 
     def wake_up(self) -> None:
-        """Allocate a fresh KV arena and warm up again (this also clears the state left by an overrun)."""
+        """Bring the KV cache back (a fresh arena after mode "free"), re-initialize it and warm up again (this also
+        clears the state left by an overrun)."""
         with self._exclusive(usable=False):
-            if self.runner.arena is None:
+            if self.runner.asleep:
                 self.runner.wake_up()
                 self._build_scheduler()
                 self._needs_reset = None

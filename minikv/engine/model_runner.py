@@ -5,9 +5,15 @@ Lifecycle (the shape of the real engines):
   2. allocate the KV arena: one pool per KV-owning self-attention layer and one cross pool per cross layer;
   3. bind caches: each layer gets its pool's tensor, and a KV-sharing layer gets *the same tensor object* as its
      target layer;
-  4. warmup: one dummy forward without attention metadata (owning layers run their cache update with slot -1,
-     sharing layers are not touched);
-  then `execute(seqs, is_prefill)` per step. `sleep()` frees the arena; `wake_up()` repeats steps 2-4.
+  4. warmup, in one of two shapes (`warmup=`):
+     "dummy" (default, upstream's): one forward without attention metadata; owning layers run their cache update
+       with slot -1 (nothing is written), sharing layers are not touched at all;
+     "capture": one decode-shaped forward *with* attention metadata through every layer, as CUDA-graph capture
+       does (all slots -1, dummy sequences of length 1 on block 0), so every impl is touched before any real step;
+  then `execute(seqs, is_prefill)` per step.
+`sleep(mode)`: "discard" is vLLM's shape (the arena's storage and address are kept, the pools' contents
+discarded: zeroed here); "free" drops the arena and `wake_up()` allocates a new one. `wake_up()` binds the
+caches and warms up again; in the fixed engine every scale region is initialized again, in both modes.
 """
 from __future__ import annotations
 
@@ -18,12 +24,15 @@ import torch
 from minikv.attention.backend import get_ops
 from minikv.attention.context import ForwardContext, set_forward_context
 from minikv.attention.cross import CrossAttentionImpl, CrossBackendBuilder
-from minikv.attention.impl import AttentionImpl, ScaleFillCensus
+from minikv.attention.impl import AttentionImpl, ScaleFillCensus, release_scale_init
 from minikv.attention.metadata import AttentionMetadata, CrossMetadata
 from minikv.cache.arena import KVArena, PoolSpec
 from minikv.cache.blocks import slot_of
 from minikv.cache.layout import KVLayout
 from minikv.config import EngineConfig
+
+WARMUP_SHAPES = ("dummy", "capture")
+SLEEP_MODES = ("free", "discard")
 
 
 def _available_host_bytes() -> int | None:
@@ -40,8 +49,16 @@ def _available_host_bytes() -> int | None:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model, *, pad_id: int = 0, cross_context_path: str = "fused",
-                 paged_context: bool = False, cross_construction: str = "eager"):
+                 paged_context: bool = False, cross_construction: str = "eager", warmup: str = "dummy"):
+        if warmup not in WARMUP_SHAPES:
+            raise ValueError(f"warmup must be one of {WARMUP_SHAPES}, got {warmup!r}")
         self.config = config
+        self.warmup_shape = warmup
+        self.asleep = False
+        # What the fixed engine does at sleep(): forget that the pools' scale regions were initialized, so the
+        # warmup after wake_up() fills them again. False models a registry keyed by (data_ptr, nbytes) alone,
+        # which cannot tell a same-address wake from no sleep at all (the repro's "nothing re-initializes").
+        self.reinit_scales_on_wake = True
         self.pad_id = pad_id
         self.model = model
         self.device, self.dtype = config.device, config.dtype
@@ -70,7 +87,8 @@ class ModelRunner:
                                    historical_scale_init="scale-wipe" in bugs, census=self.census,
                                    sliding_window=a.sliding_window, sm_scale=a.sm_scale)
         builder = CrossBackendBuilder(config.cache.kv_cache_dtype, self.dtype, self.block_size,
-                                      historical="cross-stride" in bugs)
+                                      historical="cross-stride" in bugs,
+                                      kv_scale_placement=config.cache.kv_scale_placement)
         for a in self.cross_layers:
             a.impl = CrossAttentionImpl(a.layer_name, a.num_heads,
                                         builder.build(cross_construction, a.num_kv_heads, a.head_size), self.ops,
@@ -115,37 +133,68 @@ class ModelRunner:
         for a in self.cross_layers:
             a.kv_cache = self.arena.bind(f"cross.{a.layer_name}", a.impl.layout, check=check)
 
+    def _owning_pools(self) -> list[torch.Tensor]:
+        return [a.kv_cache for a in self.self_layers if a.kv_sharing_target is None and a.kv_cache is not None]
+
     def wake_up(self) -> None:
-        """Allocate a fresh arena, bind every layer's cache, and run the warmup forward."""
-        if self.arena is not None:
+        """Bring the arena back (a fresh one after sleep("free")), bind every layer's cache, run the warmup."""
+        if self.arena is not None and not self.asleep:
             return
-        self.arena = KVArena(self.pool_specs(), self.device, reach_elem_bytes=self.dtype.itemsize)
+        if self.arena is None:
+            self.arena = KVArena(self.pool_specs(), self.device, reach_elem_bytes=self.dtype.itemsize)
         self._bind_caches()
+        self.asleep = False
         self.warmup()
 
-    def sleep(self) -> None:
-        """Free the arena; layers and impls forget their caches."""
-        if self.arena is None:
+    def sleep(self, mode: str = "free") -> None:
+        """Release the KV cache's contents: "discard" keeps the storage at its address, "free" drops it."""
+        if mode not in SLEEP_MODES:
+            raise ValueError(f"sleep mode must be one of {SLEEP_MODES}, got {mode!r}")
+        if self.arena is None or self.asleep:
             return
+        historical = "scale-wipe" in self.config.reintroduce
+        if not historical and self.reinit_scales_on_wake:
+            for pool in self._owning_pools():
+                release_scale_init(pool)         # FIX (scale-wipe): the contents go, so does "initialized"
         for a in self.self_layers + self.cross_layers:
-            a.kv_cache = None
-            if isinstance(a.impl, AttentionImpl):
+            if isinstance(a.impl, AttentionImpl) and not historical:
                 a.impl.forget_storage()
-        self.arena.free()
-        self.arena = None
+        if mode == "discard":
+            # vLLM's shape: the memory behind the same addresses is released and mapped again; minikv zeroes the
+            # pools (not the guard zones) to stand for "contents discarded".
+            for name in self.arena.specs:
+                self.arena.pool(name).zero_()
+        else:
+            for a in self.self_layers + self.cross_layers:
+                a.kv_cache = None
+            self.arena.free()
+            self.arena = None
+        self.asleep = True
 
     # ---- warmup -----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def warmup(self, num_tokens: int = 16) -> None:
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(num_tokens, device=self.device)
-        with set_forward_context(ForwardContext(attn_metadata=None, step=-1)):
+        pos = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        md = None if self.warmup_shape == "dummy" else self._capture_metadata(num_tokens)
+        if md is None:
+            pos = torch.arange(num_tokens, device=self.device)
+        with set_forward_context(ForwardContext(attn_metadata=md, step=-1)):
             if self.cross_layers:
-                enc = torch.zeros(1, num_tokens, self.model.config.hidden_size, dtype=self.dtype,
-                                  device=self.device)
-                self.model.decode(ids, pos, encoder_out=enc[0])
+                enc = torch.zeros(num_tokens, self.model.config.hidden_size, dtype=self.dtype, device=self.device)
+                self.model.decode(ids, pos, encoder_out=enc if md is None else None)
             else:
                 self.model(ids, pos)
+
+    def _capture_metadata(self, num_seqs: int) -> AttentionMetadata:
+        """A decode batch of `num_seqs` dummy sequences of length 1 on block 0, writing nothing (slot -1)."""
+        ones = self._tensor([1] * num_seqs)
+        md = AttentionMetadata(is_prefill=False, slot_mapping=self._tensor([-1] * num_seqs, torch.int64),
+                               query_start_loc=self._tensor(list(range(num_seqs + 1))), seq_lens=ones,
+                               block_tables=self._tensor([[0]] * num_seqs), max_query_len=1, max_seq_len=1)
+        if self.cross_layers:
+            md.cross = CrossMetadata(encoder_seq_lens=ones, block_tables=self._tensor([[0]] * num_seqs))
+        return md
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def _tensor(self, data, dtype=torch.int32):
@@ -210,7 +259,7 @@ class ModelRunner:
         With sanitize on, raises KVCacheOverrunError when a guard zone was written, and FloatingPointError, naming
         the step and the first layer whose attention output was not finite, when the logits hold NaN or inf.
         """
-        if self.arena is None:
+        if self.arena is None or self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         input_ids, positions, md, encoder_out = self.prepare(seqs, is_prefill)
         ctx = ForwardContext(attn_metadata=md, step=self.step, pool_names=self.pool_names, capture=capture)

@@ -8,8 +8,9 @@ run), "overrun caught" (KVCacheOverrunError naming the cross pool), "wrong token
 catching the buggy backend at bind time.
 
 B2 table. With the addressing fixed, the cross-attention output of every step is compared with attention over
-the exact encoder K/V: the historical fused path (reads the fp8 cache as 16-bit unless paged_context is on), the
-upstream fallback (unfused context path), and minikv's fused path taught the cache format.
+the exact encoder K/V: the historical fused path (reads the fp8 bytes of the right blocks as 16-bit elements
+unless paged_context is on), the upstream fallback (unfused context path), and minikv's fused path taught the
+cache format. The last column is the farthest pool byte the fused context read addresses: inside the pool.
 
 Exit status 0 only if: buggy pools >= 2x are correct and smaller ones overrun (caught with the sanitizer on,
 wrong tokens with it off), never outside the arena; the layout contract raises at bind; the historical context
@@ -76,6 +77,24 @@ def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize
     return PoolRun(factor, blocks, buggy, sanitize, "wrong tokens", f"{wrong}/{len(prompts)} requests; {where}")
 
 
+def identical_requests(prompt: str, device="cpu", backend="torch") -> list[tuple[int, float, list[int]]]:
+    """Three copies of one request, buggy, sanitizer off, on cross pools from 1x to 2x the blocks they need:
+    [(blocks, factor, indices of the copies whose token ids differ from the auto-cache run)]."""
+    import minikv
+    prompts = [prompt] * 3
+    reference = reference_tokens(prompts, device, backend)
+    need = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", device=device,
+                      backend=backend).cross_blocks_needed(prompts)
+    rows = []
+    for blocks in range(need, 2 * need + 1):
+        llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", max_num_seqs=3, cross_pool_blocks=blocks,
+                         device=device, backend=backend, sanitize=False, check_layout=False,
+                         reintroduce=("cross-stride",))
+        tokens = _generate(llm, prompts)
+        rows.append((blocks, blocks / need, [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]))
+    return rows
+
+
 def bind_time_check(device="cpu") -> str:
     """With the layout contract on, the buggy cross backend must fail when it is bound to its pool."""
     import minikv
@@ -93,6 +112,15 @@ class ContextRun:
     decode_error: float      # the same over all decode steps
     path: str                # which context path ran
     tokens_equal_auto: bool
+    read_end: int = 0        # one past the farthest pool byte the context step's read layout addresses
+    pool_bytes: int = 0
+
+
+def read_extent(layout, block_table_row, length: int) -> int:
+    """One past the farthest byte (from the pool start) a paged reader with `layout` touches for one sequence."""
+    from minikv.kernels.addressing import row_byte_offsets, sequence_slots
+    slots = sequence_slots(block_table_row, length, layout.block_size)
+    return int(row_byte_offsets(layout, slots, 1).max()) + layout.head_size * layout.elem_bytes
 
 
 def _attend_exact(q, k, v, sm_scale):
@@ -105,7 +133,8 @@ def _attend_exact(q, k, v, sm_scale):
 
 
 def run_context(prompts, reference, version: str, device="cpu", backend="triton") -> ContextRun:
-    """Run with a probe on every cross impl and compare each step's output with exact attention."""
+    """Drive the engine step by step, capturing every cross layer's q, k, v and output, and compare each step's
+    output with exact attention; record how far into the pool the fused context read reaches."""
     import minikv
     kwargs = {"historical": dict(reintroduce=("cross-fp8-context-read",)),
               "fallback": dict(cross_context_path="fallback"),
@@ -115,6 +144,7 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
     encoder_kv: dict = {}
     errors = {True: [0.0], False: [0.0]}
     paths = set()
+    extent = [0]
 
     task = minikv.tasks.for_model("tiny-encdec")
     ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
@@ -135,6 +165,10 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
                     encoder_kv[key] = (t["k"][ea:ea + enc_lens[i]], t["v"][ea:ea + enc_lens[i]])
                     ea += enc_lens[i]
                     paths.add(e.context_path)
+                    if e.context_path == "fused":
+                        read = llm.runner.by_name[e.layer].impl._context_read_layout()
+                        table = torch.tensor(out.cross_block_tables[rid])
+                        extent[0] = max(extent[0], read_extent(read, table, enc_lens[i]))
                 kk, vv = encoder_kv[key]
                 q = t["q"][qa:qa + q_lens[i]]
                 ref = _attend_exact(q, kk, vv, q.shape[-1] ** -0.5)
@@ -145,7 +179,7 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
         results.update({r.request_id: r.token_ids for r in out.finished})
     tokens = [results[i] for i in ids]
     return ContextRun(version, max(errors[True]), max(errors[False]), "/".join(sorted(paths)),
-                      tokens == reference)
+                      tokens == reference, extent[0], llm.runner.cross_layers[0].kv_cache.numel())
 
 
 def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[ContextRun]) -> list[str]:
@@ -169,6 +203,8 @@ def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[C
     if hist and not (hist.context_error > 0.5 and hist.decode_error < 0.2):
         problems.append(f"historical context read: context error {hist.context_error:.3g}, decode error "
                         f"{hist.decode_error:.3g}; expected a wrong context step and right decode steps")
+    if hist and not 0 < hist.read_end <= hist.pool_bytes:
+        problems.append(f"historical context read reached byte {hist.read_end} of a {hist.pool_bytes}-byte pool")
     for name in ("fallback", "taught-fused"):
         r = by.get(name)
         if r and not (r.context_error < 0.2 and r.decode_error < 0.2 and r.tokens_equal_auto):
@@ -193,11 +229,13 @@ def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
     if bind_error:
         lines.append(f"  {bind_error[:200]}...")
     lines += ["", "B2 cross-fp8-context-read: cross-attention output vs exact attention (max relative error)",
-              f"{'version':14s} {'context path':13s} {'context step':>13s} {'decode steps':>13s}  token ids = auto"]
+              f"{'version':14s} {'context path':13s} {'context step':>13s} {'decode steps':>13s}  token ids = auto"
+              f"  fused read reaches"]
     lines.append("-" * len(lines[-1]))
     for r in ctx_runs:
-        lines.append(f"{r.version:14s} {r.path:13s} {r.context_error:13.3g} {r.decode_error:13.3g}  "
-                     f"{'yes' if r.tokens_equal_auto else 'no'}")
+        reach = f"byte {r.read_end:,} of {r.pool_bytes:,}" if r.read_end else "-"
+        lines.append(f"{r.version:14s} {r.path:13s} {r.context_error:13.2f} {r.decode_error:13.2f}  "
+                     f"{'yes' if r.tokens_equal_auto else 'no':16s}  {reach}")
     return "\n".join(lines)
 
 
@@ -227,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
                 for v in tqdm(("historical", "fallback", "taught-fused"), desc="context paths")]
     print(format_tables(need, pool_runs, bind_error, ctx_runs))
     problems = check_signatures(pool_runs, bind_error, ctx_runs)
+    copies = identical_requests(make_prompts(1, seed=2)[0], args.device, args.backend)   # 2 cross blocks each
+    print("\nthree identical requests, B1 reintroduced, sanitizer off: copies whose token ids differ from auto")
+    print("  " + "; ".join(f"{b} blocks ({f:.2f}x): {', '.join(map(str, d)) or 'none'}" for b, f, d in copies))
+    if not any(0 in d for _, f, d in copies if f < 2) or any(d for _, f, d in copies if f >= 2):
+        problems.append("identical requests: the first copy never differed below 2x, or a copy differed at 2x")
     print(f"\n{len(prompts)} requests, {len(cases)} pool runs + 3 context runs on {args.device}/{args.backend}, "
           f"{time.perf_counter() - start:.0f} s")
     if problems:
