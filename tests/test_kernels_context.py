@@ -188,3 +188,42 @@ def test_sliding_window_needs_causal():
         context_attention(q, k, k, cq, cq, False, 0.25, sliding_window=3)
     with pytest.raises(ValueError, match="sliding_window"):
         context_attention(q, k, k, cq, cq, True, 0.25, sliding_window=-2)
+
+
+def _bias_table(num_heads: int, max_distance: int) -> torch.Tensor:
+    return torch.randn(num_heads, max_distance + 1, generator=torch.Generator().manual_seed(max_distance)) * 3
+
+
+@pytest.mark.parametrize("max_distance", [0, 5, 50, 300])
+@pytest.mark.parametrize("sliding_window", [0, 9])
+@pytest.mark.parametrize("fmt,heads", [(("auto", torch.float32), (8, 2)), (("int8_per_token_head", torch.float16), (4, 1)),
+                                       (("fp8_per_token_head", torch.float32), (4, 4))])
+def test_relative_bias_paged_and_unfused(fmt, heads, sliding_window, max_distance):
+    """T5's bias by distance c + i - j, clamped at max_distance, in the fused (paged) and unfused paths."""
+    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
+    q_lens, kv_lens = WINDOW_SHAPES["prefix"]
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, 32, 8)
+    tables, num_blocks = random_block_tables(kv_lens, 8)
+    pool = make_pool(spec, num_blocks)
+    k, v = fill_sequences(pool, spec, tables, kv_lens, dtype, k_scale=0.45, v_scale=1.3)
+    q = torch.randn(sum(q_lens), num_heads, 32).to(dtype)
+    bias = _bias_table(num_heads, max_distance)
+    cq = cu_seqlens(q_lens)
+    args = (q, pool, tables, cq, torch.tensor(kv_lens, dtype=torch.int32), spec, True, 0.2, 0.45, 1.3)
+    kw = dict(sliding_window=sliding_window, rel_bias=bias)
+    torch.testing.assert_close(paged_context_attention(*args, **kw).float(),
+                               paged_context_attention_reference(*args, **kw).float(), **attention_tolerance(dtype))
+    ck = cu_seqlens(kv_lens)
+    out = context_attention(q, k, v, cq, ck, True, 1.0, **kw)
+    ref = context_attention_reference(q, k, v, cq, ck, True, 1.0, **kw)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+    plain = context_attention_reference(q, k, v, cq, ck, True, 1.0, sliding_window=sliding_window)
+    if max_distance:        # one column: the same bias on every key, which softmax cancels
+        assert (ref.float() - plain.float()).abs().max() > 1e-2
+
+
+def test_relative_bias_needs_causal():
+    q, k = torch.randn(4, 2, 16), torch.randn(4, 2, 16)
+    cq = cu_seqlens([4])
+    with pytest.raises(ValueError, match="causal"):
+        context_attention(q, k, k, cq, cq, False, 1.0, rel_bias=torch.zeros(2, 8))

@@ -24,7 +24,8 @@ def _lengths(kind: str, block_size: int, batch: int, seed: int) -> list[int]:
     return [rng.choice(edges + [rng.randint(1, 5 * block_size)]) for _ in range(batch)]
 
 
-def _run(fmt, block_size, heads, head_size, lens, k_scale=0.61, v_scale=1.7, q_transform=None, sliding_window=0):
+def _run(fmt, block_size, heads, head_size, lens, k_scale=0.61, v_scale=1.7, q_transform=None, sliding_window=0,
+         rel_bias=None):
     (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
     spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
     tables, num_blocks = random_block_tables(lens, block_size)
@@ -36,9 +37,9 @@ def _run(fmt, block_size, heads, head_size, lens, k_scale=0.61, v_scale=1.7, q_t
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     sm_scale = head_size ** -0.5
     out = paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale,
-                                 sliding_window=sliding_window)
+                                 sliding_window=sliding_window, rel_bias=rel_bias)
     ref = paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale,
-                                           sliding_window=sliding_window)
+                                           sliding_window=sliding_window, rel_bias=rel_bias)
     assert out.dtype == q.dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
     return out
@@ -181,3 +182,36 @@ def test_sliding_window_rejects_bad_values():
         with pytest.raises(ValueError, match="sliding_window"):
             paged_decode_attention(torch.randn(1, 1, 16), pool, tables, torch.tensor([3], dtype=torch.int32), spec,
                                    0.25, sliding_window=bad)
+
+
+def bias_table(num_heads: int, max_distance: int) -> torch.Tensor:
+    """A T5-like relative bias table [heads, max_distance + 1], large enough to change which keys win."""
+    return (torch.randn(num_heads, max_distance + 1, generator=torch.Generator().manual_seed(max_distance)) * 3)
+
+
+@pytest.mark.parametrize("max_distance", [0, 4, 40, 200])
+@pytest.mark.parametrize("num_splits,words,f16", [(1, False, False), (3, True, True), (8, False, True)])
+@pytest.mark.parametrize("fmt,heads", [(("auto", torch.float32), (8, 2)), (("int8_per_token_head", torch.float16), (4, 1)),
+                                       (("fp8", torch.float16), (4, 4))])
+def test_relative_bias_matches_reference(monkeypatch, fmt, heads, num_splits, words, f16, max_distance):
+    """T5's bias by distance, clamped at max_distance; every kernel variant, split-K included."""
+    original = launch.decode_config
+    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
+        original(*a, **k), num_splits=num_splits, block_n=8, word_loads=words, f16_dot=f16))
+    _run(fmt, 8, heads, 32, [1, 7, 33, 60], rel_bias=bias_table(heads[0], max_distance))
+
+
+def test_relative_bias_changes_the_answer_and_is_checked():
+    spec = make_spec("auto", torch.float32, 1, 16, 8)
+    tables, num_blocks = random_block_tables([20], 8)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, [20], torch.float32)
+    args = (torch.randn(1, 2, 16), pool, tables, torch.tensor([20], dtype=torch.int32), spec, 0.25)
+    biased = paged_decode_attention(*args, rel_bias=bias_table(2, 8))
+    torch.testing.assert_close(biased, paged_decode_attention_reference(*args, rel_bias=bias_table(2, 8)),
+                               **attention_tolerance(torch.float32))
+    assert (biased - paged_decode_attention_reference(*args)).abs().max() > 1e-2
+    with pytest.raises(TypeError, match="rel_bias"):
+        paged_decode_attention(*args, rel_bias=torch.zeros(2, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rel_bias"):
+        paged_decode_attention(*args, rel_bias=torch.zeros(3, 4))

@@ -237,3 +237,32 @@ def test_context_sliding_window_on_gpu(kernels, fmt, sliding_window):
             kernels.context_attention(q, k, v, cq, ck, True, head_size ** -0.5, sliding_window=sliding_window).float(),
             kernels.context_attention_reference(q, k, v, cq, ck, True, head_size ** -0.5,
                                                 sliding_window=sliding_window).float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4]])
+@pytest.mark.parametrize("max_distance", [0, 128])
+@pytest.mark.parametrize("splits,words", [(1, False), (5, True)])
+def test_relative_bias_on_gpu(kernels, monkeypatch, fmt, max_distance, splits, words):
+    """T5's relative position bias in decode (split-K, both 1-byte readers) and paged and unfused context."""
+    from minikv.kernels import launch
+    kv_cache_dtype, dtype = fmt
+    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: launch.DecodeConfig(
+        16, 64, splits, 4, 2, False, words, False))
+    lens, num_heads, kv_heads, head_size = [1, 17, 200, 777], 12, 12, 64
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, 16)
+    tables, num_blocks = random_block_tables(lens, 16, device=CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
+    bias = (torch.randn(num_heads, max_distance + 1) * 3).to(CUDA)
+    q = torch.randn(len(lens), num_heads, head_size).to(dtype).to(CUDA)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    args = (q, pool, tables, seq_lens, spec, 1.0 / 8, 0.6, 1.7)
+    torch.testing.assert_close(kernels.paged_decode_attention(*args, rel_bias=bias).float(),
+                               kernels.paged_decode_attention_reference(*args, rel_bias=bias).float(),
+                               **attention_tolerance(dtype))
+    q_lens = [1, 5, 100, 300]
+    qc = torch.randn(sum(q_lens), num_heads, head_size).to(dtype).to(CUDA)
+    cargs = (qc, pool, tables, cu_seqlens(q_lens, CUDA), seq_lens, spec, True, 1.0 / 8, 0.6, 1.7)
+    torch.testing.assert_close(kernels.paged_context_attention(*cargs, rel_bias=bias).float(),
+                               kernels.paged_context_attention_reference(*cargs, rel_bias=bias).float(),
+                               **attention_tolerance(dtype))
