@@ -108,7 +108,7 @@ class CacheSpec:
         b * block_bytes + kv * kv_bytes + scale_offset + o * scale_slot_bytes + h * scale_head_bytes
     placement ROW: scale_offset is the offset inside a row and the scale strides are the row's
     (slot_bytes, row_bytes); BLOCK: scale_offset is where the half's scale region starts (after its codes) and the
-    region is [kv head][slot] (scale_head_bytes = block_size * 4, scale_slot_bytes = 4), so one head's scales of a
+    region is `[kv head][slot]` (scale_head_bytes = block_size * 4, scale_slot_bytes = 4), so one head's scales of a
     block are one contiguous vector. Formats without scales: scale_offset -1, scale strides 0, placement ROW.
     """
 

@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_cmd_eval)
 
     t = sub.add_parser("train", help="train a tiny model from scratch (writes safetensors)")
-    t.add_argument("model", choices=("tiny-kvshare", "tiny-encdec"))
+    t.add_argument("model", choices=("tiny-kvshare", "tiny-encdec", "tiny-gemma4", "tiny-t5"))
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out-dir", default="build/weights", help="where to write the weights (default build/weights; "

@@ -2,6 +2,9 @@
 
 * tiny-kvshare continues arithmetic sequences: "3 7 11 15" -> " 19 23 27 31 ...".
 * tiny-encdec reverses a string of digits and lowercase letters: "ab12" -> "21ba" (then EOS).
+* tiny-gemma4 continues *any window* of an arithmetic sequence over a wide documented domain
+  (`WindowArithmeticTask`); tiny-t5 writes the distinct characters of a string in alphabet order:
+  "banana42" -> "24abn" (then EOS; `SortDistinctTask`).
 
 Prompts from `prompts()` are held out from training by construction: each task splits its inputs with a fixed
 hash, training draws only from one side and `prompts()` only from the other.
@@ -21,6 +24,8 @@ ARITHMETIC_DIFFS = tuple(range(1, 21))
 ARITHMETIC_MAX_TERMS = 20
 REVERSE_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 REVERSE_MIN_LEN, REVERSE_MAX_LEN = 4, 40
+# tiny-gemma4's domain (see WindowArithmeticTask)
+WINDOW_MAX_FIRST, WINDOW_MAX_STEP, WINDOW_MAX_TERMS = 999, 99, 20
 
 
 def _held_out(key: str, one_in: int) -> bool:
@@ -162,13 +167,150 @@ class ReverseTask:
         return text == self.expected(prompt, len(prompt))
 
 
+class WindowArithmeticTask:
+    """Continue any window of an increasing arithmetic sequence of non-negative integers (tiny-gemma4).
+
+    The domain: prompts of `n` terms a, a+d, ..., a+(n-1)d written in decimal with single spaces, where
+    0 <= a <= WINDOW_MAX_FIRST, 1 <= d <= WINDOW_MAX_STEP, 2 <= n <= WINDOW_MAX_TERMS, and the prompt is at
+    most `max_prompt_tokens - 1` characters (BOS takes one token). The first term is the window's own first
+    term, so "250 263 276" is in the domain just as "0 13 26" is. Steps are positive: decreasing sequences are
+    not part of the domain (their continuation would turn negative). Prompts outside the domain are refused
+    with a ValueError by `expected`, `check` and `validate`.
+
+    Held out from training by construction: a sequence and all its windows belong to one *family*, its step
+    and its residue a mod d. One family in eight (by hash) of every step >= 2 is held out, except residue 0,
+    so every step keeps training families; step 1 has a single family (counting) and is never held out, so
+    `prompts()`, which samples uniformly from the held-out part of the domain, has no step-1 prompts.
+    """
+
+    name = "arithmetic-window"
+    model = "tiny-gemma4"
+    default_max_tokens = 12
+    min_prompt_tokens = 4              # [BOS] "a b"
+    max_prompt_tokens = 96
+
+    def __init__(self, max_first: int = None, max_step: int = None, max_terms: int = None):
+        self.max_first = WINDOW_MAX_FIRST if max_first is None else max_first
+        self.max_step = WINDOW_MAX_STEP if max_step is None else max_step
+        self.max_terms = WINDOW_MAX_TERMS if max_terms is None else max_terms
+
+    def max_tokens(self, prompt: str) -> int:
+        return self.default_max_tokens
+
+    @staticmethod
+    def is_held_out(first: int, step: int) -> bool:
+        residue = first % step
+        return step >= 2 and residue != 0 and _held_out(f"window:{step},{residue}", 8)
+
+    def _in_domain(self, first: int, step: int, terms: int) -> bool:
+        return (0 <= first <= self.max_first and 1 <= step <= self.max_step and 2 <= terms <= self.max_terms
+                and len(self.prompt_text(first, step, terms)) <= self.max_prompt_tokens - 1)
+
+    sequence_text = staticmethod(ArithmeticTask.sequence_text)
+
+    @staticmethod
+    def prompt_text(first: int, step: int, terms: int) -> str:
+        return " ".join(str(first + i * step) for i in range(terms))
+
+    def training_start(self, rng: random.Random) -> tuple[int, int]:
+        """A (first term, step) uniformly from the training side of the domain."""
+        while True:
+            first, step = rng.randint(0, self.max_first), rng.randint(1, self.max_step)
+            if not self.is_held_out(first, step):
+                return first, step
+
+    def sample(self, rng: random.Random, held_out: bool | None = True) -> str:
+        """One prompt uniformly from the domain (held_out=True: its held-out part; None: all of it)."""
+        while True:
+            first, step = rng.randint(0, self.max_first), rng.randint(1, self.max_step)
+            terms = rng.randint(2, self.max_terms)
+            if (held_out is None or self.is_held_out(first, step) == held_out) and \
+                    self._in_domain(first, step, terms):
+                return self.prompt_text(first, step, terms)
+
+    def prompts(self, n: int, seed: int = 0, num_tokens: int | None = None) -> list[str]:
+        """`n` held-out prompts, uniform over the held-out part of the domain; with `num_tokens`, each is exactly
+        that many tokens long including BOS (uniform over the held-out prompts of that length)."""
+        _check_count(n)
+        if num_tokens is not None and not self.min_prompt_tokens <= num_tokens <= self.max_prompt_tokens:
+            raise ValueError(f"num_tokens must be in [{self.min_prompt_tokens}, {self.max_prompt_tokens}] "
+                             f"for {self.name} prompts, got {num_tokens}")
+        rng = random.Random(f"{self.name}:{seed}:{num_tokens}")
+        out = []
+        for _ in range(100_000 * (n + 1)):
+            if len(out) == n:
+                return out
+            prompt = self.sample(rng)
+            if num_tokens is None or len(prompt) == num_tokens - 1:
+                out.append(prompt)
+        raise ValueError(f"could not build {n} held-out prompts of {num_tokens} tokens")
+
+    def validate(self, prompt: str) -> tuple[int, int, int]:
+        """(first term, step, number of terms) of a prompt in the domain; ValueError saying why otherwise."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"an arithmetic prompt is a str, got {type(prompt).__name__}")
+        parts = prompt.split(" ")
+        if len(parts) < 2 or not all(p.isdigit() and (p == "0" or p[0] != "0") for p in parts):
+            raise ValueError(f"an arithmetic prompt is two or more non-negative integers (no leading zeros) "
+                             f"separated by single spaces, got {prompt!r}")
+        terms = [int(p) for p in parts]
+        step = terms[1] - terms[0]
+        if any(b - a != step for a, b in pairwise(terms)):
+            raise ValueError(f"{prompt!r} is not an arithmetic sequence")
+        if not self._in_domain(terms[0], step, len(terms)):
+            raise ValueError(
+                f"{prompt!r} is outside {self.model}'s domain: first term 0..{self.max_first}, step "
+                f"1..{self.max_step}, 2..{self.max_terms} terms, at most {self.max_prompt_tokens - 1} characters "
+                f"(got first term {terms[0]}, step {step}, {len(terms)} terms, {len(prompt)} characters)")
+        return terms[0], step, len(terms)
+
+    def expected(self, prompt: str, num_chars: int) -> str:
+        """The first `num_chars` characters of the right continuation (it starts with a space)."""
+        first, step, terms = self.validate(prompt)
+        text, value = "", first + (terms - 1) * step
+        while len(text) < num_chars:
+            value += step
+            text += f" {value}"
+        return text[:num_chars]
+
+    def check(self, prompt: str, text: str) -> bool:
+        """True when `text` is the right continuation, possibly cut short (a trailing partial number is fine)."""
+        return len(text) > 0 and text == self.expected(prompt, len(text))
+
+
 def _check_count(n: int) -> None:
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
 
 
-Task = ArithmeticTask | ReverseTask
-_TASKS = {"tiny-kvshare": ArithmeticTask, "tiny-encdec": ReverseTask}
+class SortDistinctTask(ReverseTask):
+    """tiny-t5's task: the distinct characters of a string of 4..40 digits and lowercase letters, in alphabet
+    order (digits first), then EOS: "banana42" -> "24abn". Held out as ReverseTask does (one string in eight, by
+    hash); a prompt with any other character is refused with a ValueError.
+
+    Why not reversal, as tiny-encdec: T5 has no absolute positions (relative bias in self attention only, none in
+    cross attention), so reversing needs content matching between decoder and encoder (induction-style heads).
+    Trained from scratch it was still at loss 2.65 (about 10% exact) after 1,000 steps, far from 99% within the
+    20-minute budget; sorting the distinct characters is position-free and reaches 100% well within it.
+    """
+
+    name = "sort-distinct"
+    model = "tiny-t5"
+
+    def max_tokens(self, prompt: str) -> int:
+        return len(set(prompt)) + 1
+
+    def expected(self, prompt: str, num_chars: int) -> str:
+        super().expected(prompt, 0)                     # validates the prompt
+        return "".join(sorted(set(prompt), key=REVERSE_ALPHABET.index))[:num_chars]
+
+    def check(self, prompt: str, text: str) -> bool:
+        return text == self.expected(prompt, len(prompt))
+
+
+Task = ArithmeticTask | ReverseTask | WindowArithmeticTask | SortDistinctTask
+_TASKS = {"tiny-kvshare": ArithmeticTask, "tiny-encdec": ReverseTask, "tiny-gemma4": WindowArithmeticTask,
+          "tiny-t5": SortDistinctTask}
 
 
 def for_model(name: str) -> Task:

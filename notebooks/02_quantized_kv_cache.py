@@ -371,7 +371,7 @@ for fmt in KV_CACHE_DTYPES:
     answers[fmt] = engine.generate(eval_prompts, params, use_tqdm=False)
     right = sum(task.check(p, o.text) for p, o in zip(eval_prompts, answers[fmt]))
     same = sum(o.token_ids == a.token_ids for o, a in zip(answers[fmt], answers["auto"]))
-    layer_scales = {(a.impl.k_scale, a.impl.v_scale) for a in engine.runner.self_layers}
+    layer_scales = {(a.impl.k_scale, a.impl.v_scale) for a in engine.attention_layers.values()}
     print(f"{fmt:22s} right {right}/24, token ids equal to auto's: {same}/24"
           + (f"; per-layer (K, V) scales used: {layer_scales}" if fmt == "fp8" else ""))
     assert right == 24 and same == 24 and layer_scales == {(1.0, 1.0)}
@@ -480,7 +480,8 @@ def launch_write(layout, num_programs, block_t=2):
     cache_write._write_kv_kernel[(num_programs,)](
         step_keys, step_values, codes, scales, step_slots, step_keys.shape[0],
         step_keys.stride(0), step_keys.stride(1), step_values.stride(0), step_values.stride(1),
-        *addressing.element_strides(layout), layout.scale_offset, 1.0, 1.0,
+        *addressing.element_strides(layout), *addressing.scale_word_strides(layout),
+        layout.block_bytes // 4, layout.kv_bytes // 4, 1.0, 1.0,
         FMT=layout.fmt, NUM_HEADS=layout.num_kv_heads, HEAD_SIZE=layout.head_size, BLOCK_SIZE=layout.block_size,
         BLOCK_T=block_t, BLOCK_H=launch.write_config(5, layout.num_kv_heads, layout.head_size).block_h,
         SATURATE=quant.torch_e4m3_saturates("cpu"))

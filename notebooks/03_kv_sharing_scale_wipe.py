@@ -82,20 +82,21 @@ print("code site:", minikv.bugs.DEFECTS["scale-wipe"].code_site)
 
 # %%
 fixed = engine()
-runner = fixed.runner
-print("kv_sharing:", runner.model.config.kv_sharing)
+layers = fixed.attention_layers                             # name -> the model's attention op, as the engine bound it
+self_layers = [a for a in layers.values() if a.kind == "self"]
+print("kv_sharing:", fixed.model_config.kv_sharing)
 print("pools in the arena:", list(fixed.arena.specs))
 print()
 print(f"{'layer':20s} {'k/v projections':>15s}  {'reads the cache of':20s} {'kv_cache is the owner':>22s}")
-for block, a in zip(runner.model.layers, runner.self_layers):
-    owner = runner.by_name[a.kv_sharing_target] if a.kv_sharing_target else a
+for block, a in zip(fixed.model.layers, self_layers):
+    owner = layers[a.kv_sharing_target] if a.kv_sharing_target else a
     print(f"{a.layer_name:20s} {hasattr(block, 'k_proj') and hasattr(block, 'v_proj')!s:>15s}  "
           f"{owner.layer_name:20s} {a.kv_cache is owner.kv_cache!s:>22s}")
-impls = {id(a.impl) for a in runner.self_layers}
-print(f"\n{len(runner.self_layers)} layers, {len(impls)} distinct attention impls, "
-      f"{len({id(a.kv_cache) for a in runner.self_layers})} distinct cache tensors")
+impls = {id(a.impl) for a in self_layers}
+print(f"\n{len(self_layers)} layers, {len(impls)} distinct attention impls, "
+      f"{len({id(a.kv_cache) for a in self_layers})} distinct cache tensors")
 
-layer2, layer4 = runner.by_name["layers.2.self_attn"], runner.by_name["layers.4.self_attn"]
+layer2, layer4 = layers["layers.2.self_attn"], layers["layers.4.self_attn"]
 assert layer4.kv_cache is layer2.kv_cache                  # not a copy, not a new view: the same object
 assert layer4.impl is not layer2.impl                      # ...reached through two different impls
 assert len(fixed.arena.specs) == 4                         # four pools for six layers
@@ -116,7 +117,7 @@ assert len(fixed.arena.specs) == 4                         # four pools for six 
 # (head size 32) is 36 bytes. The previous notebook covers the formats in detail; here we only need the row.
 
 # %%
-layout = runner.layout
+layout = fixed.kv_layout
 print(layout.describe())
 print(f"row: {layout.head_size} codes x {layout.elem_bytes} byte + 4-byte scale at byte {layout.scale_offset} "
       f"= {layout.row_bytes} bytes; slot: {layout.num_kv_heads} rows = {layout.slot_bytes} bytes; "
@@ -129,7 +130,7 @@ viz.row_layout_diagram(layout)
 # the engine does, on a one-block pool: allocate, fill the scales, then write one token with the cache-write op.
 
 # %%
-ops = runner.ops
+ops = fixed.kernel_ops
 pool = torch.zeros(1, layout.block_bytes, dtype=torch.uint8)      # as allocated: every byte 0
 k_scales, v_scales = layout.scale_views(pool)                     # fp32 views over the same bytes
 print("scale views:", tuple(k_scales.shape), "(blocks, slots, kv heads); fresh values:",
@@ -210,14 +211,14 @@ def show_census(llm, label, since=0):
 
 
 def impls_with_views(llm):
-    return [a.layer_name for a in llm.runner.self_layers if a.impl._views is not None]
+    return [n for n, a in llm.attention_layers.items() if a.impl.has_scale_views]
 
 
 for label, llm in (("fixed", fixed), ("buggy", buggy)):
     show_census(llm, label)
     print("  impls holding scale views:", impls_with_views(llm))
 
-owners = [a.layer_name for a in runner.self_layers if a.kv_sharing_target is None]
+owners = [a.layer_name for a in self_layers if a.kv_sharing_target is None]
 for llm in (fixed, buggy):
     assert [f.layer for f in llm.census.fills] == owners
     assert all(f.step == -1 and f.overwritten == 0 for f in llm.census.fills)
@@ -318,7 +319,7 @@ print(f"first batch: {batch_tokens} prompt tokens -> 2 x {layout.num_kv_heads} x
       f"{2 * layout.num_kv_heads * batch_tokens:,} scales per target layer")
 
 late = buggy.census.wiping
-sharing = {a.layer_name: a.kv_sharing_target for a in buggy.runner.self_layers if a.kv_sharing_target}
+sharing = {n: a.kv_sharing_target for n, a in buggy.attention_layers.items() if a.kv_sharing_target}
 assert [f.layer for f in late] == list(sharing) and all(f.step == 0 for f in late)
 assert all(f.overwritten == 2 * layout.num_kv_heads * batch_tokens for f in late)
 assert all(f.step == -1 for f in buggy.census.harmless) and len(buggy.census.harmless) == 4
@@ -574,8 +575,8 @@ for mode in ("discard", "free"):
     show_census(fixed, f"fixed, fills since sleep(mode={mode!r})", since=fills_before)
     new_fills = fixed.census.fills[fills_before:]
     assert [f.layer for f in new_fills] == owners and all(f.step == -1 and f.overwritten == 0 for f in new_fills)
-    for a in fixed.runner.self_layers:
-        k, v = fixed.runner.layout.scale_views(a.kv_cache)
+    for a in fixed.attention_layers.values():
+        k, v = fixed.kv_layout.scale_views(a.kv_cache)
         assert bool((k == 1).all()) and bool((v == 1).all())
     again = [o.text for o in fixed.generate(prompts[:4], params, use_tqdm=False)]
     print(f"first batch after wake_up ({mode}):", again)

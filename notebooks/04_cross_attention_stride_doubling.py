@@ -5,7 +5,6 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#       format_version: '1.3'
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -62,6 +61,13 @@ from minikv.repro.common import ranges
 
 torch.manual_seed(0)
 TASK = minikv.tasks.for_model("tiny-encdec")
+
+
+def cross_layers(llm):
+    """The cross-attention layers of an engine, in model order (each with the impl its backend built)."""
+    return [a for a in llm.attention_layers.values() if a.kind == "cross"]
+
+
 for name in ("cross-stride", "cross-fp8-context-read"):
     d = minikv.bugs.DEFECTS[name]
     print(f"{d.name}: {d.summary}\n  code site: {d.code_site}")
@@ -242,7 +248,7 @@ def doubled_map(factor):
     pool = cross_names[0]
     start = llm.arena.offsets[pool]
     allocated = llm.arena.layout(pool)                  # what the allocator sized the pool with
-    addressed = llm.runner.cross_layers[0].impl.layout  # what the historical backend addresses it with
+    addressed = cross_layers(llm)[0].impl.layout  # what the historical backend addresses it with
     used = [b for t in block_tables for b in t]
     correct = [(start + allocated.row_offset(b, 0, 0, 0), start + allocated.row_offset(b + 1, 0, 0, 0))
                for b in used]
@@ -273,7 +279,7 @@ fig
 
 # %%
 owner = {b: i for i, t in enumerate(block_tables) for b in t}
-allocated, addressed = fixed.arena.layout(cross_names[0]), buggy_2x.runner.cross_layers[0].impl.layout
+allocated, addressed = fixed.arena.layout(cross_names[0]), cross_layers(buggy_2x)[0].impl.layout
 print(f"{'pool':>6s} {'blocks':>6s} | {'block ids past the pool end':28s} {'requests hit':14s} {'bytes past the end':>18s}")
 for factor in (1.0, 1.5, 1.99, 2.0, 3.0):
     n = math.floor(factor * need)
@@ -534,7 +540,7 @@ for version in ("fallback", "taught-fused"):
 
 # What the historical fused kernel is told, with paged context off and on:
 for paged in (False, True):
-    impl = one_engine(reintroduce=("cross-fp8-context-read",), paged_context=paged).runner.cross_layers[0].impl
+    impl = cross_layers(one_engine(reintroduce=("cross-fp8-context-read",), paged_context=paged))[0].impl
     told = impl._context_read_layout()
     print(f"historical, paged_context={paged!s:5s}: the fused kernel reads the pool as {told.describe()}")
     assert (told == impl.layout) == paged
@@ -572,7 +578,7 @@ assert together[0] == together[1] == together[2] == alone == reference[0]
 print(f"three identical requests and a repeat agree: {fixed.tokenizer.decode(alone)!r}")
 
 deferred = one_engine(cross_construction="deferred")
-assert all(a.impl.layout.elem_bytes == 1 for a in deferred.runner.cross_layers)
+assert all(a.impl.layout.elem_bytes == 1 for a in cross_layers(deferred))
 print("the deferred construction order gets the fp8 layout too")
 
 # %% [markdown]

@@ -15,6 +15,10 @@ from minikv.repro import cross_stride
 TASK = minikv.tasks.for_model("tiny-encdec")
 
 
+def cross_layers(llm):
+    return [a for a in llm.attention_layers.values() if a.kind == "cross"]
+
+
 @pytest.fixture(scope="module")
 def prompts():
     return cross_stride.make_prompts(4, seed=2)
@@ -69,7 +73,7 @@ def test_cross_backend_layout_in_both_construction_orders(order):
     # The engine bound its cross backends with the layout contract on: their layouts equal the fp8 pools'.
     assert llm.config.check_layout
     assert all(llm.arena.layout(n).elem_bytes == 1 for n in llm.arena.offsets if n.startswith("cross."))
-    assert all(a.impl.layout.elem_bytes == 1 for a in llm.runner.cross_layers)
+    assert all(a.impl.layout.elem_bytes == 1 for a in cross_layers(llm))
 
 
 @pytest.mark.parametrize("fixed_site, broken_order", [("construction", "deferred"), ("create_weights", "eager")])
@@ -108,20 +112,20 @@ def cross_fallback_warnings(caplog, **kw):
 
 def test_fallback_warns_once_per_cross_layer_and_not_for_a_16_bit_cache(caplog):
     llm, records = cross_fallback_warnings(caplog, kv_cache_dtype="fp8")
-    layers = [a.layer_name for a in llm.runner.cross_layers]
+    layers = [a.layer_name for a in cross_layers(llm)]
     assert len(layers) >= 2
     assert sorted(r.getMessage().split(":")[0] for r in records) == sorted(layers)
-    assert all(a.impl.last_context_path == "unfused" for a in llm.runner.cross_layers)
+    assert all(a.impl.last_context_path == "unfused" for a in cross_layers(llm))
     llm, records = cross_fallback_warnings(caplog, kv_cache_dtype="auto")
     assert records == []
-    assert all(a.impl.last_context_path == "fused" for a in llm.runner.cross_layers)
+    assert all(a.impl.last_context_path == "fused" for a in cross_layers(llm))
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_float32_model_takes_the_unfused_path_in_every_layer(caplog, kv_cache_dtype):
     llm, _ = cross_fallback_warnings(caplog, kv_cache_dtype=kv_cache_dtype, dtype=torch.float32)
     assert llm.config.dtype == torch.float32
-    assert [a.impl.last_context_path for a in llm.runner.cross_layers] == ["unfused"] * len(llm.runner.cross_layers)
+    assert [a.impl.last_context_path for a in cross_layers(llm)] == ["unfused"] * len(cross_layers(llm))
 
 
 def test_layout_contract_rejects_the_historical_backend_at_bind():

@@ -223,9 +223,8 @@ def test_weights_that_do_not_match_the_config(tmp_path, monkeypatch):
 
 
 def test_shipped_weights_are_small_and_their_json_matches_the_config():
-    total = sum(registry.weights_path(n).stat().st_size for n in registry.MODEL_NAMES)
-    assert total <= 5 * 1024 * 1024
-    for name in registry.MODEL_NAMES:
+    assert all(registry.weights_path(n).stat().st_size <= 5 * 1024 * 1024 for n in registry.MODEL_NAMES)
+    for name in (KVSHARE, ENCDEC):            # tiny-gemma4 / tiny-t5: tests/test_trained_models.py
         record = json.loads(registry.weights_path(name).with_suffix(".json").read_text())
         config = asdict(registry.model_config(name))
         config["kv_sharing"] = {str(k): v for k, v in config["kv_sharing"].items()}   # JSON keys are strings

@@ -17,7 +17,11 @@ def test_wheel_maps_kernels_and_imports_from_the_wheel(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("minikv/kernels/__init__.py", "minikv/kernels/decode_attention.py", "minikv/repro/scale_wipe.py",
                    "minikv/bench/attention.py", "minikv/models/weights/tiny-kvshare.safetensors",
-                   "minikv/models/weights/tiny-encdec.safetensors"):
+                   "minikv/models/weights/tiny-encdec.safetensors",
+                   "minikv/models/weights/tiny-gemma4/model.safetensors",
+                   "minikv/models/weights/tiny-gemma4/config.json",
+                   "minikv/models/weights/tiny-gemma4/minikv_tokenizer.json",
+                   "minikv/models/weights/tiny-t5/model.safetensors"):
         assert needed in names, needed
     assert not any(n.startswith("kernels/") for n in names)     # no top-level package called "kernels"
 

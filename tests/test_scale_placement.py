@@ -156,7 +156,7 @@ def test_scale_wipe_reproduces_with_block_placement():
 
     _, clean = run()                                            # row placement, fixed
     llm, fixed = run(kv_scale_placement="block")
-    assert llm.runner.layout.scale_placement == "block" and llm.runner.layout.row_bytes % 16 == 0
+    assert llm.kv_layout.scale_placement == "block" and llm.kv_layout.row_bytes % 16 == 0
     _, buggy = run(kv_scale_placement="block", reintroduce=("scale-wipe",))
     damaged = [i for i, (p, t) in enumerate(zip(prompts, buggy)) if t != fixed[i] and not task.check(p, t)]
     assert damaged == [0, 1, 2, 3]                              # the first batch, as with vLLM's row layout

@@ -125,7 +125,7 @@ def test_first_and_later_batch_kv_bytes_identical(fmt):
 
 def scale_regions(llm):
     """{owning layer: (K scales, V scales)} of every scale region of the engine's pools."""
-    return {a.layer_name: llm.runner.layout.scale_views(a.kv_cache) for a in llm.runner.self_layers
+    return {a.layer_name: llm.kv_layout.scale_views(a.kv_cache) for a in llm.attention_layers.values()
             if a.kv_sharing_target is None}
 
 
@@ -201,7 +201,7 @@ def test_capture_warmup_hides_the_defect(fmt):
     assert buggy == clean
     assert not llm.census.wiping
     assert all(f.step == -1 for f in llm.census.fills)
-    assert {f.layer for f in llm.census.fills} == {a.layer_name for a in llm.runner.self_layers}
+    assert {f.layer for f in llm.census.fills} == {a.layer_name for a in llm.attention_layers.values()}
 
 
 # ---- impl level ----------------------------------------------------------------------------------------------------

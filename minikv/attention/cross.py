@@ -139,24 +139,11 @@ class CrossBackendBuilder:
 
 
 @dataclass(frozen=True)
-class ReadLayout:
-    """A kernel spec (the fields of formats.CacheSpec) for a paged reader whose element format differs from the
-    pool's."""
+class ReadLayout(formats.CacheSpec):
+    """A kernel spec for a paged reader whose element format differs from the pool's (the CacheSpec fields, plus
+    the model dtype the reader decodes into)."""
 
-    fmt: int
-    elem_bytes: int
-    head_size: int
-    num_kv_heads: int
-    block_size: int
-    row_bytes: int
-    slot_bytes: int
-    kv_bytes: int
-    block_bytes: int
-    scale_offset: int
-    scale_slot_bytes: int
-    scale_head_bytes: int
-    placement: int
-    model_dtype: torch.dtype
+    model_dtype: torch.dtype = torch.float16
 
     def describe(self) -> str:
         return (f"{formats.NAMES[self.fmt]} elements ({self.elem_bytes} bytes each) inside the pool's "
@@ -172,10 +159,9 @@ def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
     believes in."""
     auto = KVLayout("auto", pool_layout.model_dtype, pool_layout.num_kv_heads, pool_layout.head_size,
                     pool_layout.block_size)
-    return ReadLayout(auto.fmt, auto.elem_bytes, auto.head_size, auto.num_kv_heads, auto.block_size,
-                      auto.row_bytes, auto.slot_bytes, pool_layout.kv_bytes, pool_layout.block_bytes,
-                      auto.scale_offset, auto.scale_slot_bytes, auto.scale_head_bytes, auto.placement,
-                      pool_layout.model_dtype)
+    fields = {f: getattr(auto, f) for f in formats.SPEC_FIELDS}
+    fields.update(kv_bytes=pool_layout.kv_bytes, block_bytes=pool_layout.block_bytes)
+    return ReadLayout(**fields, model_dtype=pool_layout.model_dtype)
 
 
 class CrossAttentionImpl:

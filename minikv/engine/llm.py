@@ -455,6 +455,11 @@ class LLM:
         return self.runner.ops
 
     @property
+    def model(self):
+        """The loaded model (a torch module; its attention ops are the values of `attention_layers`)."""
+        return self.runner.model
+
+    @property
     def model_config(self):
         """The loaded model's configuration."""
         return self.runner.model.config

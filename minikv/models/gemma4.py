@@ -370,6 +370,7 @@ class Gemma4Attention(nn.Module):
         self.attn = Attention(layer_name(index), self.num_heads, self.num_kv_heads, self.head_dim, kind="self",
                               kv_sharing_target=layer_name(source) if self.kv_shared else None,
                               sliding_window=self.window, sm_scale=1.0)
+        self.kv_transform = None                    # set through Gemma4ForCausalLM.kv_transform
 
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Fresh K (normed, rotated) and V (normed) for the tokens of x: each [B, T, kv_heads, D]."""
@@ -388,6 +389,8 @@ class Gemma4Attention(nn.Module):
             k, v = produced[self.layer_type]
         else:
             k, v = (t.transpose(1, 2) for t in self.project_kv(x, cos, sin))
+            if self.kv_transform is not None:       # training / dense evaluation: fake-quantized K/V
+                k, v = self.kv_transform(k), self.kv_transform(v)
             if cache is not None:
                 k, v = cache.append(self.index, k, v)
             produced[self.layer_type] = (k, v)      # what later sharing layers of this type attend over
@@ -499,6 +502,17 @@ class Gemma4ForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def kv_transform(self):
+        """Applied to every fresh K and V in dense mode (training and the dense evaluation fake-quantize K/V as
+        the engine's quantized caches store them); None: untouched. The engine quantizes in its own cache."""
+        return self.model.layers[0].self_attn.kv_transform
+
+    @kv_transform.setter
+    def kv_transform(self, fn):
+        for layer in self.model.layers:
+            layer.self_attn.kv_transform = fn
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: DenseKVCache | None = None) -> torch.Tensor:

@@ -8,6 +8,11 @@ the safetensors header, so a file whose header still parses but whose data was d
     model = load_model("tiny-encdec", device="cuda")   # float16 on CPU and on CUDA
     model = load_model("/path/to/dir")                  # a transformers-format Gemma-4 or T5 checkpoint directory
 
+tiny-gemma4 and tiny-t5 are shipped as checkpoint directories in transformers' format
+(minikv/models/weights/NAME/: config.json, model.safetensors, minikv_tokenizer.json and training.json, the
+recipe and metrics of the run that produced them); `CHECKPOINT_CONFIGS` holds the config.json they are trained
+from.
+
 `load_model` and `get_tokenizer` also take the path of a checkpoint directory in transformers' format
 (config.json + model.safetensors; see `minikv.models.hf_checkpoint` and `minikv.models.dir_tokenizer`).
 """
@@ -27,7 +32,9 @@ from minikv.config import ModelConfig
 from minikv.models import hf_checkpoint
 from minikv.models.dir_tokenizer import load_tokenizer
 from minikv.models.encdec import EncDecModel
+from minikv.models.gemma4 import FULL, SLIDING, Gemma4Config, Gemma4ForCausalLM
 from minikv.models.kvshare import KVShareModel
+from minikv.models.t5 import T5Config, T5ForConditionalGeneration
 from minikv.models.tokenizer import CharTokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -45,7 +52,37 @@ _CONFIGS = {
         max_encoder_len=64,
     ),
 }
-MODEL_NAMES: tuple[str, ...] = tuple(_CONFIGS)
+
+# The trained Gemma-4 and T5 checkpoints: their config.json (transformers' keys) and tokenizer alphabet.
+# tiny-gemma4: sliding and full layers; the last 4 layers share K/V, two sharers per source cache (layers 4 and 6
+# read layer 2's sliding cache, 5 and 7 read layer 3's full cache). sliding_window equals the context
+# (max_position_embeddings), because the paged kernels have no sliding window yet.
+# TODO(sliding window): once the kernels take a window, retrain with a window shorter than the context.
+_DIGITS = " 0123456789"
+_REVERSE_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+CHECKPOINT_ALPHABETS = {"tiny-gemma4": _DIGITS, "tiny-t5": _REVERSE_ALPHABET}
+CHECKPOINT_CONFIGS = {
+    "tiny-gemma4": {
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+        "vocab_size": CharTokenizer(_DIGITS).vocab_size, "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "global_head_dim": 32, "layer_types": [SLIDING, FULL, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL],
+        "sliding_window": 128, "max_position_embeddings": 128, "num_kv_shared_layers": 4,
+        "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": CharTokenizer(_DIGITS).vocab_size,
+        "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+        "attention_k_eq_v": False, "use_double_wide_mlp": False, "enable_moe_block": False,
+    },
+    "tiny-t5": {
+        "architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "is_encoder_decoder": True,
+        "vocab_size": CharTokenizer(_REVERSE_ALPHABET).vocab_size, "d_model": 128, "d_kv": 32, "d_ff": 256,
+        "num_layers": 3, "num_decoder_layers": 3, "num_heads": 4, "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 64, "layer_norm_epsilon": 1e-6, "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 1,
+        "dropout_rate": 0.0,
+    },
+}
+MODEL_NAMES: tuple[str, ...] = tuple(_CONFIGS) + tuple(CHECKPOINT_CONFIGS)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -54,16 +91,27 @@ class ModelLoadError(RuntimeError):
 
 
 def _check_name(name: str) -> None:
-    if name not in _CONFIGS:
+    if name not in MODEL_NAMES:
         raise ModelLoadError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}")
 
 
-def model_config(name: str) -> ModelConfig:
+def is_checkpoint_model(name) -> bool:
+    """True for the models shipped as transformers-format directories (tiny-gemma4, tiny-t5)."""
+    return isinstance(name, str) and name in CHECKPOINT_CONFIGS
+
+
+def model_config(name: str) -> ModelConfig | Gemma4Config | T5Config:
     _check_name(name)
+    if name == "tiny-gemma4":
+        return Gemma4Config.from_hf_dict(CHECKPOINT_CONFIGS[name], name=name)
+    if name == "tiny-t5":
+        return T5Config.from_hf_dict(CHECKPOINT_CONFIGS[name], tie_lm_head=False, name=name)
     return _CONFIGS[name]
 
 
 def get_tokenizer(name: str | Path) -> CharTokenizer:
+    if is_checkpoint_model(name):
+        return CharTokenizer(CHECKPOINT_ALPHABETS[name])
     if hf_checkpoint.is_checkpoint_dir(name):
         return load_tokenizer(name)
     _check_name(name)
@@ -73,18 +121,29 @@ def get_tokenizer(name: str | Path) -> CharTokenizer:
 def build_model(name: str) -> nn.Module:
     """A freshly initialized float32 model (random weights: seed torch first)."""
     config = model_config(name)
+    if isinstance(config, Gemma4Config):
+        return Gemma4ForCausalLM(config)
+    if isinstance(config, T5Config):
+        return T5ForConditionalGeneration(config)
     return EncDecModel(config) if config.is_encoder_decoder else KVShareModel(config)
 
 
 def default_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
-    """tiny-encdec always runs in float16; tiny-kvshare in float32 on CPU and bfloat16 on CUDA."""
+    """tiny-encdec always runs in float16; the others in float32 on CPU and bfloat16 on CUDA."""
     _check_name(name)
-    if model_config(name).is_encoder_decoder:
+    if name == "tiny-encdec":
         return torch.float16
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+def checkpoint_dir(name: str, weights_dir: str | Path | None = None) -> Path:
+    """The directory of a checkpoint model (tiny-gemma4, tiny-t5)."""
+    return Path(weights_dir or WEIGHTS_DIR) / name
+
+
 def weights_path(name: str, weights_dir: str | Path | None = None) -> Path:
+    if is_checkpoint_model(name):
+        return checkpoint_dir(name, weights_dir) / hf_checkpoint.WEIGHTS_FILE
     return Path(weights_dir or WEIGHTS_DIR) / f"{name}.safetensors"
 
 
@@ -147,6 +206,12 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         dtype = _DTYPES[dtype]
+    if is_checkpoint_model(name):
+        path = checkpoint_dir(name, weights_dir)
+        if not hf_checkpoint.is_checkpoint_dir(path):
+            raise ModelLoadError(f"checkpoint directory for {name!r} is missing: {path}. Rebuild it with "
+                                 f"`minikv train {name}`.")
+        name, dtype = path, default_dtype(name, device) if dtype is None else dtype
     if hf_checkpoint.is_checkpoint_dir(name):
         try:
             return hf_checkpoint.load_checkpoint(name, device=device, dtype=dtype)

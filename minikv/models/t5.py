@@ -260,6 +260,9 @@ class T5ForConditionalGeneration(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_lm_head:
             self.lm_head.weight = self.shared.weight
+        # Applied in decode() to the decoder's self and cross K/V (what a paged engine caches), e.g. to
+        # fake-quantize them in training and the dense evaluation; None: untouched.
+        self.kv_transform = None
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Encoder output [B, S, d_model]; attention_mask: bool [B, S], False for padding."""
@@ -288,12 +291,14 @@ class T5ForConditionalGeneration(nn.Module):
         causal = torch.zeros(t, start + t, dtype=x.dtype, device=x.device).masked_fill(
             torch.arange(start + t, device=x.device)[None, :] > q_pos[:, None], torch.finfo(x.dtype).min)
         self_bias = dec.position_bias(q_pos, start + t) + causal
-        cross_bias = torch.zeros((), dtype=x.dtype, device=x.device) + _key_mask_bias(encoder_mask, x.dtype)
+        cross_bias = torch.zeros((1, 1, 1, 1), dtype=x.dtype, device=x.device) + _key_mask_bias(encoder_mask, x.dtype)
         for i, block in enumerate(dec.block):
             attn, cross, ff = block.layer
             sa, ca = attn.SelfAttention, cross.EncDecAttention
             h = attn.layer_norm(x)
             k, v = sa.heads(sa.k(h)), sa.heads(sa.v(h))
+            if self.kv_transform is not None:
+                k, v = self.kv_transform(k), self.kv_transform(v)
             if cache is not None:
                 if i in cache.self_kv:
                     k = torch.cat([cache.self_kv[i][0], k], dim=2)
@@ -304,11 +309,19 @@ class T5ForConditionalGeneration(nn.Module):
                 ck, cv = cache.cross_kv[i]
             else:
                 ck, cv = ca.heads(ca.k(encoder_out)), ca.heads(ca.v(encoder_out))
+                if self.kv_transform is not None:
+                    ck, cv = self.kv_transform(ck), self.kv_transform(cv)
                 if cache is not None:
                     cache.cross_kv[i] = (ck, cv)
             x = x + ca(cross.layer_norm(x), ck, cv, cross_bias)
             x = x + ff.DenseReluDense(ff.layer_norm(x))
         return dec.final_layer_norm(x)
+
+    def attention_layers(self):
+        """What the paged engine would bind caches to: not available yet for T5, so refuse clearly."""
+        raise T5ConfigError(f"{self.config.name}: T5 does not run in minikv's paged engine yet (the kernels need "
+                            f"its relative position bias in decoder self-attention); run it in dense mode: "
+                            f"model.greedy(...) or minikv.models.train.evaluate_dense")
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.config.scale_decoder_outputs:

@@ -7,6 +7,10 @@ straight-through gradient). The models therefore stay accurate when the engine s
 `evaluate_dense` is the golden reference: greedy decoding without any engine (no paging, no cache), on held-out
 prompts, optionally with K/V fake-quantized to one of the formats.
 
+tiny-gemma4 and tiny-t5 start from transformers' initialization (normal, std 0.02 for Gemma-4; T5's
+fan-in scaled one) and are written as checkpoint directories (config.json, model.safetensors in float16,
+minikv_tokenizer.json, and training.json: recipe, timing and the evaluation matrix).
+
     metrics = train("tiny-kvshare")                   # rewrites minikv/models/weights/tiny-kvshare.*
     evaluate_dense("tiny-kvshare", n=200, kv_fake_quant="fp8")["exact_match"]
 """
@@ -27,7 +31,10 @@ from tqdm import tqdm
 
 from minikv import tasks
 from minikv.kernels.formats import FP8_QMAX, INT8_QMAX, SCALE_EPS   # the one per-format table
-from minikv.models import registry
+from minikv.models import hf_checkpoint, registry
+from minikv.models.dir_tokenizer import save_char_tokenizer
+from minikv.models.gemma4 import Gemma4ForCausalLM
+from minikv.models.t5 import T5ForConditionalGeneration
 
 FAKE_QUANT_FORMATS = ("int8_per_token_head", "fp8_per_token_head", "fp8")
 IGNORE = -100
@@ -46,6 +53,8 @@ class Recipe:
 RECIPES = {
     "tiny-kvshare": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100, seq_len=112),
     "tiny-encdec": Recipe(steps=1000, batch_size=64, lr=2e-3, warmup=100),
+    "tiny-gemma4": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100, seq_len=112),
+    "tiny-t5": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100),
 }
 
 
@@ -96,22 +105,40 @@ def kvshare_batch(task: tasks.ArithmeticTask, tokenizer, rng: random.Random, bat
     return torch.tensor(inputs), torch.tensor(targets)
 
 
+def window_batch(task: tasks.WindowArithmeticTask, tokenizer, rng: random.Random, batch_size: int, seq_len: int):
+    """Arithmetic sequences whose first term and step are uniform over the training side of the domain, so every
+    window of the domain is a training prefix. No loss on the first two terms: before the second term ends, the
+    step is unknown."""
+    inputs, targets = [], []
+    for _ in range(batch_size):
+        first, step = task.training_start(rng)
+        text = task.sequence_text(first, step, seq_len)[:seq_len]
+        ids = [tokenizer.bos_id] + tokenizer.encode(text)
+        target = ids[1:]
+        unpredictable = len(str(first)) + 1 + len(str(first + step)) + 1    # both terms and their spaces
+        target[:unpredictable] = [IGNORE] * unpredictable
+        inputs.append(ids[:-1])
+        targets.append(target)
+    return torch.tensor(inputs), torch.tensor(targets)
+
+
 def encdec_batch(task: tasks.ReverseTask, tokenizer, rng: random.Random, batch_size: int):
-    """Random strings from the training side of the split. Decoder: [BOS] + reversed -> reversed + [EOS]."""
+    """Random strings from the training side of the split. Decoder: [BOS] + answer -> answer + [EOS], the answer
+    being the task's (the reversed string for tiny-encdec, the sorted distinct characters for tiny-t5)."""
     strings = []
     while len(strings) < batch_size:
         text = task.random_string(rng, rng.randint(tasks.REVERSE_MIN_LEN, tasks.REVERSE_MAX_LEN))
         if not task.is_held_out(text):
             strings.append(text)
-    width = max(map(len, strings))
+    width = max(map(len, strings))          # answers are never longer than their prompts
     enc = torch.full((batch_size, width), tokenizer.pad_id)
     dec_in = torch.full((batch_size, width + 1), tokenizer.pad_id)
     dec_target = torch.full((batch_size, width + 1), IGNORE)
     for row, text in enumerate(strings):
-        answer = tokenizer.encode(text[::-1])
+        answer = tokenizer.encode(task.expected(text, len(text)))
         enc[row, : len(text)] = torch.tensor(tokenizer.encode(text))
-        dec_in[row, : len(text) + 1] = torch.tensor([tokenizer.bos_id] + answer)
-        dec_target[row, : len(text) + 1] = torch.tensor(answer + [tokenizer.eos_id])
+        dec_in[row, : len(answer) + 1] = torch.tensor([tokenizer.bos_id] + answer)
+        dec_target[row, : len(answer) + 1] = torch.tensor(answer + [tokenizer.eos_id])
     return enc, enc != tokenizer.pad_id, dec_in, dec_target
 
 
@@ -119,9 +146,43 @@ def _positions(ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
 
 
+def _is_encdec(model: nn.Module) -> bool:
+    return isinstance(model, T5ForConditionalGeneration) or model.config.is_encoder_decoder
+
+
+def _decode(model: nn.Module, dec_ids: torch.Tensor, encoder_out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    if isinstance(model, T5ForConditionalGeneration):           # T5: relative positions only
+        return model.decode(dec_ids, encoder_out, mask)
+    return model.decode(dec_ids, _positions(dec_ids), encoder_out, mask)
+
+
+def init_weights(model: nn.Module) -> None:
+    """transformers' initialization for the Gemma-4 and T5 models (the old tiny models keep PyTorch's)."""
+    if isinstance(model, Gemma4ForCausalLM):
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+    elif isinstance(model, T5ForConditionalGeneration):     # T5PreTrainedModel._init_weights with factor 1.0
+        c = model.config
+        nn.init.normal_(model.shared.weight, std=1.0)
+        nn.init.normal_(model.lm_head.weight, std=c.d_model ** -0.5)
+        for name, module in model.named_modules():
+            leaf = name.rsplit(".", 1)[-1]
+            std = {"q": (c.d_model * c.d_kv) ** -0.5, "k": c.d_model ** -0.5, "v": c.d_model ** -0.5,
+                   "o": (c.num_heads * c.d_kv) ** -0.5, "wi_0": c.d_model ** -0.5, "wi_1": c.d_model ** -0.5,
+                   "wi": c.d_model ** -0.5, "wo": c.d_ff ** -0.5, "relative_attention_bias": c.d_model ** -0.5}.get(leaf)
+            if std is not None:
+                nn.init.normal_(module.weight, std=std)
+
+
 def _loss(model: nn.Module, batch, device) -> torch.Tensor:
     batch = [t.to(device) for t in batch]
-    if model.config.is_encoder_decoder:
+    if isinstance(model, T5ForConditionalGeneration):
+        enc, mask, dec_in, target = batch
+        hidden = model.decode(dec_in, model.encode(enc, mask), mask)
+    elif model.config.is_encoder_decoder:
         enc, mask, dec_in, target = batch
         hidden = model.decode(dec_in, _positions(dec_in), model.encode(enc, mask), mask)
     else:
@@ -145,7 +206,9 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
     torch.manual_seed(seed)
     rng = random.Random(f"train:{name}:{seed}")
     task, tokenizer = tasks.for_model(name), registry.get_tokenizer(name)
-    model = registry.build_model(name).to(device).train()
+    model = registry.build_model(name)
+    init_weights(model)
+    model = model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = min(recipe.warmup, max(1, steps // 10))
 
@@ -161,8 +224,10 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
     # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
     bar = tqdm(range(steps), desc=f"train {name}", **({} if progress else {"disable": True}))
     for _ in bar:
-        if config.is_encoder_decoder:
+        if _is_encdec(model):
             batch = encdec_batch(task, tokenizer, rng, recipe.batch_size)
+        elif isinstance(task, tasks.WindowArithmeticTask):
+            batch = window_batch(task, tokenizer, rng, recipe.batch_size, recipe.seq_len)
         else:
             batch = kvshare_batch(task, tokenizer, rng, recipe.batch_size, recipe.seq_len)
         fmt = rng.choice(FAKE_QUANT_FORMATS) if rng.random() < recipe.fake_quant_prob else None
@@ -191,8 +256,23 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
         stored.load_state_dict({k: v.to(registry.STORAGE_DTYPE).float() for k, v in model.state_dict().items()})
         metrics["exact_match"] = evaluation_matrix(name, stored, device=device)
     metrics["total_wall_s"] = round(time.perf_counter() - started, 1)
-    registry.save_weights(model, out_dir, info={"training": metrics})
+    if registry.is_checkpoint_model(name):
+        save_checkpoint_dir(model, registry.checkpoint_dir(name, out_dir), metrics)
+    else:
+        registry.save_weights(model, out_dir, info={"training": metrics})
     return metrics
+
+
+def save_checkpoint_dir(model: nn.Module, path: Path, metrics: dict) -> Path:
+    """config.json + model.safetensors (float16) + minikv_tokenizer.json + training.json (recipe and metrics)."""
+    import json
+    name = model.config.name
+    hf_checkpoint.save_checkpoint(model, path, dtype=registry.STORAGE_DTYPE)
+    save_char_tokenizer(registry.get_tokenizer(name), path)
+    (path / "training.json").write_text(json.dumps({"training": metrics}, indent=2, sort_keys=True) + "\n")
+    for written in path.iterdir():
+        written.chmod(0o644)                            # save_file creates owner-only files
+    return path
 
 
 # ---- dense greedy decoding and evaluation --------------------------------------------------------------------
@@ -202,7 +282,7 @@ def generate_dense(model: nn.Module, prompts: list[str], max_new_tokens: int, ba
     """Greedy token ids after each prompt, without any engine. Encoder-decoder outputs stop after EOS."""
     tokenizer = registry.get_tokenizer(model.config.name)
     device = next(model.parameters()).device
-    if model.config.is_encoder_decoder:
+    if _is_encdec(model):
         return _generate_encdec(model, tokenizer, prompts, max_new_tokens, batch_size, device)
     out: list[list[int] | None] = [None] * len(prompts)
     by_length: dict[int, list[int]] = {}
@@ -213,7 +293,9 @@ def generate_dense(model: nn.Module, prompts: list[str], max_new_tokens: int, ba
             chunk = indices[first: first + batch_size]
             ids = torch.tensor([[tokenizer.bos_id] + tokenizer.encode(prompts[i]) for i in chunk], device=device)
             prompt_len = ids.shape[1]
-            for _ in range(max_new_tokens):
+            if isinstance(model, Gemma4ForCausalLM):       # incremental, through its DenseKVCache
+                ids = torch.cat([ids, model.greedy(ids, max_new_tokens)], dim=1)
+            for _ in range(max_new_tokens if not isinstance(model, Gemma4ForCausalLM) else 0):
                 hidden = model(ids, _positions(ids))
                 next_ids = model.compute_logits(hidden[:, -1]).argmax(-1)
                 ids = torch.cat([ids, next_ids[:, None]], dim=1)
@@ -234,7 +316,7 @@ def _generate_encdec(model, tokenizer, prompts, max_new_tokens, batch_size, devi
         encoder_out = model.encode(enc, mask)
         ids = torch.full((len(chunk), 1), tokenizer.bos_id, device=device)
         for _ in range(max_new_tokens):
-            hidden = model.decode(ids, _positions(ids), encoder_out, mask)
+            hidden = _decode(model, ids, encoder_out, mask)
             ids = torch.cat([ids, model.compute_logits(hidden[:, -1]).argmax(-1)[:, None]], dim=1)
             if bool((ids == tokenizer.eos_id).any(dim=1).all()):
                 break
@@ -246,7 +328,7 @@ def _generate_encdec(model, tokenizer, prompts, max_new_tokens, batch_size, devi
 def expected_ids(name: str, prompt: str) -> list[int]:
     """The token ids greedy decoding must produce for `prompt` with the task's default max_tokens."""
     task, tokenizer = tasks.for_model(name), registry.get_tokenizer(name)
-    if registry.model_config(name).is_encoder_decoder:
+    if isinstance(task, tasks.ReverseTask):
         return tokenizer.encode(task.expected(prompt, len(prompt))) + [tokenizer.eos_id]
     return tokenizer.encode(task.expected(prompt, task.default_max_tokens))
 
