@@ -9,7 +9,8 @@ Two entry points share one kernel:
   encoder need.
 
 Causal attention aligns the last query of a sequence with its last key: query i of a sequence with q_len queries
-and kv_len keys sees keys 0 .. kv_len - q_len + i. Non-causal attention (cross attention) sees all kv_len keys.
+and kv_len keys sees keys 0 .. kv_len - q_len + i (with a sliding window W, only the last W of those). Non-causal
+attention (cross attention) sees all kv_len keys.
 
 A program owns BLOCK_M rows of one sequence and one kv head, where a row is a (query, head-of-the-GQA-group)
 pair, so K/V tiles are loaded once per group. Programs find their sequence themselves from cu_seqlens_q (a
@@ -29,7 +30,7 @@ from .addressing import (FP8, SUPPORTED_HEAD_SIZES, check_block_tables, check_fl
                          check_pool, check_query_against_cache, check_spec, element_strides, gather_sequence,
                          paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides,
                          tile_scales)
-from .decode_attention import _pow2_row_scale
+from .decode_attention import _pow2_row_scale, check_rel_bias, relative_bias_reference
 from .mode import require_device
 
 LOG2E = math.log2(math.e)
@@ -54,8 +55,8 @@ def _find_tile(cu_q_ptr, pid, num_seqs, GROUP: tl.constexpr, BLOCK_M: tl.constex
 @triton.jit
 def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, table, codes_ptr, scales_ptr,
             kv_stride, block_stride, slot_stride, head_row, scale_offset, scale_slot_words, head_scale, qk_scale,
-            q_index, causal_offset, d, PAGED: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-            HAS_SCALES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, ROW_ALIGN: tl.constexpr,
+            q_index, causal_offset, window, bias_ptr, bias_width, head, d, PAGED: tl.constexpr,
+            MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, ROW_ALIGN: tl.constexpr,
             SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One K/V tile of the online softmax: returns the updated (max, sum, accumulator)."""
     n = start_n + tl.arange(0, BLOCK_N)
@@ -79,12 +80,22 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
         k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_stride // 4, scale_slot_words,
                               head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
         s = s * k_scale[None, :]
+    if HAS_BIAS:        # (causal only) T5's relative position bias, query position c + i
+        distance = causal_offset + q_index[:, None] - n[None, :]
+        index = tl.minimum(tl.maximum(distance, 0), bias_width - 1)
+        s = s + tl.load(bias_ptr + head[:, None] * bias_width + index) * 1.4426950408889634    # log2(e)
     if MASKED:
         visible = valid[None, :]
         if CAUSAL:
             visible = visible & (n[None, :] <= causal_offset + q_index[:, None])
+        if HAS_WINDOW:
+            visible = visible & (n[None, :] > causal_offset + q_index[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
+    if HAS_WINDOW:
+        # a row's window may start after this tile: with nothing seen yet its max is still -inf, and
+        # exp2(-inf - -inf) would be NaN; a finite stand-in makes alpha and p exactly 0 instead
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])
     l = l * alpha + tl.sum(p, axis=1)
@@ -100,8 +111,8 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
 def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, seq_lens_ptr,
                     out_ptr, num_seqs, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_ot, stride_oh, stride_bt, block_stride, kv_stride, slot_stride, row_stride, scale_offset,
-                    scale_slot_words, scale_head_words, qk_scale, v_layer_scale,
-                    PAGED: tl.constexpr, CAUSAL: tl.constexpr, FMT: tl.constexpr, HAS_SCALES: tl.constexpr,
+                    scale_slot_words, scale_head_words, qk_scale, v_layer_scale, window, bias_ptr, bias_width,
+                    PAGED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_BIAS: tl.constexpr, FMT: tl.constexpr, HAS_SCALES: tl.constexpr,
                     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, ROW_ALIGN: tl.constexpr,
                     SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
@@ -149,6 +160,12 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
         else:
             end = kv_len
             unmasked_end = kv_len // BLOCK_N * BLOCK_N
+        begin = 0                 # the first key tile any row sees
+        unmasked_begin = 0        # from here on every row sees every key up to unmasked_end
+        if HAS_WINDOW:            # (causal only) query i sees keys c + i - window < j <= c + i
+            begin = tl.maximum(causal_offset + first_q - window + 1, 0) // BLOCK_N * BLOCK_N
+            unmasked_begin = tl.cdiv(tl.maximum(causal_offset + last_q - window + 1, 0), BLOCK_N) * BLOCK_N
+            unmasked_begin = tl.maximum(tl.minimum(unmasked_begin, unmasked_end), begin)
 
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
         head_row = kv_head.to(tl.int64) * row_stride
@@ -156,18 +173,28 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
-        for start_n in range(0, unmasked_end, BLOCK_N):
+        if HAS_WINDOW:      # the window's ragged start (masked)
+            for start_n in range(begin, unmasked_begin, BLOCK_N):
+                m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
+                                    codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row,
+                                    scale_offset, scale_slot_words, head_scale, s_scale, q_index, causal_offset,
+                                    window, bias_ptr, bias_width, head, d, PAGED, True, CAUSAL, HAS_WINDOW, HAS_BIAS,
+                                    HAS_SCALES, BLOCK_SIZE, BLOCK_N,
+                                    ROW_ALIGN, SCALE_PLACEMENT, SCALE_ALIGN, DOT_PRECISION)
+        for start_n in range(unmasked_begin, unmasked_end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                scale_slot_words, head_scale, s_scale, q_index, causal_offset, d, PAGED, False,
-                                CAUSAL, HAS_SCALES, BLOCK_SIZE, BLOCK_N, ROW_ALIGN, SCALE_PLACEMENT, SCALE_ALIGN,
-                                DOT_PRECISION)
-        for start_n in range(unmasked_end, end, BLOCK_N):
+                                scale_slot_words, head_scale, s_scale, q_index, causal_offset, window, bias_ptr,
+                                bias_width, head, d, PAGED, False, CAUSAL, HAS_WINDOW, HAS_BIAS, HAS_SCALES, BLOCK_SIZE, BLOCK_N, ROW_ALIGN,
+                                SCALE_PLACEMENT, SCALE_ALIGN, DOT_PRECISION)
+        for start_n in range(tl.maximum(unmasked_end, unmasked_begin), end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                scale_slot_words, head_scale, s_scale, q_index, causal_offset, d, PAGED, True,
-                                CAUSAL, HAS_SCALES, BLOCK_SIZE, BLOCK_N, ROW_ALIGN, SCALE_PLACEMENT, SCALE_ALIGN,
-                                DOT_PRECISION)
+                                scale_slot_words, head_scale, s_scale, q_index, causal_offset, window, bias_ptr,
+                                bias_width, head, d, PAGED, True, CAUSAL, HAS_WINDOW, HAS_BIAS, HAS_SCALES, BLOCK_SIZE, BLOCK_N, ROW_ALIGN,
+                                SCALE_PLACEMENT, SCALE_ALIGN, DOT_PRECISION)
+        if HAS_WINDOW:      # padding rows past q_len may have seen no key at all (never stored)
+            l = tl.where(l > 0, l, 1.0)
         out = acc / l[:, None]
         if FMT == FP8:
             out = out * v_layer_scale
@@ -176,7 +203,7 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
 
 
 def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fields, causal, sm_scale,
-            v_layer_scale, num_kv_heads, paged):
+            v_layer_scale, num_kv_heads, paged, window=0, rel_bias=None):
     """Shared launcher; `spec_fields` = (fmt, block_size, (block, kv, slot, row) strides, scale_offset, row
     alignment, placement, (scale slot, scale head) word strides, scale alignment)."""
     fmt, block_size, strides, scale_offset, row_align, placement, scale_strides, scale_align = spec_fields
@@ -203,8 +230,10 @@ def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fie
         q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, out, batch,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0), *strides, scale_offset, *scale_strides,
-        sm_scale * LOG2E, v_layer_scale,
-        PAGED=paged, CAUSAL=bool(causal), FMT=fmt, HAS_SCALES=formats.has_inline_scales(fmt), GROUP=group,
+        sm_scale * LOG2E, v_layer_scale, int(window or 0), q if rel_bias is None else rel_bias,
+        1 if rel_bias is None else rel_bias.shape[1],
+        PAGED=paged, CAUSAL=bool(causal), HAS_WINDOW=bool(window) and bool(causal),
+        HAS_BIAS=rel_bias is not None and bool(causal), FMT=fmt, HAS_SCALES=formats.has_inline_scales(fmt), GROUP=group,
         HEAD_SIZE=head_size, BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROW_ALIGN=row_align,
         SCALE_PLACEMENT=placement, SCALE_ALIGN=scale_align,
         BLOCK_B=max(16, triton.next_power_of_2(batch)), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
@@ -257,30 +286,51 @@ def _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal) -> None:
 
 
 def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                      cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float, validate: bool = True) -> torch.Tensor:
-    """Attention of q [Tq, Hq, D] over workspace k/v [Tk, Hkv, D]; sequences delimited by cu_seqlens (int32 [B+1])."""
+                      cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float, validate: bool = True,
+                      sliding_window: int = 0, rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of q [Tq, Hq, D] over workspace k/v [Tk, Hkv, D]; sequences delimited by cu_seqlens (int32 [B+1]).
+
+    sliding_window > 0 (causal only): query i of a sequence sees only keys c + i - sliding_window < j <= c + i,
+    c = kv_len - q_len. rel_bias (causal only): T5's relative position bias, float32 [Hq, max_distance + 1],
+    rel_bias[h, min(c + i - j, max_distance)] added to the scaled score."""
     if validate:
         _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
+        _check_window(sliding_window, causal, rel_bias, q)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     spec_fields = (formats.F16, 16, (0, 0, 0, 0), 0, 1, formats.ROW, (0, 0), 1)       # no cache involved
     return _launch(q, k, v, q, q, cu_seqlens_q, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q, spec_fields, causal,
-                   sm_scale, 1.0, k.shape[1], paged=False)
+                   sm_scale, 1.0, k.shape[1], paged=False, window=sliding_window, rel_bias=rel_bias)
 
 
 def context_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                 cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float,
-                                validate: bool = True) -> torch.Tensor:
+                                validate: bool = True, sliding_window: int = 0,
+                                rel_bias: torch.Tensor | None = None) -> torch.Tensor:
     if validate:
         _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
+        _check_window(sliding_window, causal, rel_bias, q)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
         _attend_reference(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]].float(), v[ck[b]:ck[b + 1]].float(), causal,
-                          sm_scale, out[cq[b]:cq[b + 1]])
+                          sm_scale, out[cq[b]:cq[b + 1]], sliding_window, rel_bias)
     return out
 
 
-def _attend_reference(q, k, v, causal, sm_scale, out) -> None:
+def _check_window(sliding_window, causal, rel_bias=None, q=None) -> None:
+    """The sliding window's and the relative bias's checks (both apply to causal attention only)."""
+    check_rel_bias(rel_bias, q)
+    if rel_bias is not None and not causal:
+        raise ValueError("rel_bias applies to causal (decoder self) attention only; pass causal=True or no bias")
+    if sliding_window is None:
+        return
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ValueError(f"sliding_window must be an int >= 0 (0 or None = no window), got {sliding_window!r}")
+    if sliding_window and not causal:
+        raise ValueError("sliding_window applies to causal attention only; pass causal=True or sliding_window=0")
+
+
+def _attend_reference(q, k, v, causal, sm_scale, out, sliding_window=0, rel_bias=None) -> None:
     """fp32 attention of one sequence: q [n, Hq, D] over k/v [kv_len, Hkv, D] (float32), written into out."""
     q_len, kv_len = q.shape[0], k.shape[0]
     if q_len == 0:
@@ -291,7 +341,11 @@ def _attend_reference(q, k, v, causal, sm_scale, out) -> None:
     if causal:
         i = torch.arange(q_len, device=q.device)[:, None]
         j = torch.arange(kv_len, device=q.device)[None, :]
+        if rel_bias is not None:
+            scores = scores + relative_bias_reference(rel_bias, kv_len - q_len + i[:, 0], kv_len)
         scores = scores.masked_fill(j > kv_len - q_len + i, float("-inf"))
+        if sliding_window:
+            scores = scores.masked_fill(j <= kv_len - q_len + i - sliding_window, float("-inf"))
     out.copy_(torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).to(out.dtype))
 
 
@@ -320,29 +374,36 @@ def _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal,
 
 def paged_context_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, spec, causal: bool, sm_scale: float,
-                            k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True) -> torch.Tensor:
-    """Attention of q [Tq, Hq, D] over the first seq_lens[b] cached tokens of each sequence's block table."""
+                            k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True,
+                            sliding_window: int = 0, rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of q [Tq, Hq, D] over the first seq_lens[b] cached tokens of each sequence's block table;
+    sliding_window and rel_bias as in context_attention."""
     if validate:
         _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal, k_scale, v_scale)
+        _check_window(sliding_window, causal, rel_bias, q)
     q = _last_dim_contiguous(q)
     codes, scales = read_views(pool, spec)
     layer_k = float(k_scale) if spec.fmt == formats.FP8 else 1.0
     spec_fields = (spec.fmt, spec.block_size, element_strides(spec), spec.scale_offset, row_alignment(spec),
                    spec.placement, scale_word_strides(spec)[:2], scale_alignment(spec))
     return _launch(q, q, q, codes, scales, block_tables, cu_seqlens_q, cu_seqlens_q, seq_lens, spec_fields, causal,
-                   sm_scale * layer_k, float(v_scale), spec.num_kv_heads, paged=True)
+                   sm_scale * layer_k, float(v_scale), spec.num_kv_heads, paged=True, window=sliding_window,
+                   rel_bias=rel_bias)
 
 
 def paged_context_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
                                       cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, spec, causal: bool,
                                       sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                                      validate: bool = True) -> torch.Tensor:
+                                      validate: bool = True, sliding_window: int = 0,
+                                      rel_bias: torch.Tensor | None = None) -> torch.Tensor:
     if validate:
         _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal, k_scale, v_scale)
+        _check_window(sliding_window, causal, rel_bias, q)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     cq = cu_seqlens_q.tolist()
     for b, kv_len in enumerate(seq_lens.tolist()):
         k = gather_sequence(pool, spec, block_tables[b], kv_len, 0, k_scale)
         v = gather_sequence(pool, spec, block_tables[b], kv_len, 1, v_scale)
-        _attend_reference(q[cq[b]:cq[b + 1]], k, v, causal, sm_scale, out[cq[b]:cq[b + 1]])
+        _attend_reference(q[cq[b]:cq[b + 1]], k, v, causal, sm_scale, out[cq[b]:cq[b + 1]], sliding_window,
+                          rel_bias)
     return out

@@ -39,23 +39,26 @@ def _pow2_row_scale(amax):
     return (tl.minimum(tl.maximum(268 - e, 1), 254) << 23).to(tl.float32, bitcast=True)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "window"])
 def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                    block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words,
                    scale_head_words, qk_scale, v_layer_scale,
-                   num_splits,
+                   num_splits, window, bias_ptr, bias_width,
                    FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    HAS_SCALES: tl.constexpr, PREFETCH_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
                    SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr,
-                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr):
+                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr,
+                   HAS_BIAS: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    # sliding window (0 = none): only the last `window` tokens, the query's own included, are read at all
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     g = tl.arange(0, BLOCK_G)
@@ -110,6 +113,8 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * s_scale
         if HAS_SCALES:
             s = s * k_scale[None, :]
+        if HAS_BIAS:
+            s = s + _relative_bias(bias_ptr, bias_width, heads, g < GROUP, seq_len - 1 - n)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
@@ -137,6 +142,15 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
 
 
 @triton.jit
+def _relative_bias(bias_ptr, bias_width, heads, head_valid, distance):
+    """T5's additive bias for scores [heads, keys], in the kernels' log2 units: bias[head, min(distance,
+    bias_width - 1)] from a float32 table [num_heads, bias_width]; distance = query position - key position."""
+    index = tl.minimum(tl.maximum(distance, 0), bias_width - 1)
+    bias = tl.load(bias_ptr + heads[:, None] * bias_width + index[None, :], mask=head_valid[:, None], other=0.0)
+    return bias * 1.4426950408889634           # log2(e): scores are kept in base 2
+
+
+@triton.jit
 def _byte_plane(words, J: tl.constexpr, FMT: tl.constexpr, dtype: tl.constexpr):
     """Byte J of every little-endian 32-bit word (head elements 4w + J), decoded from the format's code to dtype."""
     if FMT == INT8_PTH and dtype == tl.float16:
@@ -151,17 +165,17 @@ def _byte_plane(words, J: tl.constexpr, FMT: tl.constexpr, dtype: tl.constexpr):
         return code.to(tl.float8e4nv, bitcast=True).to(dtype)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "window"])
 def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr,
                          part_ml_ptr, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                          block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words,
                          scale_head_words, qk_scale, v_layer_scale,
-                         num_splits,
+                         num_splits, window, bias_ptr, bias_width,
                          FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                          HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr, SCALE_PLACEMENT: tl.constexpr,
                          SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr):
+                         DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr, HAS_BIAS: tl.constexpr):
     """The 1-byte formats' decode: the same attention as _decode_kernel, with the codes read as 32-bit words.
 
     Loading 1-byte codes straight into the tensor-core operand layout makes many narrow loads, and the compiler
@@ -174,8 +188,10 @@ def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_len
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    # sliding window (0 = none): only the last `window` tokens, the query's own included, are read at all
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + split * chunk
     end = tl.minimum(start + chunk, seq_len)
     W: tl.constexpr = HEAD_SIZE // 4
 
@@ -248,6 +264,9 @@ def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_len
         s = s * s_scale
         if HAS_SCALES:
             s = s * k_scale[None, :]
+        if HAS_BIAS:
+            key_pos = start_n + tl.arange(0, BLOCK_N)
+            s = s + _relative_bias(bias_ptr, bias_width, heads, g < GROUP, seq_len - 1 - key_pos)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
@@ -294,7 +313,7 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_heads, stride_o
     m = tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"))
     l = tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0)
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :], mask=used[:, None], other=0.0)
-    m_all = tl.max(m, axis=0)                      # finite: the first split always holds a token
+    m_all = tl.max(m, axis=0)                      # finite: the first split always holds a token (window or not)
     w = tl.exp2(m - m_all)                         # empty splits (max -inf) weigh 0
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
@@ -305,6 +324,34 @@ def _words_apply(pool: torch.Tensor, spec) -> bool:
     GPU, where tl.dot needs K >= 16) at least 64 elements per head."""
     return (spec.elem_bytes == 1 and row_alignment(spec) % 4 == 0 and pool.data_ptr() % 4 == 0
             and (INTERPRETED or spec.head_size >= 64))
+
+
+def check_rel_bias(rel_bias, q) -> None:
+    if rel_bias is None:
+        return
+    if not isinstance(rel_bias, torch.Tensor) or rel_bias.dtype != torch.float32 or rel_bias.dim() != 2:
+        raise TypeError("rel_bias must be a float32 tensor [num_heads, max_distance + 1], got "
+                        f"{type(rel_bias).__name__} {getattr(rel_bias, 'dtype', '')} "
+                        f"{list(getattr(rel_bias, 'shape', []))}")
+    if rel_bias.shape[0] != q.shape[1] or rel_bias.shape[1] < 1 or not rel_bias.is_contiguous():
+        raise ValueError(f"rel_bias must be contiguous with one row per query head ({q.shape[1]}) and at least one "
+                         f"column, got shape {list(rel_bias.shape)}")
+    if rel_bias.device != q.device:
+        raise ValueError(f"rel_bias is on {rel_bias.device}, q on {q.device}")
+
+
+def relative_bias_reference(rel_bias: torch.Tensor, q_pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """[Hq, len(q_pos), kv_len] float32: rel_bias[h, clamp(q_pos - j, 0, max_distance)] for every key j."""
+    j = torch.arange(kv_len, device=rel_bias.device)
+    index = (q_pos.to(rel_bias.device)[:, None] - j[None, :]).clamp(0, rel_bias.shape[1] - 1)
+    return rel_bias[:, index]
+
+
+def _check_window(sliding_window) -> None:
+    if sliding_window is None:
+        return
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ValueError(f"sliding_window must be an int >= 0 (0 or None = no window), got {sliding_window!r}")
 
 
 def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> None:
@@ -331,10 +378,17 @@ def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> N
 
 def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            spec, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                           out: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
-    """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype."""
+                           out: torch.Tensor | None = None, validate: bool = True,
+                           sliding_window: int = 0, rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype.
+
+    sliding_window > 0: only the last sliding_window tokens of each sequence (the query's own included) count.
+    rel_bias: T5's relative position bias, float32 [Hq, max_distance + 1]; the score of key j (query position
+    seq_len - 1) gets rel_bias[h, min(seq_len - 1 - j, max_distance)] added after scaling."""
     if validate:
         _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
+        _check_window(sliding_window)
+        check_rel_bias(rel_bias, q)
     if q.stride(-1) != 1:
         q = q.contiguous()
     batch, num_heads, head_size = q.shape
@@ -361,11 +415,12 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     common = dict(FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
                   BLOCK_N=cfg.block_n, SPLIT=cfg.num_splits > 1, HAS_SCALES=has_scales, DOT_F32=dot_f32,
                   SCALE_PLACEMENT=spec.placement, SCALE_ALIGN=scale_alignment(spec),
-                  SCALED_F16=scaled_f16,
+                  SCALED_F16=scaled_f16, HAS_BIAS=rel_bias is not None,
                   DOT_PRECISION="ieee" if dot_f32 else "tf32", num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
             *element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2], qk_scale, float(v_scale),
-            cfg.num_splits)
+            cfg.num_splits, int(sliding_window or 0), q if rel_bias is None else rel_bias,
+            1 if rel_bias is None else rel_bias.shape[1])
     grid = (batch, spec.num_kv_heads, cfg.num_splits)
     if cfg.word_loads and _words_apply(pool, spec):
         words = typed_pool(pool, torch.int32)
@@ -385,10 +440,13 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
 def paged_decode_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
                                      seq_lens: torch.Tensor, spec, sm_scale: float, k_scale: float = 1.0,
                                      v_scale: float = 1.0, out: torch.Tensor | None = None,
-                                     validate: bool = True) -> torch.Tensor:
+                                     validate: bool = True, sliding_window: int = 0,
+                                     rel_bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same attention in fp32 torch, one sequence at a time, K/V gathered from the pool's bytes."""
     if validate:
         _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
+        _check_window(sliding_window)
+        check_rel_bias(rel_bias, q)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     group = q.shape[1] // spec.num_kv_heads
@@ -396,5 +454,9 @@ def paged_decode_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_
         k = gather_sequence(pool, spec, block_tables[b], length, 0, k_scale).repeat_interleave(group, dim=1)
         v = gather_sequence(pool, spec, block_tables[b], length, 1, v_scale).repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[b].to(torch.float32), k) * sm_scale
+        if rel_bias is not None:
+            scores = scores + relative_bias_reference(rel_bias, torch.tensor([length - 1]), length)[:, 0]
+        if sliding_window:
+            scores[:, :max(0, length - sliding_window)] = float("-inf")
         out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v).to(out.dtype)
     return out

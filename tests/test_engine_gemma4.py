@@ -1,7 +1,7 @@
 """Gemma-4 through minikv's paged engine (torch backend) against transformers' `generate`.
 
-Only what the kernels support today: one head size and KV-head count for all layers, and a sliding window that
-covers the whole context (so sliding layers attend like full ones). KV sharing is E2B-shaped (several sharing
+Only what the engine supports today: one head size and KV-head count for all layers; sliding windows both
+covering the context and much shorter than it. KV sharing is E2B-shaped (several sharing
 layers per source cache). LLM() takes registered model names only, so the test registers the checkpoint
 directory's path as a name; accepting a directory is a one-line change in minikv/engine/llm.py.
 """
@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers", reason="the parity tests need
 import minikv
 from minikv.models import registry
 from minikv.models.dir_tokenizer import save_char_tokenizer
-from minikv.models.gemma4 import FULL, SLIDING, Gemma4ConfigError
+from minikv.models.gemma4 import FULL, SLIDING
 from minikv.models.tokenizer import CharTokenizer
 
 S, F = SLIDING, FULL
@@ -60,7 +60,40 @@ def test_engine_greedy_equals_transformers_generate(tmp_path, monkeypatch):
         assert out.token_ids == expected, prompt
 
 
-def test_engine_refuses_a_window_shorter_than_the_context(tmp_path, monkeypatch):
-    checkpoint(tmp_path, monkeypatch, sliding_window=8)
-    with pytest.raises(Gemma4ConfigError, match="sliding window yet"):
-        minikv.LLM(model=str(tmp_path), backend="torch")
+WINDOW_PROMPTS = ["123 456 789 1011 1213", "3 7 11 15 19 23", "5"]
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """A checkpoint whose sliding window (6) is much shorter than the prompts plus their continuations, and the
+    ids transformers generates with it; a second model with the same weights and an unlimited window must
+    generate other ids, or the window would not be tested."""
+    path = tmp_path_factory.mktemp("gemma4_window")
+    with pytest.MonkeyPatch.context() as mp:
+        hf = checkpoint(path, mp, sliding_window=6)
+    full = transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**engine_ready_config())).eval()
+    full.load_state_dict(hf.state_dict())
+    tok = CharTokenizer()
+    expected, unwindowed = [], []
+    with torch.no_grad():
+        for prompt in WINDOW_PROMPTS:
+            ids = torch.tensor([[tok.bos_id, *tok.encode(prompt)]])
+            expected.append(hf.generate(ids, max_new_tokens=10, do_sample=False)[0, ids.shape[1]:].tolist())
+            unwindowed.append(full.generate(ids, max_new_tokens=10, do_sample=False,
+                                            eos_token_id=None)[0, ids.shape[1]:].tolist())
+    assert expected != unwindowed
+    return path, expected
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8_per_token_head"])
+@torch.no_grad()
+def test_engine_with_a_window_shorter_than_the_context(windowed, monkeypatch, backend, kv_cache_dtype):
+    """Sliding layers (and the layers sharing their caches) see the last 6 positions, in prefill and decode."""
+    path, expected = windowed
+    monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(path)))
+    llm = minikv.LLM(model=str(path), backend=backend, kv_cache_dtype=kv_cache_dtype, max_num_seqs=4, block_size=8)
+    windows = {a.impl.sliding_window for a in llm.attention_layers.values()}
+    assert windows == {0, 6}
+    outs = llm.generate(WINDOW_PROMPTS, minikv.SamplingParams(max_tokens=10, ignore_eos=True))
+    assert [o.token_ids for o in outs] == expected

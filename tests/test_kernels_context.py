@@ -119,3 +119,111 @@ def test_paged_f16_dot_on_1byte_cache(monkeypatch, kv_cache_dtype, causal):
             0.02, 0.45, 1.3)
     torch.testing.assert_close(paged_context_attention(*args).float(), paged_context_attention_reference(*args).float(),
                                **attention_tolerance(torch.float16))
+
+
+# windows shorter than, equal to and longer than the contexts; "prefix" has kv > q (a prefix-cache hit)
+WINDOW_SHAPES = {"prefill": ([1, 9, 40, 70], [1, 9, 40, 70]), "prefix": ([3, 17, 8, 30], [11, 33, 40, 95])}
+
+
+@pytest.mark.parametrize("sliding_window", [1, 4, 9, 33, 40, 200])
+@pytest.mark.parametrize("shape", list(WINDOW_SHAPES))
+@pytest.mark.parametrize("dtype,heads", [(torch.float32, (8, 2)), (torch.float16, (4, 1))])
+def test_unfused_sliding_window(dtype, heads, shape, sliding_window):
+    q_lens, kv_lens = WINDOW_SHAPES[shape]
+    num_heads, kv_heads = heads
+    q = torch.randn(sum(q_lens), num_heads, 32).to(dtype)
+    k = torch.randn(sum(kv_lens), kv_heads, 32).to(dtype)
+    v = torch.randn(sum(kv_lens), kv_heads, 32).to(dtype)
+    cq, ck = cu_seqlens(q_lens), cu_seqlens(kv_lens)
+    out = context_attention(q, k, v, cq, ck, True, 0.2, sliding_window=sliding_window)
+    ref = context_attention_reference(q, k, v, cq, ck, True, 0.2, sliding_window=sliding_window)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("sliding_window", [1, 6, 33, 40, 200])
+@pytest.mark.parametrize("shape", list(WINDOW_SHAPES))
+@pytest.mark.parametrize("fmt,heads", [(("auto", torch.float32), (8, 2)), (("int8_per_token_head", torch.float16), (4, 1)),
+                                       (("fp8", torch.float32), (4, 4)), (("fp8_per_token_head", torch.float16), (8, 2))])
+def test_paged_sliding_window(fmt, heads, shape, sliding_window):
+    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
+    q_lens, kv_lens = WINDOW_SHAPES[shape]
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, 32, 8)
+    tables, num_blocks = random_block_tables(kv_lens, 8)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, kv_lens, dtype, k_scale=0.45, v_scale=1.3)
+    q = torch.randn(sum(q_lens), num_heads, 32).to(dtype)
+    args = (q, pool, tables, cu_seqlens(q_lens), torch.tensor(kv_lens, dtype=torch.int32), spec, True, 0.2, 0.45, 1.3)
+    out = paged_context_attention(*args, sliding_window=sliding_window)
+    ref = paged_context_attention_reference(*args, sliding_window=sliding_window)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (64, 16), (16, 64)])
+def test_sliding_window_tiles(monkeypatch, block_m, block_n):
+    """Several query and key tiles per sequence, so the window's masked start, the unmasked middle and the masked
+    diagonal all occur; a window that changes the answer."""
+    import dataclasses
+
+    from minikv.kernels import launch
+    original = launch.context_config
+    monkeypatch.setattr(launch, "context_config",
+                        lambda *a, **k: dataclasses.replace(original(*a, **k), block_m=block_m, block_n=block_n))
+    q_lens, kv_lens = [70, 3, 120], [300, 90, 120]
+    q = torch.randn(sum(q_lens), 4, 32)
+    k, v = torch.randn(sum(kv_lens), 2, 32), torch.randn(sum(kv_lens), 2, 32)
+    cq, ck = cu_seqlens(q_lens), cu_seqlens(kv_lens)
+    for window in (7, 37, 100):
+        out = context_attention(q, k, v, cq, ck, True, 0.2, sliding_window=window)
+        ref = context_attention_reference(q, k, v, cq, ck, True, 0.2, sliding_window=window)
+        torch.testing.assert_close(out, ref, **attention_tolerance(torch.float32))
+        full = context_attention_reference(q, k, v, cq, ck, True, 0.2)
+        assert (ref - full).abs().max() > 1e-2
+
+
+def test_sliding_window_needs_causal():
+    q, k = torch.randn(4, 2, 16), torch.randn(4, 2, 16)
+    cq = cu_seqlens([4])
+    with pytest.raises(ValueError, match="causal"):
+        context_attention(q, k, k, cq, cq, False, 0.25, sliding_window=3)
+    with pytest.raises(ValueError, match="sliding_window"):
+        context_attention(q, k, k, cq, cq, True, 0.25, sliding_window=-2)
+
+
+def _bias_table(num_heads: int, max_distance: int) -> torch.Tensor:
+    return torch.randn(num_heads, max_distance + 1, generator=torch.Generator().manual_seed(max_distance)) * 3
+
+
+@pytest.mark.parametrize("max_distance", [0, 5, 50, 300])
+@pytest.mark.parametrize("sliding_window", [0, 9])
+@pytest.mark.parametrize("fmt,heads", [(("auto", torch.float32), (8, 2)), (("int8_per_token_head", torch.float16), (4, 1)),
+                                       (("fp8_per_token_head", torch.float32), (4, 4))])
+def test_relative_bias_paged_and_unfused(fmt, heads, sliding_window, max_distance):
+    """T5's bias by distance c + i - j, clamped at max_distance, in the fused (paged) and unfused paths."""
+    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
+    q_lens, kv_lens = WINDOW_SHAPES["prefix"]
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, 32, 8)
+    tables, num_blocks = random_block_tables(kv_lens, 8)
+    pool = make_pool(spec, num_blocks)
+    k, v = fill_sequences(pool, spec, tables, kv_lens, dtype, k_scale=0.45, v_scale=1.3)
+    q = torch.randn(sum(q_lens), num_heads, 32).to(dtype)
+    bias = _bias_table(num_heads, max_distance)
+    cq = cu_seqlens(q_lens)
+    args = (q, pool, tables, cq, torch.tensor(kv_lens, dtype=torch.int32), spec, True, 0.2, 0.45, 1.3)
+    kw = dict(sliding_window=sliding_window, rel_bias=bias)
+    torch.testing.assert_close(paged_context_attention(*args, **kw).float(),
+                               paged_context_attention_reference(*args, **kw).float(), **attention_tolerance(dtype))
+    ck = cu_seqlens(kv_lens)
+    out = context_attention(q, k, v, cq, ck, True, 1.0, **kw)
+    ref = context_attention_reference(q, k, v, cq, ck, True, 1.0, **kw)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+    plain = context_attention_reference(q, k, v, cq, ck, True, 1.0, sliding_window=sliding_window)
+    if max_distance:        # one column: the same bias on every key, which softmax cancels
+        assert (ref.float() - plain.float()).abs().max() > 1e-2
+
+
+def test_relative_bias_needs_causal():
+    q, k = torch.randn(4, 2, 16), torch.randn(4, 2, 16)
+    cq = cu_seqlens([4])
+    with pytest.raises(ValueError, match="causal"):
+        context_attention(q, k, k, cq, cq, False, 1.0, rel_bias=torch.zeros(2, 8))

@@ -24,7 +24,8 @@ def _lengths(kind: str, block_size: int, batch: int, seed: int) -> list[int]:
     return [rng.choice(edges + [rng.randint(1, 5 * block_size)]) for _ in range(batch)]
 
 
-def _run(fmt, block_size, heads, head_size, lens, k_scale=0.61, v_scale=1.7, q_transform=None):
+def _run(fmt, block_size, heads, head_size, lens, k_scale=0.61, v_scale=1.7, q_transform=None, sliding_window=0,
+         rel_bias=None):
     (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
     spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
     tables, num_blocks = random_block_tables(lens, block_size)
@@ -35,8 +36,10 @@ def _run(fmt, block_size, heads, head_size, lens, k_scale=0.61, v_scale=1.7, q_t
         q = q_transform(q)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     sm_scale = head_size ** -0.5
-    out = paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale)
-    ref = paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale)
+    out = paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale,
+                                 sliding_window=sliding_window, rel_bias=rel_bias)
+    ref = paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale,
+                                           sliding_window=sliding_window, rel_bias=rel_bias)
     assert out.dtype == q.dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
     return out
@@ -116,3 +119,99 @@ def test_unwritten_slots_beyond_seq_len_are_ignored():
     q = torch.randn(1, 1, 16)
     out = paged_decode_attention(q, pool, tables, torch.tensor([5], dtype=torch.int32), spec, 0.25)
     assert torch.isfinite(out).all()
+
+
+# windows shorter than, equal to and longer than the sequences [1, 7, 33, 60]
+WINDOWS = [1, 5, 33, 60, 100]
+
+
+@pytest.mark.parametrize("sliding_window", WINDOWS)
+@pytest.mark.parametrize("fmt,heads", [(("auto", torch.float32), (8, 2)), (("int8_per_token_head", torch.float16), (4, 1)),
+                                       (("fp8", torch.float16), (4, 4)), (("fp8_per_token_head", torch.float32), (8, 2))])
+def test_sliding_window_matches_reference(fmt, heads, sliding_window):
+    _run(fmt, 8, heads, 32, [1, 7, 33, 60], sliding_window=sliding_window)
+
+
+@pytest.mark.parametrize("num_splits,prefetch,words,f16", [(3, True, False, True), (4, False, True, False),
+                                                           (1, False, True, True), (8, False, False, False)])
+@pytest.mark.parametrize("sliding_window", [5, 20, 100])
+def test_sliding_window_split_k(monkeypatch, num_splits, prefetch, words, f16, sliding_window):
+    """The window's start is not tile-aligned; splits divide only the window, so some are left empty."""
+    original = launch.decode_config
+
+    def forced(*args, **kwargs):
+        return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8,
+                                   prefetch_scales=prefetch, word_loads=words, f16_dot=f16)
+
+    monkeypatch.setattr(launch, "decode_config", forced)
+    _run(("int8_per_token_head", torch.float16), 8, (8, 2), 32, [1, 7, 33, 60], sliding_window=sliding_window)
+
+
+@pytest.mark.parametrize("words", [False, True])
+def test_sliding_window_never_reads_older_tokens(monkeypatch, words):
+    """NaN bytes in every slot before the window must not leak in: the kernel does not read them at all."""
+    original = launch.decode_config
+    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
+        original(*a, **k), block_n=8, word_loads=words, num_splits=2))
+    lens, window = [30, 19], 6
+    spec = make_spec("fp8_per_token_head", torch.float32, 2, 32, 8)
+    tables, num_blocks = random_block_tables(lens, 8)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, lens, torch.float32)
+    clean = pool.clone()
+    k_view, v_view = spec.code_views(pool)
+    for b, length in enumerate(lens):
+        for j in range(length - window):
+            block, slot = int(tables[b, j // 8]), j % 8
+            k_view[block, slot] = float("nan")
+            v_view[block, slot] = float("nan")
+    q = torch.randn(2, 4, 32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out = paged_decode_attention(q, pool, tables, seq_lens, spec, 0.2, sliding_window=window)
+    ref = paged_decode_attention_reference(q, clean, tables, seq_lens, spec, 0.2, sliding_window=window)
+    full = paged_decode_attention_reference(q, clean, tables, seq_lens, spec, 0.2)
+    torch.testing.assert_close(out, ref, **attention_tolerance(torch.float32))
+    assert (out - full).abs().max() > 1e-2        # the window really changes the answer
+
+
+def test_sliding_window_rejects_bad_values():
+    spec = make_spec("auto", torch.float32, 1, 16, 8)
+    tables, num_blocks = random_block_tables([3], 8)
+    pool = make_pool(spec, num_blocks)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="sliding_window"):
+            paged_decode_attention(torch.randn(1, 1, 16), pool, tables, torch.tensor([3], dtype=torch.int32), spec,
+                                   0.25, sliding_window=bad)
+
+
+def bias_table(num_heads: int, max_distance: int) -> torch.Tensor:
+    """A T5-like relative bias table [heads, max_distance + 1], large enough to change which keys win."""
+    return (torch.randn(num_heads, max_distance + 1, generator=torch.Generator().manual_seed(max_distance)) * 3)
+
+
+@pytest.mark.parametrize("max_distance", [0, 4, 40, 200])
+@pytest.mark.parametrize("num_splits,words,f16", [(1, False, False), (3, True, True), (8, False, True)])
+@pytest.mark.parametrize("fmt,heads", [(("auto", torch.float32), (8, 2)), (("int8_per_token_head", torch.float16), (4, 1)),
+                                       (("fp8", torch.float16), (4, 4))])
+def test_relative_bias_matches_reference(monkeypatch, fmt, heads, num_splits, words, f16, max_distance):
+    """T5's bias by distance, clamped at max_distance; every kernel variant, split-K included."""
+    original = launch.decode_config
+    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
+        original(*a, **k), num_splits=num_splits, block_n=8, word_loads=words, f16_dot=f16))
+    _run(fmt, 8, heads, 32, [1, 7, 33, 60], rel_bias=bias_table(heads[0], max_distance))
+
+
+def test_relative_bias_changes_the_answer_and_is_checked():
+    spec = make_spec("auto", torch.float32, 1, 16, 8)
+    tables, num_blocks = random_block_tables([20], 8)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, [20], torch.float32)
+    args = (torch.randn(1, 2, 16), pool, tables, torch.tensor([20], dtype=torch.int32), spec, 0.25)
+    biased = paged_decode_attention(*args, rel_bias=bias_table(2, 8))
+    torch.testing.assert_close(biased, paged_decode_attention_reference(*args, rel_bias=bias_table(2, 8)),
+                               **attention_tolerance(torch.float32))
+    assert (biased - paged_decode_attention_reference(*args)).abs().max() > 1e-2
+    with pytest.raises(TypeError, match="rel_bias"):
+        paged_decode_attention(*args, rel_bias=torch.zeros(2, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rel_bias"):
+        paged_decode_attention(*args, rel_bias=torch.zeros(3, 4))

@@ -187,3 +187,82 @@ def test_context_paged_f16_dot_on_gpu(kernels, monkeypatch, kv_cache_dtype, caus
             spec, causal, head_size ** -0.5 / 1e5, 0.45, 1.3)
     torch.testing.assert_close(kernels.paged_context_attention(*args).float(),
                                kernels.paged_context_attention_reference(*args).float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4], GPU_FORMATS[5]])
+@pytest.mark.parametrize("sliding_window", [1, 100, 512, 1000, 4096])
+@pytest.mark.parametrize("splits,words", [(1, False), (5, True), (16, False)])
+def test_decode_sliding_window_on_gpu(kernels, monkeypatch, fmt, sliding_window, splits, words):
+    """Windows shorter than, equal to and longer than the sequences, with split-K and both 1-byte readers."""
+    from minikv.kernels import launch
+    kv_cache_dtype, dtype = fmt
+    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: launch.DecodeConfig(
+        16, 64, splits, 4, 2, False, words, False))
+    lens = [1, 15, 16, 17, 200, 1000, 777]
+    spec = make_spec(kv_cache_dtype, dtype, 8, 128, 16)
+    tables, num_blocks = random_block_tables(lens, 16, device=CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
+    q = torch.randn(len(lens), 32, 128).to(dtype).to(CUDA)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    out = kernels.paged_decode_attention(q, pool, tables, seq_lens, spec, 128 ** -0.5, 0.6, 1.7,
+                                         sliding_window=sliding_window)
+    ref = kernels.paged_decode_attention_reference(q, pool, tables, seq_lens, spec, 128 ** -0.5, 0.6, 1.7,
+                                                   sliding_window=sliding_window)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4], GPU_FORMATS[5]])
+@pytest.mark.parametrize("sliding_window", [1, 37, 260, 4096])
+def test_context_sliding_window_on_gpu(kernels, fmt, sliding_window):
+    """Paged (in the cache's format) and unfused context attention with a window, GQA 4:1, prefix-cache shapes."""
+    kv_cache_dtype, dtype = fmt
+    block_size, head_size, num_heads, kv_heads = 16, 128, 16, 4
+    q_lens, kv_lens = [1, 100, 33, 300], [1, 260, 33, 300]
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    tables, num_blocks = random_block_tables(kv_lens, block_size, device=CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    fill_sequences(pool, spec, tables, kv_lens, dtype, 0.45, 1.3)
+    q = torch.randn(sum(q_lens), num_heads, head_size).to(dtype).to(CUDA)
+    args = (q, pool, tables, cu_seqlens(q_lens, CUDA), torch.tensor(kv_lens, dtype=torch.int32, device=CUDA), spec,
+            True, head_size ** -0.5, 0.45, 1.3)
+    torch.testing.assert_close(kernels.paged_context_attention(*args, sliding_window=sliding_window).float(),
+                               kernels.paged_context_attention_reference(*args, sliding_window=sliding_window).float(),
+                               **attention_tolerance(dtype))
+    if kv_cache_dtype == "auto":
+        k = torch.randn(sum(kv_lens), kv_heads, head_size).to(dtype).to(CUDA)
+        v = torch.randn(sum(kv_lens), kv_heads, head_size).to(dtype).to(CUDA)
+        cq, ck = cu_seqlens(q_lens, CUDA), cu_seqlens(kv_lens, CUDA)
+        torch.testing.assert_close(
+            kernels.context_attention(q, k, v, cq, ck, True, head_size ** -0.5, sliding_window=sliding_window).float(),
+            kernels.context_attention_reference(q, k, v, cq, ck, True, head_size ** -0.5,
+                                                sliding_window=sliding_window).float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4]])
+@pytest.mark.parametrize("max_distance", [0, 128])
+@pytest.mark.parametrize("splits,words", [(1, False), (5, True)])
+def test_relative_bias_on_gpu(kernels, monkeypatch, fmt, max_distance, splits, words):
+    """T5's relative position bias in decode (split-K, both 1-byte readers) and paged and unfused context."""
+    from minikv.kernels import launch
+    kv_cache_dtype, dtype = fmt
+    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: launch.DecodeConfig(
+        16, 64, splits, 4, 2, False, words, False))
+    lens, num_heads, kv_heads, head_size = [1, 17, 200, 777], 12, 12, 64
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, 16)
+    tables, num_blocks = random_block_tables(lens, 16, device=CUDA)
+    pool = make_pool(spec, num_blocks, CUDA)
+    fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
+    bias = (torch.randn(num_heads, max_distance + 1) * 3).to(CUDA)
+    q = torch.randn(len(lens), num_heads, head_size).to(dtype).to(CUDA)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    args = (q, pool, tables, seq_lens, spec, 1.0 / 8, 0.6, 1.7)
+    torch.testing.assert_close(kernels.paged_decode_attention(*args, rel_bias=bias).float(),
+                               kernels.paged_decode_attention_reference(*args, rel_bias=bias).float(),
+                               **attention_tolerance(dtype))
+    q_lens = [1, 5, 100, 300]
+    qc = torch.randn(sum(q_lens), num_heads, head_size).to(dtype).to(CUDA)
+    cargs = (qc, pool, tables, cu_seqlens(q_lens, CUDA), seq_lens, spec, True, 1.0 / 8, 0.6, 1.7)
+    torch.testing.assert_close(kernels.paged_context_attention(*cargs, rel_bias=bias).float(),
+                               kernels.paged_context_attention_reference(*cargs, rel_bias=bias).float(),
+                               **attention_tolerance(dtype))

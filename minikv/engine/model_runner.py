@@ -84,7 +84,8 @@ class ModelRunner:
         for a in self.self_layers:
             a.impl = AttentionImpl(a.layer_name, a.num_heads, self.layout, self.ops,
                                    kv_sharing_target=a.kv_sharing_target,
-                                   historical_scale_init="scale-wipe" in bugs, census=self.census)
+                                   historical_scale_init="scale-wipe" in bugs, census=self.census,
+                                   sliding_window=a.sliding_window, sm_scale=a.sm_scale)
         builder = CrossBackendBuilder(config.cache.kv_cache_dtype, self.dtype, self.block_size,
                                       historical="cross-stride" in bugs,
                                       kv_scale_placement=config.cache.kv_scale_placement)

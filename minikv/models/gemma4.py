@@ -26,9 +26,9 @@ Two ways to run it, as minikv's other models:
   `DenseKVCache` carries K/V across calls for incremental decoding;
 * engine (inside `set_forward_context`): flattened [T] tokens; every layer hands its q (and, if it owns K/V, its
   fresh k and v) to its `Attention` op, which reads and writes the paged cache; a KV-sharing layer's op is bound
-  to its source layer's cache. What the paged kernels cannot do yet is refused with a clear error
-  (`Gemma4Config.check_engine_support`): a sliding window shorter than the context, and per-layer head sizes or
-  KV-head counts (the engine allocates every pool with one layout).
+  to its source layer's cache; sliding layers pass their window and every layer the scale 1.0 to the paged
+  kernels. What the engine cannot do yet is refused with a clear error (`Gemma4Config.check_engine_support`):
+  per-layer head sizes or KV-head counts (the engine allocates every pool with one layout).
 """
 from __future__ import annotations
 
@@ -182,11 +182,6 @@ class Gemma4Config:
                 f"{self.name}: layers with different head sizes {sorted(set(self.layer_head_dims))} or KV-head "
                 f"counts {sorted(set(self.layer_kv_heads))} need one KV layout per layer type, which minikv's "
                 f"engine does not have yet; run the model in dense mode")
-        if SLIDING in self.layer_types and self.sliding_window < self.max_position_embeddings:
-            raise Gemma4ConfigError(
-                f"{self.name}: sliding_window {self.sliding_window} is shorter than max_position_embeddings "
-                f"{self.max_position_embeddings}; the paged kernels have no sliding window yet, so the engine "
-                f"runs only configs whose window covers the whole context")
 
     # ---- transformers' config.json ----------------------------------------------------------------------------
     @classmethod
@@ -371,8 +366,10 @@ class Gemma4Attention(nn.Module):
             self.v_norm = Gemma4RMSNorm(self.head_dim, config.rms_norm_eps, with_scale=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
         source = config.kv_sources[index]
+        # a sharing layer reads a source of its own layer type, so its window is the source's
         self.attn = Attention(layer_name(index), self.num_heads, self.num_kv_heads, self.head_dim, kind="self",
-                              kv_sharing_target=layer_name(source) if self.kv_shared else None)
+                              kv_sharing_target=layer_name(source) if self.kv_shared else None,
+                              sliding_window=self.window, sm_scale=1.0)
         self.kv_transform = None                    # set through Gemma4ForCausalLM.kv_transform
 
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -407,9 +404,7 @@ class Gemma4Attention(nn.Module):
         k = v = None                                              # a sharing layer: the engine reads the source
         if not self.kv_shared:
             k, v = (t[0] for t in self.project_kv(x, cos, sin))
-        # Gemma-4 does not scale scores (scaling 1.0) but AttentionImpl applies head_size**-0.5: undo it on q.
-        # For head sizes 16, 64 and 256 the factor is a power of two, so this is exact.
-        return self.attn(q[0] * self.head_dim ** 0.5, k, v)[None]
+        return self.attn(q[0], k, v)[None]         # the engine applies the window and scale 1.0 (no 1/sqrt(d))
 
 
 class Gemma4MLP(nn.Module):

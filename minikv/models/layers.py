@@ -82,10 +82,13 @@ class Attention(nn.Module):
     kind: "self" (causal, paged) or "cross" (non-causal over encoder K/V held in the cross pool).
     kv_sharing_target: for a KV-sharing layer, the name of the earlier layer whose cache it reads; such a layer
     has no K/V projections and never writes the cache.
+    sliding_window: keys a query sees, its own included (None or 0: all earlier ones); self attention only.
+    sm_scale: the factor on q.k (None: head_size ** -0.5; Gemma-4 and T5 use 1.0).
     """
 
     def __init__(self, layer_name: str, num_heads: int, num_kv_heads: int, head_size: int,
-                 kind: str = "self", kv_sharing_target: str | None = None):
+                 kind: str = "self", kv_sharing_target: str | None = None, *, sliding_window: int | None = None,
+                 sm_scale: float | None = None):
         super().__init__()
         if kind not in ("self", "cross"):
             raise ValueError(f"kind must be 'self' or 'cross', got {kind!r}")
@@ -93,6 +96,10 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
         self.kind = kind
         self.kv_sharing_target = kv_sharing_target
+        if sliding_window and kind != "self":
+            raise ValueError(f"{layer_name}: a sliding window applies to self attention only")
+        self.sliding_window = int(sliding_window or 0)
+        self.sm_scale = sm_scale
         self.impl = None        # set by the model runner
         self.kv_cache = None    # set by the model runner (a KV-sharing layer gets its target's tensor object)
 
