@@ -70,10 +70,7 @@ class ArithmeticTask:
 
     def prompts(self, n: int, seed: int = 0, num_tokens: int | None = None) -> list[str]:
         """`n` held-out prompts; with `num_tokens`, each is exactly that many tokens long including BOS."""
-        _check_count(n)
-        if num_tokens is not None and not self.min_prompt_tokens <= num_tokens <= self.max_prompt_tokens:
-            raise ValueError(f"num_tokens must be in [{self.min_prompt_tokens}, {self.max_prompt_tokens}] "
-                             f"for {self.name} prompts, got {num_tokens}")
+        _check_prompt_request(self.name, n, num_tokens, self.min_prompt_tokens, self.max_prompt_tokens)
         rng = random.Random(f"{self.name}:{seed}:{num_tokens}")
         out = []
         for _ in range(1000 * (n + 1)):
@@ -143,10 +140,7 @@ class ReverseTask:
         return "".join(rng.choice(REVERSE_ALPHABET) for _ in range(length))
 
     def prompts(self, n: int, seed: int = 0, num_tokens: int | None = None) -> list[str]:
-        _check_count(n)
-        if num_tokens is not None and not REVERSE_MIN_LEN <= num_tokens <= REVERSE_MAX_LEN:
-            raise ValueError(f"num_tokens must be in [{REVERSE_MIN_LEN}, {REVERSE_MAX_LEN}] for {self.name} "
-                             f"prompts, got {num_tokens}")
+        _check_prompt_request(self.name, n, num_tokens, REVERSE_MIN_LEN, REVERSE_MAX_LEN)
         rng = random.Random(f"{self.name}:{seed}:{num_tokens}")
         out = []
         while len(out) < n:
@@ -231,10 +225,7 @@ class WindowArithmeticTask:
     def prompts(self, n: int, seed: int = 0, num_tokens: int | None = None) -> list[str]:
         """`n` held-out prompts, uniform over the held-out part of the domain; with `num_tokens`, each is exactly
         that many tokens long including BOS (uniform over the held-out prompts of that length)."""
-        _check_count(n)
-        if num_tokens is not None and not self.min_prompt_tokens <= num_tokens <= self.max_prompt_tokens:
-            raise ValueError(f"num_tokens must be in [{self.min_prompt_tokens}, {self.max_prompt_tokens}] "
-                             f"for {self.name} prompts, got {num_tokens}")
+        _check_prompt_request(self.name, n, num_tokens, self.min_prompt_tokens, self.max_prompt_tokens)
         rng = random.Random(f"{self.name}:{seed}:{num_tokens}")
         out = []
         for _ in range(100_000 * (n + 1)):
@@ -281,6 +272,13 @@ class WindowArithmeticTask:
 def _check_count(n: int) -> None:
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
+
+
+def _check_prompt_request(name: str, n: int, num_tokens: int | None, lo: int, hi: int) -> None:
+    """The arguments of a task's prompts(): a count, and a prompt length in [lo, hi] tokens when one is asked."""
+    _check_count(n)
+    if num_tokens is not None and not lo <= num_tokens <= hi:
+        raise ValueError(f"num_tokens must be in [{lo}, {hi}] for {name} prompts, got {num_tokens}")
 
 
 class SortDistinctTask(ReverseTask):
