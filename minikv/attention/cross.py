@@ -169,7 +169,7 @@ class CrossAttentionImpl:
 
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
                  context_path: str = "fused", paged_context: bool = False, historical_context_read: bool = False,
-                 k_scale: float = 1.0, v_scale: float = 1.0):
+                 k_scale: float = 1.0, v_scale: float = 1.0, sm_scale: float | None = None):
         if context_path not in CROSS_CONTEXT_PATHS:
             raise ValueError(f"cross context path must be one of {CROSS_CONTEXT_PATHS}, got {context_path!r}")
         self.layer_name = layer_name
@@ -180,7 +180,7 @@ class CrossAttentionImpl:
         self.paged_context = paged_context
         self.historical_context_read = historical_context_read
         self.k_scale, self.v_scale = k_scale, v_scale
-        self.sm_scale = layout.head_size ** -0.5
+        self.sm_scale = layout.head_size ** -0.5 if sm_scale is None else float(sm_scale)   # T5: 1.0
         self.last_context_path: str | None = None   # "fused" or "unfused": which path the last context step took
         # Decided once, when the op is initialized (as upstream's AttentionOp::initialize does).
         self.uses_fused_context = self._decide_fused()

@@ -90,7 +90,8 @@ class AttentionImpl:
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
                  kv_sharing_target: str | None = None, historical_scale_init: bool = False,
                  census: ScaleFillCensus | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-                 sliding_window: int = 0, sm_scale: float | None = None):
+                 sliding_window: int = 0, sm_scale: float | None = None,
+                 rel_bias: torch.Tensor | None = None):
         if num_heads % layout.num_kv_heads:
             raise ValueError(f"{layer_name}: {num_heads} query heads are not a multiple of "
                              f"{layout.num_kv_heads} KV heads")
@@ -104,6 +105,7 @@ class AttentionImpl:
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sm_scale = layout.head_size ** -0.5 if sm_scale is None else float(sm_scale)
         self.sliding_window = int(sliding_window or 0)      # 0: no window
+        self.rel_bias = rel_bias                             # None: no relative position bias (T5's, else)
         self._views: tuple[torch.Tensor, torch.Tensor] | None = None
         self._views_of: tuple | None = None      # (key, registry entry) the fixed path's views were built for
         self._step = -1
@@ -192,7 +194,8 @@ class AttentionImpl:
             return self.ops.paged_context(q, kv_cache, block_tables=md.block_tables,
                                           cu_seqlens_q=md.query_start_loc, seq_lens=md.seq_lens, spec=self.layout,
                                           causal=True, sm_scale=self.sm_scale, k_scale=self.k_scale,
-                                          v_scale=self.v_scale, validate=False, sliding_window=self.sliding_window)
+                                          v_scale=self.v_scale, validate=False, sliding_window=self.sliding_window,
+                                          rel_bias=self.rel_bias)
         return self.ops.decode(q, kv_cache, block_tables=md.block_tables, seq_lens=md.seq_lens, spec=self.layout,
                                sm_scale=self.sm_scale, k_scale=self.k_scale, v_scale=self.v_scale, validate=False,
-                               sliding_window=self.sliding_window)
+                               sliding_window=self.sliding_window, rel_bias=self.rel_bias)

@@ -210,7 +210,9 @@ class LLM:
             if len(ids) > mc.max_encoder_len:
                 raise ValueError(f"prompt is {len(ids)} tokens, longer than the encoder's maximum "
                                  f"{mc.max_encoder_len}")
-            return [self.tokenizer.bos_id], ids
+            # The decoder starts from the model's start token where the config names one (T5: its
+            # decoder_start_token_id, 0 = pad in real checkpoints), else from BOS.
+            return [getattr(mc, "decoder_start_token_id", self.tokenizer.bos_id)], ids
         ids = [self.tokenizer.bos_id] + ids
         if len(ids) >= mc.max_position:
             raise ValueError(f"prompt is {len(ids)} tokens (with BOS), which leaves no room to generate: the model's "

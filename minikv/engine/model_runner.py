@@ -85,7 +85,8 @@ class ModelRunner:
             a.impl = AttentionImpl(a.layer_name, a.num_heads, self.layout, self.ops,
                                    kv_sharing_target=a.kv_sharing_target,
                                    historical_scale_init="scale-wipe" in bugs, census=self.census,
-                                   sliding_window=a.sliding_window, sm_scale=a.sm_scale)
+                                   sliding_window=a.sliding_window, sm_scale=a.sm_scale,
+                                   rel_bias=a.rel_bias)
         builder = CrossBackendBuilder(config.cache.kv_cache_dtype, self.dtype, self.block_size,
                                       historical="cross-stride" in bugs,
                                       kv_scale_placement=config.cache.kv_scale_placement)
@@ -93,7 +94,8 @@ class ModelRunner:
             a.impl = CrossAttentionImpl(a.layer_name, a.num_heads,
                                         builder.build(cross_construction, a.num_kv_heads, a.head_size), self.ops,
                                         context_path=cross_context_path, paged_context=paged_context,
-                                        historical_context_read="cross-fp8-context-read" in bugs)
+                                        historical_context_read="cross-fp8-context-read" in bugs,
+                                        sm_scale=a.sm_scale)
         self.arena: KVArena | None = None
         self._pool_owners: dict = {}
         self.last_context: ForwardContext | None = None
@@ -182,7 +184,7 @@ class ModelRunner:
         with set_forward_context(ForwardContext(attn_metadata=md, step=-1)):
             if self.cross_layers:
                 enc = torch.zeros(num_tokens, self.model.config.hidden_size, dtype=self.dtype, device=self.device)
-                self.model.decode(ids, pos, encoder_out=enc if md is None else None)
+                self.model(ids, pos, encoder_out=enc if md is None else None)
             else:
                 self.model(ids, pos)
 
@@ -266,7 +268,7 @@ class ModelRunner:
         self.last_context = ctx          # kept for a step that raises (LLM attaches its partial trace to the error)
         with set_forward_context(ctx):
             if self.cross_layers:
-                hidden = self.model.decode(input_ids, positions, encoder_out=encoder_out)
+                hidden = self.model(input_ids, positions, encoder_out=encoder_out)
             else:
                 hidden = self.model(input_ids, positions)
         self.step += 1

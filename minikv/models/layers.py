@@ -84,11 +84,14 @@ class Attention(nn.Module):
     has no K/V projections and never writes the cache.
     sliding_window: keys a query sees, its own included (None or 0: all earlier ones); self attention only.
     sm_scale: the factor on q.k (None: head_size ** -0.5; Gemma-4 and T5 use 1.0).
+    rel_bias: T5's relative position bias for the paged kernels, float32 [num_heads, max_distance + 1] (added to
+    the scaled score of key j as rel_bias[h, min(q_pos - j, max_distance)]); self attention only, engine only
+    (dense mode adds its own bias). None: no bias.
     """
 
     def __init__(self, layer_name: str, num_heads: int, num_kv_heads: int, head_size: int,
                  kind: str = "self", kv_sharing_target: str | None = None, *, sliding_window: int | None = None,
-                 sm_scale: float | None = None):
+                 sm_scale: float | None = None, rel_bias: torch.Tensor | None = None):
         super().__init__()
         if kind not in ("self", "cross"):
             raise ValueError(f"kind must be 'self' or 'cross', got {kind!r}")
@@ -100,6 +103,9 @@ class Attention(nn.Module):
             raise ValueError(f"{layer_name}: a sliding window applies to self attention only")
         self.sliding_window = int(sliding_window or 0)
         self.sm_scale = sm_scale
+        if rel_bias is not None and kind != "self":
+            raise ValueError(f"{layer_name}: a relative position bias applies to self attention only")
+        self.rel_bias = rel_bias
         self.impl = None        # set by the model runner
         self.kv_cache = None    # set by the model runner (a KV-sharing layer gets its target's tensor object)
 

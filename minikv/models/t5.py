@@ -14,8 +14,14 @@ What distinguishes T5 from a textbook encoder-decoder:
   (`lm_head.weight` in the checkpoint), and when the config says `tie_word_embeddings: false` (v1.1, flan-t5)
   the decoder output is *not* multiplied by d_model**-0.5 before the head, while original T5 does multiply.
 
-Parameter names equal transformers' (`encoder.block.0.layer.0.SelfAttention.q.weight`, ...). Dense mode only:
-`encode()` once, then `decode()` the whole target or one token at a time with a `DenseKVCache`.
+Parameter names equal transformers' (`encoder.block.0.layer.0.SelfAttention.q.weight`, ...).
+
+* dense mode: `encode()` once, then `decode()` the whole target or one token at a time with a `DenseKVCache`.
+* engine mode (under the engine's forward context): the encoder still runs dense (`encode()`, at the context step);
+  `forward(input_ids [T], positions [T], encoder_out)` runs the decoder on flattened tokens through its paged
+  attention ops (`attention_layers()`): self attention with scale 1.0 and the decoder's bucket table turned into
+  a per-distance bias table for the kernels (`decoder_bias_table()`), cross attention over the cross pool with
+  scale 1.0 and no bias. `encoder_out` is the flattened encoder output at the context step, None afterwards.
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minikv.models.layers import Attention, check_token_inputs
 
 _ACTIVATIONS = {
     "relu": F.relu,
@@ -108,6 +116,29 @@ class T5Config:
             "decoder_start_token_id": self.decoder_start_token_id, "dropout_rate": 0.0,
         }
 
+    # ---- what minikv's engine reads (ModelConfig's names) -----------------------------------------------------
+    is_encoder_decoder = True
+    # T5 has no absolute positions and so no length limit of its own; the engine sizes its default pools (and
+    # refuses longer requests) by these, T5's customary 512.
+    max_position = 512
+    max_encoder_len = 512
+
+    @property
+    def hidden_size(self) -> int:
+        return self.d_model
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.d_kv
+
+    @property
+    def kv_sharing(self) -> dict[int, int]:
+        return {}
+
 
 def relative_position_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> torch.Tensor:
@@ -174,6 +205,20 @@ class T5Attention(nn.Module):
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], self.num_heads, self.d_kv).transpose(1, 2)
+
+    def flat_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, heads * d_kv] -> [T, heads, d_kv], the engine's layout."""
+        return x.view(x.shape[0], self.num_heads, self.d_kv)
+
+    def engine_forward(self, x: torch.Tensor, kv_input: torch.Tensor | None) -> torch.Tensor:
+        """Engine mode: attention of the flattened queries x [T, d_model] through this layer's paged op, with
+        K/V projected from kv_input ([N, d_model]; None: the engine reads the cache, as cross attention does after
+        the context step)."""
+        k = v = None
+        if kv_input is not None:
+            k, v = self.flat_heads(self.k(kv_input)), self.flat_heads(self.v(kv_input))
+        out = self.op(self.flat_heads(self.q(x)), k, v)
+        return self.o(out.reshape(x.shape[0], -1))
 
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """x: [B, T, d_model]; k, v: [B, heads, S, d_kv]; bias: additive, broadcastable to [B, heads, T, S]."""
@@ -263,6 +308,13 @@ class T5ForConditionalGeneration(nn.Module):
         # Applied in decode() to the decoder's self and cross K/V (what a paged engine caches), e.g. to
         # fake-quantize them in training and the dense evaluation; None: untouched.
         self.kv_transform = None
+        # The decoder's paged attention ops (no parameters: the state dict stays transformers'). T5 does not scale
+        # q.k; the self ops get their bias table in attention_layers(), once the weights are loaded.
+        h, d = config.num_heads, config.d_kv
+        for i, block in enumerate(self.decoder.block):
+            block.layer[0].SelfAttention.op = Attention(f"decoder.{i}.self_attn", h, h, d, kind="self", sm_scale=1.0)
+            block.layer[1].EncDecAttention.op = Attention(f"decoder.{i}.cross_attn", h, h, d, kind="cross",
+                                                          sm_scale=1.0)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Encoder output [B, S, d_model]; attention_mask: bool [B, S], False for padding."""
@@ -317,11 +369,42 @@ class T5ForConditionalGeneration(nn.Module):
             x = x + ff.DenseReluDense(ff.layer_norm(x))
         return dec.final_layer_norm(x)
 
-    def attention_layers(self):
-        """What the paged engine would bind caches to: not available yet for T5, so refuse clearly."""
-        raise T5ConfigError(f"{self.config.name}: T5 does not run in minikv's paged engine yet (the kernels need "
-                            f"its relative position bias in decoder self-attention); run it in dense mode: "
-                            f"model.greedy(...) or minikv.models.train.evaluate_dense")
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                encoder_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Engine mode only: final-normed decoder hidden states [T, d_model] for flattened `input_ids` [T].
+        `positions` are checked but unused: the kernels take each key's distance from the sequence lengths."""
+        if not check_token_inputs(input_ids, positions):
+            raise ValueError("T5's forward() is the engine's entry point; in dense mode call encode() and decode(), "
+                             "or greedy()")
+        x = self.shared(input_ids)
+        for block in self.decoder.block:
+            attn, cross, ff = block.layer
+            h = attn.layer_norm(x)
+            x = x + attn.SelfAttention.engine_forward(h, h)
+            x = x + cross.EncDecAttention.engine_forward(cross.layer_norm(x), encoder_out)
+            x = x + ff.DenseReluDense(ff.layer_norm(x))
+        return self.decoder.final_layer_norm(x)
+
+    def decoder_bias_table(self) -> torch.Tensor:
+        """The decoder's relative bias as the paged kernels take it: float32 [heads, max_distance + 1], column n
+        the bias of a key n positions before its query (its causal bucket's row of the learned table). Every
+        distance >= relative_attention_max_distance falls in the last bucket, so the kernels' clamp of the
+        distance to the last column is exact."""
+        c = self.config
+        table = self.decoder.block[0].self_attn.relative_attention_bias.weight
+        distance = torch.arange(c.relative_attention_max_distance + 1, device=table.device)
+        buckets = relative_position_bucket(-distance, False, c.relative_attention_num_buckets,
+                                           c.relative_attention_max_distance)
+        return table.detach()[buckets].t().float().contiguous()
+
+    def attention_layers(self) -> list[Attention]:
+        """The engine binds caches and impls to these: decoder self attention (with the bias table, built from
+        the current weights) first, then cross attention."""
+        table = self.decoder_bias_table()
+        selfs = [block.layer[0].SelfAttention.op for block in self.decoder.block]
+        for op in selfs:
+            op.rel_bias = table
+        return selfs + [block.layer[1].EncDecAttention.op for block in self.decoder.block]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.config.scale_decoder_outputs:
