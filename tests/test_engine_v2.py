@@ -206,7 +206,7 @@ def test_reset_or_sleep_wake_up_recovers_after_an_overrun(recover):
 def test_nan_logits_name_the_layer_and_step():
     llm = engine(max_num_seqs=1)
     with torch.no_grad():
-        for name, p in llm.runner.model.named_parameters():
+        for name, p in llm.model.named_parameters():
             if name == "layers.1.q_proj.weight":
                 p.fill_(float("nan"))
     with pytest.raises(FloatingPointError, match=r"step 0: .*layers\.1\.self_attn"):

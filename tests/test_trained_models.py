@@ -151,7 +151,7 @@ def test_gemma4_runs_in_the_paged_engine_like_dense(kv_cache_dtype):
     import minikv
     prompts = _prompts("tiny-gemma4", 6)
     llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype=kv_cache_dtype, backend="torch", max_num_seqs=6)
-    assert sum(1 for a in llm.runner.self_layers if a.kv_sharing_target is not None) == 4
+    assert sum(1 for a in llm.attention_layers.values() if a.kv_sharing_target is not None) == 4
     outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=12, ignore_eos=True))
     fmt = None if kv_cache_dtype == "auto" else kv_cache_dtype
     model = registry.load_model("tiny-gemma4")
@@ -170,7 +170,8 @@ def test_t5_runs_in_the_paged_engine_like_dense(kv_cache_dtype):
     prompts = _prompts("tiny-t5", 6)
     task = tasks.for_model("tiny-t5")
     llm = minikv.LLM(model="tiny-t5", kv_cache_dtype=kv_cache_dtype, backend="torch", max_num_seqs=6)
-    assert len(llm.runner.self_layers) == len(llm.runner.cross_layers) == 3
+    kinds = [a.kind for a in llm.attention_layers.values()]
+    assert kinds.count("self") == kinds.count("cross") == 3
     outs = llm.generate(prompts, [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts])
     model = registry.load_model("tiny-t5")
     model.kv_transform = train.kv_transform_for(kv_cache_dtype)
