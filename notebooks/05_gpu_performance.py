@@ -315,7 +315,8 @@ big = [(b, c) for b, c in shapes if b >= 16 and c >= 4096]
 one_byte = [f for f in formats if f != "auto"]
 row_pth = ["int8_per_token_head", "fp8_per_token_head"]
 block_pth = [f + "/block" for f in row_pth]
-assert all(over_bf16(f, b, c) < 1 for f in row_pth for b, c in shapes)                    # row: slower everywhere
+assert all(over_bf16(f, b, c) < 1 for f in row_pth for b, c in big)                       # row: slower when large
+assert all(over_bf16(f, b, c) < 1.05 for f in row_pth for b, c in shapes)                 # and about even at best
 assert all(over_bf16(f, b, c) > 1 for f in block_pth + ["fp8"] for b, c in big)           # block, fp8: faster
 assert all(over_bf16(f, b, c) < nbytes[("auto", b, c)] / nbytes[(f, b, c)]                # short of the bytes
            for f in one_byte for b, c in shapes)
@@ -339,11 +340,11 @@ for f in one_byte:
 #   and context >= 4096), vLLM's row placement at none.
 #   None of them gets the speed-up its bytes allow (about 1.9-2x): every 1-byte point sits well above the roofline.
 # * **The row placement is the alignment issue.** With vLLM's layout (the engine's default) int8 and fp8
-#   per-token-head are *slower* than bf16 at every shape although they read half the bytes: rows that start at
-#   offsets 0, 4, 8, 12 (mod 16) allow only 4-byte loads, and each row's scale is one more scattered load. The
-#   **fix** is the block placement: the same bytes, rows 16-byte aligned and a tile's scales in one contiguous read;
-#   it makes the same formats faster than bf16 at every large shape and brings them within a few percent of fp8
-#   per tensor, which reads the same rows without scales.
+#   per-token-head are *slower* than bf16 at every large shape (at best about even at the small ones) although
+#   they read half the bytes: rows that start at offsets 0, 4, 8, 12 (mod 16) allow only 4-byte loads, and each
+#   row's scale is one more scattered load. The **fix** is the block placement: the same bytes, rows 16-byte
+#   aligned and a tile's scales in one contiguous read; it makes the same formats faster than bf16 at every large
+#   shape and brings them within a few percent of fp8 per tensor, which reads the same rows without scales.
 # * What is left is the 1-byte kernels' own ceiling, the same for all three: the launch sweep's winners hold the
 #   next tile's code words in registers (about 250 per thread, low occupancy; `data/gpu_ncu_decode_b64_ctx4096.txt`,
 #   `data/gpu_placement_run_logs.txt`), and smaller tiles that need fewer registers lose. So the 1.7x target (1.5x
