@@ -124,7 +124,7 @@ for placement in ("row", "block"):
 # kernel measured computes the right answer (tests/test_kernels_gpu.py).
 
 # %%
-from minikv.bench.attention import format_ratio, format_targets
+from minikv.bench.attention import format_targets
 
 TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing")
 COLOUR = {"auto": "C0", "fp8": "C1", "int8_per_token_head": "C2", "fp8_per_token_head": "C4"}
@@ -279,8 +279,8 @@ for r in rows:
 # ## The targets
 #
 # Issue 15 set a target for every kernel, each a ratio within one run. The verdict compares the unrounded ratio
-# with the target; the ratio is printed rounded *down* to three decimals (`format_ratio`), so a printed ratio
-# reaches its target exactly when the measured one does.
+# with the target; the ratio is printed rounded *down* to three decimals (`minikv.bench.attention.format_ratio`),
+# so a printed ratio reaches its target exactly when the measured one does.
 
 # %%
 for line in format_targets(rows):
