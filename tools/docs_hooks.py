@@ -42,7 +42,7 @@ NOTEBOOK_PAGES = {
     "04_cross_attention_stride_doubling": [("Encoder-decoder cross attention", "concepts/cross-attention.md"),
                                            ("Defect B: cross stride and FP8 context read",
                                             "defects/cross-stride-fp8-context.md")],
-    "05_gpu_performance": [("Results", "results.md")],
+    "05_gpu_performance": [("Results", "results.md"), ("Glossary (roofline, SDPA, scale placement)", "glossary.md")],
 }
 NOTEBOOKS_SECTION = "Notebooks"
 API_SECTION = "API reference"
