@@ -28,7 +28,7 @@ SCALE_REGION_ALIGN = 16                            # "block" placement: the scal
 ROW = 0            # after each row's codes, as vLLM does: rows of head_size + 4 bytes   ("row", the default)
 BLOCK = 1          # grouped after the codes of each block half: rows of head_size bytes ("block")
 SCALE_PLACEMENTS = {"row": ROW, "block": BLOCK}
-SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
+SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256, 512)
 
 
 @dataclass(frozen=True)
