@@ -45,14 +45,15 @@ def perlayer_config(**overrides) -> dict:
     }
 
 
-def random_checkpoint(path, config: dict, scale: float = 0.25):
-    """A transformers Gemma-4 with every parameter drawn at random, saved with minikv's tokenizer spec."""
+def random_checkpoint(path, config: dict, scale: float = 0.25, jitter: float = 0.3):
+    """A transformers Gemma-4 with every parameter drawn at random (matrices with std `scale`, vectors around 1
+    with std `jitter`), saved with minikv's tokenizer spec."""
     torch.manual_seed(0)
     hf = transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**config)).eval()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in hf.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() == 1 else scale) + (p.dim() == 1))
+            p.copy_(torch.randn(p.shape, generator=g) * (jitter if p.dim() == 1 else scale) + (p.dim() == 1))
     hf.generation_config.eos_token_id = None
     hf.save_pretrained(path)
     save_char_tokenizer(CharTokenizer(), path)
@@ -145,7 +146,27 @@ def e2b_at_real_head_sizes() -> dict:
 
 GPU_PROMPTS = ["3 7 11 15", "10 20 30", "5", "123 456 789 1011 1213 1415 1617 1819 2021 2223 2425 2627 2829"]
 GPU_NEW_TOKENS = 24
-BF16_LOGIT_TOL = 0.5       # softcapped logits span [-30, 30]; bfloat16 rounding moves them by a few hundredths
+
+
+def engine_and_dense_logits(llm, dense, prompt: str, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([new_tokens, vocab] logits the engine sampled each token from, the dense model's logits at the same
+    positions when it reads the engine's own sequence), both float32."""
+    seen = []
+    compute = llm.model.compute_logits
+
+    def recording(hidden):
+        seen.append(compute(hidden))
+        return seen[-1]
+
+    llm.model.compute_logits = recording
+    try:
+        out = llm.generate([prompt], minikv.SamplingParams(max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)[0]
+    finally:
+        del llm.model.compute_logits
+    tok = CharTokenizer()
+    ids = [tok.bos_id, *tok.encode(prompt)]
+    full = torch.tensor([ids + out.token_ids], device=next(dense.parameters()).device)
+    return torch.cat(seen).float(), dense.logits(full)[0, len(ids) - 1: -1].float()
 
 
 @pytest.mark.gpu
@@ -154,30 +175,27 @@ BF16_LOGIT_TOL = 0.5       # softcapped logits span [-30, 30]; bfloat16 rounding
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8_per_token_head"])
 @torch.no_grad()
 def test_e2b_head_sizes_on_gpu_bf16(tmp_path, monkeypatch, backend, kv_cache_dtype):
-    """Every token the engine picks is the dense bfloat16 model's choice, or within BF16_LOGIT_TOL of it (bfloat16
-    ties), when the dense model reads the engine's own sequence; the first token equals the dense greedy one."""
-    random_checkpoint(tmp_path, e2b_at_real_head_sizes(), scale=0.05)
+    """At every context and decode step, the logits the engine samples from equal the dense bfloat16 model's
+    (with the same fake quantization) at the same positions, to bfloat16 precision.
+
+    Tolerances, as fractions of the mean |logit - row mean| ("spread"), from CPU measurements of this model:
+    the dense model in bfloat16 against float32 is off by 0.02-0.13 (mean) and 0.17-0.76 (max), the engine
+    against the dense model both in float16 by <= 0.01 and 0.13; with the full layers' K/V misread (each head
+    vector rotated by one element, standing for a pool read with another layout) by 0.36-0.50 and 1.7-2.1. Greedy
+    tokens are no test here: even the misread model picks the same ones."""
+    random_checkpoint(tmp_path, e2b_at_real_head_sizes(), scale=0.2, jitter=0.05)
     monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(tmp_path)))
     llm = minikv.LLM(model=str(tmp_path), backend=backend, kv_cache_dtype=kv_cache_dtype, device="cuda",
-                     dtype=torch.bfloat16, max_num_seqs=4, block_size=16)
+                     dtype=torch.bfloat16, max_num_seqs=1, block_size=16)
     assert {lay.head_size for lay in llm.kv_layouts.values()} == {256, 512}
-    outs = llm.generate(GPU_PROMPTS, minikv.SamplingParams(max_tokens=GPU_NEW_TOKENS, ignore_eos=True),
-                        use_tqdm=False)
-    llm.arena.check()
-    dense = load_checkpoint(tmp_path).to("cuda", torch.bfloat16)
+    dense = load_checkpoint(tmp_path).to("cuda", torch.bfloat16).eval()
     if kv_cache_dtype != "auto":
         dense.kv_transform = train.kv_transform_for(kv_cache_dtype)
-    tok = CharTokenizer()
-    exact = 0
-    for prompt, out in zip(GPU_PROMPTS, outs):
-        ids = torch.tensor([[tok.bos_id, *tok.encode(prompt)]], device="cuda")
-        assert out.token_ids[0] == dense.greedy(ids, 1)[0, 0].item(), prompt
-        full = torch.cat([ids, torch.tensor([out.token_ids], device="cuda")], dim=1)
-        logits = dense.logits(full)[0, ids.shape[1] - 1: -1]                    # [GPU_NEW_TOKENS, vocab]
-        chosen = logits.gather(1, torch.tensor(out.token_ids, device="cuda")[:, None])[:, 0]
-        gap = logits.max(dim=1).values - chosen
-        assert float(gap.max()) <= BF16_LOGIT_TOL, (prompt, gap.tolist())
-        exact += int((gap == 0).sum())
-        spread = logits.max(dim=1).values - logits.median(dim=1).values
-        assert float(spread.min()) > 10 * BF16_LOGIT_TOL        # the tolerance is far below a real mistake
-    assert exact >= 0.9 * GPU_NEW_TOKENS * len(GPU_PROMPTS)
+    for prompt in GPU_PROMPTS:
+        ours, expected = engine_and_dense_logits(llm, dense, prompt, GPU_NEW_TOKENS)
+        assert ours.shape == expected.shape == (GPU_NEW_TOKENS, CharTokenizer().vocab_size)
+        spread = (expected - expected.mean(dim=1, keepdim=True)).abs().mean()
+        error = (ours - expected).abs()
+        assert float(error.mean()) < 0.2 * float(spread), (prompt, float(error.mean()), float(spread))
+        assert float(error.max()) < 1.5 * float(spread), (prompt, float(error.max()), float(spread))
+    llm.arena.check()
