@@ -135,7 +135,7 @@ def test_unsupported_head_size_names_the_layers():
         config.check_engine_support()
 
 
-# ---- the real model's head sizes: interpreter (CPU) and GPU ---------------------------------------------------------------------------
+# ---- the real model's head sizes: interpreter (CPU) and GPU --------------------------------------------------------
 def e2b_at_real_head_sizes() -> dict:
     """gemma-4-E2B's attention shapes (8 query heads, 1 KV head, head size 256 on sliding layers and 512 on full
     ones, sliding window 512) with fewer and narrower layers: the pattern and sharing of `perlayer_config`."""
