@@ -20,8 +20,8 @@ transformers = pytest.importorskip("transformers", reason="the parity tests need
 import minikv
 from minikv.models import registry, train
 from minikv.models.dir_tokenizer import save_char_tokenizer
-from minikv.models.gemma4 import FULL, SLIDING, Gemma4Config, Gemma4ConfigError
-from minikv.models.hf_checkpoint import load_checkpoint
+from minikv.models.gemma4 import FULL, SLIDING, Gemma4Config, Gemma4ConfigError, Gemma4ForCausalLM
+from minikv.models.hf_checkpoint import load_checkpoint, save_checkpoint
 from minikv.models.tokenizer import CharTokenizer
 
 S, F = SLIDING, FULL
@@ -116,8 +116,6 @@ def test_engine_greedy_equals_reference(perlayer, monkeypatch, backend, kv_cache
 def test_sharing_layer_with_another_shape_than_its_source_is_refused(tmp_path, monkeypatch):
     """A config may give a sharing layer another KV-head count than its source; the source's pool could not hold
     that layer's K/V, so the engine refuses to build it, naming both layers."""
-    from minikv.models.gemma4 import Gemma4ForCausalLM
-    from minikv.models.hf_checkpoint import save_checkpoint
     full, wider = {"head_dim": 32, "num_key_value_heads": 1}, {"head_dim": 32, "num_key_value_heads": 2}
     config = Gemma4Config.from_hf_dict({**perlayer_config(), "per_layer_config": {"4": full, "8": full, "9": wider}})
     assert config.kv_sharing[9] == 4 and config.layer_kv_heads[9] != config.layer_kv_heads[4]
@@ -136,6 +134,19 @@ def test_unsupported_head_size_names_the_layers():
 
 
 # ---- the real model's head sizes: interpreter (CPU) and GPU --------------------------------------------------------
+def random_minikv_checkpoint(path, config: dict, scale: float, jitter: float) -> None:
+    """As `random_checkpoint`, with minikv's own model and writer (no transformers needed: the GPU machine's may
+    predate Gemma-4; the reference here is minikv's dense model)."""
+    torch.manual_seed(0)
+    model = Gemma4ForCausalLM(Gemma4Config.from_hf_dict({**config, "model_type": "gemma4_text"})).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (jitter if p.dim() == 1 else scale) + (p.dim() == 1))
+    save_checkpoint(model, path)
+    save_char_tokenizer(CharTokenizer(), path)
+
+
 def e2b_at_real_head_sizes() -> dict:
     """gemma-4-E2B's attention shapes (8 query heads, 1 KV head, head size 256 on sliding layers and 512 on full
     ones, sliding window 512) with fewer and narrower layers: the pattern and sharing of `perlayer_config`."""
@@ -174,8 +185,9 @@ def engine_and_dense_logits(llm, dense, prompt: str, new_tokens: int) -> tuple[t
 @torch.no_grad()
 def test_e2b_head_sizes_through_the_interpreter(tmp_path, monkeypatch, kv_cache_dtype):
     """Head sizes 256 / 512 run on CPU too (Triton interpreter, float32): the engine's logits at every step equal
-    the dense model's (measured: within 5e-5 of the spread; a misread pool is off by 0.4 of it)."""
-    random_checkpoint(tmp_path, e2b_at_real_head_sizes(), scale=0.2, jitter=0.05)
+    the dense model's (measured, as a fraction of the logits' spread: within 5e-5 with the auto cache, 1% at most
+    with int8 codes; a misread pool is off by about 0.4 on average)."""
+    random_minikv_checkpoint(tmp_path, e2b_at_real_head_sizes(), scale=0.2, jitter=0.05)
     monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(tmp_path)))
     llm = minikv.LLM(model=str(tmp_path), backend="triton", kv_cache_dtype=kv_cache_dtype, max_num_seqs=1,
                      block_size=16)
@@ -184,8 +196,12 @@ def test_e2b_head_sizes_through_the_interpreter(tmp_path, monkeypatch, kv_cache_
     if kv_cache_dtype != "auto":
         dense.kv_transform = train.kv_transform_for(kv_cache_dtype)
     ours, expected = engine_and_dense_logits(llm, dense, "123 456 789", 8)
-    spread = (expected - expected.mean(dim=1, keepdim=True)).abs().mean()
-    assert float((ours - expected).abs().max()) < 1e-3 * float(spread)
+    spread = float((expected - expected.mean(dim=1, keepdim=True)).abs().mean())
+    error = (ours - expected).abs()
+    if kv_cache_dtype == "auto":
+        assert float(error.max()) < 1e-3 * spread
+    else:       # a code that lands on the other side of a rounding tie in one of the two moves a logit by ~1%
+        assert float(error.mean()) < 5e-3 * spread and float(error.max()) < 0.05 * spread
     llm.arena.check()
 
 
@@ -198,12 +214,13 @@ def test_e2b_head_sizes_on_gpu_bf16(tmp_path, monkeypatch, backend, kv_cache_dty
     """At every context and decode step, the logits the engine samples from equal the dense bfloat16 model's
     (with the same fake quantization) at the same positions, to bfloat16 precision.
 
-    Tolerances, as fractions of the mean |logit - row mean| ("spread"), from CPU measurements of this model:
-    the dense model in bfloat16 against float32 is off by 0.02-0.13 (mean) and 0.17-0.76 (max), the engine
-    against the dense model both in float16 by <= 0.01 and 0.13; with the full layers' K/V misread (each head
-    vector rotated by one element, standing for a pool read with another layout) by 0.36-0.50 and 1.7-2.1. Greedy
-    tokens are no test here: even the misread model picks the same ones."""
-    random_checkpoint(tmp_path, e2b_at_real_head_sizes(), scale=0.2, jitter=0.05)
+    Tolerances, as fractions of the mean |logit - row mean| ("spread"), from CPU measurements of this model (per
+    prompt, mean and max error): the dense model in bfloat16 against float32 is off by 0.02-0.12 and 0.10-0.64,
+    the engine against the dense model both in float16 by <= 0.009 and 0.06; with the full layers' K/V misread
+    (each head vector rotated by one element, standing for a pool read with another layout) by 0.34-0.47 and
+    1.5-1.9. The mean is the test (0.2); the max bound only catches a single wild step. Greedy tokens are no test
+    here: even the misread model picks the same ones."""
+    random_minikv_checkpoint(tmp_path, e2b_at_real_head_sizes(), scale=0.2, jitter=0.05)
     monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(tmp_path)))
     llm = minikv.LLM(model=str(tmp_path), backend=backend, kv_cache_dtype=kv_cache_dtype, device="cuda",
                      dtype=torch.bfloat16, max_num_seqs=1, block_size=16)
