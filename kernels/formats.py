@@ -28,7 +28,9 @@ SCALE_REGION_ALIGN = 16                            # "block" placement: the scal
 ROW = 0            # after each row's codes, as vLLM does: rows of head_size + 4 bytes   ("row", the default)
 BLOCK = 1          # grouped after the codes of each block half: rows of head_size bytes ("block")
 SCALE_PLACEMENTS = {"row": ROW, "block": BLOCK}
-SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256)
+# Powers of two (tl.arange needs them). 256 and 512: gemma-4-E2B's sliding and full layers; on CPU the interpreter
+# runs 512 at about 1.2x the time of 256 (numpy tiles), so no size is GPU-only.
+SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256, 512)
 
 
 @dataclass(frozen=True)

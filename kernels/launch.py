@@ -226,6 +226,12 @@ def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = No
         block_m = min(_pow2(max_rows or 1), 512)
         block_n = min(_pow2(max_kv_len or 1), 256, max(16, 2 * CPU_TILE_ELEMENTS // block_m))
         return ContextConfig(block_m=block_m, block_n=block_n)
+    if head_size > 256:
+        # Gemma-4's full layers (512). Not measured for speed; sized for shared memory (compiled offline for sm_90,
+        # Triton 3.9): 64 x 64 tiles need 192 KB at 512 in bfloat16, these at most 97 KB in any format.
+        if dtype == torch.float32:
+            return ContextConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+        return ContextConfig(block_m=32, block_n=32, num_warps=8, num_stages=2)
     if dtype == torch.float32:
         return ContextConfig(block_m=64, block_n=32 if head_size <= 128 else 16, num_warps=4, num_stages=2)
     if head_size <= 128 and rows_per_seq is not None and rows_per_seq <= SHORT_ROWS:

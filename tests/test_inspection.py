@@ -24,3 +24,13 @@ def test_cross_layers_carry_the_layout_their_backend_addresses():
     for llm, elem in ((fixed, 1), (buggy, 2)):
         cross = [a for a in llm.attention_layers.values() if a.kind == "cross"]
         assert cross and all(a.impl.layout.elem_bytes == elem for a in cross)
+
+
+def test_kv_layouts_name_every_pool_with_its_layout():
+    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="fp8_per_token_head", backend="torch")
+    layouts = llm.kv_layouts
+    owners = [n for n, a in llm.attention_layers.items() if a.kv_sharing_target is None]
+    assert list(layouts) == [f"kv.{n}" for n in owners] == list(llm.arena.specs)
+    assert all(lay == llm.kv_layout == llm.arena.layout(name) for name, lay in layouts.items())
+    layouts.clear()                                          # a copy: the engine's own mapping is untouched
+    assert llm.kv_layouts

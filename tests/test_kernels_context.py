@@ -227,3 +227,25 @@ def test_relative_bias_needs_causal():
     cq = cu_seqlens([4])
     with pytest.raises(ValueError, match="causal"):
         context_attention(q, k, k, cq, cq, False, 1.0, rel_bias=torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize("fmt", CPU_FORMATS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_head_size_512_paged_and_unfused(fmt, causal):
+    """gemma-4-E2B's full layers (8 query heads, 1 KV head of size 512): the paged kernel, and the unfused one for
+    the 16/32-bit formats."""
+    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, (8, 1)
+    q_lens, kv_lens = _shape("prefix", causal)
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, 512, 16)
+    tables, num_blocks = random_block_tables(kv_lens, 16)
+    pool = make_pool(spec, num_blocks)
+    k, v = fill_sequences(pool, spec, tables, kv_lens, dtype, k_scale=0.45, v_scale=1.3)
+    q = torch.randn(sum(q_lens), num_heads, 512).to(dtype)
+    args = (q, pool, tables, cu_seqlens(q_lens), torch.tensor(kv_lens, dtype=torch.int32), spec, causal,
+            512 ** -0.5, 0.45, 1.3)
+    torch.testing.assert_close(paged_context_attention(*args).float(),
+                               paged_context_attention_reference(*args).float(), **attention_tolerance(dtype))
+    if kv_cache_dtype == "auto":
+        unfused = (q, k, v, cu_seqlens(q_lens), cu_seqlens(kv_lens), causal, 512 ** -0.5)
+        torch.testing.assert_close(context_attention(*unfused).float(),
+                                   context_attention_reference(*unfused).float(), **attention_tolerance(dtype))

@@ -215,3 +215,10 @@ def test_relative_bias_changes_the_answer_and_is_checked():
         paged_decode_attention(*args, rel_bias=torch.zeros(2, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="rel_bias"):
         paged_decode_attention(*args, rel_bias=torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("fmt", CPU_FORMATS)
+@pytest.mark.parametrize("heads", [(8, 1), (8, 2)])
+def test_decode_head_size_512(fmt, heads):
+    """gemma-4-E2B's full layers (8 query heads, 1 KV head of size 512), in every format the interpreter runs."""
+    _run(fmt, 16, heads, 512, [1, 15, 17, 47], sliding_window=0)

@@ -46,7 +46,7 @@ def test_fp8_encoder_bit_identical_to_torch_on_gpu(kernels):
 
 
 @pytest.mark.parametrize("fmt", GPU_FORMATS)
-@pytest.mark.parametrize("kv_heads,head_size,block_size", [(8, 128, 16), (2, 64, 8)])
+@pytest.mark.parametrize("kv_heads,head_size,block_size", [(8, 128, 16), (2, 64, 8), (1, 256, 16), (2, 512, 16)])
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_size, placement):
     kv_cache_dtype, dtype = fmt
@@ -64,11 +64,13 @@ def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_s
 
 
 @pytest.mark.parametrize("fmt", GPU_FORMATS)
-@pytest.mark.parametrize("batch,heads", [(3, (32, 8)), (64, (8, 8)), (5, (8, 1))])
+@pytest.mark.parametrize("batch,heads,head_size", [(3, (32, 8), 128), (64, (8, 8), 128), (5, (8, 1), 128),
+                                                   (5, (8, 1), 256), (5, (8, 1), 512), (33, (8, 2), 512)])
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_decode_on_gpu(kernels, fmt, batch, heads, placement):
+def test_decode_on_gpu(kernels, fmt, batch, heads, head_size, placement):
+    """Head sizes 256 and 512: gemma-4-E2B's sliding and full layers (8 query heads, 1 KV head)."""
     (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
-    block_size, head_size = 16, 128
+    block_size = 16
     edges = length_choices(block_size) + [200, 1000]
     lens = [edges[i % len(edges)] for i in range(batch)]
     spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
@@ -84,7 +86,7 @@ def test_decode_on_gpu(kernels, fmt, batch, heads, placement):
 
 @pytest.mark.parametrize("dtype,causal", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float16, True),
                                           (torch.float32, True)])
-@pytest.mark.parametrize("heads,head_size", [((32, 8), 128), ((4, 4), 64)])
+@pytest.mark.parametrize("heads,head_size", [((32, 8), 128), ((4, 4), 64), ((8, 1), 256), ((8, 1), 512)])
 def test_context_unfused_on_gpu(kernels, dtype, causal, heads, head_size):
     num_heads, kv_heads = heads
     q_lens, kv_lens = [1, 130, 300, 17], ([1, 200, 300, 40] if causal else [5, 64, 1, 700])
@@ -100,9 +102,10 @@ def test_context_unfused_on_gpu(kernels, dtype, causal, heads, head_size):
 @pytest.mark.parametrize("fmt,causal", [(GPU_FORMATS[0], True), (GPU_FORMATS[3], False), (GPU_FORMATS[4], True),
                                         (GPU_FORMATS[5], True)])
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_context_paged_on_gpu(kernels, fmt, causal, placement):
+@pytest.mark.parametrize("head_size,heads", [(128, (16, 4)), (256, (8, 1)), (512, (8, 1))])
+def test_context_paged_on_gpu(kernels, fmt, causal, placement, head_size, heads):
     kv_cache_dtype, dtype = fmt
-    block_size, head_size, num_heads, kv_heads = 16, 128, 16, 4
+    block_size, (num_heads, kv_heads) = 16, heads
     q_lens, kv_lens = [1, 100, 33], ([1, 260, 33] if causal else [9, 40, 500])
     spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
     tables, num_blocks = random_block_tables(kv_lens, block_size, device=CUDA)
@@ -266,3 +269,10 @@ def test_relative_bias_on_gpu(kernels, monkeypatch, fmt, max_distance, splits, w
     torch.testing.assert_close(kernels.paged_context_attention(*cargs, rel_bias=bias).float(),
                                kernels.paged_context_attention_reference(*cargs, rel_bias=bias).float(),
                                **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4], GPU_FORMATS[5]])
+def test_mixed_layouts_in_one_arena_on_gpu(kernels, fmt):
+    """gemma-4-E2B's two pool layouts (256 x 1 KV head, 512 x 1 KV head) side by side in one arena."""
+    from test_kernels_write import check_mixed_layouts
+    check_mixed_layouts(fmt, [(1, 256), (1, 512)], 16, CUDA)

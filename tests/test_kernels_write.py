@@ -4,8 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import BLOCK_SIZES, CPU_FORMATS, HEAD_SIZES, make_pool, make_spec, sample_cases
-from minikv.kernels import formats, write_kv, write_kv_reference
+from conftest import (BLOCK_SIZES, CPU_FORMATS, HEAD_SIZES, attention_tolerance, make_pool, make_spec,
+                      random_block_tables, sample_cases)
+from minikv.cache.arena import KVArena, PoolSpec
+from minikv.kernels import (formats, paged_decode_attention, paged_decode_attention_reference, write_kv,
+                            write_kv_reference)
 from minikv.kernels.addressing import gather_rows
 
 KV_HEADS = [1, 2, 4]
@@ -114,3 +117,58 @@ def test_pool_view_inside_a_larger_allocation():
     write_kv_reference(key, value, expected, torch.arange(24), spec)
     assert torch.equal(pool, expected)
     assert not arena[:256].any() and not arena[-256:].any()
+
+
+WIDE_FORMATS = [("auto", torch.float32), ("fp8", torch.float16), ("int8_per_token_head", torch.float16),
+                ("fp8_per_token_head", torch.float32)]
+
+
+@pytest.mark.parametrize("fmt", WIDE_FORMATS)
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_write_head_size_512(fmt, kv_heads):
+    """gemma-4-E2B's full layers: head size 512."""
+    kv_cache_dtype, dtype = fmt
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, 512, 16)
+    slots = torch.randperm(4 * 16)[:21]
+    slots[::5] = -1
+    key = (torch.randn(21, kv_heads, 512) * 3).to(dtype)
+    value = torch.randn(21, kv_heads, 512).to(dtype)
+    pool, expected = _write_both(spec, key, value, slots, 4, k_scale=0.37, v_scale=1.9)
+    assert torch.equal(pool, expected)
+
+
+def check_mixed_layouts(fmt, shapes, block_size: int, device) -> None:
+    """Pools of different layouts (one per (kv heads, head size) in `shapes`) side by side in one KVArena, as the
+    engine allocates Gemma-4's sliding and full layers: each written and read through its own layout, the bytes
+    equal the reference writer's, attention equals the reference, and no write leaves its pool (guards intact)."""
+    kv_cache_dtype, dtype = fmt
+    lens = [1, block_size + 3, 3 * block_size - 1]
+    tables, num_blocks = random_block_tables(lens, block_size, device=device)
+    specs = [PoolSpec(f"kv.{i}", make_spec(kv_cache_dtype, dtype, h, d, block_size), num_blocks)
+             for i, (h, d) in enumerate(shapes)]
+    assert len({s.layout.block_bytes for s in specs}) == len(specs)
+    arena = KVArena(specs, device)
+    slots = torch.cat([tables[b].long()[torch.arange(n, device=device) // block_size] * block_size
+                       + torch.arange(n, device=device) % block_size for b, n in enumerate(lens)])
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    for s in specs:                               # write every pool first, then read each back
+        lay = s.layout
+        key = (torch.randn(sum(lens), lay.num_kv_heads, lay.head_size) * 3).to(dtype).to(device)
+        value = torch.randn(sum(lens), lay.num_kv_heads, lay.head_size).to(dtype).to(device)
+        expected = torch.zeros_like(arena.pool(s.name))
+        write_kv(key, value, arena.pool(s.name), slots, lay, 0.5, 1.5)
+        write_kv_reference(key, value, expected, slots, lay, 0.5, 1.5)
+        assert torch.equal(arena.pool(s.name), expected), s.name
+    arena.check()
+    for s in specs:
+        lay = s.layout
+        q = torch.randn(len(lens), 4 * lay.num_kv_heads, lay.head_size).to(dtype).to(device)
+        args = (q, arena.pool(s.name), tables, seq_lens, lay, lay.head_size ** -0.5, 0.5, 1.5)
+        torch.testing.assert_close(paged_decode_attention(*args).float(),
+                                   paged_decode_attention_reference(*args).float(), **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("fmt", WIDE_FORMATS)
+@pytest.mark.parametrize("shapes", [[(2, 16), (1, 64)], [(1, 256), (1, 512)]])
+def test_mixed_layouts_in_one_arena(fmt, shapes):
+    check_mixed_layouts(fmt, shapes, 8, "cpu")

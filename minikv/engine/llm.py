@@ -448,8 +448,17 @@ class LLM:
 
     @property
     def kv_layout(self):
-        """The `KVLayout` of the self-attention pools (and of the cross pools, as allocated)."""
+        """The `KVLayout` of the first self-attention pool: every pool's when the model has one head size and
+        KV-head count in all its layers (per pool, as allocated: `kv_layouts`)."""
         return self.runner.layout
+
+    @property
+    def kv_layouts(self) -> dict:
+        """Every arena pool's `KVLayout`, as allocated, by pool name ("kv.<layer>" for a self-attention layer that
+        owns its cache, "cross.<layer>" for a cross-attention layer): each built from its own layer's head size
+        and KV-head count (Gemma-4's sliding and full layers may differ). A KV-sharing layer has no pool of its
+        own; it addresses its source's with its source's layout."""
+        return dict(self.runner.layouts)
 
     @property
     def kernel_ops(self):

@@ -2,7 +2,9 @@
 
 Lifecycle (the shape of the real engines):
   1. build one attention impl per paged attention layer (the cross layers' layouts come from CrossBackendBuilder);
-  2. allocate the KV arena: one pool per KV-owning self-attention layer and one cross pool per cross layer;
+  2. allocate the KV arena: one pool per KV-owning self-attention layer and one cross pool per cross layer, each
+     with the layout of its own layer (head size and KV heads may differ by layer, as Gemma-4's sliding and
+     full layers do); a KV-sharing layer addresses its source's pool with its source's layout;
   3. bind caches: each layer gets its pool's tensor, and a KV-sharing layer gets *the same tensor object* as its
      target layer;
   4. warmup, in one of two shapes (`warmup=`):
@@ -71,9 +73,21 @@ class ModelRunner:
         self.self_layers = [a for a in layers if a.kind == "self"]
         self.cross_layers = [a for a in layers if a.kind == "cross"]
         self.by_name = {a.layer_name: a for a in layers}
-        # The layout the cache manager allocates every pool with: the engine's own cache config.
-        self.layout = KVLayout(config.cache.kv_cache_dtype, self.dtype, mc.num_kv_heads, mc.head_size,
-                               self.block_size, config.cache.kv_scale_placement)
+        # The layouts the cache manager allocates the pools with (pool name -> KVLayout): the engine's own cache
+        # config at each layer's head size and KV-head count.
+        self.layouts: dict[str, KVLayout] = {}
+        for a in self.cross_layers:
+            self.layouts[f"cross.{a.layer_name}"] = self._layout_of(a)
+        for a in self.self_layers:
+            if a.kv_sharing_target is None:
+                self.layouts[f"kv.{a.layer_name}"] = self._layout_of(a)
+        for a in self.self_layers:
+            if a.kv_sharing_target is not None:
+                self._check_sharing_shape(a)
+        # `layout`: the layout of the first self-attention pool (the cross pool's for a model without one); on a
+        # model with one layout everywhere it is every pool's. Per-pool: `layouts`.
+        self.layout = next((self.layouts[f"kv.{a.layer_name}"] for a in self.self_layers
+                            if a.kv_sharing_target is None), None) or next(iter(self.layouts.values()))
         per_seq = math.ceil(mc.max_position / self.block_size)
         self.num_blocks = config.cache.num_blocks or config.scheduler.max_num_seqs * per_seq
         per_enc = math.ceil(max(mc.max_encoder_len, 1) / self.block_size)
@@ -82,7 +96,7 @@ class ModelRunner:
 
         bugs = config.reintroduce
         for a in self.self_layers:
-            a.impl = AttentionImpl(a.layer_name, a.num_heads, self.layout, self.ops,
+            a.impl = AttentionImpl(a.layer_name, a.num_heads, self.layouts[self.pool_name(a)], self.ops,
                                    kv_sharing_target=a.kv_sharing_target,
                                    historical_scale_init="scale-wipe" in bugs, census=self.census,
                                    sliding_window=a.sliding_window, sm_scale=a.sm_scale,
@@ -102,6 +116,31 @@ class ModelRunner:
         self.check_memory()
         self.wake_up()
 
+    def _layout_of(self, a) -> KVLayout:
+        """The layout the allocator gives layer `a`'s pool: the engine's cache config at the layer's own shape."""
+        cache = self.config.cache
+        try:
+            return KVLayout(cache.kv_cache_dtype, self.dtype, a.num_kv_heads, a.head_size, self.block_size,
+                            cache.kv_scale_placement)
+        except ValueError as e:
+            raise ValueError(f"{a.layer_name}: cannot allocate its KV pool ({a.num_kv_heads} KV heads of size "
+                             f"{a.head_size}): {e}") from e
+
+    def _check_sharing_shape(self, a) -> None:
+        """A KV-sharing layer reads its source's pool, so it must have the source's head size and KV heads."""
+        source = self.by_name[a.kv_sharing_target]
+        if (a.num_kv_heads, a.head_size) != (source.num_kv_heads, source.head_size):
+            raise ValueError(f"{a.layer_name} shares the KV cache of {source.layer_name}, but has "
+                             f"{a.num_kv_heads} KV heads of size {a.head_size} where its source has "
+                             f"{source.num_kv_heads} of size {source.head_size}; a sharing layer must match "
+                             f"the shape of the cache it reads")
+
+    def pool_name(self, a) -> str:
+        """The arena pool layer `a` reads: its own, or its KV-sharing source's."""
+        if a.kind == "cross":
+            return f"cross.{a.layer_name}"
+        return f"kv.{a.kv_sharing_target or a.layer_name}"
+
     def check_memory(self) -> None:
         """Refuse, before allocating, an arena larger than the memory the device has free."""
         need = sum(s.nbytes for s in self.pool_specs())
@@ -116,9 +155,10 @@ class ModelRunner:
     # ---- the arena ------------------------------------------------------------------------------------------
     def pool_specs(self) -> list[PoolSpec]:
         # Cross pools first: an overrun past one of them lands in a guard zone, then on a live pool.
-        specs = [PoolSpec(f"cross.{a.layer_name}", self.layout, self.num_cross_blocks) for a in self.cross_layers]
-        specs += [PoolSpec(f"kv.{a.layer_name}", self.layout, self.num_blocks)
-                  for a in self.self_layers if a.kv_sharing_target is None]
+        specs = [PoolSpec(name, self.layouts[name], self.num_cross_blocks) for name in
+                 (f"cross.{a.layer_name}" for a in self.cross_layers)]
+        specs += [PoolSpec(name, self.layouts[name], self.num_blocks) for name in
+                  (f"kv.{a.layer_name}" for a in self.self_layers if a.kv_sharing_target is None)]
         return specs
 
     def _bind_caches(self) -> None:

@@ -27,8 +27,9 @@ Two ways to run it, as minikv's other models:
 * engine (inside `set_forward_context`): flattened [T] tokens; every layer hands its q (and, if it owns K/V, its
   fresh k and v) to its `Attention` op, which reads and writes the paged cache; a KV-sharing layer's op is bound
   to its source layer's cache; sliding layers pass their window and every layer the scale 1.0 to the paged
-  kernels. What the engine cannot do yet is refused with a clear error (`Gemma4Config.check_engine_support`):
-  per-layer head sizes or KV-head counts (the engine allocates every pool with one layout).
+  kernels. Every layer's pool gets a layout of its own head size and KV-head count, so sliding and full layers
+  may differ (gemma-4-E2B: 256 and 512); what the engine cannot do is refused with a clear error
+  (`Gemma4Config.check_engine_support`): head sizes the paged kernels do not take.
 """
 from __future__ import annotations
 
@@ -167,21 +168,31 @@ class Gemma4Config:
 
     @property
     def head_size(self) -> int:
-        self.check_engine_support()
-        return self.layer_head_dims[0]
+        """The head size of every layer; a config whose layers differ has none (read `layer_head_dims`)."""
+        return self._uniform("layer_head_dims", "head sizes")
 
     @property
     def num_kv_heads(self) -> int:
-        self.check_engine_support()
-        return self.layer_kv_heads[0]
+        """The KV-head count of every layer; a config whose layers differ has none (read `layer_kv_heads`)."""
+        return self._uniform("layer_kv_heads", "KV-head counts")
+
+    def _uniform(self, key: str, what: str) -> int:
+        values = set(getattr(self, key))
+        if len(values) > 1:
+            raise Gemma4ConfigError(f"{self.name}: its layers have different {what} {sorted(values)}; read "
+                                    f"config.{key} (one entry per layer)")
+        return values.pop()
 
     def check_engine_support(self) -> None:
-        """Raise unless minikv's paged engine can run this config today."""
-        if len(set(self.layer_head_dims)) > 1 or len(set(self.layer_kv_heads)) > 1:
+        """Raise unless minikv's paged engine can run this config (each layer's pool has its own layout, so
+        per-layer head sizes and KV-head counts are fine; the paged kernels take a fixed set of head sizes)."""
+        from minikv.kernels.formats import SUPPORTED_HEAD_SIZES
+        bad = [i for i, d in enumerate(self.layer_head_dims) if d not in SUPPORTED_HEAD_SIZES]
+        if bad:
+            sizes = sorted({self.layer_head_dims[i] for i in bad})
             raise Gemma4ConfigError(
-                f"{self.name}: layers with different head sizes {sorted(set(self.layer_head_dims))} or KV-head "
-                f"counts {sorted(set(self.layer_kv_heads))} need one KV layout per layer type, which minikv's "
-                f"engine does not have yet; run the model in dense mode")
+                f"{self.name}: head size(s) {sizes} (layers {bad}) are not supported by minikv's paged kernels, "
+                f"which take {SUPPORTED_HEAD_SIZES}; run the model in dense mode")
 
     # ---- transformers' config.json ----------------------------------------------------------------------------
     @classmethod
