@@ -65,7 +65,8 @@ endif
 # tools/gpu_proof.sh runs the same steps, plus notebook 05, on a machine without network or make.
 test-gpu:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
-	TQDM_DISABLE=1 $(PYTHON) -m pytest -q -m gpu tests/test_kernels_gpu.py tests/test_gpu_engine.py tests/test_engine.py
+	TQDM_DISABLE=1 $(PYTHON) -m pytest -q -m gpu tests/test_kernels_gpu.py tests/test_gpu_engine.py tests/test_engine.py \
+	  tests/test_engine_perlayer.py tests/test_parity_gpu.py
 	TQDM_DISABLE=1 $(PYTHON) -m minikv repro scale-wipe --device cuda
 	TQDM_DISABLE=1 $(PYTHON) -m minikv repro cross-stride --device cuda
 

@@ -19,13 +19,14 @@ NB=notebooks/05_gpu_performance.ipynb
 case "${1:-}" in
   wheels)
     # The runner and its dependencies, minus what the GPU machine already has (numpy, matplotlib, pillow, psutil,
-    # pyyaml, markdown-it): a second copy on PYTHONPATH would shadow the machine's own.
+    # pyyaml, markdown-it, and torch's filelock, fsspec, typing_extensions, packaging): a second copy on PYTHONPATH would shadow the machine's own.
     rm -rf .whl && mkdir -p .whl
     .venv/bin/pip download -q --only-binary=:all: --python-version "${GPU_PYTHON:-3.12}" \
       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform any -d .whl jupytext nbformat nbclient ipykernel
+      --platform any -d .whl jupytext nbformat nbclient ipykernel "transformers>=5.24"   # transformers: test_parity_gpu.py
     rm -f .whl/numpy-* .whl/matplotlib-* .whl/pillow-* .whl/psutil-* .whl/pyyaml-* .whl/PyYAML-* \
-      .whl/markdown_it_py-* .whl/mdurl-*
+      .whl/markdown_it_py-* .whl/mdurl-* \
+      .whl/filelock-* .whl/fsspec-* .whl/typing_extensions-* .whl/packaging-*
     echo "$(ls .whl | wc -l) wheels in .whl/ ($(du -sh .whl | cut -f1)); carry .whl to the GPU machine"
     ;;
   gpu)
