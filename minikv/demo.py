@@ -85,11 +85,11 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
     """Defect A: a buggy and a fixed int8_per_token_head engine serve the same requests; a 16-bit cache is the
     reference. Returns the lines to print."""
     import minikv
-    task = minikv.tasks.for_model("tiny-kvshare")
+    task = minikv.tasks.for_model("tiny-gemma4")
     prompts = task.prompts(n, seed=0)
 
     def engine(kv_cache_dtype: str, reintroduce: tuple[str, ...] = ()):
-        return minikv.LLM(model="tiny-kvshare", kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+        return minikv.LLM(model="tiny-gemma4", kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                           device=str(device), backend=backend, reintroduce=reintroduce, seed=0)
 
     reference = [o.token_ids for o in _generate(engine("auto"), task, prompts)]
@@ -107,7 +107,7 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
                          or [torch.ones(1)])
     written = k_scales[(k_scales != 0) & (k_scales != 1)].float()     # the scales the target layers wrote
     inflation = 1 / float(written.median()) if written.numel() else 1.0   # dequantized with 1.0 instead
-    lines = [f"tiny-kvshare, int8_per_token_head cache, {n} requests, max_num_seqs={max_num_seqs}",
+    lines = [f"tiny-gemma4, int8_per_token_head cache, {n} requests, max_num_seqs={max_num_seqs}",
              f"buggy  reintroduce=('scale-wipe',): requests {_ranges(wrong)} of {n} wrong"
              + (" = exactly the first scheduled batch" if first_batch else " (unexpected)"),
              f"       why: KV-sharing {layers} built their scale views late (step {', '.join(map(str, steps))}),",
@@ -127,13 +127,13 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
 
 
 def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_factor: float = 1.5) -> list[str]:
-    """Defects B1 and B2 on tiny-encdec with an fp8 cache; the 16-bit (auto) cache is the reference."""
+    """Defects B1 and B2 on tiny-t5 with an fp8 cache; the 16-bit (auto) cache is the reference."""
     import minikv
-    task = minikv.tasks.for_model("tiny-encdec")
+    task = minikv.tasks.for_model("tiny-t5")
     prompts = task.prompts(n, seed=0)
 
     def engine(kv_cache_dtype: str = "fp8", **kwargs):
-        return minikv.LLM(model="tiny-encdec", kv_cache_dtype=kv_cache_dtype, max_num_seqs=n, device=str(device),
+        return minikv.LLM(model="tiny-t5", kv_cache_dtype=kv_cache_dtype, max_num_seqs=n, device=str(device),
                           backend=backend, seed=0, **kwargs)
 
     reference_llm = engine("auto")
@@ -146,7 +146,7 @@ def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_fact
         same = sum(o.token_ids == r for o, r in zip(outs, reference))
         return f"{same} of {n} token ids identical to the auto-cache reference" + ("" if same == n else " (unexpected)")
 
-    lines = [(f"tiny-encdec, fp8 cache, {n} requests; cross pool of {blocks} blocks = {pool_factor}x the {need} "
+    lines = [(f"tiny-t5, fp8 cache, {n} requests; cross pool of {blocks} blocks = {pool_factor}x the {need} "
              "they need at once")]
     try:
         engine(**b1)

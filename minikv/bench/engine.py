@@ -1,4 +1,4 @@
-"""`python -m minikv.bench engine`: end-to-end generation speed of tiny-kvshare, per backend.
+"""`python -m minikv.bench engine`: end-to-end generation speed of tiny-gemma4, per backend.
 
 48 prompts x 12 new tokens at max_num_seqs=8 (the figures the README quotes), greedy, on the current device.
 Through the Triton interpreter on a CPU this measures the interpreter, not the kernels' design.
@@ -12,9 +12,9 @@ import time
 
 def measure(backend: str, device: str, kv_cache_dtype: str, prompts: int, max_tokens: int, max_num_seqs: int):
     import minikv
-    task = minikv.tasks.for_model("tiny-kvshare")
+    task = minikv.tasks.for_model("tiny-gemma4")
     ps = task.prompts(prompts, seed=0)
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
                      max_num_seqs=max_num_seqs)
     start = time.perf_counter()
     outs = llm.generate(ps, minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--backends", nargs="+", default=["triton", "torch"])
     args = p.parse_args(argv)
-    print(f"tiny-kvshare, {args.prompts} prompts x {args.max_tokens} new tokens, max_num_seqs={args.max_num_seqs}, "
+    print(f"tiny-gemma4, {args.prompts} prompts x {args.max_tokens} new tokens, max_num_seqs={args.max_num_seqs}, "
           f"kv_cache_dtype={args.kv_cache_dtype}, device={args.device}")
     results = {}
     for backend in args.backends:
