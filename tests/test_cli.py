@@ -46,7 +46,7 @@ def test_repro_cross_stride_passes(capsys):
     (["generate", "--backend", "torch", "5000 6000"], "'5000 6000' is outside tiny-gemma4's domain: first term 0..999"),
     (["generate", "--backend", "torch", "9 5 1"], "outside tiny-gemma4's domain"),
     (["generate", "--model", "tiny-t5", "--backend", "torch", "abc"], "'abc' is outside tiny-t5's domain: 4..40"),
-    (["train", "tiny-kvshare"], "invalid choice"),
+    (["train", "tiny-gpt"], "invalid choice"),
     (["bench", "nope"], "invalid choice"),
 ])
 def test_user_errors_print_one_line_and_exit_2(capsys, argv, fragment):
