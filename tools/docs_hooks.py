@@ -193,21 +193,21 @@ def _viz_figures() -> dict[str, bytes]:
     def layout(fmt: str, heads: int = 2, head_size: int = 32) -> KVLayout:
         return KVLayout(fmt, torch.float16, heads, head_size, 16)
 
-    kvshare = model_config("tiny-kvshare")
-    encdec = model_config("tiny-encdec")
+    gemma4 = model_config("tiny-gemma4")      # the KV-sharing model (docs/concepts/kv-sharing.md)
+    t5 = model_config("tiny-t5")                # the cross-attention model
     # One box per layer's pool: a KV-sharing layer points at its target's pool (the same tensor).
-    owners = {f"layer {i}" + (f" (shares layer {kvshare.kv_owner(i)})" if kvshare.kv_owner(i) != i else ""):
-              [kvshare.kv_owner(i)] for i in range(kvshare.num_layers)}
-    num_pools = len({kvshare.kv_owner(i) for i in range(kvshare.num_layers)})
+    owners = {f"layer {i}" + (f" (shares layer {gemma4.kv_owner(i)})" if gemma4.kv_owner(i) != i else ""):
+              [gemma4.kv_owner(i)] for i in range(gemma4.num_layers)}
+    num_pools = len({gemma4.kv_owner(i) for i in range(gemma4.num_layers)})
     figures = {
-        "formats-int8-row": viz.row_layout_diagram(layout("int8_per_token_head", kvshare.num_kv_heads,
-                                                          kvshare.head_size),
+        "formats-int8-row": viz.row_layout_diagram(layout("int8_per_token_head", gemma4.num_kv_heads,
+                                                          gemma4.head_size),
                                                    title="int8_per_token_head: codes, then an inline fp32 scale"),
         "sharing-layers": viz.block_table_diagram(owners, num_blocks=num_pools,
                                                   title="Layer → pool"),
-        "cross-fp8-block": viz.row_layout_diagram(layout("fp8", encdec.num_kv_heads, encdec.head_size),
+        "cross-fp8-block": viz.row_layout_diagram(layout("fp8", t5.num_kv_heads, t5.head_size),
                                                   title="The fp8 cross pool as allocated: 1 byte per element"),
-        "cross-16bit-block": viz.row_layout_diagram(layout("auto", encdec.num_kv_heads, encdec.head_size),
+        "cross-16bit-block": viz.row_layout_diagram(layout("auto", t5.num_kv_heads, t5.head_size),
                                                     title="The same pool as a 16-bit reader addresses it"),
     }
     return {name: _png(fig) for name, fig in figures.items()}
