@@ -167,7 +167,7 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
 
     Returns the metrics, which are also written into the JSON file beside the weights.
     """
-    config = registry.model_config(name)
+    registry.model_config(name)                         # an unknown name: ModelLoadError listing the known ones
     recipe = RECIPES[name]
     steps = recipe.steps if steps is None else steps
     if steps < 1:
