@@ -47,9 +47,11 @@ def test_outputs_are_right_and_prefix_caching_changes_nothing():
     assert all(task.check(p, t) for p, t in zip(prompts, texts))
 
 
-def test_preemption_gives_identical_tokens(prompts):
+def test_preemption_gives_identical_tokens():
+    # 31-token prompts take 2 blocks each and a third at token 33: 8 blocks admit four, then decoding runs out
+    prompts = minikv.tasks.for_model(GEMMA4).prompts(6, seed=3, num_tokens=31)
     _, roomy = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=6)
-    llm, tight = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=6, num_blocks=6)
+    llm, tight = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=6, num_blocks=8)
     assert llm.scheduler.num_preemptions > 0
     assert tight == roomy
 
