@@ -1,7 +1,7 @@
 """minikv: a small, readable paged and quantized KV-cache inference engine with Triton kernels.
 
     import minikv
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
     outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12))
 """
 from __future__ import annotations

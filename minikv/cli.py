@@ -38,7 +38,8 @@ def _cmd_train(args) -> int:
     from minikv.models import train
     metrics = train.train(args.model, steps=args.steps, seed=args.seed, out_dir=args.out_dir)
     print(metrics)
-    print(f"weights written to {args.out_dir}; to ship them, copy them over minikv/models/weights/")
+    print(f"checkpoint written to {args.out_dir}/{args.model}/; to ship it, copy it over "
+          f"minikv/models/weights/{args.model}/")
     return 0
 
 
@@ -69,6 +70,7 @@ def _cmd_bugs(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     import minikv
+    from minikv.models.registry import MODEL_NAMES
     p = argparse.ArgumentParser(prog="minikv", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"minikv {minikv.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -78,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     def engine_args(sp):
-        sp.add_argument("--model", default="tiny-kvshare")
+        sp.add_argument("--model", default="tiny-gemma4", choices=MODEL_NAMES)
         sp.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
         sp.add_argument("--device", default="cpu")
         sp.add_argument("--backend", default="triton", choices=("triton", "torch"))
@@ -97,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--n", type=_positive_int, default=200, help="number of held-out prompts (at least 1)")
     e.set_defaults(func=_cmd_eval)
 
-    t = sub.add_parser("train", help="train a tiny model from scratch (writes safetensors)")
-    t.add_argument("model", choices=("tiny-kvshare", "tiny-encdec", "tiny-gemma4", "tiny-t5"))
+    t = sub.add_parser("train", help="train a shipped model from scratch (writes a checkpoint directory)")
+    t.add_argument("model", choices=MODEL_NAMES)
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out-dir", default="build/weights", help="where to write the weights (default build/weights; "

@@ -1,15 +1,20 @@
-"""Configuration objects: what the model is, how the KV cache is laid out, how requests are scheduled.
+"""Configuration objects: how the KV cache is laid out, how requests are scheduled, what an engine is built from.
 
 Everything the engine is built from is declared here, validated once, and then passed around read-only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from minikv.kernels.formats import KV_CACHE_DTYPES, check_kv_cache_dtype  # noqa: F401  (the one format table)
 from minikv.kernels.formats import check_scale_placement
+
+if TYPE_CHECKING:                       # the model configs live with their models
+    from minikv.models.gemma4 import Gemma4Config
+    from minikv.models.t5 import T5Config
 
 BLOCK_SIZES = (8, 16, 32, 64)
 
@@ -29,31 +34,6 @@ def check_int(name: str, value, low: int = 1, high: int | None = None, allow_non
 def check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of a tiny transformer. `kv_sharing` maps a layer index to the earlier layer whose cache it reads."""
-
-    name: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_size: int
-    intermediate_size: int
-    max_position: int
-    kv_sharing: dict[int, int] = field(default_factory=dict)
-    # encoder-decoder only
-    is_encoder_decoder: bool = False
-    num_encoder_layers: int = 0
-    max_encoder_len: int = 0
-    rope_theta: float = 10000.0
-
-    def kv_owner(self, layer: int) -> int:
-        """The layer whose cache `layer` reads: itself unless it is a KV-sharing layer."""
-        return self.kv_sharing.get(layer, layer)
 
 
 @dataclass(frozen=True)
@@ -89,7 +69,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: ModelConfig
+    model: Gemma4Config | T5Config          # what the engine reads: num_layers, num_kv_heads, head_size, kv_sharing...
     cache: CacheConfig
     scheduler: SchedulerConfig
     device: torch.device

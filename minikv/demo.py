@@ -85,11 +85,11 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
     """Defect A: a buggy and a fixed int8_per_token_head engine serve the same requests; a 16-bit cache is the
     reference. Returns the lines to print."""
     import minikv
-    task = minikv.tasks.for_model("tiny-kvshare")
+    task = minikv.tasks.for_model("tiny-gemma4")
     prompts = task.prompts(n, seed=0)
 
     def engine(kv_cache_dtype: str, reintroduce: tuple[str, ...] = ()):
-        return minikv.LLM(model="tiny-kvshare", kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+        return minikv.LLM(model="tiny-gemma4", kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                           device=str(device), backend=backend, reintroduce=reintroduce, seed=0)
 
     reference = [o.token_ids for o in _generate(engine("auto"), task, prompts)]
@@ -100,20 +100,27 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
     wrong = [i for i, (p, o) in enumerate(zip(prompts, buggy_outs)) if not task.check(p, o.text)]
     first_batch = wrong == list(range(min(max_num_seqs, n)))
     late = buggy.census.wiping
-    layers = ", ".join(f.layer for f in late) or "no layer"
+    number = {name: i for i, name in enumerate(buggy.attention_layers)}      # layer names -> indices
+    layers = ", ".join(str(number[f.layer]) for f in late) or "none"
+    targets = ", ".join(str(number[buggy.attention_layers[f.layer].kv_sharing_target]) for f in late)
     steps = sorted({f.step for f in late})
+    later = ", ".join(str(number[f.layer]) for f in buggy.census.harmless if f.step >= 0) or "none"
     wiped = " + ".join(f"{f.overwritten:,}" for f in late) or "0"
     k_scales = torch.cat([f.wiped_k_scales.flatten() for f in late if f.wiped_k_scales is not None]
                          or [torch.ones(1)])
     written = k_scales[(k_scales != 0) & (k_scales != 1)].float()     # the scales the target layers wrote
     inflation = 1 / float(written.median()) if written.numel() else 1.0   # dequantized with 1.0 instead
-    lines = [f"tiny-kvshare, int8_per_token_head cache, {n} requests, max_num_seqs={max_num_seqs}",
+    lines = [f"tiny-gemma4, int8_per_token_head cache, {n} requests, max_num_seqs={max_num_seqs}",
              f"buggy  reintroduce=('scale-wipe',): requests {_ranges(wrong)} of {n} wrong"
              + (" = exactly the first scheduled batch" if first_batch else " (unexpected)"),
-             f"       why: KV-sharing {layers} built their scale views late (step {', '.join(map(str, steps))}),",
-             f"       filling the shared storage's scales with 1.0: {wiped} scales their target layers had just",
-             (f"       written were wiped, so those prompts' K dequantize x{inflation:.2g} too large "
-             "(1 / median wiped K scale)")]
+             (f"       why: the first KV-sharing layer to touch each shared cache (layers {layers}) built its scale "
+              f"views"),
+             (f"       late (step {', '.join(map(str, steps))}), filling the storage's scales with 1.0: {wiped} scales "
+              f"layers {targets}"),
+             (f"       had just written were wiped, so those prompts' K dequantize x{inflation:.2g} too large "
+              "(1 / median wiped K scale)"),
+             (f"       census: {len(buggy.census.fills)} fills, {len(buggy.census.harmless)} wiping nothing (warmup, "
+              f"and the later sharers {later} at step 0), {len(late)} wiping written scales")]
     if wrong:
         p = prompts[wrong[0]]
         text = buggy_outs[wrong[0]].text
@@ -127,14 +134,16 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
 
 
 def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_factor: float = 1.5) -> list[str]:
-    """Defects B1 and B2 on tiny-encdec with an fp8 cache; the 16-bit (auto) cache is the reference."""
+    """Defects B1 and B2 on tiny-t5 with an fp8 cache; the 16-bit (auto) cache is the reference."""
     import minikv
-    task = minikv.tasks.for_model("tiny-encdec")
+    dtype = torch.float16 if device.type == "cpu" else torch.bfloat16
+    task = minikv.tasks.for_model("tiny-t5")
     prompts = task.prompts(n, seed=0)
 
     def engine(kv_cache_dtype: str = "fp8", **kwargs):
-        return minikv.LLM(model="tiny-encdec", kv_cache_dtype=kv_cache_dtype, max_num_seqs=n, device=str(device),
-                          backend=backend, seed=0, **kwargs)
+        # 16-bit activations, as upstream's flan-t5 ran (a float32 model takes the unfused context path anyway)
+        return minikv.LLM(model="tiny-t5", kv_cache_dtype=kv_cache_dtype, max_num_seqs=n, device=str(device),
+                          backend=backend, seed=0, dtype=dtype, **kwargs)
 
     reference_llm = engine("auto")
     reference = [o.token_ids for o in _generate(reference_llm, task, prompts)]
@@ -146,7 +155,7 @@ def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_fact
         same = sum(o.token_ids == r for o, r in zip(outs, reference))
         return f"{same} of {n} token ids identical to the auto-cache reference" + ("" if same == n else " (unexpected)")
 
-    lines = [(f"tiny-encdec, fp8 cache, {n} requests; cross pool of {blocks} blocks = {pool_factor}x the {need} "
+    lines = [(f"tiny-t5, fp8 cache, {n} requests; cross pool of {blocks} blocks = {pool_factor}x the {need} "
              "they need at once")]
     try:
         engine(**b1)
@@ -167,7 +176,7 @@ def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_fact
     lines.append(f"B1 fixed:  {identical(fixed)}")
 
     b2 = _generate(engine(reintroduce=("cross-fp8-context-read",)), task, prompts)
-    first_only = sum(o.token_ids[0] != r[0] and o.token_ids[1:] == r[1:] for o, r in zip(b2, reference))
+    first_only = sum(o.token_ids[:1] != r[:1] and o.token_ids[1:] == r[1:] for o, r in zip(b2, reference))
     wrong = [i for i, (o, r) in enumerate(zip(b2, reference)) if o.token_ids != r]
     lines += [(f"B2 buggy, reintroduce=('cross-fp8-context-read',): requests {_ranges(wrong)} of {n} wrong, "
               f"{first_only} only in the first token"),

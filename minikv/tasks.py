@@ -1,15 +1,17 @@
 """The tasks the tiny models were trained on: every output is objectively right or wrong.
 
-* tiny-kvshare continues arithmetic sequences: "3 7 11 15" -> " 19 23 27 31 ...".
-* tiny-encdec reverses a string of digits and lowercase letters: "ab12" -> "21ba" (then EOS).
-* tiny-gemma4 continues *any window* of an arithmetic sequence over a wide documented domain
-  (`WindowArithmeticTask`); tiny-t5 writes the distinct characters of a string in alphabet order:
-  "banana42" -> "24abn" (then EOS; `SortDistinctTask`).
+* tiny-gemma4 continues *any window* of an arithmetic sequence over a wide documented domain:
+  "3 7 11 15" -> " 19 23 27 31 ..." (`WindowArithmeticTask`);
+* tiny-t5 writes the distinct characters of a string in alphabet order: "banana42" -> "24abn" (then EOS;
+  `SortDistinctTask`).
+
+Each task also says which inputs are in its model's domain: `validate(prompt)` raises a ValueError that names
+the broken bound, and the engine calls it for every prompt given to a shipped model.
 
 Prompts from `prompts()` are held out from training by construction: each task splits its inputs with a fixed
 hash, training draws only from one side and `prompts()` only from the other.
 
-    task = for_model("tiny-kvshare")
+    task = for_model("tiny-gemma4")
     prompts = task.prompts(n=48, seed=0)              # deterministic
     task.check(prompts[0], generated_text)             # True when the output is right
 """
@@ -19,146 +21,14 @@ import random
 import zlib
 from itertools import pairwise
 
-ARITHMETIC_MAX_START = 99
-ARITHMETIC_DIFFS = tuple(range(1, 21))
-ARITHMETIC_MAX_TERMS = 20
-REVERSE_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
-REVERSE_MIN_LEN, REVERSE_MAX_LEN = 4, 40
+SORT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+SORT_MIN_LEN, SORT_MAX_LEN = 4, 40
 # tiny-gemma4's domain (see WindowArithmeticTask)
 WINDOW_MAX_FIRST, WINDOW_MAX_STEP, WINDOW_MAX_TERMS = 999, 99, 20
 
 
 def _held_out(key: str, one_in: int) -> bool:
     return zlib.crc32(key.encode()) % one_in == 0
-
-
-class ArithmeticTask:
-    """Continue an increasing arithmetic sequence of non-negative integers written in decimal, space-separated.
-
-    Prompts start at 0..99, step by 1..20 and hold 2..20 terms. A prompt's length in tokens, as the engine feeds
-    it, is 1 (BOS) + its number of characters. One (start, step) pair in eight is held out for `prompts()`.
-    """
-
-    name = "arithmetic"
-    model = "tiny-kvshare"
-    default_max_tokens = 12
-    min_prompt_tokens = 4              # [BOS] "a b"
-    max_prompt_tokens = 96
-
-    def max_tokens(self, prompt: str) -> int:
-        """How many new tokens to ask for: the task's default continuation length."""
-        return self.default_max_tokens
-
-    def __init__(self):
-        pairs = [(a, d) for a in range(ARITHMETIC_MAX_START + 1) for d in ARITHMETIC_DIFFS]
-        self.heldout_pairs = [p for p in pairs if self.is_held_out(*p)]
-        self.training_pairs = [p for p in pairs if not self.is_held_out(*p)]
-
-    @staticmethod
-    def is_held_out(start: int, step: int) -> bool:
-        return _held_out(f"arith:{start},{step}", 8)
-
-    @staticmethod
-    def sequence_text(start: int, step: int, num_chars: int) -> str:
-        """The sequence start, start+step, ... written out, at least `num_chars` characters long."""
-        parts, value, length = [], start, -1
-        while length < num_chars:
-            parts.append(str(value))
-            length += len(parts[-1]) + 1
-            value += step
-        return " ".join(parts)
-
-    def prompts(self, n: int, seed: int = 0, num_tokens: int | None = None) -> list[str]:
-        """`n` held-out prompts; with `num_tokens`, each is exactly that many tokens long including BOS."""
-        _check_prompt_request(self.name, n, num_tokens, self.min_prompt_tokens, self.max_prompt_tokens)
-        rng = random.Random(f"{self.name}:{seed}:{num_tokens}")
-        out = []
-        for _ in range(1000 * (n + 1)):
-            if len(out) == n:
-                return out
-            start, step = rng.choice(self.heldout_pairs)
-            if num_tokens is None:
-                terms = rng.randint(2, ARITHMETIC_MAX_TERMS)
-                out.append(" ".join(str(start + i * step) for i in range(terms)))
-                continue
-            chars = num_tokens - 1
-            text = self.sequence_text(start, step, chars)
-            if (len(text) == chars or text[chars] == " ") and " " in text[:chars]:
-                out.append(text[:chars])          # whole terms only, at least two of them
-        raise ValueError(f"could not build {n} held-out prompts of {num_tokens} tokens")
-
-    @staticmethod
-    def _parse(prompt: str) -> list[int]:
-        parts = prompt.split(" ")
-        if len(parts) < 2 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"an arithmetic prompt is two or more non-negative integers separated by single "
-                             f"spaces, got {prompt!r}")
-        return [int(p) for p in parts]
-
-    def expected(self, prompt: str, num_chars: int) -> str:
-        """The first `num_chars` characters of the right continuation (it starts with a space)."""
-        terms = self._parse(prompt)
-        step = terms[1] - terms[0]
-        if any(b - a != step for a, b in pairwise(terms)):
-            raise ValueError(f"{prompt!r} is not an arithmetic sequence")
-        text, value = "", terms[-1]
-        while len(text) < num_chars:
-            value += step
-            if value < 0:
-                raise ValueError(f"the continuation of {prompt!r} turns negative")
-            text += f" {value}"
-        return text[:num_chars]
-
-    def check(self, prompt: str, text: str) -> bool:
-        """True when `text` is the right continuation, possibly cut short (a trailing partial number is fine)."""
-        return len(text) > 0 and text == self.expected(prompt, len(text))
-
-
-class ReverseTask:
-    """Reverse a string of 4..40 digits and lowercase letters. The answer is the reversed string, then EOS.
-
-    The encoder's input is the prompt's characters (no specials); `num_tokens` is therefore the prompt length.
-    One string in eight (by hash) is held out for `prompts()`.
-    """
-
-    name = "reverse"
-    model = "tiny-encdec"
-    default_max_tokens = 48            # the longest answer is 40 characters + EOS
-    min_prompt_tokens = REVERSE_MIN_LEN
-    max_prompt_tokens = REVERSE_MAX_LEN
-
-    def max_tokens(self, prompt: str) -> int:
-        """The reversed prompt plus EOS."""
-        return len(prompt) + 1
-
-    @staticmethod
-    def is_held_out(text: str) -> bool:
-        return _held_out(f"reverse:{text}", 8)
-
-    @staticmethod
-    def random_string(rng: random.Random, length: int) -> str:
-        return "".join(rng.choice(REVERSE_ALPHABET) for _ in range(length))
-
-    def prompts(self, n: int, seed: int = 0, num_tokens: int | None = None) -> list[str]:
-        _check_prompt_request(self.name, n, num_tokens, REVERSE_MIN_LEN, REVERSE_MAX_LEN)
-        rng = random.Random(f"{self.name}:{seed}:{num_tokens}")
-        out = []
-        while len(out) < n:
-            length = num_tokens if num_tokens is not None else rng.randint(REVERSE_MIN_LEN, REVERSE_MAX_LEN)
-            text = self.random_string(rng, length)
-            if self.is_held_out(text):
-                out.append(text)
-        return out
-
-    def expected(self, prompt: str, num_chars: int) -> str:
-        if not prompt or any(ch not in REVERSE_ALPHABET for ch in prompt):
-            raise ValueError(f"a reverse prompt is a non-empty string of digits and lowercase letters, "
-                             f"got {prompt!r}")
-        return prompt[::-1][:num_chars]
-
-    def check(self, prompt: str, text: str) -> bool:
-        """True when `text` is the whole reversed prompt (the model must also have stopped: no prefix credit)."""
-        return text == self.expected(prompt, len(prompt))
 
 
 class WindowArithmeticTask:
@@ -200,7 +70,15 @@ class WindowArithmeticTask:
         return (0 <= first <= self.max_first and 1 <= step <= self.max_step and 2 <= terms <= self.max_terms
                 and len(self.prompt_text(first, step, terms)) <= self.max_prompt_tokens - 1)
 
-    sequence_text = staticmethod(ArithmeticTask.sequence_text)
+    @staticmethod
+    def sequence_text(first: int, step: int, num_chars: int) -> str:
+        """The sequence first, first+step, ... written out, at least `num_chars` characters long."""
+        parts, value, length = [], first, -1
+        while length < num_chars:
+            parts.append(str(value))
+            length += len(parts[-1]) + 1
+            value += step
+        return " ".join(parts)
 
     @staticmethod
     def prompt_text(first: int, step: int, terms: int) -> str:
@@ -281,34 +159,72 @@ def _check_prompt_request(name: str, n: int, num_tokens: int | None, lo: int, hi
         raise ValueError(f"num_tokens must be in [{lo}, {hi}] for {name} prompts, got {num_tokens}")
 
 
-class SortDistinctTask(ReverseTask):
+class SortDistinctTask:
     """tiny-t5's task: the distinct characters of a string of 4..40 digits and lowercase letters, in alphabet
-    order (digits first), then EOS: "banana42" -> "24abn". Held out as ReverseTask does (one string in eight, by
-    hash); a prompt with any other character is refused with a ValueError.
+    order (digits first), then EOS: "banana42" -> "24abn".
 
-    Why not reversal, as tiny-encdec: T5 has no absolute positions (relative bias in self attention only, none in
-    cross attention), so reversing needs content matching between decoder and encoder (induction-style heads).
-    Trained from scratch it was still at loss 2.65 (about 10% exact) after 1,000 steps, far from 99% within the
-    20-minute budget; sorting the distinct characters is position-free and reaches 100% well within it.
+    The encoder's input is the prompt's characters (no specials); `num_tokens` is therefore the prompt length.
+    One string in eight (by hash) is held out for `prompts()`. A prompt outside the domain (another character,
+    fewer than 4 or more than 40 characters) is refused with a ValueError by `validate`, `expected` and `check`.
+
+    Why not reversal: T5 has no absolute positions (relative bias in self attention only, none in cross
+    attention), so reversing needs content matching between decoder and encoder (induction-style heads). Trained
+    from scratch it was still at loss 2.65 (about 10% exact) after 1,000 steps, far from 99% within the 20-minute
+    budget; sorting the distinct characters is position-free and reaches 100% well within it.
     """
 
     name = "sort-distinct"
     model = "tiny-t5"
+    default_max_tokens = 48            # the longest answer is 36 characters + EOS
+    min_prompt_tokens = SORT_MIN_LEN
+    max_prompt_tokens = SORT_MAX_LEN
 
     def max_tokens(self, prompt: str) -> int:
+        """The answer plus EOS."""
         return len(set(prompt)) + 1
 
+    @staticmethod
+    def is_held_out(text: str) -> bool:
+        return _held_out(f"reverse:{text}", 8)          # the key the shipped weights were trained with
+
+    @staticmethod
+    def random_string(rng: random.Random, length: int) -> str:
+        return "".join(rng.choice(SORT_ALPHABET) for _ in range(length))
+
+    def prompts(self, n: int, seed: int = 0, num_tokens: int | None = None) -> list[str]:
+        _check_prompt_request(self.name, n, num_tokens, SORT_MIN_LEN, SORT_MAX_LEN)
+        rng = random.Random(f"{self.name}:{seed}:{num_tokens}")
+        out = []
+        while len(out) < n:
+            length = num_tokens if num_tokens is not None else rng.randint(SORT_MIN_LEN, SORT_MAX_LEN)
+            text = self.random_string(rng, length)
+            if self.is_held_out(text):
+                out.append(text)
+        return out
+
+    def validate(self, prompt: str) -> str:
+        """The prompt itself when it is in the domain; ValueError saying why otherwise."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"a {self.name} prompt is a str, got {type(prompt).__name__}")
+        bad = sorted({ch for ch in prompt if ch not in SORT_ALPHABET})
+        if bad or not SORT_MIN_LEN <= len(prompt) <= SORT_MAX_LEN:
+            why = f"characters {''.join(bad)!r} are not digits or lowercase letters" if bad else \
+                f"it has {len(prompt)} characters"
+            raise ValueError(f"{prompt!r} is outside {self.model}'s domain: {SORT_MIN_LEN}..{SORT_MAX_LEN} digits "
+                             f"and lowercase letters ({why})")
+        return prompt
+
     def expected(self, prompt: str, num_chars: int) -> str:
-        super().expected(prompt, 0)                     # validates the prompt
-        return "".join(sorted(set(prompt), key=REVERSE_ALPHABET.index))[:num_chars]
+        self.validate(prompt)
+        return "".join(sorted(set(prompt), key=SORT_ALPHABET.index))[:num_chars]
 
     def check(self, prompt: str, text: str) -> bool:
+        """True when `text` is the whole answer (the model must also have stopped: no prefix credit)."""
         return text == self.expected(prompt, len(prompt))
 
 
-Task = ArithmeticTask | ReverseTask | WindowArithmeticTask | SortDistinctTask
-_TASKS = {"tiny-kvshare": ArithmeticTask, "tiny-encdec": ReverseTask, "tiny-gemma4": WindowArithmeticTask,
-          "tiny-t5": SortDistinctTask}
+Task = WindowArithmeticTask | SortDistinctTask
+_TASKS = {"tiny-gemma4": WindowArithmeticTask, "tiny-t5": SortDistinctTask}
 
 
 def for_model(name: str) -> Task:

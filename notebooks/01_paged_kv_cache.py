@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -30,7 +32,7 @@
 # 4. **prefix caching**: requests that start alike share blocks, counted by reference counts;
 # 5. the decode attention kernel reading K/V through a shuffled block table, against its reference and against
 #    plain attention over contiguous tensors;
-# 6. the whole engine answering with `tiny-kvshare`.
+# 6. the whole engine answering with `tiny-gemma4`, a Gemma-4 text decoder trained to continue arithmetic sequences.
 #
 # Everything runs on CPU. The Triton kernels run in the Triton interpreter, which is slow, so the engine runs
 # that only bookkeep use minikv's `torch` backend (the pure-PyTorch references of the kernels, with the same byte
@@ -60,10 +62,10 @@ from minikv.repro.common import ranges
 
 DEVICE = "cpu"
 BLOCK_SIZE = 16
-config = registry.model_config("tiny-kvshare")
-tokenizer = registry.get_tokenizer("tiny-kvshare")
-task = minikv.tasks.for_model("tiny-kvshare")
-print(f"tiny-kvshare: {config.num_layers} layers, {config.num_heads} query heads, {config.num_kv_heads} KV heads "
+config = registry.model_config("tiny-gemma4")
+tokenizer = registry.get_tokenizer("tiny-gemma4")
+task = minikv.tasks.for_model("tiny-gemma4")
+print(f"tiny-gemma4: {config.num_layers} layers, {config.num_heads} query heads, {config.num_kv_heads} KV heads "
       f"of size {config.head_size}, at most {config.max_position} tokens per sequence")
 print("KV sharing (layer -> layer whose cache it reads):", config.kv_sharing)
 
@@ -72,11 +74,11 @@ print("KV sharing (layer -> layer whose cache it reads):", config.kv_sharing)
 #
 # The simplest cache gives each request one region per layer, shaped `[max_len, kv_heads, head_size]` for K and
 # the same for V, where `max_len` is the longest the request might become. An engine does not know in advance
-# when a request will stop, so `max_len` is the model's maximum, 128 tokens for `tiny-kvshare`.
+# when a request will stop, so `max_len` is the model's maximum, 128 tokens for `tiny-gemma4`.
 #
 # How many bytes is one token? `KVLayout` is the one place in minikv that computes cache bytes. With the
-# `auto` format the cache stores K and V in the model's dtype, float32 on CPU. `tiny-kvshare`'s layers 4 and 5
-# read the caches of layers 2 and 3 (notebook 03 is about that), so only four layers own a cache.
+# `auto` format the cache stores K and V in the model's dtype, float32 on CPU. `tiny-gemma4`'s layers 4 to 7
+# read the caches of layers 2 and 3 (notebook 03 is about that), so only four of its eight layers own a cache.
 
 # %%
 owners = [i for i in range(config.num_layers) if i not in config.kv_sharing]
@@ -107,7 +109,7 @@ del cache
 # %%
 prompts = task.prompts(16, seed=0)
 params = minikv.SamplingParams(max_tokens=12)
-llm = minikv.LLM(model="tiny-kvshare", max_num_seqs=16, device=DEVICE, backend="torch")
+llm = minikv.LLM(model="tiny-gemma4", max_num_seqs=16, device=DEVICE, backend="torch")
 cached_tokens, blocks_held, blocks_in_use = {}, {}, []
 
 
@@ -159,8 +161,8 @@ viz.fragmentation_plot(lengths, BLOCK_SIZE, config.max_position,
 
 # %% [markdown]
 # More than half of the contiguous reservation is never used, while the paged cache loses only the tails of last
-# blocks. Turned around: the memory the contiguous layout needs for these 16 requests would hold twice as many of
-# them if it were handed out in blocks.
+# blocks. Turned around: the memory the contiguous layout needs for these 16 requests would hold almost twice as
+# many of them if it were handed out in blocks.
 #
 # The block size is a trade-off. Smaller blocks waste less at the tail, but each request needs more block-table
 # entries, and the attention kernel follows one table entry per block, so it reads K/V in smaller pieces.
@@ -196,7 +198,7 @@ for size in (8, 16, 32, 64):
 # %%
 lengths_with_bos = (14, 21, 9, 30)
 small_prompts = [task.prompts(1, seed=1, num_tokens=n)[0] for n in lengths_with_bos]
-llm = minikv.LLM(model="tiny-kvshare", max_num_seqs=4, device=DEVICE, backend="torch")
+llm = minikv.LLM(model="tiny-gemma4", max_num_seqs=4, device=DEVICE, backend="torch")
 history = []                   # per step: (step, prefill?, {request: block table}, the StepOutput)
 ids = [llm.add_request(p, params) for p in small_prompts]
 finished = {}
@@ -364,7 +366,7 @@ def serve_one(engine, text):
 
 runs = {}
 for caching in (False, True):
-    engine = minikv.LLM(model="tiny-kvshare", max_num_seqs=4, device=DEVICE, backend="torch",
+    engine = minikv.LLM(model="tiny-gemma4", max_num_seqs=4, device=DEVICE, backend="torch",
                         enable_prefix_caching=caching)
     runs[caching] = [serve_one(engine, text) for text in (text_a, text_b)]
     print(f"prefix caching {'on ' if caching else 'off'}: hit blocks {engine.block_manager.num_hit_blocks}; "
@@ -469,7 +471,7 @@ assert not torch.allclose(out_wrong[1], out_dense[1], atol=1e-2)
 # The pieces together: `minikv.LLM` with the `triton` backend allocates the pools in a KV arena, and each step the
 # scheduler's block manager extends the block tables, the runner builds the slot mapping and block-table tensors,
 # the write kernel stores the new K/V, and the attention kernels read through the tables. Two prompts, one short
-# and one spanning three blocks, 12 new tokens each. `tiny-kvshare` was trained to continue arithmetic
+# and one spanning three blocks, 12 new tokens each. `tiny-gemma4` was trained to continue arithmetic
 # sequences, so each answer is right or wrong; we also check that the Triton kernels give the same tokens as the
 # `torch` backend.
 
@@ -477,7 +479,7 @@ assert not torch.allclose(out_wrong[1], out_dense[1], atol=1e-2)
 engine_prompts = ["3 7 11 15", task.prompts(1, seed=2, num_tokens=40)[0]]
 by_backend = {}
 for backend in ("triton", "torch"):
-    engine = minikv.LLM(model="tiny-kvshare", max_num_seqs=4, device=DEVICE, backend=backend)
+    engine = minikv.LLM(model="tiny-gemma4", max_num_seqs=4, device=DEVICE, backend=backend)
     by_backend[backend] = engine.generate(engine_prompts, params, use_tqdm=False)
 for p, o in zip(engine_prompts, by_backend["triton"]):
     print(f"{p!r} -> {o.text!r}  right: {task.check(p, o.text)}")
@@ -501,3 +503,51 @@ assert [o.token_ids for o in by_backend["triton"]] == [o.token_ids for o in by_b
 #
 # The next notebook stores the cache in 8 bits per element, with a scale per token and head kept inline in each
 # cache row.
+
+# %% [markdown]
+# ## Try it yourself
+#
+# Each exercise changes one thing. Write your prediction into the cell first, then run it; the folded cell after
+# it holds the solution (click it to unfold) and checks the result.
+#
+# **Exercise 1: a smaller block.** Section 2's four requests (14, 21, 9 and 30 tokens with BOS, 12 new tokens
+# each) end at 25, 32, 20 and 41 tokens in the cache. With `block_size=8` instead of 16, how many blocks does each
+# request hold at the last step?
+
+# %%
+my_prediction = None          # e.g. [4, 4, 3, 6]
+small_blocks = minikv.LLM(model="tiny-gemma4", max_num_seqs=4, device=DEVICE, backend="torch", block_size=8)
+small_ids = [small_blocks.add_request(p, params) for p in small_prompts]
+while small_blocks.has_unfinished():
+    last = small_blocks.step()
+    held = {r: len(t) for r, t in last.block_tables.items()}
+print("your prediction:", my_prediction, " blocks held at the last step:", [held[r] for r in small_ids])
+
+# %% jupyter={"source_hidden": true}
+# Solution: ceil(tokens / 8) per request. Halving the block halves the largest possible tail (7 slots instead
+# of 15), and doubles the number of block-table entries the attention kernel follows.
+final_lens = list(last.seq_lens.values())
+assert final_lens == [25, 32, 20, 41]
+assert [held[r] for r in small_ids] == [math.ceil(n / 8) for n in final_lens] == [4, 4, 3, 6]
+print("solution:", [math.ceil(n / 8) for n in final_lens])
+
+# %% [markdown]
+# **Exercise 2: where the prefixes part.** Request E is B's prompt from section 4 with the 9th term changed from
+# 35 to 36, one character in B's second block. With prefix caching, how many of E's tokens does the block manager find
+# already cached after A and B ran (and were freed) in the hand-driven example?
+
+# %%
+my_prediction = None          # a number of tokens
+text_e = text_b.replace(" 35 ", " 36 ")
+changed = text_e.index(" 36 ") + 3                       # the changed digit's token (BOS is token 0)
+assert BLOCK_SIZE <= changed < 2 * BLOCK_SIZE and text_e[changed - 1] != text_b[changed - 1]
+seq_e = make_sequence(4, text_e)
+manager.allocate(seq_e)
+print("your prediction:", my_prediction, " cached tokens:", seq_e.num_cached_tokens,
+      " block table:", seq_e.block_table)
+
+# %% jupyter={"source_hidden": true}
+# Solution: 16. Block 0 (BOS and tokens 1-15) is A's and B's first block, unchanged; block 1 holds the changed
+# character, so its chained hash differs, and so does every later block's, even where the characters agree again.
+assert seq_e.num_cached_tokens == BLOCK_SIZE and seq_e.block_table[0] == 0
+print("solution:", BLOCK_SIZE)

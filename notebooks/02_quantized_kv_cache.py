@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -39,7 +41,7 @@
 #
 # 1. what each format costs per token, from `KVLayout`;
 # 2. the bytes of one cache row, read back by hand;
-# 3. per-token-head versus per-tensor scales, on real K/V captured from `tiny-kvshare`;
+# 3. per-token-head versus per-tensor scales, on real K/V captured from `tiny-gemma4`;
 # 4. the write kernel, stepped through program by program in the Triton interpreter;
 # 5. fp8 rounding, bit-exact against torch over every finite float16 value.
 #
@@ -74,8 +76,8 @@ cache_write, launch, addressing, quant = kernels.cache_write, kernels.launch, ke
 
 DEVICE = "cpu"
 BLOCK_SIZE = 16
-config = registry.model_config("tiny-kvshare")
-task = minikv.tasks.for_model("tiny-kvshare")
+config = registry.model_config("tiny-gemma4")
+task = minikv.tasks.for_model("tiny-gemma4")
 owners = [i for i in range(config.num_layers) if i not in config.kv_sharing]
 
 
@@ -83,7 +85,7 @@ def layout_of(fmt, model_dtype=torch.float32, num_kv_heads=config.num_kv_heads, 
     return KVLayout(fmt, model_dtype, num_kv_heads, head_size, BLOCK_SIZE)
 
 
-print(f"tiny-kvshare: {config.num_kv_heads} KV heads of size {config.head_size}; layers owning a cache: {owners}")
+print(f"tiny-gemma4: {config.num_kv_heads} KV heads of size {config.head_size}; layers owning a cache: {owners}")
 
 # %% [markdown]
 # ## 1. What a token costs
@@ -102,16 +104,16 @@ for fmt in KV_CACHE_DTYPES:
           f"{lay.bytes_per_token():11d}")
 
 # %% [markdown]
-# On CPU `tiny-kvshare` runs in float32, so `auto` stores 4 bytes per element; on a GPU it runs in bfloat16. The
-# inline scale adds 4 bytes to each row of `head_size` codes, which is 12.5% for `tiny-kvshare`'s head size of 32
+# On CPU `tiny-gemma4` runs in float32, so `auto` stores 4 bytes per element; on a GPU it runs in bfloat16. The
+# inline scale adds 4 bytes to each row of `head_size` codes, which is 12.5% for `tiny-gemma4`'s head size of 32
 # and about 3% for the head size of 128 that most large models use. Here is the whole model's cost per token on
 # CPU and on GPU, and, for scale, the same for a large model's KV shape (32 layers, 8 KV heads of size 128, in
 # bfloat16: Llama-3-8B's shape).
 
 # %%
 shapes = {
-    "tiny-kvshare, float32 (CPU)": (torch.float32, config.num_kv_heads, config.head_size, len(owners)),
-    "tiny-kvshare, bfloat16 (GPU)": (torch.bfloat16, config.num_kv_heads, config.head_size, len(owners)),
+    "tiny-gemma4, float32 (CPU)": (torch.float32, config.num_kv_heads, config.head_size, len(owners)),
+    "tiny-gemma4, bfloat16 (GPU)": (torch.bfloat16, config.num_kv_heads, config.head_size, len(owners)),
     "32 layers x 8 x 128, bfloat16": (torch.bfloat16, 8, 128, 32),
 }
 print(f"{'bytes per token':30s}" + "".join(f"{fmt:>22s}" for fmt in KV_CACHE_DTYPES))
@@ -121,7 +123,7 @@ for label, (dtype, heads, size, layers) in shapes.items():
     memory[label] = per_token
     print(f"{label:30s}" + "".join(f"{per_token[f]:>13,} ({per_token[f] / per_token['auto']:5.1%})"
                                    for f in KV_CACHE_DTYPES))
-assert memory["tiny-kvshare, bfloat16 (GPU)"]["int8_per_token_head"] == 4 * 2 * 2 * (32 + 4)
+assert memory["tiny-gemma4, bfloat16 (GPU)"]["int8_per_token_head"] == 4 * 2 * 2 * (32 + 4)
 assert memory["32 layers x 8 x 128, bfloat16"]["fp8"] * 2 == memory["32 layers x 8 x 128, bfloat16"]["auto"]
 
 # %% [markdown]
@@ -149,7 +151,7 @@ viz.row_layout_diagram(layout_of("fp8"))
 # the cache holds K and V exactly as the model computed them), one `step()` at a time, and after the prefill
 # step copy every prompt token's K and V out of each pool the step wrote with `KVLayout.code_views`: views
 # `[blocks, block_size, kv_heads, head_size]` over the pool's bytes, indexed by each token's block and offset.
-# These are the K/V after the key norm and rotary embedding, exactly what attention reads.
+# These are the K/V after Gemma-4's key and value norms and the rotary embedding, exactly what attention reads.
 
 # %%
 prompts = task.prompts(8, seed=3)
@@ -162,16 +164,16 @@ def prompt_slots(step):
     return torch.tensor([s for r in step.request_ids for s in step.block_slots(r, BLOCK_SIZE)])
 
 
-auto_engine = minikv.LLM(model="tiny-kvshare", max_num_seqs=8, device=DEVICE, backend="torch")
+auto_engine = minikv.LLM(model="tiny-gemma4", max_num_seqs=8, device=DEVICE, backend="torch")
 ids = [auto_engine.add_request(p, params) for p in prompts]
 done = {}
 while auto_engine.has_unfinished():
     step = auto_engine.step()
     if step.is_prefill:
         blocks, offsets = prompt_slots(step) // BLOCK_SIZE, prompt_slots(step) % BLOCK_SIZE
-        for pool in step.trace.pools_written():           # "kv.layers.N.self_attn": the KV-owning layers
+        for pool in step.trace.pools_written():           # "kv.model.layers.N.self_attn": the KV-owning layers
             k_view, v_view = auto_engine.arena.layout(pool).code_views(auto_engine.arena.pool(pool))
-            captured[int(pool.split(".")[2])] = (k_view[blocks, offsets].clone(), v_view[blocks, offsets].clone())
+            captured[int(pool.split(".")[3])] = (k_view[blocks, offsets].clone(), v_view[blocks, offsets].clone())
     done.update({o.request_id: o for o in step.finished})
 auto_outs = [done[i] for i in ids]
 k0, v0 = captured[0]
@@ -254,7 +256,7 @@ assert by_hand == by_torch and max(abs(c) for c in by_hand) == 448
 # A scale maps the values to the code range. The per-layer `fp8` format uses one scale for every token and head
 # of a layer (minikv's engine uses 1, as vLLM does when a checkpoint carries no calibrated scales); a per-tensor
 # int8 cache, which minikv does not offer but which is the obvious first idea, would need `amax / 127` of the
-# whole tensor. The per-token-head formats give each row its own. How much does that matter on `tiny-kvshare`'s real
+# whole tensor. The per-token-head formats give each row its own. How much does that matter on `tiny-gemma4`'s real
 # keys and values?
 #
 # First, how much the rows differ. For each owning layer: the largest |value| in the whole tensor, and the
@@ -269,7 +271,7 @@ for layer, (k, v) in captured.items():
         print(f"{layer:5d} {part:2s} {t.abs().max():11.1f} {row_amax.median():15.1f} {row_amax.min():17.1f}")
 
 # %% [markdown]
-# `tiny-kvshare`'s K and V are tame: no row's amax is more than a few times smaller than the tensor's. Each
+# `tiny-gemma4`'s K and V are tame: no row's amax is more than a few times smaller than the tensor's. Each
 # format's error on layer 0, K and V, with every format going through the real write kernel, except the
 # per-tensor int8 marked `*`, which is not a minikv format and is computed with the same formula in torch. The
 # per-layer `fp8` format appears twice: with the engine's default scale 1 and with a calibrated scale, the
@@ -319,7 +321,7 @@ viz.quant_error_plot(errors["V"], title="Layer 0 V: quantization error by format
 # %% [markdown]
 # Two different stories. **int8** has evenly spaced levels, so its error is set by the step `scale`; a row's
 # own scale gives the step `row amax / 127`, and a per-tensor scale gives every row the step of the largest one.
-# Per-token-head int8 is the most accurate format here, its mean error a quarter to a third lower than
+# Per-token-head int8 is the most accurate format here, its mean error a third to two fifths lower than
 # per-tensor int8's, even on these tame tensors. **fp8** is a floating-point format: with 3 mantissa bits, the
 # step next to a value is 1/8 of the power of two below it, 6 to 12.5% of the value, wherever the value lies in
 # its wide range. Its error therefore barely depends on the scale: scale 1, a calibrated per-tensor scale and a
@@ -358,8 +360,8 @@ viz.quant_error_plot({n: e[others] for n, e in with_outlier.items()},
 
 # %% [markdown]
 # Does any of this change the model's answers? On 24 held-out prompts through the engine, every format gives
-# the right continuation, with the same token ids as the float32 cache. `tiny-kvshare` is robust by construction:
-# its K/V have no outliers, and its training recipe (recorded in `minikv/models/weights/tiny-kvshare.json`) ran
+# the right continuation, with the same token ids as the float32 cache. `tiny-gemma4` is robust by construction:
+# its K/V have no outliers, and its training recipe (recorded in `minikv/models/weights/tiny-gemma4/training.json`) ran
 # three steps in four with K/V fake-quantized to one of the 8-bit formats. A large model without such training is
 # where differences like those above turn into different tokens.
 
@@ -367,7 +369,7 @@ viz.quant_error_plot({n: e[others] for n, e in with_outlier.items()},
 eval_prompts = task.prompts(24, seed=4)
 answers = {}
 for fmt in KV_CACHE_DTYPES:
-    engine = minikv.LLM(model="tiny-kvshare", kv_cache_dtype=fmt, max_num_seqs=8, device=DEVICE, backend="torch")
+    engine = minikv.LLM(model="tiny-gemma4", kv_cache_dtype=fmt, max_num_seqs=8, device=DEVICE, backend="torch")
     answers[fmt] = engine.generate(eval_prompts, params, use_tqdm=False)
     right = sum(task.check(p, o.text) for p, o in zip(eval_prompts, answers[fmt]))
     same = sum(o.token_ids == a.token_ids for o, a in zip(answers[fmt], answers["auto"]))
@@ -382,7 +384,7 @@ for fmt in KV_CACHE_DTYPES:
 # float32 keys and values. (Layer 0's K/V depend only on the prompt tokens, not on the cache format.)
 
 # %%
-int8_engine = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=8,
+int8_engine = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=8,
                          device=DEVICE, backend="torch")
 stored = {}
 for p in prompts:
@@ -390,7 +392,7 @@ for p in prompts:
 while int8_engine.has_unfinished():
     step = int8_engine.step()
     if step.is_prefill:
-        name = "kv.layers.0.self_attn"
+        name = "kv.model.layers.0.self_attn"
         pool, layout = int8_engine.arena.pool(name), int8_engine.arena.layout(name)
         (k_codes, v_codes), (k_scales, v_scales) = layout.code_views(pool), layout.scale_views(pool)
         b, o = prompt_slots(step) // BLOCK_SIZE, prompt_slots(step) % BLOCK_SIZE
@@ -408,14 +410,15 @@ print("engine pool == write kernel on the captured K/V (K codes, V codes, K scal
 assert all(same)
 
 # %% [markdown]
-# Those stored scales, for the first 64 prompt tokens: every (token, head) has its own, for K and for V, and they
-# vary by a factor of two or more across tokens. (`viz.scale_heatmap` draws two sets of scales side by side on
-# one colour scale.)
+# Those stored scales, for the first 64 prompt tokens: every (token, head) has its own, for K and for V. They vary
+# less than in most models, by about a factor of two across tokens, because Gemma-4 RMS-normalizes every key and
+# value head before attention (the key norm has a learned gain, the value norm none), which keeps the rows'
+# ranges alike. (`viz.scale_heatmap` draws two sets of scales side by side on one colour scale.)
 
 # %%
 print(f"K scales {stored['ks'].min():.3f} to {stored['ks'].max():.3f}, "
       f"V scales {stored['vs'].min():.3f} to {stored['vs'].max():.3f}")
-assert stored["ks"].max() > 2 * stored["ks"].min() and stored["vs"].max() > 2 * stored["vs"].min()
+assert stored["ks"].max() > 1.5 * stored["ks"].min() and stored["vs"].max() > 1.5 * stored["vs"].min()
 viz.scale_heatmap(stored["ks"][:64], stored["vs"][:64], labels=("K scales", "V scales"),
                   title="Layer 0 int8 per-token-head scales, first 64 tokens")
 
@@ -634,7 +637,7 @@ assert bool((stored_codes.float() == 448).all())
 #   `head_size` codes: 12.5% at head size 32, about 3% at 128.
 # * A row is `[codes | scale]`; reading the bytes back by hand gives the int8 codes (two's complement), the fp32
 #   scale `amax / 127`, and the e4m3 codes (sign, 4-bit exponent, 3-bit mantissa) exactly as torch reads them.
-# * On `tiny-kvshare`'s real K/V, per-token-head int8 is the most accurate format, and with one outlier token
+# * On `tiny-gemma4`'s real K/V, per-token-head int8 is the most accurate format, and with one outlier token
 #   per-tensor int8's error on every other token grows more than tenfold, while the per-token-head formats do not
 #   change at all. fp8 trades precision for range: its error hardly depends on the scale. All four formats
 #   answer 24 of 24 prompts with the float32 cache's token ids.
@@ -645,3 +648,70 @@ assert bool((stored_codes.float() == 448).all())
 #
 # The inline scales have one more property that matters: a new pool is all zeros, so every scale must be set to
 # 1.0 once before anything reads it. *When* that happens is the subject of notebook 03.
+
+# %% [markdown]
+# ## Try it yourself
+#
+# Each exercise changes one thing. Write your prediction into the cell first, then run it; the folded cell after
+# it holds the solution (click it to unfold) and checks the result.
+#
+# **Exercise 1: an outlier in V.** Section 3 made one *key* token 20 times larger. Do the same to token 0 of layer
+# 0's *values*. For which formats does the mean error of the other tokens change, and roughly by how much for the
+# per-tensor int8 cache?
+
+# %%
+my_prediction = None          # e.g. {"int8 per tensor*": "x20", "int8_per_token_head": "unchanged"}
+outlier_v = v0.clone()
+outlier_v[0] *= 20
+v_with_outlier = errors_by_format(outlier_v)
+growth = {name: (e[others].abs().mean() / errors["V"][name][others].abs().mean()).item()
+          for name, e in v_with_outlier.items()}
+print("your prediction:", my_prediction)
+for name, g in growth.items():
+    print(f"{name:20s} error of the other tokens x{g:.0f}")
+
+# %% jupyter={"source_hidden": true}
+# Solution: as for K. The per-token-head formats quantize every row on its own, so the other rows' bytes do not
+# change at all; per-tensor int8's step is set by the outlier, so its error on the other tokens grows more than
+# tenfold; fp8's exponent absorbs the outlier, whatever its scale.
+for name in ("int8_per_token_head", "fp8_per_token_head"):
+    assert torch.equal(v_with_outlier[name][others], errors["V"][name][others])
+assert growth["int8 per tensor*"] > 10 and growth["fp8, scale 1"] < 2
+print("solution: per-token-head unchanged (bit-identical), per-tensor int8 more than x10, fp8 about x1")
+
+# %% [markdown]
+# **Exercise 2: a larger head.** The inline scale costs 4 bytes per row. With head size 128 instead of 32 (and the
+# same 2 KV heads and 4 owning layers), what share of an `auto` bfloat16 cache does `int8_per_token_head` need?
+
+# %%
+my_prediction = None          # a fraction, e.g. 0.55
+wide = {fmt: layout_of(fmt, torch.bfloat16, config.num_kv_heads, 128).bytes_per_token() * len(owners)
+        for fmt in ("auto", "int8_per_token_head")}
+print("your prediction:", my_prediction, f" measured: {wide['int8_per_token_head'] / wide['auto']:.4f}",
+      f"({wide['int8_per_token_head']:,} of {wide['auto']:,} bytes per token)")
+
+# %% jupyter={"source_hidden": true}
+# Solution: (128 + 4) / (2 x 128) = 0.515625: half of the 16-bit cache, plus 4 bytes of scale per 256 bytes.
+assert wide["int8_per_token_head"] * 256 == wide["auto"] * 132
+print("solution: 132 / 256 =", 132 / 256)
+
+# %% [markdown]
+# **Exercise 3: a key too large for `fp8` with scale 1.** Multiply token 0 of layer 0's keys by 1000 and store
+# it with the per-layer `fp8` format at the engine's scale of 1. What is the largest |value| read back for that
+# token, and what would `fp8_per_token_head` read back?
+
+# %%
+my_prediction = None          # two numbers
+huge = k0.clone()
+huge[0] *= 1000
+read_fp8 = roundtrip(huge, "fp8")[0].abs().max().item()
+read_pth = roundtrip(huge, "fp8_per_token_head")[0].abs().max()
+print("your prediction:", my_prediction, f" fp8 with scale 1: {read_fp8:g};",
+      f"fp8_per_token_head: {read_pth / huge[0].abs().max():.3f} x the true amax")
+
+# %% jupyter={"source_hidden": true}
+# Solution: the per-layer format clamps to e4m3's largest value, 448, whatever the key was; the per-token-head
+# format gives that row its own scale, amax / 448, so the row's largest element comes back exactly.
+assert read_fp8 == 448.0 and huge[0].abs().max() > 448
+assert torch.isclose(read_pth, huge[0].abs().max(), rtol=1e-6)
+print("solution: 448 (clamped) and 1.000 x the true amax")

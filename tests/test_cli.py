@@ -2,13 +2,22 @@
 buggy runs show the upstream signatures and every fixed run is correct)."""
 from __future__ import annotations
 
+import pytest
+
+import minikv
 from minikv.cli import main
 
 
 def test_generate_prints_right_continuations(capsys):
-    assert main(["generate", "--model", "tiny-kvshare", "--backend", "torch", "3 7 11", "10 20 30"]) == 0
-    out = capsys.readouterr().out
-    assert "' 15 19 23 27'" in out and "' 40 50 60 70'" in out
+    task = minikv.tasks.for_model("tiny-gemma4")
+    prompts = task.prompts(2, seed=0)
+    assert main(["generate", "--model", "tiny-gemma4", "--backend", "torch", *prompts]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    for prompt, line in zip(prompts, lines):
+        shown_prompt, rest = line.split(" -> ")
+        assert shown_prompt == repr(prompt) and rest.endswith("[length]")
+        assert task.check(prompt, eval(rest.removesuffix("  [length]")))      # the printed repr of the text
 
 
 def test_bugs_lists_every_defect(capsys):
@@ -28,16 +37,16 @@ def test_repro_cross_stride_passes(capsys):
     assert "overrun caught" in out and "All signatures reproduced" in out
 
 
-import pytest
-
-import minikv
-
 
 @pytest.mark.parametrize("argv,fragment", [
     (["eval", "--n", "0"], "--n: must be at least 1"),
-    (["generate", "--model", "nope", "3"], "unknown model 'nope'"),
+    (["generate", "--model", "nope", "3"], "invalid choice: 'nope'"),
     (["generate", "--backend", "torch", "3X"], "not in the tokenizer's alphabet"),
     (["generate", "--backend", "torch", "--max-tokens", "500", "3 7"], "lower max_tokens"),
+    (["generate", "--backend", "torch", "5000 6000"], "'5000 6000' is outside tiny-gemma4's domain: first term 0..999"),
+    (["generate", "--backend", "torch", "9 5 1"], "outside tiny-gemma4's domain"),
+    (["generate", "--model", "tiny-t5", "--backend", "torch", "abc"], "'abc' is outside tiny-t5's domain: 4..40"),
+    (["train", "tiny-gpt"], "invalid choice"),
     (["bench", "nope"], "invalid choice"),
 ])
 def test_user_errors_print_one_line_and_exit_2(capsys, argv, fragment):

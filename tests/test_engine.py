@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import minikv
-from minikv.models.registry import ModelLoadError
 
-KVSHARE = "tiny-kvshare"
+GEMMA4 = "tiny-gemma4"
 
 
 def greedy(n=12):
@@ -17,11 +16,11 @@ def greedy(n=12):
 
 @pytest.fixture(scope="module")
 def prompts():
-    return minikv.tasks.for_model(KVSHARE).prompts(6, seed=3)
+    return minikv.tasks.for_model(GEMMA4).prompts(6, seed=3)
 
 
 def run(prompts, **kw):
-    kw.setdefault("model", KVSHARE)
+    kw.setdefault("model", GEMMA4)
     llm = minikv.LLM(**kw)
     outs = llm.generate(prompts, greedy(), use_tqdm=False)
     llm.arena.check()                                   # canaries intact after every run
@@ -36,7 +35,7 @@ def test_triton_and_torch_backends_give_identical_tokens(prompts, fmt):
 
 
 def test_outputs_are_right_and_prefix_caching_changes_nothing():
-    task = minikv.tasks.for_model(KVSHARE)
+    task = minikv.tasks.for_model(GEMMA4)
     # Long prompts (> 2 blocks) sharing their first blocks: prefix caching really hits.
     base = task.prompts(2, seed=5, num_tokens=40)
     prompts = [base[0], base[1], base[0], base[0]]
@@ -48,9 +47,11 @@ def test_outputs_are_right_and_prefix_caching_changes_nothing():
     assert all(task.check(p, t) for p, t in zip(prompts, texts))
 
 
-def test_preemption_gives_identical_tokens(prompts):
+def test_preemption_gives_identical_tokens():
+    # 31-token prompts take 2 blocks each and a third at token 33: 8 blocks admit four, then decoding runs out
+    prompts = minikv.tasks.for_model(GEMMA4).prompts(6, seed=3, num_tokens=31)
     _, roomy = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=6)
-    llm, tight = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=6, num_blocks=6)
+    llm, tight = run(prompts, kv_cache_dtype="int8_per_token_head", max_num_seqs=6, num_blocks=8)
     assert llm.scheduler.num_preemptions > 0
     assert tight == roomy
 
@@ -61,7 +62,7 @@ def test_identical_prompts_give_identical_outputs(prompts):
 
 
 def test_sleep_wake_up_gives_identical_outputs(prompts):
-    llm = minikv.LLM(model=KVSHARE, kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
+    llm = minikv.LLM(model=GEMMA4, kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
     before = [o.token_ids for o in llm.generate(prompts, greedy(), use_tqdm=False)]
     old = llm.arena
     llm.sleep()
@@ -76,7 +77,7 @@ def test_sleep_wake_up_gives_identical_outputs(prompts):
 
 
 def test_temperature_sampling_is_seeded(prompts):
-    llm = minikv.LLM(model=KVSHARE, max_num_seqs=4)
+    llm = minikv.LLM(model=GEMMA4, max_num_seqs=4)
     p = minikv.SamplingParams(max_tokens=8, temperature=1.0, seed=7)
     a = [o.token_ids for o in llm.generate(prompts[:3], p, use_tqdm=False)]
     b = [o.token_ids for o in llm.generate(prompts[:3], p, use_tqdm=False)]
@@ -84,9 +85,9 @@ def test_temperature_sampling_is_seeded(prompts):
 
 
 def test_encoder_decoder_generates_right_answers():
-    task = minikv.tasks.for_model("tiny-encdec")
+    task = minikv.tasks.for_model("tiny-t5")
     prompts = task.prompts(4, seed=1)
-    llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", max_num_seqs=4)
+    llm = minikv.LLM(model="tiny-t5", kv_cache_dtype="fp8", max_num_seqs=4)
     outs = llm.generate(prompts, [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts],
                         use_tqdm=False)
     llm.arena.check()
@@ -95,11 +96,16 @@ def test_encoder_decoder_generates_right_answers():
 
 # ---- bad input: a clear error, nothing half-done ------------------------------------------------------------------
 def test_bad_input_is_rejected_clearly(prompts):
-    llm = minikv.LLM(model=KVSHARE, max_num_seqs=2)
+    llm = minikv.LLM(model=GEMMA4, max_num_seqs=2)
     with pytest.raises(ValueError, match="empty prompt"):
         llm.generate([prompts[0], ""], greedy(), use_tqdm=False)
-    with pytest.raises(ValueError, match="longer|maximum"):
-        llm.generate(["1 2 " * 200], greedy(), use_tqdm=False)
+    with pytest.raises(ValueError, match="outside tiny-gemma4's domain.*at most 95 characters"):
+        llm.generate([" ".join(str(i) for i in range(100))], greedy(), use_tqdm=False)
+    for outside in ["5000 6000", "9 5 1", "4 4 4"]:             # first term too large, decreasing, step 0
+        with pytest.raises(ValueError, match=f"'{outside}' is outside tiny-gemma4's domain"):
+            llm.generate([prompts[0], outside], greedy(), use_tqdm=False)
+    with pytest.raises(ValueError, match="two or more non-negative integers"):
+        llm.add_request("7", greedy())
     with pytest.raises(ValueError, match="max_tokens"):
         minikv.SamplingParams(max_tokens=0)
     assert not llm.scheduler.has_unfinished()          # nothing was half-queued
@@ -111,31 +117,28 @@ def test_bad_engine_arguments():
     with pytest.raises(ValueError, match="unknown model"):
         minikv.LLM(model="gpt-17")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        minikv.LLM(model=KVSHARE, kv_cache_dtype="int3")
+        minikv.LLM(model=GEMMA4, kv_cache_dtype="int3")
     with pytest.raises(ValueError, match="unknown defect"):
-        minikv.LLM(model=KVSHARE, reintroduce=("no-such-bug",))
+        minikv.LLM(model=GEMMA4, reintroduce=("no-such-bug",))
     with pytest.raises(ValueError, match="backend"):
-        minikv.LLM(model=KVSHARE, backend="cuda-graphs")
+        minikv.LLM(model=GEMMA4, backend="cuda-graphs")
 
 
 def test_pool_too_small_for_one_request_is_an_error_not_a_hang(prompts):
-    llm = minikv.LLM(model=KVSHARE, num_blocks=1, max_num_seqs=2)
+    llm = minikv.LLM(model=GEMMA4, num_blocks=1, max_num_seqs=2)
     with pytest.raises(ValueError, match="blocks"):
         llm.generate(prompts[:2], greedy(12), use_tqdm=False)
 
 
-def test_corrupted_or_truncated_weights_are_rejected(tmp_path):
-    from minikv.models import registry
-    data = registry.weights_path(KVSHARE).read_bytes()
-    flipped = bytearray(data)
-    flipped[-100] ^= 0xFF                                     # one bit pattern in the tensor bytes
-    for name, content in (("truncated", data[: len(data) // 2]), ("garbage", b"\x00" * 64),
-                          ("flipped", bytes(flipped))):
-        bad = tmp_path / name
-        bad.mkdir()
-        registry.weights_path(KVSHARE, bad).write_bytes(content)
-        with pytest.raises(ModelLoadError, match="truncated|corrupted"):
-            registry.load_model(KVSHARE, weights_dir=bad)
+def test_t5_refuses_prompts_outside_its_domain():
+    llm = minikv.LLM(model="tiny-t5", backend="torch", max_num_seqs=2)
+    for outside, why in [("abc", "it has 3 characters"), ("x" * 41, "it has 41 characters")]:
+        with pytest.raises(ValueError, match=f"outside tiny-t5's domain: 4..40 .*{why}"):
+            llm.generate(["banana42", outside], use_tqdm=False)
+    with pytest.raises(ValueError, match="alphabet"):
+        llm.add_request("Banana42")
+    assert not llm.has_unfinished()
+    assert llm.generate(["banana42"], minikv.SamplingParams(max_tokens=6), use_tqdm=False)[0].text == "24abn"
 
 
 @pytest.mark.gpu

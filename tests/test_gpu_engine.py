@@ -13,12 +13,12 @@ pytestmark = [pytest.mark.gpu,
 
 
 @pytest.mark.parametrize("fmt", ["auto", "fp8", "int8_per_token_head", "fp8_per_token_head"])
-def test_kvshare_triton_equals_torch_backend_and_is_right(fmt):
-    task = minikv.tasks.for_model("tiny-kvshare")
+def test_gemma4_triton_equals_torch_backend_and_is_right(fmt):
+    task = minikv.tasks.for_model("tiny-gemma4")
     prompts = task.prompts(16, seed=0)
     outs = {}
     for backend in ("triton", "torch"):
-        llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype=fmt, device="cuda", backend=backend, max_num_seqs=8)
+        llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype=fmt, device="cuda", backend=backend, max_num_seqs=8)
         outs[backend] = llm.generate(prompts, minikv.SamplingParams(max_tokens=12), use_tqdm=False)
         llm.arena.check()
     assert [o.token_ids for o in outs["triton"]] == [o.token_ids for o in outs["torch"]]
@@ -40,7 +40,7 @@ def test_cross_stride_on_gpu():
     from minikv.repro import cross_stride
     prompts = cross_stride.make_prompts(6)
     reference = cross_stride.reference_tokens(prompts, device="cuda")
-    need = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", device="cuda").cross_blocks_needed(prompts)
+    need = minikv.LLM(model="tiny-t5", kv_cache_dtype="fp8", device="cuda").cross_blocks_needed(prompts)
     assert math.floor(1.5 * need) < 2 * need
     run = cross_stride.run_pool
     assert run(prompts, reference, 1.5, need, True, True, device="cuda").outcome == "overrun caught"

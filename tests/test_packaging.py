@@ -16,14 +16,15 @@ def test_wheel_maps_kernels_and_imports_from_the_wheel(tmp_path):
     wheel = next((tmp_path / "dist").glob("minikv-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("minikv/kernels/__init__.py", "minikv/kernels/decode_attention.py", "minikv/repro/scale_wipe.py",
-                   "minikv/bench/attention.py", "minikv/models/weights/tiny-kvshare.safetensors",
-                   "minikv/models/weights/tiny-encdec.safetensors",
+                   "minikv/bench/attention.py",
                    "minikv/models/weights/tiny-gemma4/model.safetensors",
                    "minikv/models/weights/tiny-gemma4/config.json",
                    "minikv/models/weights/tiny-gemma4/minikv_tokenizer.json",
                    "minikv/models/weights/tiny-t5/model.safetensors"):
         assert needed in names, needed
     assert not any(n.startswith("kernels/") for n in names)     # no top-level package called "kernels"
+    assert not any(n.startswith("minikv/models/weights/") and n.count("/") == 3 and n.endswith(".safetensors")
+                   for n in names)                             # only the two checkpoint directories ship weights
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -35,7 +36,7 @@ def test_wheel_maps_kernels_and_imports_from_the_wheel(tmp_path):
         f"sys.path.insert(0, {str(site)!r})\n"
         "import minikv, minikv.kernels\n"
         "from minikv.models import registry\n"
-        "registry.load_model('tiny-kvshare')\n"
+        "registry.load_model('tiny-gemma4'); registry.load_model('tiny-t5')\n"
         "print(minikv.__file__); print(minikv.kernels.__file__)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout.split()

@@ -143,12 +143,11 @@ def test_paged_context_block_placement_matches_reference(fmt, causal):
 
 # ---- defect A with the block placement (engine level, torch backend) ----------------------------------------
 def test_scale_wipe_reproduces_with_block_placement():
-    from minikv.repro import scale_wipe
-    task = minikv.tasks.for_model("tiny-kvshare")
-    prompts = scale_wipe.make_prompts(6)
+    task = minikv.tasks.for_model("tiny-gemma4")
+    prompts = task.prompts(6, seed=0)
 
     def run(**kw):
-        llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4,
+        llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4,
                          backend="torch", **kw)
         outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)
         llm.arena.check()
@@ -167,10 +166,10 @@ def test_scale_wipe_reproduces_with_block_placement():
 def test_encoder_decoder_runs_with_block_placement():
     """The cross backend is told the scale placement too, so the layout contract holds and tokens match "row"."""
     import minikv
-    prompts = ["abcdef", "hello"]
+    prompts = ["abcdef", "hello9"]
     outs = {}
     for placement in ("row", "block"):
-        llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="int8_per_token_head", backend="torch",
+        llm = minikv.LLM(model="tiny-t5", kv_cache_dtype="int8_per_token_head", backend="torch",
                          kv_scale_placement=placement)
         outs[placement] = [o.token_ids for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=8))]
     assert outs["row"] == outs["block"]

@@ -39,7 +39,7 @@ def test_a_few_training_steps_save_loadable_weights(name, tmp_path, tiny_recipes
 
 def test_training_rejects_bad_arguments():
     with pytest.raises(ValueError, match="steps must be at least 1"):
-        train.train("tiny-encdec", steps=0, progress=False)
+        train.train("tiny-t5", steps=0, progress=False)
     with pytest.raises(registry.ModelLoadError, match="unknown model"):
         train.train("tiny-gpt", steps=1, progress=False)
 
@@ -71,4 +71,4 @@ def test_fake_quant_gradient_is_straight_through():
     with pytest.raises(ValueError, match="unknown fake-quant format"):
         train.fake_quantize(x, "int4")
     with pytest.raises(ValueError, match="kv_fake_quant must be None or one of"):
-        train.evaluate_dense("tiny-kvshare", n=1, kv_fake_quant="int4")
+        train.evaluate_dense("tiny-gemma4", n=1, kv_fake_quant="int4")

@@ -196,7 +196,7 @@ def _viz_figures() -> dict[str, bytes]:
         return KVLayout(fmt, torch.float16, heads, head_size, 16)
 
     gemma4 = model_config("tiny-gemma4")      # the KV-sharing model (docs/concepts/kv-sharing.md)
-    encdec = model_config("tiny-encdec")
+    t5 = model_config("tiny-t5")                # the cross-attention model
     # One box per layer's pool: a KV-sharing layer points at its target's pool (the same tensor).
     owners = {f"layer {i}" + (f" (shares layer {gemma4.kv_owner(i)})" if gemma4.kv_owner(i) != i else ""):
               [gemma4.kv_owner(i)] for i in range(gemma4.num_layers)}
@@ -207,9 +207,9 @@ def _viz_figures() -> dict[str, bytes]:
                                                    title="int8_per_token_head: codes, then an inline fp32 scale"),
         "sharing-layers": viz.block_table_diagram(owners, num_blocks=num_pools,
                                                   title="Layer → pool"),
-        "cross-fp8-block": viz.row_layout_diagram(layout("fp8", encdec.num_kv_heads, encdec.head_size),
+        "cross-fp8-block": viz.row_layout_diagram(layout("fp8", t5.num_kv_heads, t5.head_size),
                                                   title="The fp8 cross pool as allocated: 1 byte per element"),
-        "cross-16bit-block": viz.row_layout_diagram(layout("auto", encdec.num_kv_heads, encdec.head_size),
+        "cross-16bit-block": viz.row_layout_diagram(layout("auto", t5.num_kv_heads, t5.head_size),
                                                     title="The same pool as a 16-bit reader addresses it"),
     }
     return {name: _png(fig) for name, fig in figures.items()}

@@ -1,6 +1,6 @@
 """LLM: the public facade. Builds an engine (model, scheduler, block managers, model runner) and runs it.
 
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
     outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12))
 
 or one step at a time (requests added between steps join the running batch):
@@ -28,7 +28,7 @@ from collections.abc import Iterable
 import torch
 from tqdm import tqdm
 
-from minikv import bugs
+from minikv import bugs, tasks
 from minikv.attention.backend import BACKENDS
 from minikv.cache.arena import KVCacheOverrunError
 from minikv.cache.blocks import BlockManager, slot_of
@@ -76,13 +76,13 @@ def _check_reintroduce_possible(defects: frozenset[str], model_config, kv_cache_
     """A defect switched on where its mechanism cannot occur would silently do nothing: refuse it, saying why."""
     if "scale-wipe" in defects and not model_config.kv_sharing:
         raise ValueError(f"scale-wipe cannot happen in {model_config.name}: it has no KV-sharing layers (the wipe "
-                         f"is a sharing layer's late first touch of its target's cache); use tiny-kvshare")
+                         f"is a sharing layer's late first touch of its target's cache); use tiny-gemma4")
     for name in ("cross-stride", "cross-fp8-context-read"):
         if name not in defects:
             continue
         if not model_config.is_encoder_decoder:
             raise ValueError(f"{name} cannot happen in {model_config.name}: it is decoder-only, with no cross "
-                             f"attention; use tiny-encdec")
+                             f"attention; use tiny-t5")
         if kv_cache_dtype == "auto":
             raise ValueError(f"{name} cannot happen with kv_cache_dtype='auto': the cross pool then holds the "
                              f"model's own 16-bit (or wider) elements, so nothing is misread; use kv_cache_dtype='fp8'")
@@ -92,7 +92,8 @@ class LLM:
     """A minikv engine for one model.
 
     Arguments (all checked here, before any memory is allocated):
-      model                 a shipped model name (`minikv.models.registry.MODEL_NAMES`)
+      model                 a shipped model name (`minikv.models.registry.MODEL_NAMES`); its prompts must lie in
+                            its task's domain (`minikv.tasks`), else a ValueError says which bound they break
       kv_cache_dtype        "auto", "fp8", "int8_per_token_head" or "fp8_per_token_head"
       kv_scale_placement    per-token-head formats: "row" (vLLM's layout, each scale after its row) or "block"
                             (each block half's scales grouped after its codes: aligned rows, faster on a GPU)
@@ -111,7 +112,7 @@ class LLM:
       cross_context_path, paged_context, cross_construction  the cross-attention variants of notebook 04
     """
 
-    def __init__(self, model: str = "tiny-kvshare", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
+    def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
                  block_size: int = 16, enable_prefix_caching: bool = False, device: str = "cpu",
                  backend: str = "triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
                  check_layout: bool = True, seed: int = 0, cross_pool_blocks: int | None = None,
@@ -142,6 +143,9 @@ class LLM:
         torch.manual_seed(seed)
         self.model_name = model
         self.tokenizer = registry.get_tokenizer(model)
+        # A shipped model answers only inside its task's documented domain: prompts outside it are refused
+        # (ValueError naming the broken bound) instead of silently getting a wrong answer.
+        self.task = tasks.for_model(model) if registry.is_checkpoint_model(model) else None
         net = registry.load_model(model, device=device, dtype=dtype)
         _check_reintroduce_possible(defects, net.config, kv_cache_dtype)      # before any cache is allocated
         dtype = next(net.parameters()).dtype
@@ -205,6 +209,8 @@ class LLM:
         if prompt.isspace():
             raise ValueError(f"prompt {prompt!r} is only whitespace: give the model something to continue")
         ids = self.tokenizer.encode(prompt)
+        if self.task is not None:
+            self.task.validate(prompt)
         mc = self.config.model
         if self.is_encoder_decoder:
             if len(ids) > mc.max_encoder_len:

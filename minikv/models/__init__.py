@@ -1,1 +1,1 @@
-"""The tiny models minikv ships: tiny-kvshare (decoder-only, KV-sharing layers) and tiny-encdec (T5-like)."""
+"""The models minikv ships and runs: tiny-gemma4 (Gemma-4 text decoder, KV-sharing layers) and tiny-t5 (T5)."""

@@ -1,4 +1,4 @@
-"""Building blocks of the tiny models: RMSNorm, rotary embedding, gated MLP, and the attention op.
+"""The attention op shared by the Gemma-4 and T5 models, and the check of their token inputs.
 
 The attention op (`Attention`) is the seam between a model and the engine. With no forward context (training,
 and the dense golden reference) it computes plain attention on batched tensors [B, T, heads, D]. Under the
@@ -12,39 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from minikv.attention.context import get_forward_context
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
-
-
-def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
-    """Rotate pairs (x[..., :D/2], x[..., D/2:]) by position-dependent angles. x: [..., T, heads, D], positions: [..., T]."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    ang = positions.to(torch.float32)[..., None] * inv                      # [..., T, D/2]
-    cos, sin = ang.cos()[..., None, :], ang.sin()[..., None, :]             # broadcast over heads
-    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, inter: int):
-        super().__init__()
-        self.gate_up = nn.Linear(hidden, 2 * inter, bias=False)
-        self.down = nn.Linear(inter, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
 
 
 def check_token_inputs(input_ids: torch.Tensor, positions: torch.Tensor) -> bool:

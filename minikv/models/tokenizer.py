@@ -1,7 +1,8 @@
 """The character-level tokenizer of the tiny models: one token per character, plus PAD, BOS and EOS.
 
-Both tiny models share one vocabulary: the three specials, then space, the ten digits and the 26 lowercase
-letters. tiny-kvshare only ever sees digits and spaces; tiny-encdec also sees letters.
+Ids 0, 1, 2 are the specials, then one id per character of the model's alphabet: tiny-gemma4's is space and the
+ten digits, tiny-t5's the ten digits and the 26 lowercase letters (`minikv.models.registry`). The default
+alphabet (space, digits, lowercase letters) serves random test checkpoints that take both kinds of prompt.
 """
 from __future__ import annotations
 

@@ -7,12 +7,12 @@ straight-through gradient). The models therefore stay accurate when the engine s
 `evaluate_dense` is the golden reference: greedy decoding without any engine (no paging, no cache), on held-out
 prompts, optionally with K/V fake-quantized to one of the formats.
 
-tiny-gemma4 and tiny-t5 start from transformers' initialization (normal, std 0.02 for Gemma-4; T5's
-fan-in scaled one) and are written as checkpoint directories (config.json, model.safetensors in float16,
-minikv_tokenizer.json, and training.json: recipe, timing and the evaluation matrix).
+Both models start from transformers' initialization (normal, std 0.02 for Gemma-4; T5's fan-in scaled one) and
+are written as checkpoint directories (config.json, model.safetensors in float16, minikv_tokenizer.json, and
+training.json: recipe, timing and the evaluation matrix).
 
-    metrics = train("tiny-kvshare")                   # rewrites minikv/models/weights/tiny-kvshare.*
-    evaluate_dense("tiny-kvshare", n=200, kv_fake_quant="fp8")["exact_match"]
+    metrics = train("tiny-gemma4", out_dir="build/weights")   # writes build/weights/tiny-gemma4/
+    evaluate_dense("tiny-gemma4", n=200, kv_fake_quant="fp8")["exact_match"]
 """
 from __future__ import annotations
 
@@ -51,8 +51,6 @@ class Recipe:
 
 
 RECIPES = {
-    "tiny-kvshare": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100, seq_len=112),
-    "tiny-encdec": Recipe(steps=1000, batch_size=64, lr=2e-3, warmup=100),
     "tiny-gemma4": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100, seq_len=112),
     "tiny-t5": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100),
 }
@@ -90,21 +88,6 @@ def kv_transform_for(fmt: str | None):
 
 # ---- training batches -----------------------------------------------------------------------------------------
 
-def kvshare_batch(task: tasks.ArithmeticTask, tokenizer, rng: random.Random, batch_size: int, seq_len: int):
-    """Long arithmetic sequences from the training side of the split; no loss on the (unpredictable) first term."""
-    inputs, targets = [], []
-    for _ in range(batch_size):
-        start, step = rng.choice(task.training_pairs)
-        text = task.sequence_text(start, step, seq_len)[:seq_len]
-        ids = [tokenizer.bos_id] + tokenizer.encode(text)
-        target = ids[1:]
-        first_term = len(str(start))
-        target[: first_term + 1] = [IGNORE] * (first_term + 1)    # its digits and the space after it
-        inputs.append(ids[:-1])
-        targets.append(target)
-    return torch.tensor(inputs), torch.tensor(targets)
-
-
 def window_batch(task: tasks.WindowArithmeticTask, tokenizer, rng: random.Random, batch_size: int, seq_len: int):
     """Arithmetic sequences whose first term and step are uniform over the training side of the domain, so every
     window of the domain is a training prefix. No loss on the first two terms: before the second term ends, the
@@ -122,12 +105,11 @@ def window_batch(task: tasks.WindowArithmeticTask, tokenizer, rng: random.Random
     return torch.tensor(inputs), torch.tensor(targets)
 
 
-def encdec_batch(task: tasks.ReverseTask, tokenizer, rng: random.Random, batch_size: int):
-    """Random strings from the training side of the split. Decoder: [BOS] + answer -> answer + [EOS], the answer
-    being the task's (the reversed string for tiny-encdec, the sorted distinct characters for tiny-t5)."""
+def t5_batch(task: tasks.SortDistinctTask, tokenizer, rng: random.Random, batch_size: int):
+    """Random strings from the training side of the split. Decoder: [BOS] + answer -> answer + [EOS]."""
     strings = []
     while len(strings) < batch_size:
-        text = task.random_string(rng, rng.randint(tasks.REVERSE_MIN_LEN, tasks.REVERSE_MAX_LEN))
+        text = task.random_string(rng, rng.randint(tasks.SORT_MIN_LEN, tasks.SORT_MAX_LEN))
         if not task.is_held_out(text):
             strings.append(text)
     width = max(map(len, strings))          # answers are never longer than their prompts
@@ -146,18 +128,8 @@ def _positions(ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
 
 
-def _is_encdec(model: nn.Module) -> bool:
-    return isinstance(model, T5ForConditionalGeneration) or model.config.is_encoder_decoder
-
-
-def _decode(model: nn.Module, dec_ids: torch.Tensor, encoder_out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    if isinstance(model, T5ForConditionalGeneration):           # T5: relative positions only
-        return model.decode(dec_ids, encoder_out, mask)
-    return model.decode(dec_ids, _positions(dec_ids), encoder_out, mask)
-
-
 def init_weights(model: nn.Module) -> None:
-    """transformers' initialization for the Gemma-4 and T5 models (the old tiny models keep PyTorch's)."""
+    """transformers' initialization for the Gemma-4 and T5 models."""
     if isinstance(model, Gemma4ForCausalLM):
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -182,9 +154,6 @@ def _loss(model: nn.Module, batch, device) -> torch.Tensor:
     if isinstance(model, T5ForConditionalGeneration):
         enc, mask, dec_in, target = batch
         hidden = model.decode(dec_in, model.encode(enc, mask), mask)
-    elif model.config.is_encoder_decoder:
-        enc, mask, dec_in, target = batch
-        hidden = model.decode(dec_in, _positions(dec_in), model.encode(enc, mask), mask)
     else:
         inputs, target = batch
         hidden = model(inputs, _positions(inputs))
@@ -198,7 +167,7 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
 
     Returns the metrics, which are also written into the JSON file beside the weights.
     """
-    config = registry.model_config(name)
+    registry.model_config(name)                         # an unknown name: ModelLoadError listing the known ones
     recipe = RECIPES[name]
     steps = recipe.steps if steps is None else steps
     if steps < 1:
@@ -224,12 +193,10 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
     # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
     bar = tqdm(range(steps), desc=f"train {name}", **({} if progress else {"disable": True}))
     for _ in bar:
-        if _is_encdec(model):
-            batch = encdec_batch(task, tokenizer, rng, recipe.batch_size)
-        elif isinstance(task, tasks.WindowArithmeticTask):
-            batch = window_batch(task, tokenizer, rng, recipe.batch_size, recipe.seq_len)
+        if isinstance(model, T5ForConditionalGeneration):
+            batch = t5_batch(task, tokenizer, rng, recipe.batch_size)
         else:
-            batch = kvshare_batch(task, tokenizer, rng, recipe.batch_size, recipe.seq_len)
+            batch = window_batch(task, tokenizer, rng, recipe.batch_size, recipe.seq_len)
         fmt = rng.choice(FAKE_QUANT_FORMATS) if rng.random() < recipe.fake_quant_prob else None
         model.kv_transform = kv_transform_for(fmt)
         loss = _loss(model, batch, device)
@@ -256,10 +223,7 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
         stored.load_state_dict({k: v.to(registry.STORAGE_DTYPE).float() for k, v in model.state_dict().items()})
         metrics["exact_match"] = evaluation_matrix(name, stored, device=device)
     metrics["total_wall_s"] = round(time.perf_counter() - started, 1)
-    if registry.is_checkpoint_model(name):
-        save_checkpoint_dir(model, registry.checkpoint_dir(name, out_dir), metrics)
-    else:
-        registry.save_weights(model, out_dir, info={"training": metrics})
+    save_checkpoint_dir(model, registry.checkpoint_dir(name, out_dir), metrics)
     return metrics
 
 
@@ -279,11 +243,11 @@ def save_checkpoint_dir(model: nn.Module, path: Path, metrics: dict) -> Path:
 
 @torch.no_grad()
 def generate_dense(model: nn.Module, prompts: list[str], max_new_tokens: int, batch_size: int = 64) -> list[list[int]]:
-    """Greedy token ids after each prompt, without any engine. Encoder-decoder outputs stop after EOS."""
+    """Greedy token ids after each prompt, without any engine. T5 outputs stop after EOS."""
     tokenizer = registry.get_tokenizer(model.config.name)
     device = next(model.parameters()).device
-    if _is_encdec(model):
-        return _generate_encdec(model, tokenizer, prompts, max_new_tokens, batch_size, device)
+    if isinstance(model, T5ForConditionalGeneration):
+        return _generate_t5(model, tokenizer, prompts, max_new_tokens, batch_size, device)
     out: list[list[int] | None] = [None] * len(prompts)
     by_length: dict[int, list[int]] = {}
     for i, prompt in enumerate(prompts):
@@ -293,18 +257,13 @@ def generate_dense(model: nn.Module, prompts: list[str], max_new_tokens: int, ba
             chunk = indices[first: first + batch_size]
             ids = torch.tensor([[tokenizer.bos_id] + tokenizer.encode(prompts[i]) for i in chunk], device=device)
             prompt_len = ids.shape[1]
-            if isinstance(model, Gemma4ForCausalLM):       # incremental, through its DenseKVCache
-                ids = torch.cat([ids, model.greedy(ids, max_new_tokens)], dim=1)
-            for _ in range(max_new_tokens if not isinstance(model, Gemma4ForCausalLM) else 0):
-                hidden = model(ids, _positions(ids))
-                next_ids = model.compute_logits(hidden[:, -1]).argmax(-1)
-                ids = torch.cat([ids, next_ids[:, None]], dim=1)
+            ids = torch.cat([ids, model.greedy(ids, max_new_tokens)], dim=1)   # incremental, its DenseKVCache
             for row, i in enumerate(chunk):
                 out[i] = ids[row, prompt_len:].tolist()
     return out
 
 
-def _generate_encdec(model, tokenizer, prompts, max_new_tokens, batch_size, device):
+def _generate_t5(model, tokenizer, prompts, max_new_tokens, batch_size, device):
     out = []
     for first in range(0, len(prompts), batch_size):
         chunk = prompts[first: first + batch_size]
@@ -316,7 +275,7 @@ def _generate_encdec(model, tokenizer, prompts, max_new_tokens, batch_size, devi
         encoder_out = model.encode(enc, mask)
         ids = torch.full((len(chunk), 1), tokenizer.bos_id, device=device)
         for _ in range(max_new_tokens):
-            hidden = _decode(model, ids, encoder_out, mask)
+            hidden = model.decode(ids, encoder_out, mask)
             ids = torch.cat([ids, model.compute_logits(hidden[:, -1]).argmax(-1)[:, None]], dim=1)
             if bool((ids == tokenizer.eos_id).any(dim=1).all()):
                 break
@@ -328,7 +287,7 @@ def _generate_encdec(model, tokenizer, prompts, max_new_tokens, batch_size, devi
 def expected_ids(name: str, prompt: str) -> list[int]:
     """The token ids greedy decoding must produce for `prompt` with the task's default max_tokens."""
     task, tokenizer = tasks.for_model(name), registry.get_tokenizer(name)
-    if isinstance(task, tasks.ReverseTask):
+    if isinstance(task, tasks.SortDistinctTask):
         return tokenizer.encode(task.expected(prompt, len(prompt))) + [tokenizer.eos_id]
     return tokenizer.encode(task.expected(prompt, task.default_max_tokens))
 
