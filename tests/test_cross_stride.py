@@ -237,3 +237,17 @@ def test_results_file_has_the_schema_and_one_display_per_quantity(tmp_path):
     assert q["b2_context_error"]["value"] > 0.5 and q["b2_wrong_requests"]["value"] > 0
     assert q["b2_context_error_taught_fused"]["display"] == q["b2_context_error_fallback"]["display"] == "< 0.001"
     assert not cross_stride.check_signatures(m.pool_runs, m.bind_error, m.ctx_runs)
+
+
+def test_committed_results_displays_appear_in_notebook_04():
+    """One number per quantity: every display string of results/cross_stride.json is printed by notebook 04."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    results = json.loads((root / "results" / "cross_stride.json").read_text())
+    nb = json.loads((root / "notebooks" / "04_cross_attention_stride_doubling.ipynb").read_text())
+    printed = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                      for o in c.get("outputs", []))
+    missing = [k for k, q in results["quantities"].items() if str(q["display"]) not in printed]
+    assert not missing, f"displays not printed by notebook 04: {missing}"
+    assert "tiny-encdec" not in json.dumps(results) + json.dumps(nb)
