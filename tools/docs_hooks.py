@@ -154,8 +154,9 @@ NOTEBOOK_FIGURES = {
     "scale-wipe-k-magnitude": ("03_kv_sharing_scale_wipe", "viz.k_magnitude_plot("),
     "scale-wipe-requests": ("03_kv_sharing_scale_wipe", 'title="Buggy engine"'),
     "scale-wipe-prefix-caching": ("03_kv_sharing_scale_wipe", 'title="Buggy, prefix caching"'),
-    "cross-byte-map-2x": ("04_cross_attention_stride_doubling", "doubled_map(2.0)"),
-    "cross-byte-map-1.5x": ("04_cross_attention_stride_doubling", "doubled_map(1.5)"),
+    "cross-byte-map": ("04_cross_attention_stride_doubling", "vcs.stride_byte_map("),
+    "cross-fp8-row": ("04_cross_attention_stride_doubling", "vcs.fp8_row_as_16bit("),
+    "cross-output-scatter": ("04_cross_attention_stride_doubling", "vcs.output_scatter("),
 }
 
 
@@ -194,7 +195,7 @@ def _viz_figures() -> dict[str, bytes]:
         return KVLayout(fmt, torch.float16, heads, head_size, 16)
 
     kvshare = model_config("tiny-kvshare")
-    encdec = model_config("tiny-encdec")
+    t5 = model_config("tiny-t5")
     # One box per layer's pool: a KV-sharing layer points at its target's pool (the same tensor).
     owners = {f"layer {i}" + (f" (shares layer {kvshare.kv_owner(i)})" if kvshare.kv_owner(i) != i else ""):
               [kvshare.kv_owner(i)] for i in range(kvshare.num_layers)}
@@ -205,9 +206,9 @@ def _viz_figures() -> dict[str, bytes]:
                                                    title="int8_per_token_head: codes, then an inline fp32 scale"),
         "sharing-layers": viz.block_table_diagram(owners, num_blocks=num_pools,
                                                   title="Layer → pool"),
-        "cross-fp8-block": viz.row_layout_diagram(layout("fp8", encdec.num_kv_heads, encdec.head_size),
+        "cross-fp8-block": viz.row_layout_diagram(layout("fp8", t5.num_kv_heads, t5.head_size),
                                                   title="The fp8 cross pool as allocated: 1 byte per element"),
-        "cross-16bit-block": viz.row_layout_diagram(layout("auto", encdec.num_kv_heads, encdec.head_size),
+        "cross-16bit-block": viz.row_layout_diagram(layout("auto", t5.num_kv_heads, t5.head_size),
                                                     title="The same pool as a 16-bit reader addresses it"),
     }
     return {name: _png(fig) for name, fig in figures.items()}
