@@ -7,6 +7,7 @@
 #   make docs       the static site, built offline into site/
 #   make lab        JupyterLab on notebooks/
 #   make bench      kernel benchmarks
+#   make results    re-run both reproductions into results/*.json, then write their figures into README and docs
 #   make clean      remove built outputs (keeps .venv); `make distclean` removes .venv too
 
 PYTHON ?= python3
@@ -22,7 +23,7 @@ GPU_NOTEBOOKS := notebooks/05_gpu_performance.ipynb
 NBVAL_FLAGS   := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 KERNEL        := python3
 
-.PHONY: setup run test test-gpu notebooks docs lab bench clean distclean
+.PHONY: setup run test test-gpu notebooks docs lab bench results clean distclean
 
 setup: $(STAMP)
 
@@ -87,6 +88,13 @@ lab: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m minikv.bench kernels
+
+# One number per quantity: each reproduction writes its measured figures to results/NAME.json, and the renderer
+# writes them into the marked blocks of README.md and docs/**/*.md (tests/test_results.py checks they agree).
+results: $(STAMP)
+	TQDM_DISABLE=1 $(VENV)/bin/minikv repro scale-wipe --results results/scale_wipe.json
+	TQDM_DISABLE=1 $(VENV)/bin/minikv repro cross-stride --results results/cross_stride.json
+	$(PY) tools/render_results.py
 
 clean:
 	rm -rf site build .pytest_cache .hypothesis .cache .ruff_cache

@@ -15,10 +15,12 @@
 # # 03 · KV sharing and the scale wipe
 #
 # This notebook takes apart a defect that shipped in vLLM's Triton attention backend: with an int8 or fp8
-# *per-token-head* KV cache, a model whose last layers share an earlier layer's KV cache (the Gemma 4 family)
+# *per-token-head* KV cache, a model whose last layers share earlier layers' KV caches (the Gemma 4 family)
 # answered the first `max_num_seqs` requests an engine ever served wrongly, and every later request correctly.
-# A vLLM pull request fixed it and called it the likely root cause of issues #50702 and #50749 (the upstream
-# text minikv works from, `shared/upstream/vllm-scale-wipe.md`, does not give the pull request's number).
+# A vLLM pull request fixed it and called it the likely root cause of issues
+# [#50702](https://github.com/vllm-project/vllm/issues/50702) and
+# [#50749](https://github.com/vllm-project/vllm/issues/50749) (its number is not part of the description minikv
+# works from). The docs page [Defect A: the scale wipe](../docs/defects/scale-wipe.md) is the short version.
 #
 # No single line of the old code is wrong on its own. The defect is where three reasonable ideas meet:
 #
@@ -33,7 +35,7 @@
 #
 # Put together, a sharing layer's "one-time" fill lands on a storage its target layer has just filled with the
 # prompt's real scales, and resets them to 1.0. We go through each idea with minikv's code as evidence, reproduce
-# the damage, measure it, and then check the fix.
+# the damage, draw it step by step, and then check the fix. Section 9 has exercises.
 #
 # Everything runs on CPU. The defect lives in how the attention impl sets up its scale views, not in any kernel,
 # so the bulk of the runs use minikv's `torch` backend (the pure-PyTorch references of the Triton kernels, with
@@ -47,9 +49,9 @@ import inspect
 import torch
 
 import minikv
-from minikv import viz
+from minikv import viz, viz_scale_wipe
 from minikv.attention.impl import AttentionImpl, ScaleFillCensus
-from minikv.repro import scale_wipe
+from minikv.repro import scale_wipe, scale_wipe_trace
 from minikv.repro.common import dequantized_rows, ranges, stored_scales
 
 torch.manual_seed(0)
@@ -58,25 +60,29 @@ DEVICE = "cpu"
 BACKEND = "torch"          # the bulk runs; see the note above
 FORMAT = "int8_per_token_head"
 BLOCK_SIZE = 16            # the engines' default block size
-task = minikv.tasks.for_model("tiny-kvshare")
+MODEL = scale_wipe.MODEL   # "tiny-gemma4"
+task = minikv.tasks.for_model(MODEL)
 
 
 def engine(buggy=False, **kw):
-    """A tiny-kvshare engine on CPU; `buggy=True` reintroduces the historical scale-view setup."""
+    """A tiny-gemma4 engine on CPU; `buggy=True` reintroduces the historical scale-view setup."""
     kw = {"kv_cache_dtype": FORMAT, "max_num_seqs": 4, "device": DEVICE, "backend": BACKEND, **kw}
-    return minikv.LLM(model="tiny-kvshare", reintroduce=("scale-wipe",) if buggy else (), **kw)
+    return minikv.LLM(model=MODEL, reintroduce=("scale-wipe",) if buggy else (), **kw)
 
 
 print(minikv.bugs.DEFECTS["scale-wipe"].summary)
 print("code site:", minikv.bugs.DEFECTS["scale-wipe"].code_site)
 
 # %% [markdown]
-# ## 1. KV sharing: two layers, one tensor
+# ## 1. KV sharing: two sharers per storage, one tensor
 #
-# `tiny-kvshare` has six decoder layers. `config.kv_sharing = {4: 2, 5: 3}` says layer 4 attends over layer 2's
-# keys and values and layer 5 over layer 3's; layers 4 and 5 have query projections only. The model runner
-# allocates one pool per *owning* layer in the KV arena and then binds caches: an owning layer gets its pool, and a
-# sharing layer gets its target's cache, the very same Python object.
+# `tiny-gemma4` is a Gemma-4 text decoder (minikv's implementation, checked against transformers) with eight
+# layers that alternate sliding-window and full attention. Its config says `num_kv_shared_layers = 4`: the last
+# four layers compute no K/V of their own, and each reads the cache of the last earlier layer of its own type, as
+# transformers derives it. So layers 4 and 6 (sliding) read layer 2's cache, and layers 5 and 7 (full) read layer
+# 3's: **two sharers per storage**, as in gemma-4-E2B, where many layers share each of two storages. The model
+# runner allocates one pool per *owning* layer in the KV arena and then binds caches: an owning layer gets its
+# pool, a sharing layer gets its target's cache, the very same Python object.
 #
 # We build the fixed engine now (it also serves the reproduction in section 4).
 
@@ -84,37 +90,39 @@ print("code site:", minikv.bugs.DEFECTS["scale-wipe"].code_site)
 fixed = engine()
 layers = fixed.attention_layers                             # name -> the model's attention op, as the engine bound it
 self_layers = [a for a in layers.values() if a.kind == "self"]
+print("layer types:", [t.split("_")[0] for t in fixed.model_config.layer_types])
 print("kv_sharing:", fixed.model_config.kv_sharing)
 print("pools in the arena:", list(fixed.arena.specs))
 print()
-print(f"{'layer':20s} {'k/v projections':>15s}  {'reads the cache of':20s} {'kv_cache is the owner':>22s}")
-for block, a in zip(fixed.model.layers, self_layers):
+print(f"{'layer':26s} {'k/v projections':>15s}  {'reads the cache of':26s} {'kv_cache is the owner':>22s}")
+for block, a in zip(fixed.model.model.layers, self_layers):
     owner = layers[a.kv_sharing_target] if a.kv_sharing_target else a
-    print(f"{a.layer_name:20s} {hasattr(block, 'k_proj') and hasattr(block, 'v_proj')!s:>15s}  "
-          f"{owner.layer_name:20s} {a.kv_cache is owner.kv_cache!s:>22s}")
+    print(f"{a.layer_name:26s} {hasattr(block.self_attn, 'k_proj') and hasattr(block.self_attn, 'v_proj')!s:>15s}  "
+          f"{owner.layer_name:26s} {a.kv_cache is owner.kv_cache!s:>22s}")
 impls = {id(a.impl) for a in self_layers}
 print(f"\n{len(self_layers)} layers, {len(impls)} distinct attention impls, "
       f"{len({id(a.kv_cache) for a in self_layers})} distinct cache tensors")
 
-layer2, layer4 = layers["layers.2.self_attn"], layers["layers.4.self_attn"]
-assert layer4.kv_cache is layer2.kv_cache                  # not a copy, not a new view: the same object
-assert layer4.impl is not layer2.impl                      # ...reached through two different impls
-assert len(fixed.arena.specs) == 4                         # four pools for six layers
+layer2, layer4, layer6 = (layers[f"model.layers.{i}.self_attn"] for i in (2, 4, 6))
+assert layer4.kv_cache is layer2.kv_cache and layer6.kv_cache is layer2.kv_cache   # the same object, twice
+assert len({id(layer2.impl), id(layer4.impl), id(layer6.impl)}) == 3                # ...reached through three impls
+assert len(fixed.arena.specs) == 4                                                  # four pools for eight layers
 
 # %% [markdown]
 # Each layer still has its **own attention impl**, and the impl is where per-layer state lives. That is the
-# trap: anything an impl does "the first time it sees its cache" happens once per impl, so twice for a storage
-# that two layers share, and the second time at whatever moment the second layer first runs. A sharing layer
-# never writes K/V, so a per-impl action that changes the cache's bytes is suspect: it changes bytes that
-# belong to another layer.
+# trap: anything an impl does "the first time it sees its cache" happens once per impl, so three times for a
+# storage that an owner and two sharers use, each time at whatever moment that layer first runs. A sharing layer
+# never writes K/V, so a per-impl action that changes the cache's bytes is suspect: it changes bytes that belong
+# to another layer.
 
 # %% [markdown]
 # ## 2. Per-token-head quantization and inline scales
 #
 # In the per-token-head formats, each head vector `x` of each token is stored as `head_size` one-byte codes
 # plus its own fp32 scale, `scale = max(amax(|x|) / QMAX, eps)` and `code = round(x / scale)` (QMAX 127 for
-# int8, 448 for fp8 e4m3). The scale sits right after the codes in the same row, so a row of `tiny-kvshare`
-# (head size 32) is 36 bytes. The previous notebook covers the formats in detail; here we only need the row.
+# int8, 448 for fp8 e4m3). The scale sits right after the codes in the same row, so a row of `tiny-gemma4`
+# (head size 32) is 36 bytes. [Notebook 02](02_quantized_kv_cache.ipynb) draws the row, slot and block layout;
+# here we only need the numbers.
 
 # %%
 layout = fixed.kv_layout
@@ -122,7 +130,6 @@ print(layout.describe())
 print(f"row: {layout.head_size} codes x {layout.elem_bytes} byte + 4-byte scale at byte {layout.scale_offset} "
       f"= {layout.row_bytes} bytes; slot: {layout.num_kv_heads} rows = {layout.slot_bytes} bytes; "
       f"block: K then V, {layout.block_bytes} bytes")
-viz.row_layout_diagram(layout)
 
 # %% [markdown]
 # A pool is allocated zero-filled, which makes every scale 0.0. The engine's rule is that a scale reads 1.0
@@ -163,21 +170,19 @@ assert torch.allclose(codes.float() * scale, key[0, 0], atol=scale.item() / 2 + 
 #
 # The question is *when* the one-time fill happens. The attention impl reaches the scales through
 # `scale_views(kv_cache)`, which dispatches to one of two versions that sit side by side in
-# `minikv/attention/impl.py`. The historical version fills on the first touch **by this impl**, and from then on
-# returns early for good, as upstream's `_ensure_scale_caches` does:
+# `minikv/attention/impl.py`. Here they are as a unified diff, made from the code itself
+# (`difflib` over `inspect.getsource`): `-` lines are the historical version, `+` lines the fix.
+#
+# * **HISTORICAL.** The fill happens on the first touch **by this impl**; from then on the impl returns early for
+#   good, as upstream's `_ensure_scale_caches` does. Nothing asks whether another impl already wrote there.
+# * **FIX.** The fill happens once **per storage**, whichever impl touches it first. A class-level registry is
+#   keyed by (first byte's address, size in bytes), and each entry holds a weak reference to the storage itself
+#   (`tensor.untyped_storage()`, not one tensor viewing it): two views of one storage count once, two pools
+#   packed in one allocation are two entries, and a new allocation that lands at a freed storage's address no
+#   longer matches the dead reference and is filled again.
 
 # %%
-print(inspect.getsource(AttentionImpl._scale_views_historical))
-
-# %% [markdown]
-# The fixed version also builds its views per impl, but fills once **per storage**, whichever impl touches it
-# first. A class-level registry is keyed by (first byte's address, size in bytes), and each entry holds a weak
-# reference to the storage itself (`tensor.untyped_storage()`, not one tensor viewing it): two views of one
-# storage count once, two pools packed in one allocation are two entries, and a new allocation that lands at a
-# freed storage's address no longer matches the dead reference and is filled again.
-
-# %%
-print(inspect.getsource(AttentionImpl._scale_views_once_per_storage))
+print(scale_wipe.code_site_diff())
 
 # %% [markdown]
 # ## 3. Warmup: who touches the cache first
@@ -196,7 +201,7 @@ print("\n".join(source[first:first + 8]))
 # Every fill is logged in the engine's `ScaleFillCensus`: which layer filled, at which engine step (-1 is the
 # warmup), and how many *written* scales (neither 0.0 nor 1.0) it overwrote. Right after construction, the fixed
 # engine and a buggy one look the same: the four owning layers filled their own fresh storage during warmup,
-# wiping nothing, and the sharing layers' impls have not touched anything yet.
+# wiping nothing, and the four sharing layers' impls have not touched anything yet.
 
 # %%
 buggy = engine(buggy=True)
@@ -207,7 +212,7 @@ def show_census(llm, label, since=0):
     fills = llm.census.fills[since:]
     print(f"{label}: {ScaleFillCensus(fills).summary()}")
     for f in fills:
-        print(f"  {f.layer:20s} step {f.step:2d}  overwrote {f.overwritten:6,} written scales")
+        print(f"  {f.layer:26s} step {f.step:2d}  overwrote {f.overwritten:6,} written scales")
 
 
 def impls_with_views(llm):
@@ -226,26 +231,27 @@ for llm in (fixed, buggy):
 
 # %% [markdown]
 # In the fixed engine, the sharing layers' first touch will find their storage in the registry and fill
-# nothing. In the buggy engine, it will fill, during step 0, right after layers 2 and 3 have quantized the
-# prompt into those very storages.
+# nothing. In the buggy engine, each of them will fill during step 0: layer 4 right after layer 2 has quantized
+# the prompt into their shared storage, layer 6 after layer 4 has already reset it.
 #
 # ## 4. The reproduction
 #
 # Upstream reproduced it on gemma-4-E2B-it with 48 arithmetic-continuation prompts, each submitted 4 times,
-# greedy: the first `max_num_seqs` requests came out wrong in every run. `tiny-kvshare` was trained on the same
-# kind of task (continue `"3 7 11 15"` with `" 19 23 27 ..."`), so every answer is objectively right or wrong.
-# We use the same structure at CPU size: 12 prompts x 2 copies = 24 requests, greedy, 12 new tokens,
-# `max_num_seqs=4`. Requests 0-11 are the distinct prompts and requests 12-23 their copies, in the same order.
+# greedy: the first `max_num_seqs` requests came out wrong in every run. `tiny-gemma4` was trained on the same
+# kind of task, for any window of a sequence (continue `"250 263 276"` with `" 289 302 315 ..."`), so every
+# answer is objectively right or wrong. We use the same structure at CPU size: 12 prompts x 2 copies = 24
+# requests, greedy, 12 new tokens, `max_num_seqs=4`. Requests 0-11 are the distinct prompts and requests 12-23
+# their copies, in the same order.
 #
 # A request counts as **damaged** when the buggy engine's answer is wrong by the task's check *and* differs from
 # the fixed engine's answer. We drive each engine one `step()` at a time (`serve` below), and right after step 0
-# read the K/V of the first batch back from the pools of layers 2 and 3 (the sharing targets): codes, scales, and
+# read the K/V of the first batch back from the pools of layers 2 and 3 (the shared storages): codes, scales, and
 # the dequantized values the kernels will read.
 
 # %%
 prompts = scale_wipe.make_prompts(24, copies=2)
 params = minikv.SamplingParams(max_tokens=12)
-TARGETS = ("layers.2.self_attn", "layers.3.self_attn")
+TARGETS = ("model.layers.2.self_attn", "model.layers.3.self_attn")
 
 
 def code_rows(layout, pool, slots):
@@ -267,7 +273,7 @@ def serve(llm, prompt_list, params, after_step=lambda out: None):
 
 
 def first_step_probe(llm, store):
-    """After the engine's first step, read the first batch's rows back from the target pools."""
+    """After the engine's first step, read the first batch's rows back from the shared storages."""
     def probe(out):
         if out.step != 0:
             return
@@ -292,10 +298,10 @@ right_fixed = [task.check(p, t) for p, t in zip(prompts, texts_fixed)]
 right_buggy = [task.check(p, t) for p, t in zip(prompts, texts_buggy)]
 damaged = [i for i in range(len(prompts)) if texts_buggy[i] != texts_fixed[i] and not right_buggy[i]]
 
-print(f"{'req':>3s} {'batch':>5s}  {'prompt (last 22 chars)':24s} {'fixed engine':14s} {'buggy engine':14s}")
+print(f"{'req':>3s} {'batch':>5s}  {'prompt (last 22 chars)':24s} {'fixed engine':18s} {'buggy engine':18s}")
 for i, p in enumerate(prompts):
     mark = "DAMAGED" if i in damaged else ""
-    print(f"{i:3d} {i // 4:5d}  {p[-22:]:>24s} {texts_fixed[i]!r:14s} {texts_buggy[i]!r:14s} {mark}")
+    print(f"{i:3d} {i // 4:5d}  {p[-22:]:>24s} {texts_fixed[i]!r:18s} {texts_buggy[i]!r:18s} {mark}")
 print(f"\nfirst batch: requests {probe_buggy['requests']}; damaged: {ranges(damaged)}; "
       f"fixed engine wrong: {ranges([i for i, ok in enumerate(right_fixed) if not ok])}")
 
@@ -307,29 +313,44 @@ assert prompts[0] == prompts[12] and not right_buggy[0] and right_buggy[12]
 
 # %% [markdown]
 # Request 0 and request 12 carry the same prompt; only the one that happened to be scheduled first is wrong.
-# The census says why: besides the four harmless warmup fills, the buggy engine logged two **late fills** at step
-# 0, one by each sharing layer, each overwriting the scales its target had just written. Every K and V scale of
-# the first batch's prompt tokens was overwritten: 2 (K and V) x 2 kv heads x the batch's token count.
+#
+# **The census.** The buggy engine's census, fill by fill: the four warmup fills of the owners, then, at step 0,
+# one fill by each of the four sharing layers. Every K and V scale of the first batch's prompt tokens in a shared
+# storage was overwritten by the first sharer that touched it: 2 (K and V) x 2 kv heads x the batch's token count.
 
 # %%
 show_census(buggy, "buggy")
 show_census(fixed, "fixed")
 batch_tokens = sum(probe_buggy["lengths"])
 print(f"first batch: {batch_tokens} prompt tokens -> 2 x {layout.num_kv_heads} x {batch_tokens} = "
-      f"{2 * layout.num_kv_heads * batch_tokens:,} scales per target layer")
+      f"{2 * layout.num_kv_heads * batch_tokens:,} scales per shared storage")
 
-late = buggy.census.wiping
+late = [f for f in buggy.census.fills if f.step >= 0]
 sharing = {n: a.kv_sharing_target for n, a in buggy.attention_layers.items() if a.kv_sharing_target}
 assert [f.layer for f in late] == list(sharing) and all(f.step == 0 for f in late)
-assert all(f.overwritten == 2 * layout.num_kv_heads * batch_tokens for f in late)
-assert all(f.step == -1 for f in buggy.census.harmless) and len(buggy.census.harmless) == 4
+assert [f.overwritten for f in late] == [2 * layout.num_kv_heads * batch_tokens] * 2 + [0, 0]
 assert not fixed.census.wiping and len(fixed.census.fills) == 4
 
 # %% [markdown]
-# Upstream, the same census on Gemma 4 counted 33 fills that wiped nothing and 2 late fills that wiped 22,384 and
-# 13,394 written scales: the same shape at a larger scale.
-#
-# The codes themselves survive the wipe. After step 0, the first batch's int8 codes in the target pools are
+# Grouped by storage, this is the shape of upstream's census: per shared storage, **one late fill that wipes**
+# the written scales (the first sharing layer to touch it: layer 4 for layer 2's storage, layer 5 for layer 3's)
+# and **harmless late fills** from the other sharers (layers 6 and 7 fill the same regions again, but find only
+# the 1.0s the first fill left). The six fills that wiped nothing are exactly: the four owners' warmup fills,
+# which run before anything is written, and those two late fills of the second sharers. The table below comes
+# from the reproduction's own `run_engine` and `format_census` (the ones `minikv repro scale-wipe` prints and
+# checks), with upstream's census on gemma-4-E2B-it underneath, as the vLLM fix's description reports it.
+# Upstream does not break its 33 harmless fills down; with more layers per storage than here, more of them are
+# second, third, ... sharers' late fills.
+
+# %%
+census_run = scale_wipe.run_engine(FORMAT, 4, False, True, prompts, backend=BACKEND)
+print(scale_wipe.format_census(census_run))
+assert scale_wipe.check_census(census_run) == []
+assert scale_wipe.census_counts(census_run) == {"harmless": 6, "warmup": 4, "late_harmless": 2, "wiping": 2}
+assert census_run.texts == texts_buggy
+
+# %% [markdown]
+# The codes themselves survive the wipe. After step 0, the first batch's int8 codes in the shared storages are
 # byte-identical in the two engines; only the scales differ, and in the buggy engine every one of them is 1.0.
 
 # %%
@@ -343,134 +364,77 @@ for name in TARGETS:
 # %% [markdown]
 # The same first batch on the `triton` backend (the Triton kernels, run by the interpreter): the buggy engine
 # produces the same wrong tokens and the fixed engine the same right ones, and the census logs the same late fills.
-# To keep the interpreter's time down, only the first batch runs, for 6 new tokens, compared with the first 6
+# To keep the interpreter's time down, only the first batch runs, for 3 new tokens, compared with the first 3
 # tokens of the runs above.
 
 # %%
 for buggy_run, reference_outs in ((False, outs_fixed), (True, outs_buggy)):
     llm = engine(buggy=buggy_run, backend="triton")
-    got = llm.generate(prompts[:4], minikv.SamplingParams(max_tokens=6), use_tqdm=False)
+    got = llm.generate(prompts[:4], minikv.SamplingParams(max_tokens=3), use_tqdm=False)
     print(f"triton backend, {'buggy' if buggy_run else 'fixed'}: {[o.text for o in got]}; late fills: "
-          f"{[(f.layer, f.overwritten) for f in llm.census.wiping]}")
-    assert [o.token_ids for o in got] == [o.token_ids[:6] for o in reference_outs[:4]]
-    assert [(f.layer, f.overwritten) for f in llm.census.wiping] == (
-        [(f.layer, f.overwritten) for f in buggy.census.wiping] if buggy_run else [])
+          f"{[(f.layer, f.overwritten) for f in llm.census.fills if f.step >= 0]}")
+    assert [o.token_ids for o in got] == [o.token_ids[:3] for o in reference_outs[:4]]
+    assert [(f.layer, f.overwritten) for f in llm.census.fills] == (
+        [(f.layer, f.overwritten) for f in buggy.census.fills] if buggy_run else
+        [(f.layer, f.overwritten) for f in fixed.census.fills[:4]])
 del llm
 
 # %% [markdown]
-# ## 5. Looking at the damage
+# ## 5. The timeline: who touches the shared storages, and when
 #
-# **The scales, before and after.** The census keeps a snapshot of what each late fill overwrote. For layer 2,
-# the left panel is that snapshot (the scales layer 2 wrote for the first batch, captured inside layer 4's fill)
-# and the right panel is what the pool holds after step 0. The snapshot equals, bit for bit, what the fixed
-# engine stores in the same slots.
-
-# %%
-wipe_of_layer2 = next(f for f in late if sharing[f.layer] == "layers.2.self_attn")
-idx = torch.tensor(probe_buggy["slots"])
-blocks, offsets = idx // layout.block_size, idx % layout.block_size
-before = wipe_of_layer2.wiped_k_scales[blocks, offsets]
-after = probe_buggy["layers.2.self_attn"]["k_scale"]
-assert torch.equal(before, probe_fixed["layers.2.self_attn"]["k_scale"])
-assert bool((after == 1).all())
-viz.scale_heatmap(before, after, title="Layer 2 K scales of the first batch's prompt tokens",
-                  labels=("written by layer 2 (census snapshot)", "after layer 4's late fill"))
-
-# %% [markdown]
-# **The inflation.** A wiped row dequantizes as `code x 1.0` instead of `code x scale`, so every K and V vector of
-# the first batch's prompt is blown up by exactly `1 / scale` of its own row. We measure it: the norm of each
-# (token, head) K or V vector in the buggy engine's pool over the same vector in the fixed engine's pool, against
-# `1 / true scale`.
-
-# %%
-for name in TARGETS:
-    f, b = probe_fixed[name], probe_buggy[name]
-    for part in ("k", "v"):
-        norm_f, norm_b = f[part].norm(dim=-1), b[part].norm(dim=-1)
-        live = norm_f > 0
-        measured = norm_b[live] / norm_f[live]
-        predicted = 1 / f[f"{part}_scale"][live]
-        residual = (measured / predicted - 1).abs().max().item()
-        assert residual < 1e-5, (name, part, residual)
-        # Whole factors: the residual and the factors' last digits depend on the CPU's float arithmetic.
-        print(f"{name} {part.upper()}: median inflation x{measured.median():.0f}, "
-              f"range x{measured.min():.0f}..x{measured.max():.0f}; "
-              f"equal to 1 / true scale within a relative {1e-5:.0e}")
-
-k_clean = probe_fixed["layers.2.self_attn"]["k"]
-k_wiped = probe_buggy["layers.2.self_attn"]["k"]
-assert bool((k_wiped.abs().amax(dim=-1) == 127).all())    # what is left is the codes themselves
-viz.k_magnitude_plot(k_clean, k_wiped, title="Layer 2 K, first batch",
-                     labels=("fixed engine", "buggy engine (scales wiped)"))
-
-# %% [markdown]
-# The plot shows the largest |K| of each prompt token, over its heads (so the median in its title is a per-token
-# statistic, a little different from the per-row medians printed above). In the buggy engine it is exactly 127 for
-# every token, the int8 code limit (the assert above checks it): with the scales gone, what is left is the codes.
-# Upstream measured K inflated x221 and V x24 on Gemma 4, each exactly 1 / true scale. `tiny-kvshare`'s factors
-# are smaller (a few tens, printed above), because its true scales are larger, but the same law holds for every
-# (token, head) row. Layers 4 and 5 then attend over these keys and values: every attention logit against a
-# prompt key is multiplied by that key's inflation factor.
+# The census says *that* the sharers' fills came late; the engine's step trace says exactly *when*, layer by
+# layer. `scale_wipe_trace.trace_run` drives an engine with `step()` and reads each step's `StepTrace`: one event
+# per layer (which pool it wrote, which it read) and the scale fills of that step. Wiped rows are followed from the
+# census itself: a wiping fill keeps the scales it overwrote, so we know which slots it wiped, and a slot stays
+# wiped until its owner writes a new token there. Eight requests, 4 new tokens each: steps 0-3 are the first batch
+# (a prefill, then decode steps), steps 4-7 the second. Within a step, a layer runs after the ones above it.
 #
-# **Which requests.** The buggy engine's requests as the scheduler batched them (rows are batches of
-# `max_num_seqs`), green when the answer is right: only the first row is red.
+# How to read it: **W** the layer wrote its own pool, **F** it filled the storage's scales with 1.0 (wiping
+# nothing), **F!** it filled them after real scales were written (the wipe), **R** its attention read K/V with
+# their own scales, **R!** it read rows whose scales were wiped. Red is wrong.
 
 # %%
-assert [not ok for ok in right_buggy] == [i in damaged for i in range(len(prompts))]
-viz.request_grid([not ok for ok in right_buggy], max_num_seqs=4, title="Buggy engine")
+timeline_buggy, _ = scale_wipe_trace.trace_run(engine(buggy=True), prompts[:8], max_tokens=4)
+timeline_fixed, _ = scale_wipe_trace.trace_run(engine(), prompts[:8], max_tokens=4)
+for t in (timeline_buggy, timeline_fixed):
+    print(f"{'buggy' if t.buggy else 'fixed'} engine, step 0:",
+          {layer: "+".join(t.events(layer, "step 0")) for layer in range(t.num_layers)})
+assert timeline_buggy.events(4, "step 0") == ["wipe", "read wiped"]
+assert timeline_buggy.events(6, "step 0") == ["fill", "read wiped"]
+assert timeline_buggy.events(2, "step 0") == ["write", "read"]
+assert timeline_fixed.reads_wiped() == {}
+viz_scale_wipe.timeline_figure(timeline_buggy, timeline_fixed)
 
 # %% [markdown]
-# **minikv's own observation: prefix caching carries the damage further.** (Upstream called the apparent
-# dependence on prefix caching spurious; this is not one of its symptoms.) With prefix caching on, a finished request's full blocks stay in
-# the cache for later requests with the same prefix. If those blocks were written in the first batch, their
-# target-layer scales are the wiped 1.0s, and a later request that reuses them reads the inflated K/V even
-# though it was never in the first batch. To see it we need prompts longer than one block (16 tokens): 8 distinct
-# 40-token prompts (two full blocks each), then the first four again.
-
-# %%
-distinct = list(dict.fromkeys(task.prompts(16, seed=1, num_tokens=40)))[:8]   # 8 different prompts
-assert len(distinct) == 8
-long_prompts = distinct + distinct[:4]
-cached = {}
-
-
-def record_prefix_hits(out):
-    for r, n in out.num_cached_tokens.items():       # filled at prefill steps only
-        cached.setdefault(r, n)
-
-
-runs = {}
-for buggy_run in (False, True):
-    llm = engine(buggy=buggy_run, enable_prefix_caching=True)
-    outs = serve(llm, long_prompts, params, record_prefix_hits)
-    runs[buggy_run] = [o.text for o in outs]
-    hits = [cached[o.request_id] for o in outs]
-    print(f"{'buggy' if buggy_run else 'fixed'}: prefix-cache hits (tokens) per request {hits}; late fills: "
-          f"{[(f.layer, f.step, f.overwritten) for f in llm.census.wiping]}")
-    assert hits == [0] * 8 + [32] * 4
-    assert [f.step for f in llm.census.wiping] == ([0, 0] if buggy_run else [])
-    cached.clear()
-prefix_damaged = [i for i, p in enumerate(long_prompts)
-                  if runs[True][i] != runs[False][i] and not task.check(p, runs[True][i])]
-print("fixed engine wrong:", ranges([i for i, p in enumerate(long_prompts) if not task.check(p, runs[False][i])]))
-print("buggy engine damaged:", ranges(prefix_damaged))
-assert all(task.check(p, t) for p, t in zip(long_prompts, runs[False]))
-assert prefix_damaged == [0, 1, 2, 3, 8, 9, 10, 11]
-viz.request_grid([not task.check(p, t) for p, t in zip(long_prompts, runs[True])], max_num_seqs=4,
-                 title="Buggy, prefix caching")
-
-# %% [markdown]
-# Requests 8-11 ran in the third batch, long after the wipe, and are damaged anyway: each reused the two wiped
-# blocks its twin wrote in the first batch. Requests 4-7 (the second batch, no shared prefix with the first)
-# are fine.
+# Step 0 in the buggy engine, top to bottom: layers 0-3 write the prompt's K/V with real scales and attend over
+# them correctly (green). Then layer 4 touches layer 2's storage for the first time and wipes it (**F!**), and
+# reads the wiped rows; layer 5 does the same to layer 3's; layers 6 and 7 fill again, harmlessly, and read wiped
+# rows too. From step 1 on it is not only the sharers: **layers 2 and 3 read their own storage at every decode
+# step, and it now holds the wiped prompt rows**, so they are wrong as well. Layers 0 and 1 own unshared pools and
+# stay right. The second batch (steps 4-7) writes fresh rows with real scales: no fill happens again, and
+# everything is green. In the fixed engine no sharer ever fills.
 #
-# ## 6. The repro table
+# Over a whole run of the 24 requests, the same trace shows which layers read wiped rows at which steps: only
+# during the first batch's 12 steps.
+
+# %%
+timeline_full, outs_full = scale_wipe_trace.trace_run(engine(buggy=True), prompts, max_tokens=12)
+reads_wiped = timeline_full.reads_wiped()
+for layer, columns in reads_wiped.items():
+    print(f"layer {layer} read wiped rows at steps {ranges(int(c.split()[1]) for c in columns)}")
+assert [o.text for o in outs_full] == texts_buggy
+assert sorted(reads_wiped) == [2, 3, 4, 5, 6, 7]
+assert all(c in {f"step {s}" for s in range(12)} for cs in reads_wiped.values() for c in cs)
+viz_scale_wipe.wiped_reads_figure(timeline_full)
+
+# %% [markdown]
+# ## 6. Measuring the damage
 #
 # `minikv repro scale-wipe` runs a buggy and a fixed engine per configuration and checks upstream's signatures.
 # Here are its functions on a small set: both per-token-head formats, `max_num_seqs` 4 and 8, prefix caching off,
-# 24 requests each, plus a float32 (`auto`) cache with and without the switch. "K infl" and "V infl" are the
-# median measured inflations; the last column is the census (fills that wiped nothing | late fills and how many
-# written scales each overwrote).
+# the same 24 requests, plus a float32 (`auto`) cache with and without the switch. "K infl" and "V infl" are the
+# median inflation per (token, kv head) row; the last column is the census (fills that wiped nothing | late fills
+# and how many written scales each overwrote).
 
 # %%
 pairs = []
@@ -490,10 +454,132 @@ assert problems == []
 # %% [markdown]
 # Every signature upstream reported holds: the damaged requests are exactly the first batch (0-3 with
 # `max_num_seqs=4`, 0-7 with 8); both int8 and fp8 per-token-head caches are hit; a cache without inline scales
-# is untouched by the switch; the inflation equals 1 / true scale; and the census splits into harmless warmup
-# fills and two late fills.
+# is untouched by the switch; the inflation equals 1 / true scale; and the census has upstream's shape.
 #
-# ## 7. The fix, checked
+# **One number per quantity.** The figures the README and the docs quote come from one computation,
+# `scale_wipe.quantities`, on the `int8_per_token_head`, `max_num_seqs=4` pair; `minikv repro scale-wipe
+# --results results/scale_wipe.json` writes the same ones to the results file. Each names its statistic:
+
+# %%
+quantities = scale_wipe.quantities(pairs)
+print(scale_wipe.format_quantities(pairs))
+_, headline = scale_wipe.headline_pair(pairs)
+assert quantities["inflation_vs_true_scale"]["display"] == "< 1e-4"
+assert quantities["damaged_requests"]["display"] == "0-3" and quantities["wiping_fills"]["display"] == "2"
+print("\nnext to upstream (gemma-4-E2B-it):")
+for name, ours, theirs in scale_wipe.upstream_rows(pairs):
+    print(f"  {name:42s} minikv {ours:16s} upstream {theirs}")
+
+# %% [markdown]
+# **Why exactly 1 / true scale.** A wiped row dequantizes as `code x 1.0` instead of `code x scale`, so every K and
+# V vector of the first batch's prompt is blown up by exactly `1 / scale` of its own row. The check below compares,
+# for every (token, kv head) row of both shared storages, the measured ratio of norms with `1 / true scale`.
+# Upstream measured K inflated x221 and V x24 on Gemma 4; `tiny-gemma4`'s factors differ because its true scales
+# do, but the same law holds for every row.
+
+# %%
+for name in TARGETS:
+    f, b = probe_fixed[name], probe_buggy[name]
+    for part in ("k", "v"):
+        norm_f, norm_b = f[part].norm(dim=-1), b[part].norm(dim=-1)
+        live = norm_f > 0
+        residual = ((norm_b[live] / norm_f[live]) * f[f"{part}_scale"][live] - 1).abs().max().item()
+        assert residual < 1e-4, (name, part, residual)
+print("every row: |K_buggy| / |K_fixed| and |V_buggy| / |V_fixed| equal 1 / true scale within a relative 1e-4")
+assert all(bool((probe_buggy[n]["k"].abs().amax(dim=-1) == 127).all()) for n in TARGETS)
+print("what is left in the buggy engine is the codes themselves: max |K| of every row is 127, the int8 limit")
+
+# %% [markdown]
+# **The scales, before and after.** The census keeps a snapshot of what each late fill overwrote. For layer 2's
+# storage, the left panel is that snapshot (the scales layer 2 wrote for the first batch, captured inside layer
+# 4's fill) and the right panel is what the pool holds after step 0. The snapshot equals, bit for bit, what the
+# fixed engine stores in the same slots.
+
+# %%
+wipe_of_layer2 = next(f for f in buggy.census.wiping if sharing[f.layer] == "model.layers.2.self_attn")
+idx = torch.tensor(probe_buggy["slots"])
+blocks, offsets = idx // layout.block_size, idx % layout.block_size
+before = wipe_of_layer2.wiped_k_scales[blocks, offsets]
+after = probe_buggy["model.layers.2.self_attn"]["k_scale"]
+assert torch.equal(before, probe_fixed["model.layers.2.self_attn"]["k_scale"])
+assert bool((after == 1).all())
+viz.scale_heatmap(before, after, title="Layer 2's storage: K scales of the first batch's prompt tokens",
+                  labels=("written by layer 2 (census snapshot)", "after layer 4's late fill"))
+
+# %% [markdown]
+# **From a wiped scale to a wrong token.** One request, three panels (`scale_wipe_trace.causal_chain`):
+#
+# 1. the largest |K| of each of request 0's prompt tokens in layer 2's storage, fixed engine vs buggy;
+# 2. the attention weights of one query head of layer 4 at the first decode step, over those keys. The query is
+#    the fixed engine's in both cases, so only the keys differ. Over the right keys the weight spreads over many
+#    tokens; over the inflated keys every score is multiplied by its key's inflation, and the softmax collapses
+#    onto a few keys;
+# 3. the first generated token where the two engines part, with the top logits of each.
+
+# %%
+chain = scale_wipe_trace.causal_chain(prompts, request=0, layer=4, head=0)
+print(f"request 0 {prompts[0]!r}")
+print(f"  fixed engine: {chain.text_fixed!r}\n  buggy engine: {chain.text_buggy!r}")
+print(f"  they part at generated token {chain.diverging_step}: fixed {chain.chosen_fixed!r}, "
+      f"buggy {chain.chosen_buggy!r}")
+assert chain.text_fixed == texts_fixed[0] and chain.text_buggy == texts_buggy[0]
+assert chain.chosen_fixed != chain.chosen_buggy
+assert float(chain.attn_buggy.max()) > 0.9 > float(chain.attn_fixed.max())   # collapsed onto one key
+viz_scale_wipe.causal_chain_figure(chain, quantities["k_inflation"]["display"])
+
+# %% [markdown]
+# ## 7. Which requests
+#
+# The buggy engine's requests as the scheduler batched them (rows are batches of `max_num_seqs`), green when the
+# answer is right: only the first row is red.
+
+# %%
+assert [not ok for ok in right_buggy] == [i in damaged for i in range(len(prompts))]
+viz.request_grid([not ok for ok in right_buggy], max_num_seqs=4, title="Buggy engine")
+
+# %% [markdown]
+# **minikv's own observation: prefix caching carries the damage further.** (Upstream called the apparent
+# dependence on prefix caching spurious; this is not one of its symptoms.) With prefix caching on, a finished
+# request's full blocks stay in the cache for later requests with the same prefix. If those blocks were written in
+# the first batch, their scales in the shared storages are the wiped 1.0s, and a later request that reuses them
+# reads the inflated K/V even though it was never in the first batch. To see it we need prompts longer than one
+# block (16 tokens): 8 distinct 40-token prompts (two full blocks each), then the first four again. The grid says,
+# for every request that reused cached blocks, whose blocks they were (from the block tables of the step trace).
+
+# %%
+distinct = list(dict.fromkeys(task.prompts(16, seed=1, num_tokens=40)))[:8]   # 8 different prompts
+assert len(distinct) == 8
+long_prompts = distinct + distinct[:4]
+steps_seen = []
+
+runs = {}
+for buggy_run in (False, True):
+    llm = engine(buggy=buggy_run, enable_prefix_caching=True)
+    steps_seen.clear()
+    outs = serve(llm, long_prompts, params, steps_seen.append)
+    runs[buggy_run] = [o.text for o in outs]
+    hits = [next(s.num_cached_tokens[o.request_id] for s in steps_seen
+                 if s.is_prefill and o.request_id in s.request_ids) for o in outs]
+    print(f"{'buggy' if buggy_run else 'fixed'}: prefix-cache hits (tokens) per request {hits}; late fills: "
+          f"{[(f.layer, f.step, f.overwritten) for f in llm.census.fills if f.step >= 0]}")
+    assert hits == [0] * 8 + [32] * 4
+sources = scale_wipe_trace.prefix_sources(steps_seen, BLOCK_SIZE)
+prefix_damaged = [i for i, p in enumerate(long_prompts)
+                  if runs[True][i] != runs[False][i] and not task.check(p, runs[True][i])]
+print("fixed engine wrong:", ranges([i for i, p in enumerate(long_prompts) if not task.check(p, runs[False][i])]))
+print("buggy engine damaged:", ranges(prefix_damaged), "; reused blocks:", sources)
+assert all(task.check(p, t) for p, t in zip(long_prompts, runs[False]))
+assert prefix_damaged == [0, 1, 2, 3, 8, 9, 10, 11] and sources == {8: 0, 9: 1, 10: 2, 11: 3}
+viz_scale_wipe.request_sources_grid([not task.check(p, t) for p, t in zip(long_prompts, runs[True])],
+                                    max_num_seqs=4, sources=sources, title="Buggy, prefix caching")
+
+# %% [markdown]
+# Requests 8-11 ran in the third batch, long after the wipe, and are damaged anyway: each reused the two wiped
+# blocks its twin (0-3) wrote in the first batch. Requests 4-7 (the second batch, no shared prefix with the first)
+# are fine.
+#
+# %% [markdown]
+# ## 8. The fix, checked
 #
 # With the once-per-storage registry, the sharing layers' first touch finds their storage already initialized and
 # leaves it alone. Three checks.
@@ -513,7 +599,7 @@ assert all(task.check(p, t) for p, t in zip(prompts, texts_fixed))
 # then, in a fresh engine, run four other prompts first and the same four as the second batch. Read request
 # `x = prompts[0]`'s rows (codes and scales, every owning layer) right after its prefill. The batch around `x` is
 # the same four requests in both runs; only its place in the engine's life changes. With the fix the bytes are
-# identical. With the historical code, layers 2 and 3 differ, and only in the scale bytes.
+# identical. With the historical code, layers 2 and 3 (the shared storages) differ, and only in the scale bytes.
 
 # %%
 def kv_bytes_of(prompt_list, target, buggy_run):
@@ -626,16 +712,91 @@ assert all(r.damaged == r.first_batch for r in arrivals)
 assert len({tuple(r.first_batch) for r in arrivals}) > 1
 
 # %% [markdown]
+#
+
+# %% [markdown]
+# ## 9. Try it yourself
+#
+# Three exercises, each changing one thing. Write your prediction into the first cell and run it; the solution is
+# the folded cell below it (click the bar to its left, or "View > Expand Selected Code", to read the code; its
+# output is already shown, and the notebook tests check it).
+#
+# **1. Prefix caching with `max_num_seqs=6`.** Serve the same 24 requests (12 prompts, then the same 12 again)
+# with prefix caching on and 6 requests per batch. Which requests are damaged? (Hint: which copies can find their
+# twin's blocks still in the cache?)
+
+# %%
+prediction = None   # your guess, e.g. "0-5"
+fixed_pc = scale_wipe.run_engine(FORMAT, 6, True, False, prompts, backend=BACKEND)
+buggy_pc = scale_wipe.run_engine(FORMAT, 6, True, True, prompts, backend=BACKEND)
+scale_wipe.compare(fixed_pc, buggy_pc)
+print(f"your prediction: {prediction}; damaged: {ranges(buggy_pc.damaged)}")
+
+# %% jupyter={"source_hidden": true}
+# Solution: the first batch (0-5) and their copies (12-17). Requests 12-17 are the second copies of prompts 0-5;
+# each prompt of at least 16 tokens leaves a full block in the prefix cache, written (and wiped) in the first
+# batch, and the copy reuses it. Only the first batch is ever wiped: the copies of 6-11 reuse clean blocks.
+assert buggy_pc.damaged == [0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17] and fixed_pc.damaged == []
+reused = [i for i in range(12, 18) if len(prompts[i]) + 1 >= BLOCK_SIZE]
+print("damaged:", ranges(buggy_pc.damaged), "| copies whose prompt fills a block:", ranges(reused))
+
+# %% [markdown]
+# **2. Half the block size.** Run the buggy engine with `block_size=8` instead of 16. How many written scales
+# does each wiping fill overwrite now, and which requests are damaged?
+
+# %%
+prediction = None   # your guess, e.g. (538, "0-3")
+small_blocks = engine(buggy=True, block_size=8)
+texts_small = [o.text for o in small_blocks.generate(prompts, params, use_tqdm=False)]
+wiped_small = [f.overwritten for f in small_blocks.census.wiping]
+damaged_small = [i for i, (p, t) in enumerate(zip(prompts, texts_small)) if not task.check(p, t)]
+print(f"your prediction: {prediction}; wiped scales per wiping fill: {wiped_small}; damaged: {ranges(damaged_small)}")
+
+# %% jupyter={"source_hidden": true}
+# Solution: nothing changes. A fill covers the whole storage, whatever its block size, and the first batch wrote
+# one K and one V scale per kv head for each of its prompt tokens: 2 x 2 x 269 = 1,076 in each shared storage.
+# Upstream saw the damage depend on "batch geometry": it depends only on which requests the first step ran.
+assert wiped_small == [f.overwritten for f in buggy.census.wiping] == [1076, 1076]
+assert damaged_small == [0, 1, 2, 3]
+print(f"1,076 = 2 x {layout.num_kv_heads} x {batch_tokens}: the same as with block size 16")
+
+# %% [markdown]
+# **3. fp8 instead of int8.** With `fp8_per_token_head`, the code limit is 448 instead of 127. Is the K inflation
+# larger or smaller than int8's, and by about how much?
+
+# %%
+prediction = None   # your guess, e.g. "larger, x2"
+fp8_fixed, fp8_buggy = next((f, b) for f, b in pairs if b.kv_cache_dtype == "fp8_per_token_head"
+                            and b.max_num_seqs == 4)
+ratio = fp8_buggy.k_inflation / headline.k_inflation
+print(f"your prediction: {prediction}; fp8 K inflation {scale_wipe.times(fp8_buggy.k_inflation)} vs int8's "
+      f"{quantities['k_inflation']['display']}")
+
+# %% jupyter={"source_hidden": true}
+# Solution: larger, by about 448 / 127 = 3.5. The inflation of a row is 1 / its true scale, and the true scale is
+# amax / QMAX: the same K with a 3.5x larger QMAX gets a 3.5x smaller scale, so a wiped (1.0) scale inflates it
+# 3.5x more. (Not exactly 3.5: e4m3 rounds the codes differently, which moves the median row a little.)
+assert 3.0 < ratio < 4.0
+print(f"fp8 / int8 median inflation: between 3 and 4 (448 / 127 = {448 / 127:.1f})")
+
+# %% [markdown]
 # ## Summary
 #
 # * KV-sharing layers get their target's cache tensor itself, so per-impl state about "my cache" is really
-#   per-impl state about someone else's storage.
+#   per-impl state about someone else's storage. `tiny-gemma4`, like Gemma 4, has several sharers per storage.
 # * The historical code filled a storage's inline scales with 1.0 on each impl's first touch. Warmup gives the
-#   owning layers their first touch harmlessly; the sharing layers' first touch falls inside step 0, after the
-#   prompt's scales are written, and resets them. The codes survive, so K and V come back inflated by exactly
-#   1 / true scale, and exactly the first batch is wrong; a warmup that touches every layer hides it. In minikv,
-#   prefix caching can hand the wiped blocks to later requests (minikv's observation, not upstream's). The wipe
-#   happens once per engine start: the historical views outlive `sleep()`.
+#   owning layers their first touch harmlessly; the first sharer's first touch falls inside step 0, after the
+#   prompt's scales are written, and resets them, and the other sharers' fills find only 1.0s: per storage one
+#   wiping late fill and harmless late fills, upstream's census. The codes survive, so K and V come back inflated
+#   by exactly 1 / true scale; the sharers and the owners of the shared storages then read wiped rows at every
+#   step of the first batch, an attention head collapses onto a few inflated keys, and exactly the first batch is
+#   wrong. A warmup that touches every layer hides it. In minikv, prefix caching can hand the wiped blocks to later
+#   requests (minikv's observation, not upstream's). The wipe happens once per engine start: the historical views
+#   outlive `sleep()`.
 # * The fix fills once per storage (a registry keyed by address and size, with a weak reference to the storage
 #   itself to notice a reused address). After it, outputs equal the float32 cache's, a request's KV bytes do not
 #   depend on when it ran, and a woken-up engine initializes every scale region again in both sleep modes.
+#
+# Next: [notebook 04](04_cross_attention_stride_doubling.ipynb), the second defect. Docs:
+# [KV sharing](../docs/concepts/kv-sharing.md), [Defect A](../docs/defects/scale-wipe.md),
+# [glossary](../docs/glossary.md).

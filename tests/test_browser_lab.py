@@ -6,8 +6,11 @@ temporary root first, so the recorded outputs in notebooks/ are never touched. A
 from the browser and the saved file is read back: no cell may hold an error output, every code cell must have run,
 and figures must be rendered as images. A screenshot is written under build/screenshots/.
 
-Tests: notebook 01 (skipped until it exists), and a tiny smoke notebook made on the fly (plus a failing variant that
-the driver must catch), so that the browser path runs in CI from the start. Needs /usr/bin/chromium
+Tests: the CPU notebooks of the walkthrough that draw figures, 01, 03 and 04 (each skipped until it exists; found by
+number, so a renamed notebook is still opened), and a tiny smoke notebook made on the fly (plus a failing variant
+and one with a broken image, which the checks must catch), so that the browser path runs in CI from the start. The
+checks are generic: no cell fails, every cell ran, at least one figure is shown and every image shown has loaded
+(complete, naturalWidth > 0); nothing depends on which figures a notebook draws. Needs /usr/bin/chromium
 (`apt-get install -y chromium`) and the `playwright` pip package (its bundled driver only; no browser download).
 
 The built documentation site is opened in the same Chromium too (served over HTTP on 127.0.0.1): each concept and
@@ -32,7 +35,9 @@ pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
-NOTEBOOK_01 = REPO / "notebooks" / "01_paged_kv_cache.ipynb"
+NOTEBOOKS = REPO / "notebooks"
+# The walkthrough notebooks opened in the browser, by number (05 is recorded on a GPU: its first cells need CUDA).
+BROWSER_NOTEBOOKS = ("01", "03", "04")
 SCREENSHOTS = REPO / "build" / "screenshots"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
@@ -63,9 +68,12 @@ RUN_FINISHED_JS = f"""() => {{
   if (indicator && indicator.getAttribute('data-status') !== 'idle') return false;
   return prompts.some(p => /[0-9]/.test(p));
 }}"""
+IMAGES_SETTLED_JS = f"() => [...document.querySelectorAll('{PANEL} .jp-OutputArea-output img')].every(i => i.complete)"
 REPORT_JS = f"""() => ({{
   prompts: {PROMPTS},
   images: document.querySelectorAll('{PANEL} .jp-OutputArea-output img').length,
+  image_states: [...document.querySelectorAll('{PANEL} .jp-OutputArea-output img')]
+      .map(i => ({{complete: i.complete, width: i.naturalWidth, alt: (i.getAttribute('src') || '').slice(0, 40)}})),
   tracebacks: [...document.querySelectorAll('{PANEL} .jp-OutputArea-output')].map(e => e.textContent)
       .filter(t => t.includes('Traceback (most recent call last)')).map(t => t.slice(0, 2000)),
 }})"""
@@ -229,6 +237,10 @@ def run_notebook_in_lab(lab: Lab, notebook: Path, screenshot_name: str) -> dict:
                         f"{page.evaluate(f'() => {PROMPTS}')}; screenshot {screenshot_name}-timeout.png; "
                         f"server log:\n{lab.log_tail()}")
         page.wait_for_timeout(500)           # let the last outputs render
+        try:                                 # every figure decoded (or failed) before it is judged
+            page.wait_for_function(IMAGES_SETTLED_JS, timeout=30_000, polling=250)
+        except PlaywrightTimeoutError:
+            pass                             # reported below as images that did not load
         report = page.evaluate(REPORT_JS)
         if report["images"]:
             page.locator(f"{PANEL} .jp-OutputArea-output img").first.scroll_into_view_if_needed()
@@ -256,9 +268,12 @@ def _assert_clean_run(report: dict, min_images: int) -> None:
     assert all(isinstance(n, int) for n in report["saved_counts"]), (
         f"not every code cell ran: execution counts {report['saved_counts']}")
     assert report["images"] >= min_images, f"{report['images']} figure(s) rendered, expected >= {min_images}"
+    broken = [i for i, s in enumerate(report["image_states"]) if not s["complete"] or s["width"] == 0]
+    assert not broken, (f"{len(broken)} of {report['images']} image(s) did not load (naturalWidth 0): numbers "
+                        f"{broken}, e.g. {report['image_states'][broken[0]]}")
 
 
-def _smoke_notebook(path: Path, failing: bool = False) -> Path:
+def _smoke_notebook(path: Path, failing: bool = False, broken_image: bool = False) -> Path:
     import nbformat
 
     notebook = nbformat.v4.new_notebook()
@@ -271,6 +286,10 @@ def _smoke_notebook(path: Path, failing: bool = False) -> Path:
     ]
     if failing:
         notebook.cells.insert(2, nbformat.v4.new_code_cell("raise RuntimeError('deliberate failure')"))
+    if broken_image:   # a PNG output whose bytes are not an image: shown as <img>, but it never loads
+        cell = nbformat.v4.new_code_cell("from IPython.display import Image, display\n"
+                                         "display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(64), format='png'))")
+        notebook.cells.append(cell)
     nbformat.write(notebook, path)
     return path
 
@@ -289,10 +308,22 @@ def test_smoke_driver_sees_errors(lab, tmp_path):
     assert report["prompts"] == ["[1]:", "[2]:", "[ ]:"], report["prompts"]
 
 
-def test_notebook_01_runs_in_jupyterlab(request):
-    if not NOTEBOOK_01.exists():
-        pytest.skip(f"{NOTEBOOK_01.relative_to(REPO)} does not exist yet")
-    report = run_notebook_in_lab(request.getfixturevalue("lab"), NOTEBOOK_01, NOTEBOOK_01.stem)
+def test_smoke_driver_sees_a_broken_image(lab, tmp_path):
+    """An image element that never loads must fail the figure check, or a broken figure would pass unseen."""
+    report = run_notebook_in_lab(lab, _smoke_notebook(tmp_path / "broken.ipynb", broken_image=True), "smoke-broken")
+    assert report["images"] == 2, report["image_states"]
+    with pytest.raises(AssertionError, match="did not load"):
+        _assert_clean_run(report, min_images=1)
+
+
+@pytest.mark.parametrize("number", BROWSER_NOTEBOOKS)
+def test_walkthrough_notebook_runs_in_jupyterlab(request, number):
+    """Run All in JupyterLab: no cell fails, and every figure the notebook draws is rendered and loaded."""
+    found = sorted(NOTEBOOKS.glob(f"{number}_*.ipynb"))
+    if not found:
+        pytest.skip(f"no notebooks/{number}_*.ipynb yet")
+    notebook = found[0]
+    report = run_notebook_in_lab(request.getfixturevalue("lab"), notebook, notebook.stem)
     _assert_clean_run(report, min_images=1)
 
 

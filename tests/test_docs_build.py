@@ -114,6 +114,18 @@ def test_no_markdown_line_starts_with_hash_number():
     assert not bad, "lines that Markdown reads as headings:\n" + "\n".join(bad)
 
 
+# Issue 14 item 7: the words the notebooks use without explaining them each have a glossary entry (### heading).
+GLOSSARY_TERMS = ("BOS", "GQA", "amax", "e4m3", "slot", "row", "pool", "arena", "canary", "impl", "census", "FMHA",
+                  "workspace", "sliding window", "KV sharing", "relative position bias")
+
+
+def test_glossary_defines_the_walkthrough_terms():
+    entries = {line[4:].strip().lower() for line in (REPO / "docs" / "glossary.md").read_text().splitlines()
+               if line.startswith("### ")}
+    missing = [term for term in GLOSSARY_TERMS if term.lower() not in entries]
+    assert not missing, f"docs/glossary.md has no entry (### heading) for {missing}"
+
+
 @pytest.mark.parametrize("page", ["", "glossary", *CONCEPT_PAGES, *DEFECT_PAGES])
 def test_page_has_exactly_one_top_level_heading(built_site, page):
     headings = parse_page(built_site, page).h1

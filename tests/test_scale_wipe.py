@@ -5,6 +5,10 @@ impl-level tests pin the registry's semantics (alias, new storage, dead weak ref
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,12 +22,12 @@ QUANTIZED = ("int8_per_token_head", "fp8_per_token_head")
 
 
 def damaged(prompts, texts, reference):
-    task = minikv.tasks.for_model("tiny-kvshare")
+    task = minikv.tasks.for_model("tiny-gemma4")
     return [i for i, (p, t, r) in enumerate(zip(prompts, texts, reference)) if t != r and not task.check(p, t)]
 
 
 def generate(prompts, max_tokens=8, **kw):
-    llm = minikv.LLM(model="tiny-kvshare", **kw)
+    llm = minikv.LLM(model="tiny-gemma4", **kw)
     outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=max_tokens), use_tqdm=False)
     llm.arena.check()
     return llm, [o.text for o in outs]
@@ -37,11 +41,57 @@ def test_historical_path_damages_exactly_the_first_batch(max_num_seqs):
     llm, buggy = generate(prompts, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs, reintroduce=("scale-wipe",))
     assert damaged(prompts, buggy, clean) == list(range(max_num_seqs))
     assert buggy[max_num_seqs:] == clean[max_num_seqs:]            # later batches clean
-    # The census: warmup fills wiped nothing; the KV-sharing layers' late fills wiped written scales.
-    late = llm.census.wiping
-    assert {f.layer for f in late} == {f"layers.{i}.self_attn" for i in llm.config.model.kv_sharing}
-    assert all(f.step == 0 and f.overwritten > 0 for f in late)
-    assert all(f.step == -1 for f in llm.census.harmless)
+    # The census in upstream's shape: the owners (layers 0-3) fill at warmup; per shared storage the first sharer
+    # (4 for layer 2's, 5 for layer 3's) wipes at step 0 and the second sharer (6, 7) finds only 1.0s.
+    fills = scale_wipe.census_fills(llm)
+    assert [(f.layer, f.storage, f.step, f.overwritten > 0) for f in fills] == [
+        (0, 0, -1, False), (1, 1, -1, False), (2, 2, -1, False), (3, 3, -1, False),
+        (4, 2, 0, True), (5, 3, 0, True), (6, 2, 0, False), (7, 3, 0, False)]
+
+def test_census_check_rejects_other_shapes():
+    prompts = scale_wipe.make_prompts(8)
+    buggy = scale_wipe.run_engine("int8_per_token_head", 4, False, True, prompts, backend="torch", max_tokens=2)
+    fixed = scale_wipe.run_engine("int8_per_token_head", 4, False, False, prompts, backend="torch", max_tokens=2)
+    assert scale_wipe.check_census(buggy) == [] and scale_wipe.check_census(fixed) == []
+    counts = scale_wipe.census_counts(buggy)
+    assert counts == {"harmless": 6, "warmup": 4, "late_harmless": 2, "wiping": 2}
+    rows = scale_wipe.census_rows(buggy)
+    assert [r[:3] for r in rows] == [["layer 2", "sliding", "4, 6"], ["layer 3", "full", "5, 7"],
+                                     ["layer 0", "sliding", "-"], ["layer 1", "full", "-"]]
+    # The second sharer wiping too, or a sharer that never filled, is not upstream's shape.
+    both_wipe = [f if f.layer != 6 else scale_wipe.Fill(6, 2, 0, 10) for f in buggy.fills]
+    assert scale_wipe.check_census(dataclasses.replace(buggy, fills=both_wipe))
+    assert scale_wipe.check_census(dataclasses.replace(buggy, fills=[f for f in buggy.fills if f.layer != 7]))
+    assert scale_wipe.check_census(dataclasses.replace(fixed, fills=buggy.fills))
+
+
+def test_results_file_has_the_schema_and_one_display_per_quantity():
+    path = Path(__file__).resolve().parents[1] / "results" / "scale_wipe.json"
+    data = json.loads(path.read_text())
+    assert list(data) == ["name", "command", "model", "notebook", "quantities", "tables"]
+    assert data["name"] == "scale_wipe" and data["model"] == "tiny-gemma4"
+    assert data["command"].startswith("minikv repro scale-wipe") and "--results results/scale_wipe.json" in \
+        data["command"]
+    for name, q in data["quantities"].items():
+        assert set(q) == {"value", "display", "statistic"} and q["statistic"], name
+    assert data["quantities"]["k_inflation"]["display"] == f"x{data['quantities']['k_inflation']['value']:.0f}"
+    for name, table in data["tables"].items():
+        assert set(table) == {"caption", "columns", "rows"}, name
+        assert all(len(r) == len(table["columns"]) for r in table["rows"]), name
+    assert data["quantities"]["harmless_fills"]["display"] == "6"
+    assert data["quantities"]["damaged_requests"]["display"] == "0-3"
+
+
+def test_quantities_come_from_the_headline_run():
+    prompts = scale_wipe.make_prompts(8)
+    fixed = scale_wipe.run_engine("int8_per_token_head", 4, False, False, prompts, backend="torch", max_tokens=2)
+    buggy = scale_wipe.run_engine("int8_per_token_head", 4, False, True, prompts, backend="torch", max_tokens=2)
+    scale_wipe.compare(fixed, buggy)
+    q = scale_wipe.quantities([(fixed, buggy)])
+    assert q["k_inflation"]["display"] == scale_wipe.times(buggy.k_inflation)
+    assert q["wiping_fills"]["display"] == "2" and q["inflation_vs_true_scale"]["display"] == "< 1e-4"
+    with pytest.raises(ValueError, match="headline"):
+        scale_wipe.quantities([(dataclasses.replace(fixed, max_num_seqs=6), dataclasses.replace(buggy, max_num_seqs=6))])
 
 
 def test_sixteen_bit_cache_is_untouched_by_the_switch():
@@ -62,7 +112,7 @@ def test_measured_inflation_equals_one_over_the_true_scale():
 
 
 def prompts_with_residue(residue: int, n: int, block_size: int = 16) -> list[str]:
-    task = minikv.tasks.for_model("tiny-kvshare")
+    task = minikv.tasks.for_model("tiny-gemma4")
     length = 2 * block_size + residue if residue else 3 * block_size
     return task.prompts(n, seed=11 + residue, num_tokens=length)
 
@@ -71,7 +121,7 @@ def prompts_with_residue(residue: int, n: int, block_size: int = 16) -> list[str
 @pytest.mark.parametrize("prefix_caching", [False, True])
 @pytest.mark.parametrize("residue", [0, 1, 15])
 def test_fixed_path_damages_nothing(fmt, prefix_caching, residue):
-    task = minikv.tasks.for_model("tiny-kvshare")
+    task = minikv.tasks.for_model("tiny-gemma4")
     for max_num_seqs in (4, 6, 8):
         prompts = prompts_with_residue(residue, max_num_seqs + 1)
         if prefix_caching:          # a later request reuses the first request's cached blocks
@@ -86,7 +136,7 @@ def test_fixed_path_damages_nothing(fmt, prefix_caching, residue):
 
 def kv_bytes_after_prefill(prompts, target: str, **kw) -> dict[str, torch.Tensor]:
     """The cache rows (codes and inline scales) of request `target`, per KV-owning layer, right after its prefill."""
-    llm = minikv.LLM(model="tiny-kvshare", **kw)
+    llm = minikv.LLM(model="tiny-gemma4", **kw)
     rids = {llm.add_request(p, minikv.SamplingParams(max_tokens=2)): p for p in prompts}
     rows = {}
     while llm.has_unfinished():
@@ -114,7 +164,7 @@ def _slot_rows(layout: KVLayout, pool: torch.Tensor, slots: list[int]) -> torch.
 def test_first_and_later_batch_kv_bytes_identical(fmt):
     # The same batch of four runs first in one engine and second in another: only its position in time differs
     # (a different batch composition could change the last bits of a matmul, which is not what is tested here).
-    prompts = minikv.tasks.for_model("tiny-kvshare").prompts(8, seed=4)
+    prompts = minikv.tasks.for_model("tiny-gemma4").prompts(8, seed=4)
     x = prompts[0]
     first = kv_bytes_after_prefill(prompts, x, kv_cache_dtype=fmt, max_num_seqs=4)
     later = kv_bytes_after_prefill(prompts[4:] + prompts[:4], x, kv_cache_dtype=fmt, max_num_seqs=4)
@@ -131,7 +181,7 @@ def scale_regions(llm):
 
 @pytest.mark.parametrize("mode", ["discard", "free"])
 def test_sleep_wake_up_reinitializes_every_scale_region(mode):
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
     prompts = scale_wipe.make_prompts(4)
     before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
     address = llm.arena.storage.data_ptr()
@@ -149,7 +199,7 @@ def test_sleep_wake_up_reinitializes_every_scale_region(mode):
 
 
 def test_same_address_wake_without_reinitialization_leaves_zero_scales_that_nothing_reads():
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
     llm.runner.reinit_scales_on_wake = False                  # a registry keyed by (data_ptr, nbytes) alone
     prompts = scale_wipe.make_prompts(4)
     before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
@@ -167,9 +217,9 @@ def test_same_address_wake_without_reinitialization_leaves_zero_scales_that_noth
 def test_historical_engine_is_not_rearmed_by_wake_up(mode):
     # Upstream's views outlive sleep: the wipe happens in the first batch after engine start, never again.
     prompts = scale_wipe.make_prompts(4)
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch",
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch",
                      reintroduce=("scale-wipe",))
-    task = minikv.tasks.for_model("tiny-kvshare")
+    task = minikv.tasks.for_model("tiny-gemma4")
     first = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
     assert not any(task.check(p, t) for p, t in zip(prompts, first))
     fills = len(llm.census.fills)
@@ -242,11 +292,11 @@ def test_several_sharers_of_one_storage_census_shape():
     pool = new_pool()
     census = ScaleFillCensus()
     owner, *sharers = (AttentionImpl(n, 4, LAYOUT, get_ops("torch"), historical_scale_init=True, census=census)
-                       for n in ("L2", "L4", "L5", "L6"))
+                       for n in ("L2", "L4", "L6"))
     write_some(owner, pool)
     for s in sharers:
         s.scale_views(pool)
-    assert [f.overwritten for f in census.fills] == [0, 20, 0, 0]
+    assert [f.overwritten for f in census.fills] == [0, 20, 0]
 
 
 def test_new_storage_is_initialized():

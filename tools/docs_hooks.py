@@ -42,7 +42,7 @@ NOTEBOOK_PAGES = {
     "04_cross_attention_stride_doubling": [("Encoder-decoder cross attention", "concepts/cross-attention.md"),
                                            ("Defect B: cross stride and FP8 context read",
                                             "defects/cross-stride-fp8-context.md")],
-    "05_gpu_performance": [("Results", "results.md")],
+    "05_gpu_performance": [("Results", "results.md"), ("Glossary (roofline, SDPA, scale placement)", "glossary.md")],
 }
 NOTEBOOKS_SECTION = "Notebooks"
 API_SECTION = "API reference"
@@ -150,8 +150,10 @@ NOTEBOOK_FIGURES = {
     "paged-slot-mapping": ("01_paged_kv_cache", "viz.slot_mapping_diagram(torch.tensor(slots), BLOCK_SIZE"),
     "paged-prefix-caching": ("01_paged_kv_cache", "Prefix caching: B reuses"),
     "formats-quant-error": ("02_quantized_kv_cache", "viz.quant_error_plot(errors[\"K\"]"),
+    "scale-wipe-timeline": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.timeline_figure("),
+    "scale-wipe-wiped-reads": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.wiped_reads_figure("),
     "scale-wipe-heatmap": ("03_kv_sharing_scale_wipe", "viz.scale_heatmap("),
-    "scale-wipe-k-magnitude": ("03_kv_sharing_scale_wipe", "viz.k_magnitude_plot("),
+    "scale-wipe-causal-chain": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.causal_chain_figure("),
     "scale-wipe-requests": ("03_kv_sharing_scale_wipe", 'title="Buggy engine"'),
     "scale-wipe-prefix-caching": ("03_kv_sharing_scale_wipe", 'title="Buggy, prefix caching"'),
     "cross-byte-map": ("04_cross_attention_stride_doubling", "vcs.stride_byte_map("),
@@ -194,15 +196,15 @@ def _viz_figures() -> dict[str, bytes]:
     def layout(fmt: str, heads: int = 2, head_size: int = 32) -> KVLayout:
         return KVLayout(fmt, torch.float16, heads, head_size, 16)
 
-    kvshare = model_config("tiny-kvshare")
-    t5 = model_config("tiny-t5")
+    gemma4 = model_config("tiny-gemma4")      # the KV-sharing model (docs/concepts/kv-sharing.md)
+    t5 = model_config("tiny-t5")              # the encoder-decoder (docs/concepts/cross-attention.md)
     # One box per layer's pool: a KV-sharing layer points at its target's pool (the same tensor).
-    owners = {f"layer {i}" + (f" (shares layer {kvshare.kv_owner(i)})" if kvshare.kv_owner(i) != i else ""):
-              [kvshare.kv_owner(i)] for i in range(kvshare.num_layers)}
-    num_pools = len({kvshare.kv_owner(i) for i in range(kvshare.num_layers)})
+    owners = {f"layer {i}" + (f" (shares layer {gemma4.kv_owner(i)})" if gemma4.kv_owner(i) != i else ""):
+              [gemma4.kv_owner(i)] for i in range(gemma4.num_layers)}
+    num_pools = len({gemma4.kv_owner(i) for i in range(gemma4.num_layers)})
     figures = {
-        "formats-int8-row": viz.row_layout_diagram(layout("int8_per_token_head", kvshare.num_kv_heads,
-                                                          kvshare.head_size),
+        "formats-int8-row": viz.row_layout_diagram(layout("int8_per_token_head", gemma4.num_kv_heads,
+                                                          gemma4.head_size),
                                                    title="int8_per_token_head: codes, then an inline fp32 scale"),
         "sharing-layers": viz.block_table_diagram(owners, num_blocks=num_pools,
                                                   title="Layer → pool"),

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -34,7 +36,9 @@ from tqdm import tqdm
 
 from minikv.repro.common import dequantized_rows, ranges, stored_scales
 
+MODEL = "tiny-gemma4"     # Gemma-4 topology: layers 4 and 6 read layer 2's cache, 5 and 7 read layer 3's
 FORMATS = ("int8_per_token_head", "fp8_per_token_head")
+NOTEBOOK = "notebooks/03_kv_sharing_scale_wipe.ipynb"    # walks through the same measurement, printing the same figures
 
 
 @dataclass
@@ -52,12 +56,46 @@ class Run:
     k_inflation: float = float("nan")
     v_inflation: float = float("nan")
     inflation_error: float = float("nan")                 # max relative deviation from 1 / true scale
+    fills: list[Fill] = field(default_factory=list)       # the engine's census, in the order the fills happened
+    sharing: dict[int, int] = field(default_factory=dict)  # KV-sharing layer -> the layer whose storage it reads
+    layer_types: tuple[str, ...] = ()                      # "sliding" / "full" per layer
+
+
+@dataclass(frozen=True)
+class Fill:
+    """One fill of a storage's scale regions with 1.0, as the census logged it, by layer index."""
+
+    layer: int
+    storage: int          # the layer that owns the storage (a KV-sharing layer fills its target's)
+    step: int             # -1: during warmup
+    overwritten: int      # written scales it replaced with 1.0
+
+    @property
+    def role(self) -> str:
+        if self.step < 0:
+            return "warmup"
+        return "late, wipes" if self.overwritten else "late, harmless"
+
+
+def layer_index(name: str) -> int:
+    """'model.layers.4.self_attn' -> 4."""
+    match = re.search(r"layers\.(\d+)\.", name)
+    if match is None:
+        raise ValueError(f"not a decoder layer name: {name!r}")
+    return int(match.group(1))
+
+
+def census_fills(llm) -> list[Fill]:
+    """The engine's scale-fill census as `Fill`s (layer indices; the storage named by its owning layer)."""
+    owner = {n: a.kv_sharing_target or n for n, a in llm.attention_layers.items()}
+    return [Fill(layer_index(f.layer), layer_index(owner[f.layer]), f.step, f.overwritten)
+            for f in llm.census.fills]
 
 
 def make_prompts(num_requests: int, copies: int = 2, seed: int = 0) -> list[str]:
     """Upstream's shape in small: distinct prompts, then the same list again (copies of each)."""
     import minikv
-    task = minikv.tasks.for_model("tiny-kvshare")
+    task = minikv.tasks.for_model(MODEL)
     distinct = task.prompts(max(1, num_requests // copies), seed=seed)
     return list(itertools.islice(itertools.cycle(distinct), num_requests))
 
@@ -65,8 +103,8 @@ def make_prompts(num_requests: int, copies: int = 2, seed: int = 0) -> list[str]
 def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, buggy: bool, prompts: list[str],
                device: str = "cpu", backend: str = "triton", max_tokens: int = 12) -> Run:
     import minikv
-    task = minikv.tasks.for_model("tiny-kvshare")
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+    task = minikv.tasks.for_model(MODEL)
+    llm = minikv.LLM(model=MODEL, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                      enable_prefix_caching=prefix_caching, device=device, backend=backend,
                      reintroduce=("scale-wipe",) if buggy else ())
     layout = llm.runner.layout
@@ -91,7 +129,13 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
     census = llm.census
     return Run(kv_cache_dtype, max_num_seqs, prefix_caching, buggy, texts,
                [task.check(p, t) for p, t in zip(prompts, texts)], len(census.harmless),
-               [(f.layer, f.overwritten) for f in census.wiping], captured)
+               [(f.layer, f.overwritten) for f in census.wiping], captured, fills=census_fills(llm),
+               sharing=dict(llm.model_config.kv_sharing), layer_types=layer_types(llm))
+
+
+def layer_types(llm) -> tuple[str, ...]:
+    """("sliding", "full", ...) per decoder layer."""
+    return tuple(t.split("_")[0] for t in getattr(llm.model_config, "layer_types", ()))
 
 
 def compare(fixed: Run, buggy: Run) -> None:
@@ -101,7 +145,7 @@ def compare(fixed: Run, buggy: Run) -> None:
     fixed.damaged = [i for i, ok in enumerate(fixed.right) if not ok]
     ratios_k, ratios_v, errors = [], [], []
     for name, (kb, vb, _, _) in buggy.first_batch_kv.items():
-        kf, vf, ksf, vsf = fixed.first_batch_kv[name]
+        kf, vf, ksf, _ = fixed.first_batch_kv[name]
         rk = kb.norm(dim=-1) / kf.norm(dim=-1).clamp_min(1e-30)
         rv = vb.norm(dim=-1) / vf.norm(dim=-1).clamp_min(1e-30)
         live = kf.norm(dim=-1) > 0
@@ -112,6 +156,114 @@ def compare(fixed: Run, buggy: Run) -> None:
         buggy.k_inflation = float(torch.cat(ratios_k).median())
         buggy.v_inflation = float(torch.cat(ratios_v).median())
         buggy.inflation_error = float(torch.cat(errors).max())
+
+
+# Upstream's census on gemma-4-E2B-it (the vLLM fix's description; vllm-project/vllm#50702, #50749): fills that wiped
+# nothing, and the written scales each late wiping fill overwrote. It does not break the harmless fills down further.
+UPSTREAM_CENSUS = {"harmless": 33, "wiping": 2, "wiped": (22_384, 13_394)}
+UPSTREAM_INFLATION = {"K": 221, "V": 24}
+
+
+@dataclass
+class StorageCensus:
+    """The fills one storage received: its owner's, then its sharers' in the order they touched it."""
+
+    storage: int                 # the owning layer
+    layer_type: str
+    sharers: list[int]
+    fills: list[Fill]
+
+    @property
+    def wiping(self) -> list[Fill]:
+        return [f for f in self.fills if f.overwritten]
+
+    @property
+    def harmless(self) -> list[Fill]:
+        return [f for f in self.fills if not f.overwritten]
+
+
+def census_by_storage(run: Run) -> list[StorageCensus]:
+    """Group a run's census by storage; shared storages first (in owner order), then the unshared ones."""
+    owners = sorted({f.storage for f in run.fills} | set(run.sharing.values()))
+    out = []
+    for owner in owners:
+        sharers = sorted(layer for layer, target in run.sharing.items() if target == owner)
+        kind = run.layer_types[owner] if owner < len(run.layer_types) else "?"
+        out.append(StorageCensus(owner, kind, sharers, [f for f in run.fills if f.storage == owner]))
+    return sorted(out, key=lambda c: (not c.sharers, c.storage))
+
+
+def census_counts(run: Run) -> dict[str, int]:
+    """{"harmless": fills that wiped nothing, "warmup": of those, the warmup ones, "late_harmless": the late ones,
+    "wiping": late fills that wiped written scales}."""
+    warmup = sum(1 for f in run.fills if f.step < 0 and not f.overwritten)
+    late_harmless = sum(1 for f in run.fills if f.step >= 0 and not f.overwritten)
+    return {"harmless": warmup + late_harmless, "warmup": warmup, "late_harmless": late_harmless,
+            "wiping": sum(1 for f in run.fills if f.overwritten)}
+
+
+def _fill_text(fills: list[Fill]) -> str:
+    if not fills:
+        return "-"
+    return ", ".join(f"layer {f.layer} " + ("warmup" if f.step < 0 else f"step {f.step}") + f": {f.overwritten:,}"
+                     for f in fills)
+
+
+def census_rows(run: Run) -> list[list]:
+    """[storage, layer type, sharers, owner's fill, the wiping late fill, harmless late fills] per storage."""
+    rows = []
+    for c in census_by_storage(run):
+        own = [f for f in c.fills if f.layer == c.storage]
+        late = [f for f in c.fills if f.layer != c.storage]
+        rows.append([f"layer {c.storage}", c.layer_type, ", ".join(map(str, c.sharers)) or "-", _fill_text(own),
+                     _fill_text([f for f in late if f.overwritten]), _fill_text([f for f in late if not f.overwritten])])
+    return rows
+
+
+CENSUS_COLUMNS = ["storage of", "type", "read by", "owner's fill", "late fill that wipes", "harmless late fills"]
+
+
+def format_census(run: Run) -> str:
+    """The census of one run per storage (fills as `layer, when: written scales overwritten`), then its totals next
+    to upstream's."""
+    rows = [CENSUS_COLUMNS] + census_rows(run)
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(CENSUS_COLUMNS))]
+    lines = ["  ".join(f"{c!s:{w}s}" for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    n = census_counts(run)
+    wiped = " and ".join(f"{f.overwritten:,}" for f in run.fills if f.overwritten)
+    up = UPSTREAM_CENSUS
+    ours = f"{n['wiping']} late fills wiped {wiped} written scales" if wiped else "no fill wiped a written scale"
+    lines += ["",
+              (f"minikv   ({MODEL}): {n['harmless']} fills wiped nothing ({n['warmup']} warmup fills of the owning "
+               f"layers + {n['late_harmless']} late fills of later sharers); {ours}"),
+              (f"upstream (gemma-4-E2B-it): {up['harmless']} fills wiped nothing; {up['wiping']} late fills wiped "
+               f"{up['wiped'][0]:,} and {up['wiped'][1]:,} written scales")]
+    return "\n".join(lines)
+
+
+def check_census(run: Run) -> list[str]:
+    """Upstream's census shape, per shared storage: the owner's fill at warmup wipes nothing; the first sharer to
+    touch the storage (at step 0) wipes the scales written there; every later sharer's fill is a harmless late fill.
+    A fixed engine: only the owners' warmup fills."""
+    tag = f"{'buggy' if run.buggy else 'fixed'} {run.kv_cache_dtype} max_num_seqs={run.max_num_seqs}"
+    problems = []
+    for c in census_by_storage(run):
+        own = [f for f in c.fills if f.layer == c.storage]
+        if [(f.step, f.overwritten) for f in own] != [(-1, 0)]:
+            problems.append(f"{tag}: storage of layer {c.storage}: owner's fills {own}, expected one at warmup")
+        late = [f for f in c.fills if f.layer != c.storage]
+        if not run.buggy:
+            if late:
+                problems.append(f"{tag}: storage of layer {c.storage}: late fills {late} in the fixed engine")
+            continue
+        if [f.layer for f in late] != c.sharers or any(f.step != 0 for f in late):
+            problems.append(f"{tag}: storage of layer {c.storage}: late fills by {[f.layer for f in late]}, "
+                            f"expected one per sharer {c.sharers} at step 0")
+        elif late and (not late[0].overwritten or any(f.overwritten for f in late[1:])):
+            problems.append(f"{tag}: storage of layer {c.storage}: expected the first sharer's fill to wipe and the "
+                            f"others to be harmless, got {[f.overwritten for f in late]}")
+    return problems
 
 
 def check_signatures(pairs: list[tuple[Run, Run]], clean16: tuple[Run, Run] | None) -> list[str]:
@@ -130,6 +282,7 @@ def check_signatures(pairs: list[tuple[Run, Run]], clean16: tuple[Run, Run] | No
             problems.append(f"buggy {tag}: no late fill wiped written scales")
         if fixed.late_fills:
             problems.append(f"fixed {tag}: a fill wiped written scales")
+        problems += check_census(fixed) + check_census(buggy)
         if not buggy.inflation_error < 1e-4:
             problems.append(f"buggy {tag}: inflation differs from 1/true scale by {buggy.inflation_error:.3g}")
     if clean16 is not None:
@@ -146,8 +299,8 @@ def format_table(pairs: list[tuple[Run, Run]], clean16) -> str:
     for fixed, buggy in pairs:
         for r in (buggy, fixed):
             late = ", ".join(f"{layer}: {n:,}" for layer, n in r.late_fills) or "-"
-            infl_k = f"x{r.k_inflation:.0f}" if r.buggy and r.k_inflation == r.k_inflation else "-"
-            infl_v = f"x{r.v_inflation:.0f}" if r.buggy and r.v_inflation == r.v_inflation else "-"
+            infl_k = times(r.k_inflation) if r.buggy and r.k_inflation == r.k_inflation else "-"
+            infl_v = times(r.v_inflation) if r.buggy and r.v_inflation == r.v_inflation else "-"
             lines.append(f"{r.kv_cache_dtype:22s} {r.max_num_seqs:4d} {('on' if r.prefix_caching else 'off'):>6s} "
                          f"{('buggy' if r.buggy else 'fixed'):7s} {ranges(r.damaged):18s} {infl_k:>8s} {infl_v:>8s}  "
                          f"{r.harmless_fills} | {late}")
@@ -160,16 +313,135 @@ def format_table(pairs: list[tuple[Run, Run]], clean16) -> str:
     return "\n".join(lines)
 
 
+def code_site_diff(context: int = 3) -> str:
+    """Defect A's code site as a unified diff, HISTORICAL -> FIX, made from the source of the two versions."""
+    import difflib
+    import inspect
+
+    from minikv.attention.impl import AttentionImpl
+    old = inspect.getsource(AttentionImpl._scale_views_historical).splitlines()
+    new = inspect.getsource(AttentionImpl._scale_views_once_per_storage).splitlines()
+    return "\n".join(difflib.unified_diff(old, new, "HISTORICAL  minikv/attention/impl.py",
+                                           "FIX         minikv/attention/impl.py", lineterm="", n=context))
+
+
+# ---- one number per quantity: what README, docs and notebook 03 quote, from one computation ------------------
+HEADLINE = ("int8_per_token_head", 4, False)    # (format, max_num_seqs, prefix caching) the quantities are taken at
+INFLATION_STATISTIC = ("median over the first batch's (token, kv head) {part} rows in the shared storages (layers 2 "
+                       "and 3) of |{part}_buggy| / |{part}_fixed| (vector norms) right after step 0; "
+                       "int8_per_token_head, max_num_seqs=4, prefix caching off")
+
+
+def times(factor: float) -> str:
+    """An inflation factor as the prose quotes it: whole factors ("x46")."""
+    return f"x{factor:.0f}"
+
+
+def headline_pair(pairs: list[tuple[Run, Run]]) -> tuple[Run, Run]:
+    """The (fixed, buggy) pair of the HEADLINE configuration."""
+    for fixed, buggy in pairs:
+        if (buggy.kv_cache_dtype, buggy.max_num_seqs, buggy.prefix_caching) == HEADLINE:
+            return fixed, buggy
+    raise ValueError(f"no run of the headline configuration {HEADLINE} among the pairs")
+
+
+def quantities(pairs: list[tuple[Run, Run]]) -> dict[str, dict]:
+    """{name: {"value", "display", "statistic"}} of the single figures quoted in prose, from the HEADLINE pair."""
+    _, buggy = headline_pair(pairs)
+    counts = census_counts(buggy)
+    wiped = [f.overwritten for f in buggy.fills if f.overwritten]
+    law = buggy.inflation_error
+    return {
+        "k_inflation": {"value": round(buggy.k_inflation, 1), "display": times(buggy.k_inflation),
+                        "statistic": INFLATION_STATISTIC.format(part="K")},
+        "v_inflation": {"value": round(buggy.v_inflation, 1), "display": times(buggy.v_inflation),
+                        "statistic": INFLATION_STATISTIC.format(part="V")},
+        "inflation_vs_true_scale": {
+            "value": float(f"{law:.1g}"), "display": "< 1e-4" if law < 1e-4 else f"{law:.0e}",
+            "statistic": "max over the same K rows of |(|K_buggy| / |K_fixed|) x true scale - 1|"},
+        "damaged_requests": {"value": buggy.damaged, "display": ranges(buggy.damaged),
+                             "statistic": "requests (of 24) the buggy engine answered wrongly and differently from "
+                                          "the fixed engine; int8_per_token_head, max_num_seqs=4"},
+        "harmless_fills": {"value": counts["harmless"], "display": str(counts["harmless"]),
+                           "statistic": "scale fills of the buggy engine that overwrote no written scale"},
+        "wiping_fills": {"value": counts["wiping"], "display": str(counts["wiping"]),
+                         "statistic": "late scale fills of the buggy engine that overwrote written scales"},
+        "wiped_scales": {"value": wiped, "display": " and ".join(f"{n:,}" for n in wiped) or "none",
+                         "statistic": "written scales (K and V) each wiping fill overwrote"},
+    }
+
+
+def damage_rows(pairs: list[tuple[Run, Run]], clean16=None) -> list[list]:
+    rows = []
+    for fixed, buggy in pairs:
+        n = census_counts(buggy)
+        rows.append([buggy.kv_cache_dtype, buggy.max_num_seqs, "on" if buggy.prefix_caching else "off",
+                     ranges(buggy.damaged), ranges(fixed.damaged), times(buggy.k_inflation),
+                     times(buggy.v_inflation), n["harmless"], n["wiping"]])
+    if clean16 is not None:
+        fixed, buggy = clean16
+        same = fixed.texts == buggy.texts
+        rows.append(["auto", buggy.max_num_seqs, "off",
+                     "none" if same else "OUTPUTS DIFFER", ranges([i for i, ok in enumerate(fixed.right) if not ok]),
+                     "-", "-", len(buggy.fills), 0])
+    return rows
+
+
+DAMAGE_COLUMNS = ["kv_cache_dtype", "max_num_seqs", "prefix caching", "damaged (buggy)", "damaged (fixed)",
+                  "K inflation", "V inflation", "fills that wiped nothing", "late fills that wiped"]
+
+
+def upstream_rows(pairs: list[tuple[Run, Run]]) -> list[list]:
+    """[quantity, minikv, upstream] for the census and the inflation (upstream: the vLLM fix's description)."""
+    q = quantities(pairs)
+    up = UPSTREAM_CENSUS
+    return [["fills that wiped nothing", q["harmless_fills"]["display"], str(up["harmless"])],
+            ["late fills that wiped written scales", q["wiping_fills"]["display"], str(up["wiping"])],
+            ["written scales each wiping fill overwrote", q["wiped_scales"]["display"],
+             f"{up['wiped'][0]:,} and {up['wiped'][1]:,}"],
+            ["K inflation (= 1 / true scale)", q["k_inflation"]["display"], times(UPSTREAM_INFLATION["K"])],
+            ["V inflation (= 1 / true scale)", q["v_inflation"]["display"], times(UPSTREAM_INFLATION["V"])]]
+
+
+def results(pairs: list[tuple[Run, Run]], clean16, command: str) -> dict:
+    """The results file's content (RESULTS_SCHEMA: name, command, model, quantities, tables)."""
+    _, buggy = headline_pair(pairs)
+    return {
+        "name": "scale_wipe",
+        "command": command,
+        "model": MODEL,
+        "notebook": NOTEBOOK,
+        "quantities": quantities(pairs),
+        "tables": {
+            "damage": {"caption": "Damaged requests per configuration (24 requests: 12 prompts x 2), buggy and "
+                                  "fixed engines; inflation: median per (token, kv head) row of the first batch",
+                       "columns": DAMAGE_COLUMNS, "rows": damage_rows(pairs, clean16)},
+            "census": {"caption": f"Scale fills per storage, buggy engine ({buggy.kv_cache_dtype}, max_num_seqs="
+                                  f"{buggy.max_num_seqs}); each fill: layer, when, written scales overwritten",
+                       "columns": CENSUS_COLUMNS, "rows": census_rows(buggy)},
+            "census_vs_upstream": {"caption": "minikv's census and inflation next to upstream's (gemma-4-E2B-it, "
+                                              "vLLM; vllm-project/vllm#50702, #50749)",
+                                   "columns": ["quantity", f"minikv ({MODEL})", "upstream (gemma-4-E2B-it)"],
+                                   "rows": upstream_rows(pairs)},
+        },
+    }
+
+
+def format_quantities(pairs: list[tuple[Run, Run]]) -> str:
+    """One line per quantity: name, display, statistic (what notebook 03 and the repro print)."""
+    return "\n".join(f"{name:24s} {q['display']:14s} {q['statistic']}" for name, q in quantities(pairs).items())
+
+
 def warmup_shape_runs(prompts, max_num_seqs: int, device="cpu", backend="torch") -> dict[str, list[int]]:
     """{warmup shape: damaged requests of the buggy engine} (damage judged against a fixed dummy-warmup engine)."""
     import minikv
     fixed = run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device, backend)
     out = {}
     for shape in ("dummy", "capture"):
-        llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
+        llm = minikv.LLM(model=MODEL, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                          device=device, backend=backend, reintroduce=("scale-wipe",), warmup=shape)
         texts = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=12), use_tqdm=False)]
-        task = minikv.tasks.for_model("tiny-kvshare")
+        task = minikv.tasks.for_model(MODEL)
         out[shape] = [i for i, (p, t, f) in enumerate(zip(prompts, texts, fixed.texts))
                       if t != f and not task.check(p, t)]
     return out
@@ -192,8 +464,8 @@ def arrival_run(prompts, max_num_seqs: int, seed: int, device="cpu", backend="to
 
     import minikv
     rng = random.Random(seed)
-    task = minikv.tasks.for_model("tiny-kvshare")
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
+    task = minikv.tasks.for_model(MODEL)
+    llm = minikv.LLM(model=MODEL, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                      device=device, backend=backend, reintroduce=("scale-wipe",))
     params = minikv.SamplingParams(max_tokens=max_tokens)
     pending, index_of, texts, arrivals, first = list(range(len(prompts))), {}, {}, [], None
@@ -235,8 +507,8 @@ class WakeRun:
 def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: bool = False,
                    reinit: bool = True, device="cpu", backend="torch") -> WakeRun:
     import minikv
-    task = minikv.tasks.for_model("tiny-kvshare")
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
+    task = minikv.tasks.for_model(MODEL)
+    llm = minikv.LLM(model=MODEL, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                      device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else ())
     llm.runner.reinit_scales_on_wake = reinit
     params = minikv.SamplingParams(max_tokens=12)
@@ -316,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
                                                              "prompts); upstream used 192 (48 prompts x 4)")
     p.add_argument("--max-num-seqs", type=int, nargs="+", default=[4, 6, 8])
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    p.add_argument("--results", default=None, metavar="PATH",
+                   help="write the measured quantities and tables as JSON (results/scale_wipe.json)")
     args = p.parse_args(argv)
     args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
 
@@ -336,6 +610,21 @@ def main(argv: list[str] | None = None) -> int:
                run_engine("auto", seqs, False, True, prompts, args.device, args.backend))
     print(format_table(pairs, clean16))
     problems = check_signatures(pairs, clean16)
+    if HEADLINE[0] in args.formats and HEADLINE[1] in args.max_num_seqs:
+        _, headline = headline_pair(pairs)
+        print(f"\nscale-fill census ({headline.kv_cache_dtype}, max_num_seqs={headline.max_num_seqs}, buggy engine):")
+        print(format_census(headline))
+        print("\nquantities (one number each; the statistic named):")
+        print(format_quantities(pairs))
+        if args.results:
+            import sys
+            command = "minikv repro scale-wipe " + " ".join(sys.argv[1:] if argv is None else argv)
+            with open(args.results, "w") as fh:
+                json.dump(results(pairs, clean16, command.strip()), fh, indent=2)
+                fh.write("\n")
+            print(f"results written to {args.results}")
+    elif args.results:
+        raise SystemExit(f"--results needs the headline configuration {HEADLINE[:2]} among the runs")
 
     from minikv.repro import unwritten_slots
     few = prompts[: 2 * seqs]
