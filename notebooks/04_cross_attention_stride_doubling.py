@@ -232,9 +232,9 @@ for i, (p, t) in enumerate(zip(prompts, block_tables)):
 assert sorted(b for t in block_tables for b in t) == list(range(need))
 assert all(p["cross_tables"] == block_tables for p in panels)
 for f, p in zip(factors, panels):
-    print(f"{f:g}x pool: wrong requests {ranges(p['wrong'])} "
-          f"({Q[f'b1_wrong_requests_{f:g}x']['display']}, b1_wrong_requests_{f:g}x)")
-    assert len(p["wrong"]) == Q[f"b1_wrong_requests_{f:g}x"]["value"]
+    key = f"b1_wrong_requests_{cross_stride.factor_key(f)}"
+    print(f"{f:g}x pool: wrong requests {ranges(p['wrong'])} ({key}: {Q[key]['display']})")
+    assert len(p["wrong"]) == Q[key]["value"]
 vcs.stride_byte_map(panels)
 
 # %% [markdown]
@@ -253,8 +253,8 @@ print(f"{'pool':>5s} {'cross pool':28s} {'bytes past its end':>18s}  last byte l
 for f in factors:
     for o in m.overruns[f]:
         print(f"{f:4g}x {o.pool:28s} {o.bytes_past_end:18,d}  {o.lands_in}")
-print(f"\nb1_bytes_past_pool_1.5x: {Q['b1_bytes_past_pool_1.5x']['display']}")
-print(f"b1_overrun_lands_in_1.5x: {Q['b1_overrun_lands_in_1.5x']['display']}")
+print(f"\nb1_bytes_past_pool_1_5x: {Q['b1_bytes_past_pool_1_5x']['display']}")
+print(f"b1_overrun_lands_in_1_5x: {Q['b1_overrun_lands_in_1_5x']['display']}")
 assert all(o.bytes_past_end == 0 for o in m.overruns[2.0]) and all(o.bytes_past_end > 4096 for o in m.overruns[1.5])
 assert [o.lands_in for o in m.overruns[1.5]] == cross_names[1:] + [self_names[0]]
 

@@ -224,7 +224,8 @@ def test_results_file_has_the_schema_and_one_display_per_quantity(tmp_path):
     cross_stride.write_results(m, path)
     import json
     data = json.loads(path.read_text())
-    assert set(data) == {"name", "command", "model", "quantities", "tables"}
+    assert set(data) == {"name", "command", "model", "notebook", "quantities", "tables"}
+    assert data["notebook"] == "notebooks/04_cross_attention_stride_doubling.ipynb"
     assert data["name"] == "cross_stride" and data["model"] == "tiny-t5"
     assert data["command"] == "minikv repro cross-stride --results results/cross_stride.json"
     for q in data["quantities"].values():

@@ -42,6 +42,7 @@ MODEL = "tiny-t5"
 FACTORS = (0.75, 1.0, 1.5, 1.99, 2.0, 3.0)
 VERSIONS = ("historical", "fallback", "taught-fused")
 RESULTS_COMMAND = "minikv repro cross-stride --results results/cross_stride.json"
+NOTEBOOK = "notebooks/04_cross_attention_stride_doubling.ipynb"     # prints every quantity's display
 
 
 def model_dtype(device="cpu") -> torch.dtype:
@@ -378,6 +379,11 @@ def error_display(err: float) -> str:
     return "inf" if math.isinf(err) else f"{float(f'{err:.2g}'):g}"
 
 
+def factor_key(factor: float) -> str:
+    """1.5 -> '1_5x': the pool factor as it appears in quantity names (no '.', which separates results names)."""
+    return f"{factor:g}".replace(".", "_") + "x"
+
+
 def _of(wrong: list[int], n: int) -> str:
     return f"{len(wrong)} of {n}"
 
@@ -429,16 +435,16 @@ def quantities(m: Measurement) -> dict[str, dict]:
     }
     for f in (1.0, 1.5, 2.0):
         r = silent[f]
-        q[f"b1_wrong_requests_{f:g}x"] = {
+        q[f"b1_wrong_requests_{factor_key(f)}"] = {
             "value": len(r.wrong), "display": _of(r.wrong, n),
             "statistic": f"requests whose token ids differ from the auto-cache run, historical stride, cross pool "
                          f"of {r.blocks} blocks ({f:g}x the {m.need} needed), sanitizer off"}
     o15 = m.overruns[1.5]
-    q["b1_bytes_past_pool_1.5x"] = {
+    q["b1_bytes_past_pool_1_5x"] = {
         "value": o15[0].bytes_past_end, "display": f"{o15[0].bytes_past_end:,} bytes",
         "statistic": "bytes between a cross pool's end and the end of the highest block in use at the doubled "
                      "stride, 1.5x pool (the same for every cross layer)"}
-    q["b1_overrun_lands_in_1.5x"] = {
+    q["b1_overrun_lands_in_1_5x"] = {
         "value": [o.lands_in for o in o15], "display": ", ".join(f"{o.pool} -> {o.lands_in}" for o in o15),
         "statistic": "per cross layer, the arena region holding the last byte of the highest block in use at "
                      "the doubled stride, 1.5x pool"}
@@ -495,8 +501,9 @@ def tables(m: Measurement) -> dict[str, dict]:
 
 
 def results_dict(m: Measurement, command: str = RESULTS_COMMAND) -> dict:
-    """The results file (RESULTS_SCHEMA.md): name, command, model, quantities, tables."""
-    return {"name": "cross_stride", "command": command, "model": MODEL,
+    """The results file (RESULTS_SCHEMA.md): name, command, model, the notebook that prints it, quantities,
+    tables."""
+    return {"name": "cross_stride", "command": command, "model": MODEL, "notebook": NOTEBOOK,
             "quantities": quantities(m), "tables": tables(m)}
 
 
