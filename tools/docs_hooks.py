@@ -156,8 +156,9 @@ NOTEBOOK_FIGURES = {
     "scale-wipe-causal-chain": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.causal_chain_figure("),
     "scale-wipe-requests": ("03_kv_sharing_scale_wipe", 'title="Buggy engine"'),
     "scale-wipe-prefix-caching": ("03_kv_sharing_scale_wipe", 'title="Buggy, prefix caching"'),
-    "cross-byte-map-2x": ("04_cross_attention_stride_doubling", "doubled_map(2.0)"),
-    "cross-byte-map-1.5x": ("04_cross_attention_stride_doubling", "doubled_map(1.5)"),
+    "cross-byte-map": ("04_cross_attention_stride_doubling", "vcs.stride_byte_map("),
+    "cross-fp8-row": ("04_cross_attention_stride_doubling", "vcs.fp8_row_as_16bit("),
+    "cross-output-scatter": ("04_cross_attention_stride_doubling", "vcs.output_scatter("),
 }
 
 
@@ -196,7 +197,7 @@ def _viz_figures() -> dict[str, bytes]:
         return KVLayout(fmt, torch.float16, heads, head_size, 16)
 
     gemma4 = model_config("tiny-gemma4")      # the KV-sharing model (docs/concepts/kv-sharing.md)
-    t5 = model_config("tiny-t5")                # the cross-attention model
+    t5 = model_config("tiny-t5")              # the encoder-decoder (docs/concepts/cross-attention.md)
     # One box per layer's pool: a KV-sharing layer points at its target's pool (the same tensor).
     owners = {f"layer {i}" + (f" (shares layer {gemma4.kv_owner(i)})" if gemma4.kv_owner(i) != i else ""):
               [gemma4.kv_owner(i)] for i in range(gemma4.num_layers)}

@@ -1,11 +1,16 @@
-"""`minikv repro cross-stride`: defects B1 (cross-stride) and B2 (cross-fp8-context-read) on tiny-encdec.
+"""`minikv repro cross-stride`: defects B1 (cross-stride) and B2 (cross-fp8-context-read) on tiny-t5.
+
+tiny-t5 is a T5 (3 encoder + 3 decoder layers, so three cross-attention layers, each with its own cross pool). It
+runs here as a 16-bit model (float16 on CPU, bfloat16 on CUDA), as flan-t5-base did upstream: the historical
+cross backend addresses a 1-byte fp8 pool at the model's element size, 2 bytes. (A float32 model would address it
+at 4 bytes, and take the unfused context path, where B2 cannot happen.)
 
 B1 table. The same requests run with an fp8 cache on cross pools of 0.75, 1, 1.5, 1.99, 2 and 3 times the blocks
 they need at once, buggy (`reintroduce=("cross-stride",)`, layout contract off so the bind succeeds as it did
 upstream) and fixed, with the arena's sanitizer on and off. Outcomes: "correct" (token ids equal the auto-cache
 run), "overrun caught" (KVCacheOverrunError naming the cross pool), "wrong tokens" (the overrun landed on live data),
-"correct, guard hit" (sanitizer off: the overrun happened but landed only in a guard zone, harming nothing). Plus the layout contract
-catching the buggy backend at bind time.
+"correct, guard hit" (sanitizer off: the overrun happened but landed only in a guard zone, harming nothing). Plus the
+layout contract catching the buggy backend at bind time.
 
 B2 table. With the addressing fixed, the cross-attention output of every step is compared with attention over
 the exact encoder K/V: the historical fused path (reads the fp8 bytes of the right blocks as 16-bit elements
@@ -15,36 +20,58 @@ cache format. The last column is the farthest pool byte the fused context read a
 Exit status 0 only if: buggy pools >= 2x are correct and smaller ones overrun (caught with the sanitizer on,
 wrong tokens with it off), never outside the arena; the layout contract raises at bind; the historical context
 read is wrong at the context step and right at decode steps; every fixed run equals the auto-cache run.
+
+`--results PATH` also writes the measured quantities and tables as JSON (results/cross_stride.json; its shape is
+described in `results_dict`); notebook 04 prints the same `display` strings from the same functions.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from minikv.repro.common import dequantized_rows
+
+MODEL = "tiny-t5"
 FACTORS = (0.75, 1.0, 1.5, 1.99, 2.0, 3.0)
+VERSIONS = ("historical", "fallback", "taught-fused")
+RESULTS_COMMAND = "minikv repro cross-stride --results results/cross_stride.json"
+NOTEBOOK = "notebooks/04_cross_attention_stride_doubling.ipynb"     # prints every quantity's display
+
+
+def model_dtype(device="cpu") -> torch.dtype:
+    """The 16-bit dtype tiny-t5 runs in here: float16 on CPU (the Triton interpreter has no bfloat16), bfloat16 on
+    CUDA. tiny-t5's own default on CPU is float32, which would hide B2 (float32 always takes the unfused path)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float16
+
+
+def engine(kv_cache_dtype: str = "fp8", device="cpu", backend="triton", **kwargs):
+    """A tiny-t5 engine in the 16-bit model dtype; kwargs go to `minikv.LLM` (and may override `dtype`)."""
+    import minikv
+    kwargs.setdefault("dtype", model_dtype(device))
+    return minikv.LLM(model=MODEL, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend, **kwargs)
 
 
 def make_prompts(n: int = 6, seed: int = 0) -> list[str]:
     import minikv
-    return minikv.tasks.for_model("tiny-encdec").prompts(n, seed=seed)
+    return minikv.tasks.for_model(MODEL).prompts(n, seed=seed)
 
 
 def _generate(llm, prompts):
     import minikv
-    task = minikv.tasks.for_model("tiny-encdec")
+    task = minikv.tasks.for_model(MODEL)
     params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
     return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def reference_tokens(prompts, device="cpu", backend="triton") -> list[list[int]]:
-    import minikv
-    return _generate(minikv.LLM(model="tiny-encdec", kv_cache_dtype="auto", max_num_seqs=len(prompts),
-                                device=device, backend=backend), prompts)
+    return _generate(engine("auto", device, backend, max_num_seqs=len(prompts)), prompts)
 
 
 @dataclass
@@ -55,15 +82,15 @@ class PoolRun:
     sanitize: bool
     outcome: str          # "correct" | "overrun caught" | "wrong tokens" | "correct, guard hit"
     detail: str = ""
+    wrong: list[int] = field(default_factory=list)     # requests whose token ids differ from the auto-cache run
 
 
 def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize: bool, device="cpu",
              backend="triton") -> PoolRun:
     import minikv
     blocks = max(1, math.floor(factor * need))
-    llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", max_num_seqs=len(prompts),
-                     cross_pool_blocks=blocks, device=device, backend=backend, sanitize=sanitize,
-                     check_layout=False, reintroduce=("cross-stride",) if buggy else ())
+    llm = engine("fp8", device, backend, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=sanitize,
+                 check_layout=False, reintroduce=("cross-stride",) if buggy else ())
     try:
         tokens = _generate(llm, prompts)
     except minikv.KVCacheOverrunError as err:
@@ -73,23 +100,21 @@ def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize
     if tokens == reference:
         # With the sanitizer off an overrun that stays inside a guard zone harms nothing, but it still happened.
         return PoolRun(factor, blocks, buggy, sanitize, "correct, guard hit" if damage else "correct", where)
-    wrong = sum(t != r for t, r in zip(tokens, reference))
-    return PoolRun(factor, blocks, buggy, sanitize, "wrong tokens", f"{wrong}/{len(prompts)} requests; {where}")
+    wrong = [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]
+    return PoolRun(factor, blocks, buggy, sanitize, "wrong tokens", f"{len(wrong)}/{len(prompts)} requests; {where}",
+                   wrong)
 
 
 def identical_requests(prompt: str, device="cpu", backend="torch") -> list[tuple[int, float, list[int]]]:
     """Three copies of one request, buggy, sanitizer off, on cross pools from 1x to 2x the blocks they need:
     [(blocks, factor, indices of the copies whose token ids differ from the auto-cache run)]."""
-    import minikv
     prompts = [prompt] * 3
     reference = reference_tokens(prompts, device, backend)
-    need = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", device=device,
-                      backend=backend).cross_blocks_needed(prompts)
+    need = engine("fp8", device, backend).cross_blocks_needed(prompts)
     rows = []
     for blocks in range(need, 2 * need + 1):
-        llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", max_num_seqs=3, cross_pool_blocks=blocks,
-                         device=device, backend=backend, sanitize=False, check_layout=False,
-                         reintroduce=("cross-stride",))
+        llm = engine("fp8", device, backend, max_num_seqs=3, cross_pool_blocks=blocks, sanitize=False,
+                     check_layout=False, reintroduce=("cross-stride",))
         tokens = _generate(llm, prompts)
         rows.append((blocks, blocks / need, [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]))
     return rows
@@ -99,7 +124,7 @@ def bind_time_check(device="cpu") -> str:
     """With the layout contract on, the buggy cross backend must fail when it is bound to its pool."""
     import minikv
     try:
-        minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", reintroduce=("cross-stride",), device=device)
+        engine("fp8", device, reintroduce=("cross-stride",))
     except minikv.KVLayoutMismatchError as err:
         return str(err)
     return ""
@@ -108,12 +133,14 @@ def bind_time_check(device="cpu") -> str:
 @dataclass
 class ContextRun:
     version: str
-    context_error: float     # max relative error of the cross-attention output at the context step
+    context_error: float     # `relative_error` of the cross-attention output at the context step (max over all)
     decode_error: float      # the same over all decode steps
     path: str                # which context path ran
     tokens_equal_auto: bool
     read_end: int = 0        # one past the farthest pool byte the context step's read layout addresses
     pool_bytes: int = 0
+    wrong: list[int] = field(default_factory=list)                     # requests whose token ids differ from auto
+    samples: list[tuple[float, float]] = field(default_factory=list)   # (exact, got) pairs at the context step
 
 
 def read_extent(layout, block_table_row, length: int) -> int:
@@ -124,12 +151,18 @@ def read_extent(layout, block_table_row, length: int) -> int:
 
 
 def _attend_exact(q, k, v, sm_scale):
-    """Non-causal attention of q [n, Hq, D] over k, v [S, Hkv, D] in float32."""
+    """Non-causal attention of q [n, Hq, D] over k, v [S, Hkv, D] in float32 (T5: sm_scale 1, no bias)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,shd->hns", q.float(), k) * sm_scale
     return torch.einsum("hns,shd->nhd", scores.softmax(-1), v)
+
+
+def relative_error(got: torch.Tensor, exact: torch.Tensor) -> float:
+    """max |got - exact| / max |exact|: the statistic of every B2 error (inf when `got` holds inf or NaN)."""
+    err = float((got.float() - exact).abs().max() / exact.abs().max().clamp_min(1e-12))
+    return err if math.isfinite(err) else float("inf")
 
 
 def run_context(prompts, reference, version: str, device="cpu", backend="triton") -> ContextRun:
@@ -139,14 +172,14 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
     kwargs = {"historical": dict(reintroduce=("cross-fp8-context-read",)),
               "fallback": dict(cross_context_path="fallback"),
               "taught-fused": dict(cross_context_path="fused")}[version]
-    llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", max_num_seqs=len(prompts), device=device,
-                     backend=backend, **kwargs)
+    llm = engine("fp8", device, backend, max_num_seqs=len(prompts), **kwargs)
     encoder_kv: dict = {}
     errors = {True: [0.0], False: [0.0]}
     paths = set()
     extent = [0]
+    samples = []
 
-    task = minikv.tasks.for_model("tiny-encdec")
+    task = minikv.tasks.for_model(MODEL)
     ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
     results = {}
     while llm.has_unfinished():
@@ -158,28 +191,38 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
             if e.kind != "cross":
                 continue
             t = e.tensors
+            impl = llm.runner.by_name[e.layer].impl
             qa = ea = 0
             for i, rid in enumerate(out.request_ids):
                 key = (e.layer, out.cross_block_tables[rid])
                 if is_prefill:
-                    encoder_kv[key] = (t["k"][ea:ea + enc_lens[i]], t["v"][ea:ea + enc_lens[i]])
+                    slots = out.cross_slot_mapping[rid]
+                    cached = dequantized_rows(llm.arena.layout(e.pool), llm.arena.pool(e.pool), list(slots))
+                    encoder_kv[key] = {"unfused": (t["k"][ea:ea + enc_lens[i]], t["v"][ea:ea + enc_lens[i]]),
+                                       "paged": cached}
                     ea += enc_lens[i]
                     paths.add(e.context_path)
                     if e.context_path == "fused":
-                        read = llm.runner.by_name[e.layer].impl._context_read_layout()
+                        read = impl._context_read_layout()
                         table = torch.tensor(out.cross_block_tables[rid])
                         extent[0] = max(extent[0], read_extent(read, table, enc_lens[i]))
-                kk, vv = encoder_kv[key]
+                # The reference is what this path is meant to read: the 16-bit workspace K/V for the unfused
+                # context path, the cache's FP8 contents (dequantized with the pool's layout) for paged reads.
+                # Against the 16-bit K/V, FP8 rounding alone moves T5's unscaled, near-argmax attention a lot.
+                unfused = is_prefill and e.context_path == "unfused"
+                kk, vv = encoder_kv[key]["unfused" if unfused else "paged"]
                 q = t["q"][qa:qa + q_lens[i]]
-                ref = _attend_exact(q, kk, vv, q.shape[-1] ** -0.5)
+                ref = _attend_exact(q, kk, vv, impl.sm_scale)
                 got = t["out"][qa:qa + q_lens[i]].float()
                 qa += q_lens[i]
-                err = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
-                errors[is_prefill].append(err if math.isfinite(err) else float("inf"))
+                errors[is_prefill].append(relative_error(got, ref))
+                if is_prefill:
+                    samples += list(zip(ref.flatten().tolist(), got.flatten().tolist()))
         results.update({r.request_id: r.token_ids for r in out.finished})
     tokens = [results[i] for i in ids]
+    wrong = [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]
     return ContextRun(version, max(errors[True]), max(errors[False]), "/".join(sorted(paths)),
-                      tokens == reference, extent[0], llm.runner.cross_layers[0].kv_cache.numel())
+                      tokens == reference, extent[0], llm.runner.cross_layers[0].kv_cache.numel(), wrong, samples)
 
 
 def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[ContextRun]) -> list[str]:
@@ -213,6 +256,90 @@ def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[C
     return problems
 
 
+@dataclass
+class Overrun:
+    """Where one cross layer's highest block in use ends with the historical stride, in one buggy arena."""
+    pool: str
+    bytes_past_end: int      # 0 when the block ends inside the pool
+    lands_in: str            # the region holding the block's last byte: the pool itself, "guard after X", or a pool
+
+
+def overrun_facts(factor: float, need: int, device="cpu") -> list[Overrun]:
+    """For a cross pool of floor(factor * need) blocks: per cross layer, how far past its pool the historical
+    layout puts the end of block need - 1 (the highest block the requests hold), and what lies there."""
+    llm = engine("fp8", device, "torch", cross_pool_blocks=max(1, math.floor(factor * need)),
+                 reintroduce=("cross-stride",), check_layout=False)
+    arena = llm.arena
+    facts = []
+    for a in [a for a in llm.attention_layers.values() if a.kind == "cross"]:
+        name = next(n for n in arena.offsets if n.startswith("cross.") and n.endswith(a.layer_name))
+        start = arena.offsets[name]
+        end = start + a.impl.layout.row_offset(need, 0, 0, 0)          # the historical (16-bit) block stride
+        pool_end = start + arena.pool(name).numel()
+        region = next(r for r in arena.byte_map() if r[2] <= end - 1 < r[3])
+        lands = region[1] if region[0] == "pool" else f"guard after {region[1]}"
+        facts.append(Overrun(name, max(0, end - pool_end), lands))
+    return facts
+
+
+def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu", backend="torch") -> dict:
+    """Serve `prompts` on a buggy engine (historical stride, sanitizer off) with a cross pool of
+    floor(factor * need) blocks and return one panel of `minikv.viz_cross_stride.stride_byte_map`: the arena's
+    regions, every cross layer's blocks in use at the doubled stride per request, the requests' self-attention
+    blocks, and the requests whose token ids differ from `reference`."""
+    import minikv
+    blocks = max(1, math.floor(factor * need))
+    llm = engine("fp8", device, backend, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=False,
+                 check_layout=False, reintroduce=("cross-stride",))
+    task = minikv.tasks.for_model(MODEL)
+    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
+    cross_tables, self_tables, done = {}, {}, {}
+    while llm.has_unfinished():
+        out = llm.step()
+        for rid in out.request_ids:
+            self_tables[rid] = list(out.block_tables[rid])
+            if out.is_prefill:
+                cross_tables[rid] = list(out.cross_block_tables[rid])
+        done.update({r.request_id: r.token_ids for r in out.finished})
+    arena = llm.arena
+    doubled = {}
+    for a in [a for a in llm.attention_layers.values() if a.kind == "cross"]:
+        name = next(n for n in arena.offsets if n.startswith("cross.") and n.endswith(a.layer_name))
+        start, addressed = arena.offsets[name], a.impl.layout
+        doubled[name] = [(start + addressed.row_offset(b, 0, 0, 0), start + addressed.row_offset(b + 1, 0, 0, 0), r)
+                         for r, rid in enumerate(ids) for b in cross_tables[rid]]
+    self_blocks = []
+    for name in [n for n in arena.offsets if n.startswith("kv.")]:
+        start, layout = arena.offsets[name], arena.layout(name)
+        self_blocks += [(start + layout.row_offset(b, 0, 0, 0), start + layout.row_offset(b + 1, 0, 0, 0), r)
+                        for r, rid in enumerate(ids) for b in self_tables[rid]]
+    wrong = [i for i, rid in enumerate(ids) if done[rid] != reference[i]]
+    return {"title": f"{factor:g}x: {blocks} blocks per cross pool ({need} needed)", "regions": arena.byte_map(),
+            "doubled": doubled, "self_blocks": self_blocks, "wrong": wrong,
+            "cross_tables": [cross_tables[rid] for rid in ids]}
+
+
+def fp8_row_read(llm, pool: str, slot: int = 0, head: int = 0, kv: int = 0):
+    """One row of an FP8 pool, and what the historical 16-bit context read makes of it.
+
+    Returns (bytes, fp8_values, read_values): the 2 x head_size bytes the 16-bit reader fetches for (slot, head)
+    in half `kv` (K: 0, V: 1), the FP8 row's head_size elements decoded as e4m3, and the head_size 16-bit
+    elements the reader decodes from those bytes (in the model's dtype)."""
+    from minikv.attention.cross import sixteen_bit_read_of
+    from minikv.kernels.addressing import row_byte_offsets
+    layout = llm.arena.layout(pool)
+    if layout.kv_cache_dtype != "fp8":
+        raise ValueError(f"pool {pool!r} holds {layout.kv_cache_dtype}, not fp8: build the engine with "
+                         "kv_cache_dtype='fp8'")
+    flat = llm.arena.pool(pool).view(-1)
+    start = layout.row_offset(slot // layout.block_size, kv, slot % layout.block_size, head)
+    fp8_values = flat[start:start + layout.head_size].clone().view(torch.float8_e4m3fn).float()
+    read = sixteen_bit_read_of(layout)
+    read_start = int(row_byte_offsets(read, torch.tensor([slot]), kv)[0, head])
+    raw = flat[read_start:read_start + 2 * layout.head_size].clone()
+    return raw, fp8_values, raw.view(layout.model_dtype).float()
+
+
 def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
     lines = [f"B1 cross-stride: fp8 cross pool sized as a multiple of the {need} blocks the requests need at once",
              f"{'pool':>12s} {'blocks':>6s} | {'buggy, sanitizer on':24s} {'buggy, sanitizer off':28s} "
@@ -221,8 +348,9 @@ def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
     cell = {(r.factor, r.buggy, r.sanitize): r for r in pool_runs}
     for f in sorted({r.factor for r in pool_runs}):
         row = [cell[(f, b, s)] for b, s in ((True, True), (True, False), (False, True), (False, False))]
-        lines.append(f"{f:>11.2f}x {row[0].blocks:6d} | {row[0].outcome:24s} "
-                     f"{(row[1].outcome + (' (' + row[1].detail.split(';')[0] + ')' if row[1].outcome == 'wrong tokens' else '')):28s} "
+        silent = row[1].outcome + (f" ({len(row[1].wrong)}/{row[1].detail.split('/')[1].split(' ')[0]} requests)"
+                                   if row[1].outcome == "wrong tokens" else "")
+        lines.append(f"{f:>11.2f}x {row[0].blocks:6d} | {row[0].outcome:24s} {silent:28s} "
                      f"{row[2].outcome:20s} {row[3].outcome:20s}")
     lines.append(f"layout contract on (the default), buggy backend: "
                  f"{'KVLayoutMismatchError at bind' if bind_error else 'NOT caught'}")
@@ -234,9 +362,155 @@ def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
     lines.append("-" * len(lines[-1]))
     for r in ctx_runs:
         reach = f"byte {r.read_end:,} of {r.pool_bytes:,}" if r.read_end else "-"
-        lines.append(f"{r.version:14s} {r.path:13s} {r.context_error:13.2f} {r.decode_error:13.2f}  "
-                     f"{'yes' if r.tokens_equal_auto else 'no':16s}  {reach}")
+        lines.append(f"{r.version:14s} {r.path:13s} {error_display(r.context_error):>13s} "
+                     f"{error_display(r.decode_error):>13s}  {'yes' if r.tokens_equal_auto else 'no':16s}  {reach}")
     return "\n".join(lines)
+
+
+def error_display(err: float) -> str:
+    """The portable text of a relative error: the band it supports when small ('< 1e-3': 16-bit rounding,
+    '< 0.1': FP8 rounding), else two significant digits ('x1.5' style values differ in their last bits from one
+    CPU to another; the bands and two digits do not, for the errors this repro produces)."""
+    for bound in (1e-3, 0.1):
+        if err < bound:
+            return f"< {bound:g}"
+    if err < 0.5:
+        return f"{err:.1f}"
+    return "inf" if math.isinf(err) else f"{float(f'{err:.2g}'):g}"
+
+
+def factor_key(factor: float) -> str:
+    """1.5 -> '1_5x': the pool factor as it appears in quantity names (no '.', which separates results names)."""
+    return f"{factor:g}".replace(".", "_") + "x"
+
+
+def _of(wrong: list[int], n: int) -> str:
+    return f"{len(wrong)} of {n}"
+
+
+@dataclass
+class Measurement:
+    """Everything `minikv repro cross-stride` measures, as plain data (the notebook reads the same object)."""
+    prompts: list[str]
+    need: int
+    pool_runs: list[PoolRun]
+    bind_error: str
+    ctx_runs: list[ContextRun]
+    copies: list[tuple[int, float, list[int]]]
+    overruns: dict[float, list[Overrun]]
+    device: str = "cpu"
+    backend: str = "torch"
+
+
+def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = False) -> Measurement:
+    """Run every B1 and B2 case of the repro (about 10 s on CPU with the torch backend)."""
+    prompts = make_prompts(requests)
+    need = engine("fp8", device, backend).cross_blocks_needed(prompts)
+    reference = reference_tokens(prompts, device, backend)
+    cases = [(f, b, s) for f in FACTORS for b in (True, False) for s in (True, False)]
+    pool_runs = [run_pool(prompts, reference, f, need, b, s, device, backend)
+                 for f, b, s in tqdm(cases, desc="cross-pool sizes", disable=not progress)]
+    bind_error = bind_time_check(device)
+    ctx_runs = [run_context(prompts, reference, v, device, backend)
+                for v in tqdm(VERSIONS, desc="context paths", disable=not progress)]
+    copies = identical_requests(make_prompts(1, seed=2)[0], device, backend)
+    overruns = {f: overrun_facts(f, need, device) for f in (1.0, 1.5, 2.0)}
+    return Measurement(prompts, need, pool_runs, bind_error, ctx_runs, copies, overruns, str(device), backend)
+
+
+def quantities(m: Measurement) -> dict[str, dict]:
+    """The single figures the prose quotes: {name: {"value", "display", "statistic"}}."""
+    n = len(m.prompts)
+    silent = {r.factor: r for r in m.pool_runs if r.buggy and not r.sanitize}
+    by = {r.version: r for r in m.ctx_runs}
+    safe = min(r.factor for r in m.pool_runs if r.buggy and r.outcome == "correct"
+               and all(s.outcome == "correct" for s in m.pool_runs if s.buggy and s.factor >= r.factor))
+    q = {
+        "cross_blocks_needed": {"value": m.need, "display": str(m.need),
+                                "statistic": f"cross blocks the {n} requests hold at once (one block table per "
+                                             "request, shared by every cross layer)"},
+        "buggy_safe_pool_factor": {"value": safe, "display": f"{safe:g}x",
+                                   "statistic": "smallest pool factor of the grid from which every buggy run "
+                                                "(sanitizer on and off) equals the auto-cache run"},
+    }
+    for f in (1.0, 1.5, 2.0):
+        r = silent[f]
+        q[f"b1_wrong_requests_{factor_key(f)}"] = {
+            "value": len(r.wrong), "display": _of(r.wrong, n),
+            "statistic": f"requests whose token ids differ from the auto-cache run, historical stride, cross pool "
+                         f"of {r.blocks} blocks ({f:g}x the {m.need} needed), sanitizer off"}
+    o15 = m.overruns[1.5]
+    q["b1_bytes_past_pool_1_5x"] = {
+        "value": o15[0].bytes_past_end, "display": f"{o15[0].bytes_past_end:,} bytes",
+        "statistic": "bytes between a cross pool's end and the end of the highest block in use at the doubled "
+                     "stride, 1.5x pool (the same for every cross layer)"}
+    q["b1_overrun_lands_in_1_5x"] = {
+        "value": [o.lands_in for o in o15], "display": ", ".join(f"{o.pool} -> {o.lands_in}" for o in o15),
+        "statistic": "per cross layer, the arena region holding the last byte of the highest block in use at "
+                     "the doubled stride, 1.5x pool"}
+    hist = by["historical"]
+    q["b2_context_error"] = {
+        "value": hist.context_error, "display": error_display(hist.context_error),
+        "statistic": "historical fused context read: max over requests and cross layers of max|out - exact| / "
+                     "max|exact| of the cross-attention output at the context step (exact: float32 attention "
+                     "over the K/V the path is meant to read, here the FP8 cache's dequantized contents)"}
+    q["b2_decode_error"] = {
+        "value": hist.decode_error, "display": error_display(hist.decode_error),
+        "statistic": "the same statistic over every decode step of the historical run (16-bit arithmetic "
+                     "only: the decode kernel reads the pool with its real layout)"}
+    for v in ("fallback", "taught-fused"):
+        q[f"b2_context_error_{v.replace('-', '_')}"] = {
+            "value": by[v].context_error, "display": error_display(by[v].context_error),
+            "statistic": f"the same statistic at the context step, {v} path"}
+    q["b2_wrong_requests"] = {
+        "value": len(hist.wrong), "display": _of(hist.wrong, n),
+        "statistic": "requests whose token ids differ from the auto-cache run with the historical context read"}
+    first = [round(f, 2) for _, f, d in m.copies if 0 in d]
+    q["identical_requests_first_copy_differs"] = {
+        "value": first, "display": "from " + (f"{min(first):.2f}x" if first else "never"),
+        "statistic": "three identical requests, historical stride, sanitizer off: pool factors (1x..2x, one "
+                     "block at a time) at which the first copy's token ids differ from the auto-cache run"}
+    return q
+
+
+def tables(m: Measurement) -> dict[str, dict]:
+    n = len(m.prompts)
+    cell = {(r.factor, r.buggy, r.sanitize): r for r in m.pool_runs}
+    b1 = {"caption": f"B1: fp8 cross pool sized as a multiple of the {m.need} blocks {n} requests need at once; "
+                     "outcome per engine (wrong: requests whose token ids differ from the auto-cache run)",
+          "columns": ["pool factor", "blocks", "buggy, sanitizer on", "buggy, sanitizer off", "fixed, sanitizer on",
+                      "fixed, sanitizer off"], "rows": []}
+    for f in FACTORS:
+        row = [cell[(f, b, s)] for b, s in ((True, True), (True, False), (False, True), (False, False))]
+        b1["rows"].append([f"{f:g}x", row[0].blocks] + [
+            r.outcome + (f" ({_of(r.wrong, n)})" if r.outcome == "wrong tokens" else "") for r in row])
+    b2 = {"caption": "B2: cross-attention output vs exact float32 attention over the K/V the path is meant to "
+                     "read (the FP8 cache's contents; the 16-bit K/V for the unfused path), max |out - exact| / "
+                     "max |exact| over requests and cross layers",
+          "columns": ["version", "context path", "context step", "decode steps", "wrong requests"],
+          "rows": [[r.version, r.path, error_display(r.context_error), error_display(r.decode_error),
+                    _of(r.wrong, n)] for r in m.ctx_runs]}
+    over = {"caption": "B1: where each cross layer's highest block in use ends at the doubled stride",
+            "columns": ["pool factor", "cross pool", "bytes past its end", "last byte lands in"],
+            "rows": [[f"{f:g}x", o.pool, o.bytes_past_end, o.lands_in] for f, os in m.overruns.items() for o in os]}
+    same = {"caption": "three identical requests, historical stride, sanitizer off: copies whose token ids differ "
+                       "from the auto-cache run",
+            "columns": ["blocks", "pool factor", "copies differing"],
+            "rows": [[b, f"{f:.2f}x", ", ".join(map(str, d)) or "none"] for b, f, d in m.copies]}
+    return {"b1_pool_sizes": b1, "b2_context_read": b2, "b1_overrun_reach": over, "identical_requests": same}
+
+
+def results_dict(m: Measurement, command: str = RESULTS_COMMAND) -> dict:
+    """The results file (RESULTS_SCHEMA.md): name, command, model, the notebook that prints it, quantities,
+    tables."""
+    return {"name": "cross_stride", "command": command, "model": MODEL, "notebook": NOTEBOOK,
+            "quantities": quantities(m), "tables": tables(m)}
+
+
+def write_results(m: Measurement, path, command: str = RESULTS_COMMAND) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results_dict(m, command), indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,31 +521,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
                         "take many minutes: the defect lives in the engine's Python, which both backends run)")
     p.add_argument("--requests", type=int, default=6)
+    p.add_argument("--results", default=None, metavar="PATH",
+                   help="also write the measured quantities and tables as JSON (e.g. results/cross_stride.json)")
     args = p.parse_args(argv)
     args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
-    import minikv
 
     start = time.perf_counter()
-    prompts = make_prompts(args.requests)
-    probe_llm = minikv.LLM(model="tiny-encdec", kv_cache_dtype="fp8", device=args.device, backend=args.backend)
-    need = probe_llm.cross_blocks_needed(prompts)
-    del probe_llm
-    reference = reference_tokens(prompts, args.device, args.backend)
-    cases = [(f, b, s) for f in FACTORS for b in (True, False) for s in (True, False)]
-    pool_runs = [run_pool(prompts, reference, f, need, b, s, args.device, args.backend)
-                 for f, b, s in tqdm(cases, desc="cross-pool sizes")]
-    bind_error = bind_time_check(args.device)
-    ctx_runs = [run_context(prompts, reference, v, args.device, args.backend)
-                for v in tqdm(("historical", "fallback", "taught-fused"), desc="context paths")]
-    print(format_tables(need, pool_runs, bind_error, ctx_runs))
-    problems = check_signatures(pool_runs, bind_error, ctx_runs)
-    copies = identical_requests(make_prompts(1, seed=2)[0], args.device, args.backend)   # 2 cross blocks each
+    m = measure(args.requests, args.device, args.backend, progress=True)
+    print(format_tables(m.need, m.pool_runs, m.bind_error, m.ctx_runs))
+    problems = check_signatures(m.pool_runs, m.bind_error, m.ctx_runs)
     print("\nthree identical requests, B1 reintroduced, sanitizer off: copies whose token ids differ from auto")
-    print("  " + "; ".join(f"{b} blocks ({f:.2f}x): {', '.join(map(str, d)) or 'none'}" for b, f, d in copies))
-    if not any(0 in d for _, f, d in copies if f < 2) or any(d for _, f, d in copies if f >= 2):
+    print("  " + "; ".join(f"{b} blocks ({f:.2f}x): {', '.join(map(str, d)) or 'none'}" for b, f, d in m.copies))
+    if not any(0 in d for _, f, d in m.copies if f < 2) or any(d for _, f, d in m.copies if f >= 2):
         problems.append("identical requests: the first copy never differed below 2x, or a copy differed at 2x")
-    print(f"\n{len(prompts)} requests, {len(cases)} pool runs + 3 context runs on {args.device}/{args.backend}, "
-          f"{time.perf_counter() - start:.0f} s")
+    print(f"\n{len(m.prompts)} requests, {len(m.pool_runs)} pool runs + {len(m.ctx_runs)} context runs on "
+          f"{args.device}/{args.backend}, {time.perf_counter() - start:.0f} s")
+    if args.results:
+        command = "minikv repro cross-stride " + " ".join(argv if argv is not None else [])
+        write_results(m, args.results, command.strip() if argv is not None else RESULTS_COMMAND)
+        print(f"results written to {args.results}")
     if problems:
         print("Signatures NOT reproduced:")
         for line in problems:
