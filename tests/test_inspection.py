@@ -31,7 +31,7 @@ def test_cross_layers_carry_the_layout_their_backend_addresses():
 
 
 def test_kv_layouts_name_every_pool_with_its_layout():
-    llm = minikv.LLM(model="tiny-kvshare", kv_cache_dtype="fp8_per_token_head", backend="torch")
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="fp8_per_token_head", backend="torch")
     layouts = llm.kv_layouts
     owners = [n for n, a in llm.attention_layers.items() if a.kv_sharing_target is None]
     assert list(layouts) == [f"kv.{n}" for n in owners] == list(llm.arena.specs)

@@ -142,7 +142,7 @@ class Gemma4Config:
     def head_dim_of_type(self, layer_type: str) -> int:
         return self.layer_head_dims[self.layer_types.index(layer_type)]
 
-    # ---- what minikv's engine reads (ModelConfig's names) -----------------------------------------------------
+    # ---- what minikv's engine reads (the same names for every model) --------------------------------------------------
     is_encoder_decoder = False
     max_encoder_len = 0
 

@@ -116,7 +116,7 @@ class T5Config:
             "decoder_start_token_id": self.decoder_start_token_id, "dropout_rate": 0.0,
         }
 
-    # ---- what minikv's engine reads (ModelConfig's names) -----------------------------------------------------
+    # ---- what minikv's engine reads (the same names for every model) --------------------------------------------------
     is_encoder_decoder = True
     # T5 has no absolute positions and so no length limit of its own; the engine sizes its default pools (and
     # refuses longer requests) by these, T5's customary 512.
