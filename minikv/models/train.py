@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import platform
 import random
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,7 +191,7 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
 
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     losses: list[float] = []
-    started = time.perf_counter()
+    started, cpu_started, load_started = time.perf_counter(), _cpu_seconds(), os.getloadavg()
     # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
     bar = tqdm(range(steps), desc=f"train {name}", **({} if progress else {"disable": True}))
     for _ in bar:
@@ -209,11 +211,15 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
         if len(losses) % 25 == 0:
             bar.set_postfix(loss=f"{sum(losses[-25:]) / 25:.4f}")
     model.kv_transform = None
-    train_seconds = time.perf_counter() - started
+    train_seconds, train_cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_started
 
     metrics = {
         "model": name, "steps": steps, "seed": seed, "recipe": recipe.__dict__, "device": str(device),
         "train_wall_s": round(train_seconds, 1), "torch_threads": torch.get_num_threads(),
+        # CPU time (user + sys) stays close to the idle-machine time of a 1-thread run; wall time grows with load
+        "train_cpu_s": round(train_cpu_seconds, 1),
+        "load_avg_1_5_15_start": [round(x, 2) for x in load_started],
+        "load_avg_1_5_15_end": [round(x, 2) for x in os.getloadavg()],
         "torch_version": torch.__version__, "machine": platform.processor() or platform.machine(),
         "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 5),
     }
@@ -225,6 +231,11 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
     metrics["total_wall_s"] = round(time.perf_counter() - started, 1)
     save_checkpoint_dir(model, registry.checkpoint_dir(name, out_dir), metrics)
     return metrics
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def save_checkpoint_dir(model: nn.Module, path: Path, metrics: dict) -> Path:
