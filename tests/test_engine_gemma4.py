@@ -1,9 +1,8 @@
 """Gemma-4 through minikv's paged engine (torch backend) against transformers' `generate`.
 
-Only what the engine supports today: one head size and KV-head count for all layers; sliding windows both
-covering the context and much shorter than it. KV sharing is E2B-shaped (several sharing
-layers per source cache). LLM() takes registered model names only, so the test registers the checkpoint
-directory's path as a name; accepting a directory is a one-line change in minikv/engine/llm.py.
+One head size and KV-head count for all layers here (per-layer shapes: tests/test_engine_perlayer.py); sliding
+windows both covering the context and much shorter than it. KV sharing is E2B-shaped (several sharing layers per
+source cache). The engine loads the random checkpoint from its directory: `LLM(model=PATH)`.
 """
 from __future__ import annotations
 
@@ -43,7 +42,6 @@ def checkpoint(tmp_path, monkeypatch, **overrides):
     hf.generation_config.eos_token_id = None
     hf.save_pretrained(tmp_path)
     save_char_tokenizer(CharTokenizer(), tmp_path)
-    monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(tmp_path)))
     return hf
 
 
@@ -91,9 +89,24 @@ def windowed(tmp_path_factory):
 def test_engine_with_a_window_shorter_than_the_context(windowed, monkeypatch, backend, kv_cache_dtype):
     """Sliding layers (and the layers sharing their caches) see the last 6 positions, in prefill and decode."""
     path, expected = windowed
-    monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(path)))
     llm = minikv.LLM(model=str(path), backend=backend, kv_cache_dtype=kv_cache_dtype, max_num_seqs=4, block_size=8)
     windows = {a.impl.sliding_window for a in llm.attention_layers.values()}
     assert windows == {0, 6}
     outs = llm.generate(WINDOW_PROMPTS, minikv.SamplingParams(max_tokens=10, ignore_eos=True))
     assert [o.token_ids for o in outs] == expected
+
+
+def test_llm_takes_a_checkpoint_directory_path(tmp_path):
+    """A str or a pathlib.Path; a missing directory, or one without config.json, is refused before loading."""
+    checkpoint(tmp_path, None)
+    for model in (tmp_path, str(tmp_path)):
+        llm = minikv.LLM(model=model, backend="torch", max_num_seqs=2)
+        assert llm.model_name == str(tmp_path) and llm.task is None      # a user's checkpoint: prompts unchecked
+        assert len(llm.generate(["12 3"], minikv.SamplingParams(max_tokens=3), use_tqdm=False)[0].token_ids) == 3
+    with pytest.raises(ValueError, match="neither a shipped model"):
+        minikv.LLM(model=str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no config.json"):
+        minikv.LLM(model=tmp_path / "empty")
+    with pytest.raises(ValueError, match="unknown model"):
+        minikv.LLM(model="tiny-gemma5")

@@ -97,7 +97,6 @@ def test_the_config_really_has_two_head_shapes(perlayer):
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8_per_token_head", "fp8_per_token_head", "fp8"])
 def test_engine_greedy_equals_reference(perlayer, monkeypatch, backend, kv_cache_dtype):
     path, expected = perlayer
-    monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(path)))
     llm = minikv.LLM(model=str(path), backend=backend, kv_cache_dtype=kv_cache_dtype, max_num_seqs=4, block_size=8)
     layouts = llm.kv_layouts
     assert {n: (lay.head_size, lay.num_kv_heads) for n, lay in layouts.items()} == {
@@ -121,7 +120,6 @@ def test_sharing_layer_with_another_shape_than_its_source_is_refused(tmp_path, m
     assert config.kv_sharing[9] == 4 and config.layer_kv_heads[9] != config.layer_kv_heads[4]
     save_checkpoint(Gemma4ForCausalLM(config).eval(), tmp_path)
     save_char_tokenizer(CharTokenizer(), tmp_path)
-    monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(tmp_path)))
     with pytest.raises(ValueError, match=r"model.layers.9.self_attn shares the KV cache of model.layers.4.self_attn"):
         minikv.LLM(model=str(tmp_path), backend="torch", block_size=8)
 
@@ -188,7 +186,6 @@ def test_e2b_head_sizes_through_the_interpreter(tmp_path, monkeypatch, kv_cache_
     the dense model's (measured, as a fraction of the logits' spread: within 5e-5 with the auto cache, 1% at most
     with int8 codes; a misread pool is off by about 0.4 on average)."""
     random_minikv_checkpoint(tmp_path, e2b_at_real_head_sizes(), scale=0.2, jitter=0.05)
-    monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(tmp_path)))
     llm = minikv.LLM(model=str(tmp_path), backend="triton", kv_cache_dtype=kv_cache_dtype, max_num_seqs=1,
                      block_size=16)
     assert {lay.head_size for lay in llm.kv_layouts.values()} == {256, 512}
@@ -221,7 +218,6 @@ def test_e2b_head_sizes_on_gpu_bf16(tmp_path, monkeypatch, backend, kv_cache_dty
     1.5-1.9. The mean is the test (0.2); the max bound only catches a single wild step. Greedy tokens are no test
     here: even the misread model picks the same ones."""
     random_minikv_checkpoint(tmp_path, e2b_at_real_head_sizes(), scale=0.2, jitter=0.05)
-    monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(tmp_path)))
     llm = minikv.LLM(model=str(tmp_path), backend=backend, kv_cache_dtype=kv_cache_dtype, device="cuda",
                      dtype=torch.bfloat16, max_num_seqs=1, block_size=16)
     assert {lay.head_size for lay in llm.kv_layouts.values()} == {256, 512}

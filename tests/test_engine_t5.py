@@ -7,8 +7,7 @@ fake-quantizing its decoder K/V the same way (random weights have near-ties that
 transformers' unquantized ids are not the reference there; the dense model itself matches transformers, see
 tests/test_parity_t5.py). Generations are longer than the bias's max distance, so the kernels' clamp of far
 keys is exercised. The shipped tiny-t5 gives the same ids as its dense greedy and solves its task,
-and the cross-stride defect reproduces on it. LLM() takes registered model names only, so the random checkpoint's
-directory is registered as a name (as tests/test_engine_gemma4.py does).
+and the cross-stride defect reproduces on it. The engine loads the random checkpoint from its directory.
 """
 from __future__ import annotations
 
@@ -81,7 +80,6 @@ def test_bias_table_equals_the_bucketed_bias_at_every_distance():
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8_per_token_head", "fp8"])
 def test_engine_greedy_equals_transformers_or_dense_fake_quant(random_t5, monkeypatch, backend, kv_cache_dtype):
     path, expected = random_t5
-    monkeypatch.setattr(registry, "MODEL_NAMES", (*registry.MODEL_NAMES, str(path)))
     llm = minikv.LLM(model=str(path), backend=backend, kv_cache_dtype=kv_cache_dtype, max_num_seqs=4, block_size=8)
     impls = [a.impl for a in llm.attention_layers.values()]
     assert {i.sm_scale for i in impls} == {1.0}

@@ -22,8 +22,10 @@ Rules the facade keeps:
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -37,7 +39,7 @@ from minikv.engine.model_runner import ModelRunner
 from minikv.engine.scheduler import Scheduler
 from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
 from minikv.engine.step import StepOutput, StepTrace
-from minikv.models import registry
+from minikv.models import hf_checkpoint, registry
 
 
 class ConcurrentUseError(RuntimeError):
@@ -72,6 +74,23 @@ def _check_choice(name: str, value, choices) -> None:
         raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
 
 
+def _check_model(model) -> str:
+    """A shipped model name, or the path of a local checkpoint directory in transformers' format (a Gemma-4 or
+    T5 `config.json` + `model.safetensors`, and a tokenizer: minikv's `minikv_tokenizer.json` or `tokenizer.json`)."""
+    if isinstance(model, os.PathLike) or (isinstance(model, str) and model not in registry.MODEL_NAMES
+                                          and ("/" in model or os.sep in model or Path(model).is_dir())):
+        path = Path(model)
+        if not path.is_dir():
+            raise ValueError(f"model {str(model)!r} is neither a shipped model ({', '.join(registry.MODEL_NAMES)}) "
+                             f"nor an existing checkpoint directory")
+        if not hf_checkpoint.is_checkpoint_dir(path):
+            raise ValueError(f"{str(path)!r} is not a checkpoint directory: it has no config.json "
+                             f"(expected transformers' config.json + model.safetensors of a Gemma-4 or T5 model)")
+        return str(path)
+    _check_choice("model", model, registry.MODEL_NAMES)
+    return model
+
+
 def _check_reintroduce_possible(defects: frozenset[str], model_config, kv_cache_dtype: str) -> None:
     """A defect switched on where its mechanism cannot occur would silently do nothing: refuse it, saying why."""
     if "scale-wipe" in defects and not model_config.kv_sharing:
@@ -92,8 +111,10 @@ class LLM:
     """A minikv engine for one model.
 
     Arguments (all checked here, before any memory is allocated):
-      model                 a shipped model name (`minikv.models.registry.MODEL_NAMES`); its prompts must lie in
-                            its task's domain (`minikv.tasks`), else a ValueError says which bound they break
+      model                 a shipped model name (`minikv.models.registry.MODEL_NAMES`), whose prompts must lie in
+                            its task's domain (`minikv.tasks`), else a ValueError says which bound they break;
+                            or the path of a local checkpoint directory in transformers' format (Gemma-4 or T5:
+                            config.json + model.safetensors + a tokenizer), whose prompts are not checked
       kv_cache_dtype        "auto", "fp8", "int8_per_token_head" or "fp8_per_token_head"
       kv_scale_placement    per-token-head formats: "row" (vLLM's layout, each scale after its row) or "block"
                             (each block half's scales grouped after its codes: aligned rows, faster on a GPU)
@@ -122,7 +143,7 @@ class LLM:
                  kv_scale_placement: str = "row", warmup: str = "dummy"):
         from minikv.attention.cross import CONSTRUCTION_ORDERS, CROSS_CONTEXT_PATHS
         from minikv.engine.model_runner import WARMUP_SHAPES
-        _check_choice("model", model, registry.MODEL_NAMES)
+        model = _check_model(model)
         _check_choice("backend", backend, BACKENDS)
         _check_choice("cross_context_path", cross_context_path, CROSS_CONTEXT_PATHS)
         _check_choice("cross_construction", cross_construction, CONSTRUCTION_ORDERS)
