@@ -222,7 +222,12 @@ class T5Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """x: [B, T, d_model]; k, v: [B, heads, S, d_kv]; bias: additive, broadcastable to [B, heads, T, S]."""
-        out = F.scaled_dot_product_attention(self.heads(self.q(x)), k, v, attn_mask=bias.to(x.dtype), scale=1.0)
+        # Written out as transformers' eager T5 attention does it (scores in the model's dtype, softmax in float32,
+        # no 1/sqrt(d) scaling), not through F.scaled_dot_product_attention: on an H200 its cuDNN backend returned
+        # NaN for bfloat16 at flan-t5-base's head size 64 with the finfo.min masks used here.
+        scores = torch.matmul(self.heads(self.q(x)), k.transpose(-1, -2)) + bias.to(x.dtype)
+        weights = scores.float().softmax(dim=-1).to(scores.dtype)
+        out = torch.matmul(weights, v)
         return self.o(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
 
 

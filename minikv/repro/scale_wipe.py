@@ -635,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     wakes = wake_runs(few, seqs, args.device, args.backend)
     print("\nsleep / wake_up (int8_per_token_head; first batch after the wake-up):")
     print(format_wake_table(wakes))
-    unwritten = unwritten_slots.run(("torch", "triton"))
+    unwritten = unwritten_slots.run(("torch", "triton"), device=args.device)
     print("\nwho reads a scale slot nobody wrote (output compared with the 1.0-fill output):")
     print(unwritten_slots.format_table(unwritten))
     arrivals = [arrival_run(few, seqs, seed, args.device, args.backend) for seed in range(4)]

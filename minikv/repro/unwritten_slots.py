@@ -23,7 +23,7 @@ from minikv.cache.layout import KVLayout
 FILLS = {"1.0 (the fill)": 1.0, "0.0 (zeroed)": 0.0, "NaN (garbage)": float("nan"), "inf (garbage)": float("inf")}
 
 
-def _pool(layout: KVLayout, fill: float, written: int, seed: int = 0):
+def _pool(layout: KVLayout, fill: float, written: int, seed: int = 0, device: str = "cpu"):
     from minikv import kernels
     g = torch.Generator().manual_seed(seed)
     pool = torch.zeros(2, layout.block_bytes, dtype=torch.uint8)
@@ -35,8 +35,9 @@ def _pool(layout: KVLayout, fill: float, written: int, seed: int = 0):
     vs.fill_(fill)
     k = torch.randn(written, layout.num_kv_heads, layout.head_size, generator=g)
     v = torch.randn(written, layout.num_kv_heads, layout.head_size, generator=g)
+    pool, k, v = pool.to(device), k.to(device), v.to(device)
     if written:
-        kernels.write_kv_reference(k, v, pool, torch.arange(written), layout)
+        kernels.write_kv_reference(k, v, pool, torch.arange(written, device=device), layout)
     return pool
 
 
@@ -54,32 +55,37 @@ def whole_block_reader(q, pool, layout: KVLayout, length: int, sm_scale: float) 
     return torch.einsum("hn,nhd->hd", p, v)[None]
 
 
-def run(backends=("torch", "triton")) -> list[tuple[str, dict[str, str]]]:
-    """[(reader, {fill: "same" | "NaN" | "differs"})], each output compared with the 1.0-fill output."""
+def run(backends=("torch", "triton"), device: str = "cpu") -> list[tuple[str, dict[str, str]]]:
+    """[(reader, {fill: "same" | "NaN" | "differs"})], each output compared with the 1.0-fill output; on `device`
+    (the Triton kernels run where minikv.kernels was imported for: the interpreter on CPU, compiled on CUDA)."""
     from minikv.attention.backend import get_ops
     layout = KVLayout("int8_per_token_head", torch.float32, 2, 16, 16)
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(1, 4, 16, generator=g)
+    q = torch.randn(1, 4, 16, generator=g).to(device)
     sm = 16 ** -0.5
-    table = torch.tensor([[0]], dtype=torch.int32)
+    table = torch.tensor([[0]], dtype=torch.int32, device=device)
+
+    def i32(*values):
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
     readers = {}
     for name in backends:
         ops = get_ops(name)
         readers[f"minikv decode ({name})"] = (5, lambda p, ops=ops: ops.decode(
-            q, p, table, torch.tensor([5], dtype=torch.int32), layout, sm, validate=False))
+            q, p, table, i32(5), layout, sm, validate=False))
         readers[f"minikv fused context ({name})"] = (5, lambda p, ops=ops: ops.paged_context(
-            q, p, table, torch.tensor([0, 1], dtype=torch.int32), torch.tensor([5], dtype=torch.int32), layout,
+            q, p, table, i32(0, 1), i32(5), layout,
             True, sm, validate=False))
     readers["whole-block reader (model)"] = (5, lambda p: whole_block_reader(q, p, layout, 5, sm))
     ops = get_ops("torch")
     readers["capture warmup's dummy decode (none written)"] = (0, lambda p: ops.decode(
-        q, p, table, torch.tensor([1], dtype=torch.int32), layout, sm, validate=False))
+        q, p, table, i32(1), layout, sm, validate=False))
     rows = []
     for reader, (written, fn) in readers.items():
-        base = fn(_pool(layout, 1.0, written)).float()
+        base = fn(_pool(layout, 1.0, written, device=device)).float()
         cells = {}
         for label, value in FILLS.items():
-            out = fn(_pool(layout, value, written)).float()
+            out = fn(_pool(layout, value, written, device=device)).float()
             cells[label] = ("NaN" if bool(out.isnan().any()) else
                             "same" if torch.equal(out, base) else "differs")
         rows.append((reader, cells))
