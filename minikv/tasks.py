@@ -17,6 +17,7 @@ hash, training draws only from one side and `prompts()` only from the other.
 """
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from itertools import pairwise
@@ -84,12 +85,30 @@ class WindowArithmeticTask:
     def prompt_text(first: int, step: int, terms: int) -> str:
         return " ".join(str(first + i * step) for i in range(terms))
 
-    def training_start(self, rng: random.Random) -> tuple[int, int]:
-        """A (first term, step) uniformly from the training side of the domain."""
+    def training_start(self, rng: random.Random, small_share: float = 0.0) -> tuple[int, int]:
+        """A (first term, step) from the training side of the domain: uniform, or with probability `small_share`
+        log-uniform in both, so sequences of small numbers ("1 2 3", "10 20 30"), which a uniform draw almost
+        never produces (first term < 20 and step < 10 in 1 draw of 550), are trained as often as large ones."""
         while True:
-            first, step = rng.randint(0, self.max_first), rng.randint(1, self.max_step)
+            if rng.random() < small_share:
+                first = min(self.max_first, int(10 ** rng.uniform(0, math.log10(self.max_first + 1))) - 1)
+                step = min(self.max_step, int(10 ** rng.uniform(0, math.log10(self.max_step + 1))))
+            else:
+                first, step = rng.randint(0, self.max_first), rng.randint(1, self.max_step)
             if not self.is_held_out(first, step):
                 return first, step
+
+    def small_number_prompts(self, n: int, seed: int = 0, max_first: int = 30, max_step: int = 10) -> list[str]:
+        """`n` prompts of small numbers (first term <= max_first, step <= max_step, 2..max_terms terms), from the
+        whole domain (held-out and training families): what a user tries first. Reported next to `prompts()`."""
+        rng = random.Random(f"{self.name}:small:{seed}")
+        out = []
+        while len(out) < n:
+            first, step = rng.randint(0, max_first), rng.randint(1, max_step)
+            terms = rng.randint(2, self.max_terms)
+            if self._in_domain(first, step, terms):
+                out.append(self.prompt_text(first, step, terms))
+        return out
 
     def sample(self, rng: random.Random, held_out: bool | None = True) -> str:
         """One prompt uniformly from the domain (held_out=True: its held-out part; None: all of it)."""

@@ -3,6 +3,7 @@ their tasks (dense greedy, every fake-quantized K/V format), their directories a
 task refuses prompts outside the documented domain."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -35,7 +36,10 @@ def test_checkpoint_directory_is_complete_small_and_records_its_recipe(name):
     assert all(t.dtype == torch.float16 for t in hf_checkpoint.read_tensors(path).values())
     record = json.loads((path / "training.json").read_text())["training"]
     assert record["model"] == name and record["seed"] == 0
-    assert record["recipe"] == train.RECIPES[name].__dict__
+    # a field added to Recipe after a run is recorded as absent: that run used the field's default
+    defaults = {f.name: f.default for f in dataclasses.fields(train.Recipe)}
+    assert set(record["recipe"]) <= set(train.RECIPES[name].__dict__)
+    assert {k: record["recipe"].get(k, defaults[k]) for k in defaults} == train.RECIPES[name].__dict__
     assert record["steps"] == train.RECIPES[name].steps
     config = json.loads((path / "config.json").read_text())
     assert config.pop("dtype") == "float16"
@@ -204,3 +208,15 @@ def test_gemma4_window_is_shorter_than_long_prompts_and_the_engine_slides_it(bac
     outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=12, ignore_eos=True))
     assert [o.token_ids for o in outs] == train.generate_dense(model, prompts, 12)
     assert all(task.check(p, o.text) for p, o in zip(prompts, outs))
+
+
+def test_gemma4_answers_small_numbers_a_user_tries_first():
+    """The first prompts a user types are small numbers; uniform training draws almost never contain them, so the
+    recipe draws part of its sequences log-uniformly. Dense, 120 prompts of first term 0-30 and step 1-10, plus the
+    examples the docs use."""
+    task = tasks.for_model("tiny-gemma4")
+    prompts = ["1 2 3", "10 20 30", "2 4 6 8", "0 5", "3 7 11", "250 263 276"] + task.small_number_prompts(120)
+    model = registry.load_model("tiny-gemma4")
+    got = train.generate_dense(model, prompts, task.default_max_tokens)
+    wrong = [p for p, ids in zip(prompts, got) if ids != train.expected_ids("tiny-gemma4", p)]
+    assert len(wrong) <= 1, wrong

@@ -50,10 +50,11 @@ class Recipe:
     warmup: int
     seq_len: int = 0               # decoder-only: tokens per training sequence
     fake_quant_prob: float = 0.75  # share of steps whose K/V go through a quantized format
+    small_share: float = 0.0       # tiny-gemma4: share of sequences drawn log-uniformly (small numbers)
 
 
 RECIPES = {
-    "tiny-gemma4": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100, seq_len=112),
+    "tiny-gemma4": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100, seq_len=112, small_share=0.4),
     "tiny-t5": Recipe(steps=1500, batch_size=32, lr=3e-3, warmup=100),
 }
 
@@ -90,13 +91,14 @@ def kv_transform_for(fmt: str | None):
 
 # ---- training batches -----------------------------------------------------------------------------------------
 
-def window_batch(task: tasks.WindowArithmeticTask, tokenizer, rng: random.Random, batch_size: int, seq_len: int):
+def window_batch(task: tasks.WindowArithmeticTask, tokenizer, rng: random.Random, batch_size: int, seq_len: int,
+                 small_share: float = 0.0):
     """Arithmetic sequences whose first term and step are uniform over the training side of the domain, so every
     window of the domain is a training prefix. No loss on the first two terms: before the second term ends, the
     step is unknown."""
     inputs, targets = [], []
     for _ in range(batch_size):
-        first, step = task.training_start(rng)
+        first, step = task.training_start(rng, small_share)
         text = task.sequence_text(first, step, seq_len)[:seq_len]
         ids = [tokenizer.bos_id] + tokenizer.encode(text)
         target = ids[1:]
@@ -198,7 +200,7 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
         if isinstance(model, T5ForConditionalGeneration):
             batch = t5_batch(task, tokenizer, rng, recipe.batch_size)
         else:
-            batch = window_batch(task, tokenizer, rng, recipe.batch_size, recipe.seq_len)
+            batch = window_batch(task, tokenizer, rng, recipe.batch_size, recipe.seq_len, recipe.small_share)
         fmt = rng.choice(FAKE_QUANT_FORMATS) if rng.random() < recipe.fake_quant_prob else None
         model.kv_transform = kv_transform_for(fmt)
         loss = _loss(model, batch, device)
