@@ -85,6 +85,7 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
     """Defect A: a buggy and a fixed int8_per_token_head engine serve the same requests; a 16-bit cache is the
     reference. Returns the lines to print."""
     import minikv
+    from minikv.repro import scale_wipe
     task = minikv.tasks.for_model("tiny-gemma4")
     prompts = task.prompts(n, seed=0)
 
@@ -117,8 +118,8 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
               f"views"),
              (f"       late (step {', '.join(map(str, steps))}), filling the storage's scales with 1.0: {wiped} scales "
               f"layers {targets}"),
-             (f"       had just written were wiped, so those prompts' K dequantize x{inflation:.2g} too large "
-              "(1 / median wiped K scale)"),
+             (f"       had just written were wiped, so those prompts' K dequantize {scale_wipe.times(inflation)} too "
+              "large (1 / true scale, median over the first batch's K rows)"),
              (f"       census: {len(buggy.census.fills)} fills, {len(buggy.census.harmless)} wiping nothing (warmup, "
               f"and the later sharers {later} at step 0), {len(late)} wiping written scales")]
     if wrong:
