@@ -119,7 +119,8 @@ def scale_wipe_story(device: torch.device, backend: str, n: int = 8, max_num_seq
              (f"       late (step {', '.join(map(str, steps))}), filling the storage's scales with 1.0: {wiped} scales "
               f"layers {targets}"),
              (f"       had just written were wiped, so those prompts' K dequantize {scale_wipe.times(inflation)} too "
-              "large (1 / true scale, median over the first batch's K rows)"),
+              "large (1 / true scale;"),
+             "       median over the first batch's K rows)",
              (f"       census: {len(buggy.census.fills)} fills, {len(buggy.census.harmless)} wiping nothing (warmup, "
               f"and the later sharers {later} at step 0), {len(late)} wiping written scales")]
     if wrong:

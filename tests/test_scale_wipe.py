@@ -36,9 +36,10 @@ def generate(prompts, max_tokens=8, **kw):
 @pytest.mark.parametrize("max_num_seqs", [4, 6, 8])
 def test_historical_path_damages_exactly_the_first_batch(max_num_seqs):
     fmt = "int8_per_token_head" if max_num_seqs != 6 else "fp8_per_token_head"
-    prompts = scale_wipe.make_prompts(max_num_seqs + 4)
-    _, clean = generate(prompts, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs)
-    llm, buggy = generate(prompts, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs, reintroduce=("scale-wipe",))
+    prompts = scale_wipe.make_prompts(2 * max_num_seqs)          # the first batch: distinct prompts
+    _, clean = generate(prompts, max_tokens=12, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs)
+    llm, buggy = generate(prompts, max_tokens=12, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs,
+                          reintroduce=("scale-wipe",))
     assert damaged(prompts, buggy, clean) == list(range(max_num_seqs))
     assert buggy[max_num_seqs:] == clean[max_num_seqs:]            # later batches clean
     # The census in upstream's shape: the owners (layers 0-3) fill at warmup; per shared storage the first sharer
