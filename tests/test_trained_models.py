@@ -220,3 +220,18 @@ def test_gemma4_answers_small_numbers_a_user_tries_first():
     got = train.generate_dense(model, prompts, task.default_max_tokens)
     wrong = [p for p, ids in zip(prompts, got) if ids != train.expected_ids("tiny-gemma4", p)]
     assert len(wrong) <= 1, wrong
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_damaged_weight_bytes_are_refused(name, tmp_path):
+    """The header still parses, one byte of tensor data is flipped: the recorded SHA-256 catches it."""
+    import shutil
+    path = tmp_path / name
+    shutil.copytree(registry.checkpoint_dir(name), path)
+    assert hf_checkpoint.load_checkpoint(path) is not None                    # the copy loads as it is
+    file = path / hf_checkpoint.WEIGHTS_FILE
+    data = bytearray(file.read_bytes())
+    data[-100] ^= 0x01
+    file.write_bytes(bytes(data))
+    with pytest.raises(hf_checkpoint.CheckpointError, match="SHA-256"):
+        hf_checkpoint.load_checkpoint(path)

@@ -17,11 +17,12 @@ directory to the same logits.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -29,6 +30,9 @@ from minikv.models.gemma4 import Gemma4Config, Gemma4ConfigError, Gemma4ForCausa
 from minikv.models.t5 import T5Config, T5ConfigError, T5ForConditionalGeneration
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
+# A safetensors header only describes the data; minikv also records a digest of the tensor bytes in its metadata,
+# so a file whose header still parses but whose data was damaged is refused (files without it are not checked).
+DIGEST_KEY = "minikv_sha256"
 ARCHITECTURES = ("gemma4_text", "gemma4", "t5")
 
 
@@ -64,10 +68,26 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         try:
-            tensors.update(load_file(str(file)))
+            with safe_open(str(file), framework="pt") as f:
+                expected = (f.metadata() or {}).get(DIGEST_KEY)
+            loaded = load_file(str(file))
         except (SafetensorError, OSError, RuntimeError) as err:
             raise CheckpointError(f"cannot read {file}: {err}") from None
+        if expected is not None and tensor_digest(loaded) != expected:
+            raise CheckpointError(f"{file}: the tensor data does not match the SHA-256 recorded when it was saved "
+                                  f"(the file is damaged); restore it, or rebuild it with `minikv train`")
+        tensors.update(loaded)
     return tensors
+
+
+def tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _lm_head_is_tied(tensors: dict[str, torch.Tensor], embedding_key: str) -> bool:
@@ -158,6 +178,6 @@ def save_checkpoint(model: nn.Module, path: str | Path, dtype: torch.dtype | Non
         tensors.pop("lm_head.weight")
     config = model.config.to_hf_dict()
     config["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt", DIGEST_KEY: tensor_digest(tensors)})
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return path
