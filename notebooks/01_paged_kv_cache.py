@@ -36,6 +36,14 @@
 # that only bookkeep use minikv's `torch` backend (the pure-PyTorch references of the kernels, with the same byte
 # addressing), and sections 5 and 6 run the Triton kernels themselves.
 
+# %% [markdown]
+# **Where this fits.** First of five notebooks. The concept page
+# [docs/concepts/paged-kv-cache.md](../docs/concepts/paged-kv-cache.md) tells the same story in prose, and terms
+# such as *slot*, *block table* or *pool* are in the [glossary](../docs/glossary.md). Next:
+# [02 · the quantized KV cache](02_quantized_kv_cache.ipynb); the defects that build on these pieces are in
+# [03](03_kv_sharing_scale_wipe.ipynb) (vLLM's scale wipe) and [04](04_cross_attention_stride_doubling.ipynb)
+# (TensorRT-LLM's cross-attention stride).
+
 # %%
 import torch
 

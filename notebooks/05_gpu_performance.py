@@ -28,6 +28,12 @@
 # other cell reads the CSV the GPU run wrote (`notebooks/data/gpu_attention.csv`, committed) and is re-executed and
 # compared everywhere.
 
+# %% [markdown]
+# **Where this fits.** The formats measured here are introduced in [02](02_quantized_kv_cache.ipynb) and
+# [docs/concepts/kv-cache-formats.md](../docs/concepts/kv-cache-formats.md); the measured tables are also in
+# [docs/results.md](../docs/results.md), and *roofline*, *SDPA* and *scale placement* are in the
+# [glossary](../docs/glossary.md).
+
 # %%
 import csv
 from pathlib import Path
