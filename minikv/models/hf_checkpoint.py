@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -30,9 +30,11 @@ from minikv.models.gemma4 import Gemma4Config, Gemma4ConfigError, Gemma4ForCausa
 from minikv.models.t5 import T5Config, T5ConfigError, T5ForConditionalGeneration
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
-# A safetensors header only describes the data; minikv also records a digest of the tensor bytes in its metadata,
-# so a file whose header still parses but whose data was damaged is refused (files without it are not checked).
-DIGEST_KEY = "minikv_sha256"
+# A safetensors header only describes the data; minikv also records a digest of each weights file's tensors in a
+# file beside it, so a file whose header still parses but whose data was damaged is refused (weights files the
+# digest file does not list, e.g. a downloaded checkpoint's, are not checked). Not in the safetensors metadata:
+# safetensors writes metadata keys in no fixed order, and a retrained checkpoint must be identical byte for byte.
+DIGEST_FILE = "minikv_sha256.json"
 ARCHITECTURES = ("gemma4_text", "gemma4", "t5")
 
 
@@ -65,11 +67,11 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
         files = [path / name for name in sorted(set(index["weight_map"].values()))]
     else:
         raise CheckpointError(f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
+    digests = json.loads((path / DIGEST_FILE).read_text()) if (path / DIGEST_FILE).is_file() else {}
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
+        expected = digests.get(file.name)
         try:
-            with safe_open(str(file), framework="pt") as f:
-                expected = (f.metadata() or {}).get(DIGEST_KEY)
             loaded = load_file(str(file))
         except (SafetensorError, OSError, RuntimeError) as err:
             raise CheckpointError(f"cannot read {file}: {err}") from None
@@ -178,6 +180,7 @@ def save_checkpoint(model: nn.Module, path: str | Path, dtype: torch.dtype | Non
         tensors.pop("lm_head.weight")
     config = model.config.to_hf_dict()
     config["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt", DIGEST_KEY: tensor_digest(tensors)})
+    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    (path / DIGEST_FILE).write_text(json.dumps({WEIGHTS_FILE: tensor_digest(tensors)}, indent=2) + "\n")
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return path
