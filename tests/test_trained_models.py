@@ -66,14 +66,18 @@ def _prompts(name: str, n: int = 4) -> list[str]:
     return tasks.for_model(name).prompts(n, seed=7)
 
 
+def _shipped_pair(name: str, hf_class_name: str):
+    """(transformers' model, minikv's model, tokenizer) of one shipped checkpoint directory, float32."""
+    transformers = pytest.importorskip("transformers", reason="needs the dev extra: pip install -e .[dev]")
+    hf_class = getattr(transformers, hf_class_name)
+    hf = hf_class.from_pretrained(registry.checkpoint_dir(name), dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    return hf, registry.load_model(name), registry.get_tokenizer(name)
+
+
 @torch.no_grad()
 def test_gemma4_checkpoint_matches_transformers():
-    transformers = pytest.importorskip("transformers", reason="needs the dev extra: pip install -e .[dev]")
-    path = registry.checkpoint_dir("tiny-gemma4")
-    hf = transformers.Gemma4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None
-    ours = registry.load_model("tiny-gemma4")
-    tok = registry.get_tokenizer("tiny-gemma4")
+    hf, ours, tok = _shipped_pair("tiny-gemma4", "Gemma4ForCausalLM")
     for prompt in _prompts("tiny-gemma4"):
         ids = torch.tensor([[tok.bos_id, *tok.encode(prompt)]])
         torch.testing.assert_close(ours.logits(ids), hf(ids).logits.float(), atol=1e-4, rtol=1e-4)
@@ -83,12 +87,7 @@ def test_gemma4_checkpoint_matches_transformers():
 
 @torch.no_grad()
 def test_t5_checkpoint_matches_transformers():
-    transformers = pytest.importorskip("transformers", reason="needs the dev extra: pip install -e .[dev]")
-    path = registry.checkpoint_dir("tiny-t5")
-    hf = transformers.T5ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None
-    ours = registry.load_model("tiny-t5")
-    tok = registry.get_tokenizer("tiny-t5")
+    hf, ours, tok = _shipped_pair("tiny-t5", "T5ForConditionalGeneration")
     start = ours.config.decoder_start_token_id
     for prompt in _prompts("tiny-t5"):
         enc = torch.tensor([tok.encode(prompt)])
