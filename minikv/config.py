@@ -17,6 +17,7 @@ if TYPE_CHECKING:                       # the model configs live with their mode
     from minikv.models.t5 import T5Config
 
 BLOCK_SIZES = (8, 16, 32, 64)
+KV_ARENAS = ("one", "per-pool")            # minikv.cache.arena: KVArena, SeparateKVArena
 
 
 def check_int(name: str, value, low: int = 1, high: int | None = None, allow_none: bool = False) -> None:
@@ -44,6 +45,7 @@ class CacheConfig:
     cross_pool_blocks: int | None = None   # encoder-decoder only; None: sized automatically
     enable_prefix_caching: bool = False
     kv_scale_placement: str = "row"        # per-token-head scales: "row" (vLLM's) or "block" (minikv.cache.layout)
+    kv_arena: str = "one"                  # "one" allocation for every pool (KVArena) or "per-pool" (SeparateKVArena)
 
     def __post_init__(self):
         # The one authority for these parameters: everything downstream takes them as given.
@@ -55,6 +57,8 @@ class CacheConfig:
         check_int("cross_pool_blocks", self.cross_pool_blocks, allow_none=True)
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
         check_scale_placement(self.kv_scale_placement)
+        if self.kv_arena not in KV_ARENAS:
+            raise ValueError(f"kv_arena must be one of {', '.join(map(repr, KV_ARENAS))}, got {self.kv_arena!r}")
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,9 @@ def _check_choice(name: str, value, choices) -> None:
 def _check_model(model) -> str:
     """A shipped model name, or the path of a local checkpoint directory in transformers' format (a Gemma-4 or
     T5 `config.json` + `model.safetensors`, and a tokenizer: minikv's `minikv_tokenizer.json` or `tokenizer.json`)."""
+    if isinstance(model, str) and not model.strip():
+        raise ValueError(f"model must be a shipped model ({', '.join(registry.MODEL_NAMES)}) or the path of a "
+                         f"checkpoint directory, got {model!r} (an empty path would load the working directory)")
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model not in registry.MODEL_NAMES
                                           and ("/" in model or os.sep in model or Path(model).is_dir())):
         path = Path(model)
@@ -131,6 +134,8 @@ class LLM:
       dtype                 activation dtype (torch.float32/float16/bfloat16); None: the model's default
       max_num_batched_tokens the most tokens one prefill step may compute
       cross_context_path, paged_context, cross_construction  the cross-attention variants of notebook 04
+      kv_arena              "one" (every pool in one allocation with guard zones) or "per-pool" (an allocation per
+                            pool, as TensorRT-LLM's pool manager; on CUDA exactly the pool, for compute-sanitizer)
     """
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
@@ -140,7 +145,7 @@ class LLM:
                  num_blocks: int | None = None, dtype: torch.dtype | None = None,
                  max_num_batched_tokens: int = 4096, cross_context_path: str = "fused",
                  paged_context: bool = False, cross_construction: str = "eager",
-                 kv_scale_placement: str = "row", warmup: str = "dummy"):
+                 kv_scale_placement: str = "row", warmup: str = "dummy", kv_arena: str = "one"):
         from minikv.attention.cross import CONSTRUCTION_ORDERS, CROSS_CONTEXT_PATHS
         from minikv.engine.model_runner import WARMUP_SHAPES
         model = _check_model(model)
@@ -158,7 +163,7 @@ class LLM:
         # CacheConfig and SchedulerConfig are the one authority for their parameters.
         cache = CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                             cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
-                            kv_scale_placement=kv_scale_placement)
+                            kv_scale_placement=kv_scale_placement, kv_arena=kv_arena)
         sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         device = _resolve_device(device)
         torch.manual_seed(seed)

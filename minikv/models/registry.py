@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from minikv.models import hf_checkpoint
-from minikv.models.dir_tokenizer import load_tokenizer
+from minikv.models.dir_tokenizer import TokenizerFileError, load_tokenizer
 from minikv.models.gemma4 import FULL, SLIDING, Gemma4Config, Gemma4ForCausalLM
 from minikv.models.t5 import T5Config, T5ForConditionalGeneration
 from minikv.models.tokenizer import CharTokenizer
@@ -112,11 +112,16 @@ def model_config(name: str) -> Gemma4Config | T5Config:
 
 
 def get_tokenizer(name: str | Path) -> CharTokenizer:
+    """The tokenizer of a shipped model, or of a checkpoint directory (ModelLoadError naming the file when it
+    is missing, unreadable, or has more ids than the model's vocabulary)."""
     if is_checkpoint_model(name):
         return CharTokenizer(CHECKPOINT_ALPHABETS[name])
     if not hf_checkpoint.is_checkpoint_dir(name):
         _check_name(name)            # neither a shipped name nor a checkpoint directory: say which names exist
-    return load_tokenizer(name)
+    try:
+        return load_tokenizer(name)
+    except TokenizerFileError as err:
+        raise ModelLoadError(str(err)) from None
 
 
 def build_model(name: str) -> nn.Module:

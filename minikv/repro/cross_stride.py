@@ -1,5 +1,9 @@
 """`minikv repro cross-stride`: defects B1 (cross-stride) and B2 (cross-fp8-context-read) on tiny-t5.
 
+`--model DIR` runs the same on a T5 checkpoint directory in transformers' format (e.g. flan-t5-base, with its
+own tokenizer.json; prompts from `minikv.tasks.for_checkpoint`, which adapts them to the tokenizer). Every
+signature compares token ids with the auto-cache run, so it needs no right/wrong answers.
+
 tiny-t5 is a T5 (3 encoder + 3 decoder layers, so three cross-attention layers, each with its own cross pool). It
 runs here as a 16-bit model (float16 on CPU, bfloat16 on CUDA), as flan-t5-base did upstream: the historical
 cross backend addresses a 1-byte fp8 pool at the model's element size, 2 bytes. (A float32 model would address it
@@ -51,27 +55,37 @@ def model_dtype(device="cpu") -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float16
 
 
-def engine(kv_cache_dtype: str = "fp8", device="cpu", backend="triton", **kwargs):
-    """A tiny-t5 engine in the 16-bit model dtype; kwargs go to `minikv.LLM` (and may override `dtype`)."""
+def engine(kv_cache_dtype: str = "fp8", device="cpu", backend="triton", model: str = MODEL, **kwargs):
+    """A tiny-t5 (or `model`) engine in the 16-bit model dtype; kwargs go to `minikv.LLM` (and may override
+    `dtype`)."""
     import minikv
     kwargs.setdefault("dtype", model_dtype(device))
-    return minikv.LLM(model=MODEL, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend, **kwargs)
+    return minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend, **kwargs)
 
 
-def make_prompts(n: int = 6, seed: int = 0) -> list[str]:
+def task_of(model: str = MODEL):
+    """tiny-t5's task, or for a T5 checkpoint directory the task `minikv.tasks.for_checkpoint` fits to its
+    tokenizer."""
     import minikv
-    return minikv.tasks.for_model(MODEL).prompts(n, seed=seed)
+    from minikv.models import registry
+    if registry.is_checkpoint_model(model):
+        return minikv.tasks.for_model(model)
+    return minikv.tasks.for_checkpoint(registry.get_tokenizer(model), model=str(model), encoder_decoder=True)
+
+
+def make_prompts(n: int = 6, seed: int = 0, model: str = MODEL) -> list[str]:
+    return task_of(model).prompts(n, seed=seed)
 
 
 def _generate(llm, prompts):
     import minikv
-    task = minikv.tasks.for_model(MODEL)
+    task = task_of(llm.model_name)
     params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
     return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def reference_tokens(prompts, device="cpu", backend="triton") -> list[list[int]]:
-    return _generate(engine("auto", device, backend, max_num_seqs=len(prompts)), prompts)
+def reference_tokens(prompts, device="cpu", backend="triton", model: str = MODEL) -> list[list[int]]:
+    return _generate(engine("auto", device, backend, model, max_num_seqs=len(prompts)), prompts)
 
 
 @dataclass
@@ -86,11 +100,12 @@ class PoolRun:
 
 
 def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize: bool, device="cpu",
-             backend="triton") -> PoolRun:
+             backend="triton", model: str = MODEL, **engine_kwargs) -> PoolRun:
     import minikv
     blocks = max(1, math.floor(factor * need))
-    llm = engine("fp8", device, backend, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=sanitize,
-                 check_layout=False, reintroduce=("cross-stride",) if buggy else ())
+    llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=blocks,
+                 sanitize=sanitize, check_layout=False, reintroduce=("cross-stride",) if buggy else (),
+                 **engine_kwargs)
     try:
         tokens = _generate(llm, prompts)
     except minikv.KVCacheOverrunError as err:
@@ -105,26 +120,27 @@ def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize
                    wrong)
 
 
-def identical_requests(prompt: str, device="cpu", backend="torch") -> list[tuple[int, float, list[int]]]:
+def identical_requests(prompt: str, device="cpu", backend="torch",
+                       model: str = MODEL) -> list[tuple[int, float, list[int]]]:
     """Three copies of one request, buggy, sanitizer off, on cross pools from 1x to 2x the blocks they need:
     [(blocks, factor, indices of the copies whose token ids differ from the auto-cache run)]."""
     prompts = [prompt] * 3
-    reference = reference_tokens(prompts, device, backend)
-    need = engine("fp8", device, backend).cross_blocks_needed(prompts)
+    reference = reference_tokens(prompts, device, backend, model)
+    need = engine("fp8", device, backend, model).cross_blocks_needed(prompts)
     rows = []
     for blocks in range(need, 2 * need + 1):
-        llm = engine("fp8", device, backend, max_num_seqs=3, cross_pool_blocks=blocks, sanitize=False,
+        llm = engine("fp8", device, backend, model, max_num_seqs=3, cross_pool_blocks=blocks, sanitize=False,
                      check_layout=False, reintroduce=("cross-stride",))
         tokens = _generate(llm, prompts)
         rows.append((blocks, blocks / need, [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]))
     return rows
 
 
-def bind_time_check(device="cpu") -> str:
+def bind_time_check(device="cpu", model: str = MODEL) -> str:
     """With the layout contract on, the buggy cross backend must fail when it is bound to its pool."""
     import minikv
     try:
-        engine("fp8", device, reintroduce=("cross-stride",))
+        engine("fp8", device, model=model, reintroduce=("cross-stride",))
     except minikv.KVLayoutMismatchError as err:
         return str(err)
     return ""
@@ -165,21 +181,21 @@ def relative_error(got: torch.Tensor, exact: torch.Tensor) -> float:
     return err if math.isfinite(err) else float("inf")
 
 
-def run_context(prompts, reference, version: str, device="cpu", backend="triton") -> ContextRun:
+def run_context(prompts, reference, version: str, device="cpu", backend="triton", model: str = MODEL) -> ContextRun:
     """Drive the engine step by step, capturing every cross layer's q, k, v and output, and compare each step's
     output with exact attention; record how far into the pool the fused context read reaches."""
     import minikv
     kwargs = {"historical": dict(reintroduce=("cross-fp8-context-read",)),
               "fallback": dict(cross_context_path="fallback"),
               "taught-fused": dict(cross_context_path="fused")}[version]
-    llm = engine("fp8", device, backend, max_num_seqs=len(prompts), **kwargs)
+    llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), **kwargs)
     encoder_kv: dict = {}
     errors = {True: [0.0], False: [0.0]}
     paths = set()
     extent = [0]
     samples = []
 
-    task = minikv.tasks.for_model(MODEL)
+    task = task_of(model)
     ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
     results = {}
     while llm.has_unfinished():
@@ -264,10 +280,10 @@ class Overrun:
     lands_in: str            # the region holding the block's last byte: the pool itself, "guard after X", or a pool
 
 
-def overrun_facts(factor: float, need: int, device="cpu") -> list[Overrun]:
+def overrun_facts(factor: float, need: int, device="cpu", model: str = MODEL) -> list[Overrun]:
     """For a cross pool of floor(factor * need) blocks: per cross layer, how far past its pool the historical
     layout puts the end of block need - 1 (the highest block the requests hold), and what lies there."""
-    llm = engine("fp8", device, "torch", cross_pool_blocks=max(1, math.floor(factor * need)),
+    llm = engine("fp8", device, "torch", model, cross_pool_blocks=max(1, math.floor(factor * need)),
                  reintroduce=("cross-stride",), check_layout=False)
     arena = llm.arena
     facts = []
@@ -282,16 +298,17 @@ def overrun_facts(factor: float, need: int, device="cpu") -> list[Overrun]:
     return facts
 
 
-def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu", backend="torch") -> dict:
+def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu", backend="torch",
+                     model: str = MODEL) -> dict:
     """Serve `prompts` on a buggy engine (historical stride, sanitizer off) with a cross pool of
     floor(factor * need) blocks and return one panel of `minikv.viz_cross_stride.stride_byte_map`: the arena's
     regions, every cross layer's blocks in use at the doubled stride per request, the requests' self-attention
     blocks, and the requests whose token ids differ from `reference`."""
     import minikv
     blocks = max(1, math.floor(factor * need))
-    llm = engine("fp8", device, backend, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=False,
+    llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=False,
                  check_layout=False, reintroduce=("cross-stride",))
-    task = minikv.tasks.for_model(MODEL)
+    task = task_of(model)
     ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
     cross_tables, self_tables, done = {}, {}, {}
     while llm.has_unfinished():
@@ -400,22 +417,25 @@ class Measurement:
     overruns: dict[float, list[Overrun]]
     device: str = "cpu"
     backend: str = "torch"
+    model: str = MODEL
 
 
-def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = False) -> Measurement:
-    """Run every B1 and B2 case of the repro (about 10 s on CPU with the torch backend)."""
-    prompts = make_prompts(requests)
-    need = engine("fp8", device, backend).cross_blocks_needed(prompts)
-    reference = reference_tokens(prompts, device, backend)
+def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = False,
+            model: str = MODEL) -> Measurement:
+    """Run every B1 and B2 case of the repro (about 10 s on CPU with the torch backend, on tiny-t5)."""
+    prompts = make_prompts(requests, model=model)
+    need = engine("fp8", device, backend, model).cross_blocks_needed(prompts)
+    reference = reference_tokens(prompts, device, backend, model)
     cases = [(f, b, s) for f in FACTORS for b in (True, False) for s in (True, False)]
-    pool_runs = [run_pool(prompts, reference, f, need, b, s, device, backend)
+    pool_runs = [run_pool(prompts, reference, f, need, b, s, device, backend, model)
                  for f, b, s in tqdm(cases, desc="cross-pool sizes", disable=not progress)]
-    bind_error = bind_time_check(device)
-    ctx_runs = [run_context(prompts, reference, v, device, backend)
+    bind_error = bind_time_check(device, model)
+    ctx_runs = [run_context(prompts, reference, v, device, backend, model)
                 for v in tqdm(VERSIONS, desc="context paths", disable=not progress)]
-    copies = identical_requests(make_prompts(1, seed=2)[0], device, backend)
-    overruns = {f: overrun_facts(f, need, device) for f in (1.0, 1.5, 2.0)}
-    return Measurement(prompts, need, pool_runs, bind_error, ctx_runs, copies, overruns, str(device), backend)
+    copies = identical_requests(make_prompts(1, seed=2, model=model)[0], device, backend, model)
+    overruns = {f: overrun_facts(f, need, device, model) for f in (1.0, 1.5, 2.0)}
+    return Measurement(prompts, need, pool_runs, bind_error, ctx_runs, copies, overruns, str(device), backend,
+                       str(model))
 
 
 def quantities(m: Measurement) -> dict[str, dict]:
@@ -503,7 +523,7 @@ def tables(m: Measurement) -> dict[str, dict]:
 def results_dict(m: Measurement, command: str = RESULTS_COMMAND) -> dict:
     """The results file (RESULTS_SCHEMA.md): name, command, model, the notebook that prints it, quantities,
     tables."""
-    return {"name": "cross_stride", "command": command, "model": MODEL, "notebook": NOTEBOOK,
+    return {"name": "cross_stride", "command": command, "model": m.model, "notebook": NOTEBOOK,
             "quantities": quantities(m), "tables": tables(m)}
 
 
@@ -516,6 +536,9 @@ def write_results(m: Measurement, path, command: str = RESULTS_COMMAND) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="minikv repro cross-stride", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=MODEL,
+                   help=f"{MODEL} (the default) or the path of a T5 checkpoint directory (config.json, "
+                        "safetensors, tokenizer)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default=None, choices=("triton", "torch"),
                    help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
@@ -527,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
 
     start = time.perf_counter()
-    m = measure(args.requests, args.device, args.backend, progress=True)
+    m = measure(args.requests, args.device, args.backend, progress=True, model=args.model)
     print(format_tables(m.need, m.pool_runs, m.bind_error, m.ctx_runs))
     problems = check_signatures(m.pool_runs, m.bind_error, m.ctx_runs)
     print("\nthree identical requests, B1 reintroduced, sanitizer off: copies whose token ids differ from auto")
