@@ -88,6 +88,30 @@ def reference_tokens(prompts, device="cpu", backend="triton", model: str = MODEL
     return _generate(engine("auto", device, backend, model, max_num_seqs=len(prompts)), prompts)
 
 
+AUTO_REFERENCE = "the auto-cache run"
+SPLIT_REFERENCE = ("buggy runs: the buggy engine on a pool of 3x the blocks needed, where nothing overruns; fixed "
+                   "runs: the fixed fp8 engine on an automatically sized pool (an fp8 cache itself changes this "
+                   "model's tokens, so no run equals the auto-cache run)")
+
+
+def references(prompts, need: int, device="cpu", backend="triton", model: str = MODEL) -> tuple[list, list, str]:
+    """(token ids a buggy B1 run is compared with, those a fixed run is compared with, what they are).
+
+    Upstream's reference is the default (16-bit) cache run, which the fixed fp8 engine equals on a trained model
+    (tiny-t5, and flan-t5-base upstream): one reference. A model whose fp8 rounding alone moves its greedy tokens
+    (random weights have near-tied logits) gets two: a buggy run is compared with the same buggy engine on a pool of
+    3x the blocks needed, where the doubled stride stays inside the pool (so a smaller pool's difference is the
+    overrun's doing), and a fixed run with the fixed fp8 engine on the automatically sized pool (its answers do not
+    depend on the pool's size)."""
+    auto = reference_tokens(prompts, device, backend, model)
+    fp8 = _generate(engine("fp8", device, backend, model, max_num_seqs=len(prompts)), prompts)
+    if fp8 == auto:
+        return auto, auto, AUTO_REFERENCE
+    ample = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=3 * need,
+                   check_layout=False, reintroduce=("cross-stride",))
+    return _generate(ample, prompts), fp8, SPLIT_REFERENCE
+
+
 @dataclass
 class PoolRun:
     factor: float
@@ -123,10 +147,10 @@ def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize
 def identical_requests(prompt: str, device="cpu", backend="torch",
                        model: str = MODEL) -> list[tuple[int, float, list[int]]]:
     """Three copies of one request, buggy, sanitizer off, on cross pools from 1x to 2x the blocks they need:
-    [(blocks, factor, indices of the copies whose token ids differ from the auto-cache run)]."""
+    [(blocks, factor, indices of the copies whose token ids differ from the reference run)] (`references`)."""
     prompts = [prompt] * 3
-    reference = reference_tokens(prompts, device, backend, model)
     need = engine("fp8", device, backend, model).cross_blocks_needed(prompts)
+    reference = references(prompts, need, device, backend, model)[0]
     rows = []
     for blocks in range(need, 2 * need + 1):
         llm = engine("fp8", device, backend, model, max_num_seqs=3, cross_pool_blocks=blocks, sanitize=False,
@@ -241,7 +265,10 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
                       tokens == reference, extent[0], llm.runner.cross_layers[0].kv_cache.numel(), wrong, samples)
 
 
-def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[ContextRun]) -> list[str]:
+def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[ContextRun],
+                     token_ids_checked: bool = True) -> list[str]:
+    """The signatures that did NOT hold. `token_ids_checked=False` (a model whose fp8 rounding moves its tokens):
+    the fallback and taught context paths are judged by their attention-output errors alone."""
     problems = []
     for r in pool_runs:
         tag = f"{'buggy' if r.buggy else 'fixed'} {r.factor}x ({r.blocks} blocks) sanitize={r.sanitize}"
@@ -266,7 +293,7 @@ def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[C
         problems.append(f"historical context read reached byte {hist.read_end} of a {hist.pool_bytes}-byte pool")
     for name in ("fallback", "taught-fused"):
         r = by.get(name)
-        if r and not (r.context_error < 0.2 and r.decode_error < 0.2 and r.tokens_equal_auto):
+        if r and not (r.context_error < 0.2 and r.decode_error < 0.2 and (r.tokens_equal_auto or not token_ids_checked)):
             problems.append(f"{name}: context {r.context_error:.3g}, decode {r.decode_error:.3g}, tokens equal "
                             f"auto: {r.tokens_equal_auto}")
     return problems
@@ -418,6 +445,7 @@ class Measurement:
     device: str = "cpu"
     backend: str = "torch"
     model: str = MODEL
+    reference: str = AUTO_REFERENCE          # what the runs' token ids are compared with (`references`)
 
 
 def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = False,
@@ -425,17 +453,17 @@ def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = F
     """Run every B1 and B2 case of the repro (about 10 s on CPU with the torch backend, on tiny-t5)."""
     prompts = make_prompts(requests, model=model)
     need = engine("fp8", device, backend, model).cross_blocks_needed(prompts)
-    reference = reference_tokens(prompts, device, backend, model)
+    auto, fixed_fp8, reference_kind = references(prompts, need, device, backend, model)
     cases = [(f, b, s) for f in FACTORS for b in (True, False) for s in (True, False)]
-    pool_runs = [run_pool(prompts, reference, f, need, b, s, device, backend, model)
+    pool_runs = [run_pool(prompts, auto if b else fixed_fp8, f, need, b, s, device, backend, model)
                  for f, b, s in tqdm(cases, desc="cross-pool sizes", disable=not progress)]
     bind_error = bind_time_check(device, model)
-    ctx_runs = [run_context(prompts, reference, v, device, backend, model)
+    ctx_runs = [run_context(prompts, fixed_fp8, v, device, backend, model)
                 for v in tqdm(VERSIONS, desc="context paths", disable=not progress)]
     copies = identical_requests(make_prompts(1, seed=2, model=model)[0], device, backend, model)
     overruns = {f: overrun_facts(f, need, device, model) for f in (1.0, 1.5, 2.0)}
     return Measurement(prompts, need, pool_runs, bind_error, ctx_runs, copies, overruns, str(device), backend,
-                       str(model))
+                       str(model), reference_kind)
 
 
 def quantities(m: Measurement) -> dict[str, dict]:
@@ -551,8 +579,11 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     m = measure(args.requests, args.device, args.backend, progress=True, model=args.model)
+    print(f"model: {m.model}; token ids are compared with {m.reference}")
     print(format_tables(m.need, m.pool_runs, m.bind_error, m.ctx_runs))
-    problems = check_signatures(m.pool_runs, m.bind_error, m.ctx_runs)
+    problems = check_signatures(m.pool_runs, m.bind_error, m.ctx_runs, m.reference == AUTO_REFERENCE)
+    if m.model == MODEL and m.reference != AUTO_REFERENCE:
+        problems.append(f"{MODEL}: the fixed fp8 engine's token ids differ from the auto-cache run")
     print("\nthree identical requests, B1 reintroduced, sanitizer off: copies whose token ids differ from auto")
     print("  " + "; ".join(f"{b} blocks ({f:.2f}x): {', '.join(map(str, d)) or 'none'}" for b, f, d in m.copies))
     if not any(0 in d for _, f, d in m.copies if f < 2) or any(d for _, f, d in m.copies if f >= 2):
@@ -568,5 +599,6 @@ def main(argv: list[str] | None = None) -> int:
         for line in problems:
             print(f"  - {line}")
         return 1
-    print("All signatures reproduced; every fixed run equals the auto-cache run.")
+    print("All signatures reproduced; every fixed run equals "
+          + ("the auto-cache run." if m.reference == AUTO_REFERENCE else "the fixed fp8 engine's answers."))
     return 0
