@@ -75,6 +75,8 @@ class Run:
     judge: str = "task"        # damaged = "task": wrong and differs from the fixed run; "fixed run": differs;
                                # "auto" (checkpoint directories): "task" if the fixed run answers all right
     token_ids: list[list[int]] = field(default_factory=list)
+    # with `capture_attention`: per request, its prefill step's attention outputs in every KV-sharing layer
+    sharer_outputs: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -151,11 +153,13 @@ def make_prompts(num_requests: int, copies: int = 2, seed: int = 0, model: str =
 
 def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, buggy: bool, prompts: list[str],
                device: str = "cpu", backend: str = "triton", max_tokens: int = 12, *, model: str = MODEL,
-               ignore_eos: bool | None = None, warmup: str = "dummy", touch_before_start: tuple[int, ...] = ()) -> Run:
+               ignore_eos: bool | None = None, warmup: str = "dummy", touch_before_start: tuple[int, ...] = (),
+               capture_attention: bool = False) -> Run:
     """Serve `prompts` on one engine and record its census, answers and (per-token-head formats) the first
     batch's K/V in the shared storages right after step 0. `touch_before_start`: layers whose attention impl is
     touched (builds its scale views) after the warmup and before the first step, as a warmup that ran exactly
-    those layers would have (the "(pre-write)" experiment, `warmup_census`)."""
+    those layers would have (the "(pre-write)" experiment, `warmup_census`). `capture_attention`: keep each
+    request's prefill-step attention outputs in the KV-sharing layers (`Run.sharer_outputs`, `attention_damage`)."""
     import minikv
     task = task_of(model)
     ignore_eos = default_ignore_eos(model) if ignore_eos is None else ignore_eos
@@ -170,9 +174,15 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
     captured: dict = {}
     params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
     ids = [llm.add_request(p, params) for p in prompts]
-    results = {}
+    results, outputs = {}, {}
+    sharers = {n for n, a in llm.attention_layers.items() if a.kv_sharing_target is not None}
     while llm.has_unfinished():
-        out = llm.step()
+        out = llm.step(capture=capture_attention)
+        if capture_attention and out.is_prefill:
+            lens = [len(out.slot_mapping[rid]) for rid in out.request_ids]
+            per_layer = [e.tensors["out"].split(lens) for e in out.trace.events if e.layer in sharers]
+            for i, rid in enumerate(out.request_ids):
+                outputs[rid] = torch.cat([chunks[i].flatten() for chunks in per_layer])
         if out.step == 0 and layout.has_inline_scales:
             # Right after the very first forward step: read the first batch's rows back from the pools the
             # KV-sharing layers read (their targets' pools).
@@ -191,7 +201,8 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
                [task.check(p, t) for p, t in zip(prompts, texts)], len(census.harmless),
                [(f.layer, f.overwritten) for f in census.wiping], captured, fills=census_fills(llm),
                sharing=dict(llm.model_config.kv_sharing), layer_types=layer_types(llm), model=str(model),
-               judge=judge_of(model), token_ids=[o.token_ids for o in outs])
+               judge=judge_of(model), token_ids=[o.token_ids for o in outs],
+               sharer_outputs=[outputs[i] for i in ids] if capture_attention else [])
 
 
 def layer_types(llm) -> tuple[str, ...]:
@@ -202,6 +213,14 @@ def layer_types(llm) -> tuple[str, ...]:
 def damaged_against(ids: list[list[int]], fixed_ids: list[list[int]], right: list[bool], judge: str) -> list[int]:
     """Requests whose token ids differ from the fixed run's and, when judged by the task, are wrong."""
     return [i for i, (a, b, ok) in enumerate(zip(ids, fixed_ids, right)) if a != b and (judge != "task" or not ok)]
+
+
+def attention_damage(fixed: Run, buggy: Run) -> list[int]:
+    """Requests whose prefill-step attention outputs in the KV-sharing layers differ from the fixed engine's (both
+    runs with `capture_attention`). A request whose batch read no wiped scale computes exactly what the fixed engine
+    computes, bit for bit, so any difference is the wipe's; this shows the damage of a random-weight model after
+    one step, where its tokens may take several steps to diverge."""
+    return [i for i, (a, b) in enumerate(zip(buggy.sharer_outputs, fixed.sharer_outputs)) if not torch.equal(a, b)]
 
 
 def compare(fixed: Run, buggy: Run) -> None:
@@ -432,7 +451,10 @@ def headline_pair(pairs: list[tuple[Run, Run]]) -> tuple[Run, Run]:
 
 
 def quantities(pairs: list[tuple[Run, Run]]) -> dict[str, dict]:
-    """{name: {"value", "display", "statistic"}} of the single figures quoted in prose, from the HEADLINE pair."""
+    """{name: {"value", "display", "statistic"}} of the single figures quoted in prose, from the HEADLINE pair.
+    A model judged by the fixed run (random weights) has no `damaged_requests` quantity: which of its requests
+    came out with other tokens is in the damage table, and notebook 03 shows the damage after one step instead
+    (`attention_damage`); every other quantity is fixed by step 0 alone."""
     _, buggy = headline_pair(pairs)
     counts = census_counts(buggy)
     wiped = [f.overwritten for f in buggy.fills if f.overwritten]
@@ -440,7 +462,7 @@ def quantities(pairs: list[tuple[Run, Run]]) -> dict[str, dict]:
     where = shared_storages(buggy)
     how = ("answered wrongly and differently from the fixed engine" if buggy.judge == "task" else
            "answered with other token ids than the fixed engine (random weights: no answer is right)")
-    return {
+    out = {
         "k_inflation": {"value": round(buggy.k_inflation, 1), "display": times(buggy.k_inflation),
                         "statistic": INFLATION_STATISTIC.format(part="K", storages=where)},
         "v_inflation": {"value": round(buggy.v_inflation, 1), "display": times(buggy.v_inflation),
@@ -458,6 +480,9 @@ def quantities(pairs: list[tuple[Run, Run]]) -> dict[str, dict]:
         "wiped_scales": {"value": wiped, "display": " and ".join(f"{n:,}" for n in wiped) or "none",
                          "statistic": "written scales (K and V) each wiping fill overwrote"},
     }
+    if buggy.judge != "task":
+        del out["damaged_requests"]
+    return out
 
 
 def damage_rows(pairs: list[tuple[Run, Run]], clean16=None) -> list[list]:
@@ -621,19 +646,23 @@ def later_sharers(run: Run) -> tuple[int, ...]:
 
 
 def warmup_census(prompts, max_num_seqs: int = 4, device="cpu", backend="torch", *, model: str = MODEL,
-                  max_tokens: int = 12) -> list[WarmupCensus]:
+                  max_tokens: int = 12, damage: str = "tokens") -> list[WarmupCensus]:
     """The buggy engine's census and damage under each of `WARMUP_CASES` (int8_per_token_head, no prefix
-    caching), damage judged against one fixed engine."""
+    caching), damage judged against one fixed engine: by the answers (`damage="tokens"`, `compare`), or by the
+    prefill step's attention outputs in the sharing layers (`damage="attention"`, `attention_damage`)."""
+    capture = damage == "attention"
     fixed = run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device, backend, max_tokens,
-                       model=model)
+                       model=model, capture_attention=capture)
     out = []
     for case in WARMUP_CASES:
         kw = {"warmup": "capture"} if case == "capture" else {}
         if case == "later sharers":
             kw["touch_before_start"] = later_sharers(fixed)
         buggy = run_engine("int8_per_token_head", max_num_seqs, False, True, prompts, device, backend, max_tokens,
-                           model=model, **kw)
+                           model=model, capture_attention=capture, **kw)
         compare(fixed, buggy)
+        if capture:
+            buggy.damaged = attention_damage(fixed, buggy)
         out.append(WarmupCensus(case, [f.layer for f in buggy.fills if f.step < 0 and not f.overwritten],
                                 [f.layer for f in buggy.fills if f.step >= 0 and not f.overwritten],
                                 [f.layer for f in buggy.fills if f.overwritten], buggy.damaged))
@@ -707,14 +736,24 @@ def prefix_caching_runs(max_num_seqs=(4, 6, 8), device="cpu", backend="torch", *
                         max_tokens: int = 4, distinct: int = 6, copies: int = 4) -> list[PrefixRun]:
     """The buggy engine with prefix caching on, int8_per_token_head, for each order x prompt set x
     max_num_seqs: which requests come out damaged (against a fixed engine with the same settings)."""
-    out = []
+    out, checked = [], {}
+    by_task = judge_of(model) == "task"
     for order, prompt_set, seqs in itertools.product(PREFIX_ORDERS, PREFIX_PROMPTS, max_num_seqs):
         prompts = prefix_prompts(order, prompt_set, distinct, copies, model)
-        fixed = run_engine("int8_per_token_head", seqs, True, False, prompts, device, backend, max_tokens,
-                           model=model)
+        # A model judged by its task needs one fixed run per prompt set, to show the fix answers every copy right
+        # (then a wrong buggy answer differs from the fixed one); otherwise each buggy run gets its own fixed run.
+        fixed = checked.get(prompt_set) if by_task else None
+        if fixed is None:
+            fixed = run_engine("int8_per_token_head", seqs, True, False, prompts, device, backend, max_tokens,
+                               model=model)
+            checked[prompt_set] = fixed
         buggy = run_engine("int8_per_token_head", seqs, True, True, prompts, device, backend, max_tokens,
                            model=model)
-        compare(fixed, buggy)
+        if by_task:
+            buggy.damaged = [i for i, ok in enumerate(buggy.right) if not ok]
+            fixed.damaged = [i for i, ok in enumerate(fixed.right) if not ok]
+        else:
+            compare(fixed, buggy)
         if fixed.damaged:
             raise AssertionError(f"fixed engine damaged {ranges(fixed.damaged)} ({order}, {prompt_set}, {seqs})")
         out.append(PrefixRun(order, prompt_set, seqs, buggy.damaged))
