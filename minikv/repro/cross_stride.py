@@ -586,7 +586,10 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"{MODEL}: the fixed fp8 engine's token ids differ from the auto-cache run")
     print("\nthree identical requests, B1 reintroduced, sanitizer off: copies whose token ids differ from auto")
     print("  " + "; ".join(f"{b} blocks ({f:.2f}x): {', '.join(map(str, d)) or 'none'}" for b, f, d in m.copies))
-    if not any(0 in d for _, f, d in m.copies if f < 2) or any(d for _, f, d in m.copies if f >= 2):
+    # upstream's "first request differs" symptom was seen on a trained model; on one whose tokens move with fp8
+    # rounding alone (random weights) the table is shown, not checked
+    strict = m.reference == AUTO_REFERENCE
+    if strict and (not any(0 in d for _, f, d in m.copies if f < 2) or any(d for _, f, d in m.copies if f >= 2)):
         problems.append("identical requests: the first copy never differed below 2x, or a copy differed at 2x")
     print(f"\n{len(m.prompts)} requests, {len(m.pool_runs)} pool runs + {len(m.ctx_runs)} context runs on "
           f"{args.device}/{args.backend}, {time.perf_counter() - start:.0f} s")
