@@ -909,6 +909,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, nargs="+", default=[4, 6, 8])
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--max-tokens", type=int, default=12, help="new tokens per request (default 12)")
+    p.add_argument("--damage", default="tokens", choices=("tokens", "attention"),
+                   help="how a damaged request is recognized: by its answer (tokens, the default), or by its prefill "
+                        "step's attention outputs in the KV-sharing layers differing from the fixed engine's "
+                        "(attention: for random weights, whose tokens may take many steps to diverge)")
     p.add_argument("--skip-extras", action="store_true",
                    help="only the main grid and the census (not the warmup, prefix-caching, sleep, unwritten-slot "
                         "and arrival tables)")
@@ -927,17 +931,26 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--requests {len(prompts)} is too few for max_num_seqs {seqs}: need at least "
                              f"{2 * seqs} so that a later batch exists")
     kw = {"max_tokens": args.max_tokens, "model": model}
+    by_attention = args.damage == "attention"
     pairs = []
     for fmt, seqs, pc in tqdm(configs, desc="scale-wipe configurations"):
-        fixed = run_engine(fmt, seqs, pc, False, prompts, args.device, args.backend, **kw)
-        buggy = run_engine(fmt, seqs, pc, True, prompts, args.device, args.backend, **kw)
+        fixed = run_engine(fmt, seqs, pc, False, prompts, args.device, args.backend, capture_attention=by_attention,
+                           **kw)
+        buggy = run_engine(fmt, seqs, pc, True, prompts, args.device, args.backend, capture_attention=by_attention,
+                           **kw)
         compare(fixed, buggy)
+        if by_attention:
+            by_tokens, buggy.damaged = buggy.damaged, attention_damage(fixed, buggy)
+            tqdm.write(f"{fmt} max_num_seqs={seqs} prefix caching {'on' if pc else 'off'}: attention outputs differ "
+                       f"for requests {ranges(buggy.damaged)}; token ids differ for {ranges(by_tokens)}")
         pairs.append((fixed, buggy))
     seqs = min(args.max_num_seqs)
     clean16 = (run_engine("auto", seqs, False, False, prompts, args.device, args.backend, **kw),
                run_engine("auto", seqs, False, True, prompts, args.device, args.backend, **kw))
     print(f"model: {model}; a damaged request: "
-          + ("wrong by the task's check and different from the fixed engine's answer" if pairs[0][1].judge == "task"
+          + ("prefill-step attention outputs in the KV-sharing layers other than the fixed engine's" if by_attention
+             else "wrong by the task's check and different from the fixed engine's answer"
+             if pairs[0][1].judge == "task"
              else "token ids other than the fixed engine's (its answers cannot be judged right or wrong)"))
     print(format_table(pairs, clean16))
     problems = check_signatures(pairs, clean16)
