@@ -10,6 +10,10 @@
 # t5        the same at flan-t5-base's dimensions; the cross-stride repro (B1 thresholds, B2) on it
 # Needs transformers >= 5.24 (carry its wheel in .whl/; the machine's own is older).
 # DRY=1: a dry run on a CPU machine at small dimensions, without the sanitizer (PYTHON=.venv/bin/python there).
+# PADDING: bytes of unallocated padding memcheck puts after every CUDA allocation (default 1 MiB). Without it the
+# driver packs small cudaMallocs back to back, so an overrun of one pool lands inside the next allocation, which
+# memcheck counts as valid memory (the first run here: 0 errors and silently wrong tokens with separate pools too);
+# PADDING=0 leaves it out.
 set -uo pipefail
 OUT=${OUT:-build/gpu}
 mkdir -p "$OUT"
@@ -21,7 +25,9 @@ PY=${PYTHON:-python3}
 if [ -n "${DRY:-}" ]; then
   SANITIZER=""; DIMS="tiny cpu"; DEVICE=cpu
 else
-  SANITIZER="compute-sanitizer --tool memcheck --print-limit 4"; DIMS=""; DEVICE=cuda
+  PAD=${PADDING-1048576}
+  SANITIZER="compute-sanitizer --tool memcheck --print-limit 4${PAD:+ --padding $PAD}"; DIMS=""; DEVICE=cuda
+  [ "$PAD" = 0 ] && SANITIZER="compute-sanitizer --tool memcheck --print-limit 4"
 fi
 
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -34,7 +40,10 @@ import torch, triton, transformers, tokenizers
 print('gpu:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'none', '| torch', torch.__version__,
       '| triton', triton.__version__, '| transformers', transformers.__version__, '| tokenizers', tokenizers.__version__)
 " | tee "$OUT/env.txt"
-if [ -n "$SANITIZER" ]; then compute-sanitizer --version 2>&1 | head -2 | tee -a "$OUT/env.txt"; fi
+if [ -n "$SANITIZER" ]; then
+  compute-sanitizer --version 2>&1 | head -3 | tee -a "$OUT/env.txt"
+  compute-sanitizer --help 2>&1 | grep -A2 -- "--padding" | tee -a "$OUT/env.txt"
+fi
 
 if want memcheck; then
   log="$OUT/memcheck_cross_stride.log"
