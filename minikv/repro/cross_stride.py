@@ -384,6 +384,48 @@ def fp8_row_read(llm, pool: str, slot: int = 0, head: int = 0, kv: int = 0):
     return raw, fp8_values, raw.view(layout.model_dtype).float()
 
 
+ARENAS = {"one": "every pool in one allocation (minikv's KVArena)",
+          "per-pool": "an allocation per pool (SeparateKVArena; TensorRT-LLM's pool manager)"}
+
+
+def arena_runs(prompts, reference, need: int, factor: float = 1.5, device="cpu", backend="torch",
+               model: str = MODEL) -> list[tuple[str, PoolRun]]:
+    """The historical stride on a pool of `factor` x the blocks needed, in each arena shape, sanitizer on and off:
+    [(arena, run)]. In one arena the overrun runs through the guard into the next pool (caught, or silently wrong
+    tokens); with an allocation per pool there is no neighbour inside the allocation: on CPU the pool's own guard
+    takes the overrun (caught, or harmless), on a GPU the access leaves the allocation, for compute-sanitizer to
+    report (tools/memcheck_cross_stride.py)."""
+    return [(arena, run_pool(prompts, reference, factor, need, True, sanitize, device, backend, model,
+                             kv_arena=arena)) for arena in ARENAS for sanitize in (True, False)]
+
+
+def arena_rows(runs: list[tuple[str, PoolRun]], n: int) -> list[list]:
+    return [[arena, "on" if r.sanitize else "off", r.blocks,
+             r.outcome + (f" ({_of(r.wrong, n)})" if r.outcome == "wrong tokens" else "")] for arena, r in runs]
+
+
+ARENA_COLUMNS = ["arena", "sanitizer", "cross pool blocks", "historical stride"]
+
+
+def format_arena_runs(runs: list[tuple[str, PoolRun]], n: int) -> str:
+    table = [ARENA_COLUMNS] + arena_rows(runs, n)
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(ARENA_COLUMNS))]
+    lines = ["  ".join(f"{c!s:{w}}" for c, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def check_arena_runs(runs: list[tuple[str, PoolRun]]) -> list[str]:
+    """One arena: caught with the sanitizer on, wrong tokens without it; per pool (CPU, guarded): caught, and
+    harmless without the sanitizer (the overrun stays in the pool's own guard)."""
+    problems = []
+    for arena, r in runs:
+        want = "overrun caught" if r.sanitize else ("wrong tokens" if arena == "one" else "correct, guard hit")
+        if r.outcome != want:
+            problems.append(f"{arena} arena, sanitizer {'on' if r.sanitize else 'off'}: {r.outcome}, expected {want}")
+    return problems
+
+
 def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
     lines = [f"B1 cross-stride: fp8 cross pool sized as a multiple of the {need} blocks the requests need at once",
              f"{'pool':>12s} {'blocks':>6s} | {'buggy, sanitizer on':24s} {'buggy, sanitizer off':28s} "
@@ -446,6 +488,7 @@ class Measurement:
     backend: str = "torch"
     model: str = MODEL
     reference: str = AUTO_REFERENCE          # what the runs' token ids are compared with (`references`)
+    arenas: list = field(default_factory=list)   # `arena_runs` at 1.5x (CPU only: see measure)
 
 
 def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = False,
@@ -462,8 +505,12 @@ def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = F
                 for v in tqdm(VERSIONS, desc="context paths", disable=not progress)]
     copies = identical_requests(make_prompts(1, seed=2, model=model)[0], device, backend, model)
     overruns = {f: overrun_facts(f, need, device, model) for f in (1.0, 1.5, 2.0)}
+    # The per-pool arena allocates each pool exactly on a GPU, where the historical overrun then leaves the
+    # allocation: that case runs only under compute-sanitizer, in its own process (tools/memcheck_cross_stride.py).
+    arenas = arena_runs(prompts, auto, need, 1.5, device, backend, model) if torch.device(device).type == "cpu" \
+        else []
     return Measurement(prompts, need, pool_runs, bind_error, ctx_runs, copies, overruns, str(device), backend,
-                       str(model), reference_kind)
+                       str(model), reference_kind, arenas)
 
 
 def quantities(m: Measurement) -> dict[str, dict]:
@@ -545,7 +592,14 @@ def tables(m: Measurement) -> dict[str, dict]:
                        "from the auto-cache run",
             "columns": ["blocks", "pool factor", "copies differing"],
             "rows": [[b, f"{f:.2f}x", ", ".join(map(str, d)) or "none"] for b, f, d in m.copies]}
-    return {"b1_pool_sizes": b1, "b2_context_read": b2, "b1_overrun_reach": over, "identical_requests": same}
+    out = {"b1_pool_sizes": b1, "b2_context_read": b2, "b1_overrun_reach": over, "identical_requests": same}
+    if m.arenas:
+        out["b1_arena_allocation"] = {
+            "caption": f"B1 at 1.5x the {m.need} blocks needed, historical stride, by how the pools are allocated "
+                       "(CPU: a per-pool allocation carries its own guard; on a GPU it is exact, see results/gpu/"
+                       "fidelity/ for compute-sanitizer's report)",
+            "columns": ARENA_COLUMNS, "rows": arena_rows(m.arenas, n)}
+    return out
 
 
 def results_dict(m: Measurement, command: str = RESULTS_COMMAND) -> dict:
@@ -591,6 +645,10 @@ def main(argv: list[str] | None = None) -> int:
     strict = m.reference == AUTO_REFERENCE
     if strict and (not any(0 in d for _, f, d in m.copies if f < 2) or any(d for _, f, d in m.copies if f >= 2)):
         problems.append("identical requests: the first copy never differed below 2x, or a copy differed at 2x")
+    if m.arenas:
+        print("\nB1 at 1.5x by how the pools are allocated (historical stride):")
+        print(format_arena_runs(m.arenas, len(m.prompts)))
+        problems += check_arena_runs(m.arenas)
     print(f"\n{len(m.prompts)} requests, {len(m.pool_runs)} pool runs + {len(m.ctx_runs)} context runs on "
           f"{args.device}/{args.backend}, {time.perf_counter() - start:.0f} s")
     if args.results:
