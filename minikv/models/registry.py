@@ -48,6 +48,9 @@ CHECKPOINT_ALPHABETS = {"tiny-gemma4": _DIGITS, "tiny-t5": _REVERSE_ALPHABET, "t
 # final logit soft-capping at 30. Its weights are random (`minikv.models.random_weights`): the census does not
 # depend on them.
 _E2B_LAYER_TYPES = ([SLIDING] * 4 + [FULL]) * 7
+# gemma-4-E2B's own values of the keys tiny-gemma4-e2b shrinks (every other key of its text config is E2B's).
+E2B_SHRUNK = {"hidden_size": 1536, "intermediate_size": 6144, "vocab_size": 262_144,
+              "vocab_size_per_layer_input": 262_144, "max_position_embeddings": 131_072}
 RANDOM_WEIGHT_MODELS = ("tiny-gemma4-e2b",)
 CHECKPOINT_CONFIGS = {
     "tiny-gemma4": {

@@ -646,20 +646,25 @@ def later_sharers(run: Run) -> tuple[int, ...]:
 
 
 def warmup_census(prompts, max_num_seqs: int = 4, device="cpu", backend="torch", *, model: str = MODEL,
-                  max_tokens: int = 12, damage: str = "tokens") -> list[WarmupCensus]:
+                  max_tokens: int = 12, damage: str = "tokens", runs: tuple[Run, Run] | None = None
+                  ) -> list[WarmupCensus]:
     """The buggy engine's census and damage under each of `WARMUP_CASES` (int8_per_token_head, no prefix
     caching), damage judged against one fixed engine: by the answers (`damage="tokens"`, `compare`), or by the
-    prefill step's attention outputs in the sharing layers (`damage="attention"`, `attention_damage`)."""
+    prefill step's attention outputs in the sharing layers (`damage="attention"`, `attention_damage`). `runs`:
+    an existing (fixed, buggy) pair of these prompts and settings, used for the fixed engine and the dummy row."""
     capture = damage == "attention"
-    fixed = run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device, backend, max_tokens,
-                       model=model, capture_attention=capture)
+    fixed = runs[0] if runs else run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device,
+                                            backend, max_tokens, model=model, capture_attention=capture)
     out = []
     for case in WARMUP_CASES:
         kw = {"warmup": "capture"} if case == "capture" else {}
         if case == "later sharers":
             kw["touch_before_start"] = later_sharers(fixed)
-        buggy = run_engine("int8_per_token_head", max_num_seqs, False, True, prompts, device, backend, max_tokens,
-                           model=model, capture_attention=capture, **kw)
+        if runs and case == "dummy":
+            buggy = runs[1]
+        else:
+            buggy = run_engine("int8_per_token_head", max_num_seqs, False, True, prompts, device, backend,
+                               max_tokens, model=model, capture_attention=capture, **kw)
         compare(fixed, buggy)
         if capture:
             buggy.damaged = attention_damage(fixed, buggy)
@@ -735,9 +740,12 @@ def prefix_prompts(order: str, prompt_set: str, distinct: int = 6, copies: int =
 def prefix_caching_runs(max_num_seqs=(4, 6, 8), device="cpu", backend="torch", *, model: str = MODEL,
                         max_tokens: int = 4, distinct: int = 6, copies: int = 4) -> list[PrefixRun]:
     """The buggy engine with prefix caching on, int8_per_token_head, for each order x prompt set x
-    max_num_seqs: which requests come out damaged (against a fixed engine with the same settings)."""
+    max_num_seqs: which requests come out damaged (against a fixed engine with the same settings). A model judged
+    by the fixed run (random weights) is judged by its prefill-step attention outputs (`attention_damage`): a copy
+    that reuses wiped blocks attends over them at its own prefill, while its 4 tokens may not differ yet."""
     out, checked = [], {}
     by_task = judge_of(model) == "task"
+    capture = judge_of(model) == "fixed run"
     for order, prompt_set, seqs in itertools.product(PREFIX_ORDERS, PREFIX_PROMPTS, max_num_seqs):
         prompts = prefix_prompts(order, prompt_set, distinct, copies, model)
         # A model judged by its task needs one fixed run per prompt set, to show the fix answers every copy right
@@ -745,15 +753,17 @@ def prefix_caching_runs(max_num_seqs=(4, 6, 8), device="cpu", backend="torch", *
         fixed = checked.get(prompt_set) if by_task else None
         if fixed is None:
             fixed = run_engine("int8_per_token_head", seqs, True, False, prompts, device, backend, max_tokens,
-                               model=model)
+                               model=model, capture_attention=capture)
             checked[prompt_set] = fixed
         buggy = run_engine("int8_per_token_head", seqs, True, True, prompts, device, backend, max_tokens,
-                           model=model)
+                           model=model, capture_attention=capture)
         if by_task:
             buggy.damaged = [i for i, ok in enumerate(buggy.right) if not ok]
             fixed.damaged = [i for i, ok in enumerate(fixed.right) if not ok]
         else:
             compare(fixed, buggy)
+            if capture:
+                buggy.damaged = attention_damage(fixed, buggy)
         if fixed.damaged:
             raise AssertionError(f"fixed engine damaged {ranges(fixed.damaged)} ({order}, {prompt_set}, {seqs})")
         out.append(PrefixRun(order, prompt_set, seqs, buggy.damaged))
@@ -985,9 +995,11 @@ def main(argv: list[str] | None = None) -> int:
               "and the prompts' length (blocks of 16 tokens):")
         print(format_prefix_runs(prefix))
         problems += check_prefix_runs(prefix)
+        how = ("prefill-step attention outputs of the sharing layers other than the fixed engine's"
+               if judge_of(model) == "fixed run" else "wrong answers")
         extra_tables["prefix_caching_orders"] = {
-            "caption": f"Damaged requests with prefix caching on ({model}, int8_per_token_head, 6 prompts x 4 "
-                       "copies, 4 new tokens): copies after the distinct prompts or next to each other; prompts "
+            "caption": f"Damaged requests ({how}) with prefix caching on ({model}, int8_per_token_head, 6 prompts "
+                       "x 4 copies, 4 new tokens): copies after the distinct prompts or next to each other; prompts "
                        "without a full 16-token block or with two",
             "columns": PREFIX_COLUMNS, "rows": prefix_rows(prefix)}
         wakes = wake_runs(few, seqs, args.device, args.backend, **kw)
