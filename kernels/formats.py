@@ -70,7 +70,8 @@ AUTO_FORMATS = {f.code_dtype: code for code, f in TABLE.items() if f.kv_cache_dt
 def check_kv_cache_dtype(kv_cache_dtype) -> None:
     """The one check of a kv_cache_dtype name (minikv's CacheConfig and KVLayout both call it)."""
     if not isinstance(kv_cache_dtype, str):
-        raise TypeError(f"kv_cache_dtype must be a str, got {type(kv_cache_dtype).__name__}")
+        raise TypeError(f"kv_cache_dtype must be a str, one of {', '.join(KV_CACHE_DTYPES)}; got "
+                        f"{type(kv_cache_dtype).__name__} {kv_cache_dtype!r}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
 
@@ -88,7 +89,8 @@ def format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> Format:
 def check_scale_placement(scale_placement) -> None:
     """The one check of a scale placement name (minikv's CacheConfig and KVLayout both call it)."""
     if not isinstance(scale_placement, str):
-        raise TypeError(f"kv_scale_placement must be a str, got {type(scale_placement).__name__}")
+        raise TypeError(f"kv_scale_placement must be a str, one of {', '.join(SCALE_PLACEMENTS)}; got "
+                        f"{type(scale_placement).__name__} {scale_placement!r}")
     if scale_placement not in SCALE_PLACEMENTS:
         raise ValueError(f"unknown kv_scale_placement {scale_placement!r}; choose one of "
                          f"{', '.join(SCALE_PLACEMENTS)}")
