@@ -45,11 +45,12 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from minikv.kernels.formats import PER_TOKEN_HEAD_KV_CACHE_DTYPES
 from minikv.repro.common import dequantized_rows, ranges, stored_scales
 
 MODEL = "tiny-gemma4"     # Gemma-4 topology: layers 4 and 6 read layer 2's cache, 5 and 7 read layer 3's
 E2B_MODEL = "tiny-gemma4-e2b"   # gemma-4-E2B's: layers 15-34 read layer 13's (sliding) or 14's (full) cache
-FORMATS = ("int8_per_token_head", "fp8_per_token_head")
+FORMATS = PER_TOKEN_HEAD_KV_CACHE_DTYPES                # int8 and fp8 per-token-head: the formats with inline scales
 NOTEBOOK = "notebooks/03_kv_sharing_scale_wipe.ipynb"    # walks through the same measurement, printing the same figures
 
 
@@ -87,12 +88,6 @@ class Fill:
     storage: int          # the layer that owns the storage (a KV-sharing layer fills its target's)
     step: int             # -1: during warmup
     overwritten: int      # written scales it replaced with 1.0
-
-    @property
-    def role(self) -> str:
-        if self.step < 0:
-            return "warmup"
-        return "late, wipes" if self.overwritten else "late, harmless"
 
 
 def layer_index(name: str) -> int:
@@ -170,7 +165,7 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
     for name, a in llm.attention_layers.items():
         if layer_index(name) in touch_before_start:
             a.impl.scale_views(a.kv_cache)
-    layout = llm.runner.layout
+    layout = llm.kv_layout
     captured: dict = {}
     params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
     ids = [llm.add_request(p, params) for p in prompts]
@@ -827,8 +822,7 @@ def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: 
     task = task_of(model)
     llm = minikv.LLM(model=model, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                      device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else (),
-                     num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
-    llm.runner.reinit_scales_on_wake = reinit
+                     reinit_scales_on_wake=reinit, num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
     params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
     llm.generate(prompts, params, use_tqdm=False)
     storage, fills = llm.arena.storage.untyped_storage(), len(llm.census.fills)
@@ -836,9 +830,9 @@ def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: 
     llm.sleep(mode=mode)
     llm.wake_up()
     stale = 0
-    for a in llm.runner.self_layers:
+    for a in llm.attention_layers.values():
         if a.kv_sharing_target is None:
-            k, v = a.impl.layout.scale_views(a.kv_cache)
+            k, v = a.layout.scale_views(a.kv_cache)
             stale += int((k != 1).sum() + (v != 1).sum())
     outs = llm.generate(prompts, params, use_tqdm=False)
     now = llm.arena.storage.untyped_storage()
@@ -905,8 +899,9 @@ def check_extra_signatures(warmups: dict[str, list[int]], max_num_seqs: int, wak
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="minikv repro scale-wipe", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from minikv.cli import UsageParser, positive_int
+    p = UsageParser(prog="minikv repro scale-wipe", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL,
                    help=f"a shipped model ({MODEL}: trained; {E2B_MODEL}: gemma-4-E2B's topology, random weights) "
                         "or the path of a Gemma-4 checkpoint directory (config.json, safetensors, tokenizer)")
@@ -914,9 +909,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default=None, choices=("triton", "torch"),
                    help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
                         "take many minutes: the defect lives in the engine's Python, which both backends run)")
-    p.add_argument("--requests", type=int, default=24, help="requests per run (default 24: two copies of 12 "
-                                                             "prompts); upstream used 192 (48 prompts x 4)")
-    p.add_argument("--max-num-seqs", type=int, nargs="+", default=[4, 6, 8])
+    p.add_argument("--requests", type=positive_int, default=24, help="requests per run (default 24: two copies of "
+                                                                      "12 prompts); upstream used 192 (48 x 4)")
+    p.add_argument("--max-num-seqs", type=positive_int, nargs="+", default=[4, 6, 8])
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--max-tokens", type=int, default=12, help="new tokens per request (default 12)")
     p.add_argument("--damage", default="tokens", choices=("tokens", "attention"),
@@ -931,15 +926,14 @@ def main(argv: list[str] | None = None) -> int:
                         "is its name)")
     args = p.parse_args(argv)
     args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
+    if args.requests < 2 * max(args.max_num_seqs):
+        p.error(f"--requests {args.requests} is too few for --max-num-seqs {max(args.max_num_seqs)}: need at least "
+                f"{2 * max(args.max_num_seqs)}, so that a batch after the first exists")
     model = args.model
 
     start = time.perf_counter()
     prompts = make_prompts(args.requests, copies=2, model=model)
     configs = list(itertools.product(args.formats, args.max_num_seqs, (False, True)))
-    for seqs in args.max_num_seqs:
-        if seqs * 2 > len(prompts):
-            raise SystemExit(f"--requests {len(prompts)} is too few for max_num_seqs {seqs}: need at least "
-                             f"{2 * seqs} so that a later batch exists")
     kw = {"max_tokens": args.max_tokens, "model": model}
     by_attention = args.damage == "attention"
     pairs = []
