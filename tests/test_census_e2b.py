@@ -48,6 +48,7 @@ def test_e2b_results_file():
     data = json.loads(path.read_text())
     assert data["name"] == "scale_wipe_e2b" and data["model"] == scale_wipe.E2B_MODEL
     q = data["quantities"]
-    assert (q["harmless_fills"]["display"], q["wiping_fills"]["display"], q["damaged_requests"]["display"]) == \
-        ("33", "2", "0-3")
+    assert (q["harmless_fills"]["display"], q["wiping_fills"]["display"]) == ("33", "2")
+    damage = {(r[0], r[1], r[2]): r[3] for r in data["tables"]["damage"]["rows"]}     # format, seqs, prefix caching
+    assert [damage[("int8_per_token_head", n, "off")] for n in (4, 6, 8)] == ["0-3", "0-5", "0-7"]
     assert {"warmup_census", "prefix_caching_orders", "census"} <= set(data["tables"])
