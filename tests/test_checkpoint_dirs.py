@@ -15,7 +15,7 @@ from minikv.models.dir_tokenizer import HFTokenizer
 from minikv.repro import cross_stride, scale_wipe
 
 transformers = pytest.importorskip("transformers", reason="needs the dev extra: pip install -e .[dev]")
-from tools import random_checkpoints  # noqa: E402  (needs transformers)
+from tools import random_checkpoints
 
 PROMPTS = ["3 7 11 15", "250 263 276 289", "10 20 30"]
 

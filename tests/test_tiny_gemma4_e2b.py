@@ -16,7 +16,7 @@ import torch
 import minikv
 from minikv import tasks
 from minikv.models import random_weights, registry
-from minikv.models.gemma4 import FULL, SLIDING, DenseKVCache
+from minikv.models.gemma4 import FULL, SLIDING
 
 transformers = pytest.importorskip("transformers", reason="the parity tests need the dev extra: pip install -e .[dev]")
 

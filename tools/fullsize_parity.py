@@ -22,10 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.test_parity_gpu import _decoder_logits, within_bf16  # noqa: E402  (transformers is imported there)
-from tools import random_checkpoints  # noqa: E402
-
-from minikv.models.hf_checkpoint import load_checkpoint  # noqa: E402
+from minikv.models.hf_checkpoint import load_checkpoint
+from tests.test_parity_gpu import _decoder_logits, within_bf16
+from tools import random_checkpoints
 
 
 def main(kind: str, path: str, dims: str | None = None, device: str = "cuda") -> int:
