@@ -33,12 +33,13 @@ GUARD = "#999999"
 
 
 # How the figures are shown: saved at DPI dots per inch (the notebooks' inline backend and the docs build both use
-# 100) and drawn for a content column SHOWN_WIDTH_PX wide (the docs site's column and JupyterLab's output area on a
-# 1400-pixel window are wider), so that no figure is scaled down there. At that size no text may be smaller than
-# MIN_FONT_PT (CSS points: a browser shows 96 pixels per inch). `legibility_problems` checks a figure against this.
+# 100), at most MAX_WIDTH_IN wide, for a content column SHOWN_WIDTH_PX wide (the figure plus the inline backend's
+# tight-bbox margin; the docs site's column and JupyterLab's output area on a 1400-pixel window are wider), so that
+# no figure is scaled down there. At that size no text may be smaller than MIN_FONT_PT (CSS points: a browser shows
+# 96 pixels per inch). `legibility_problems` checks a figure against this.
 DPI = 100
-SHOWN_WIDTH_PX = 800
-MAX_WIDTH_IN = SHOWN_WIDTH_PX / DPI
+MAX_WIDTH_IN = 8.0
+SHOWN_WIDTH_PX = 840
 MIN_FONT_PT = 8.0
 FONT = 8.0              # the smallest font size the figures use (8 pt at DPI 100 shows as 8.3 pt)
 
@@ -49,6 +50,13 @@ def _new_figure(nrows: int = 1, ncols: int = 1, figsize=(7.0, 4.0), **kwargs) ->
                              dpi=DPI, **kwargs)
     plt.close(fig)      # detach from pyplot: the caller owns the figure
     return fig, axes
+
+
+def _text_fits(ax, text: str, width: float, span: float, fontsize: float = FONT) -> bool:
+    """Whether `text` fits into `width` of the `span` data units along ax's x extent (estimated from the figure's
+    size: about 0.6 em per character)."""
+    axes_px = ax.get_position().width * ax.figure.get_figwidth() * ax.figure.dpi
+    return width / span * axes_px >= 0.62 * fontsize * ax.figure.dpi / 72 * len(text) + 2
 
 
 def drawn_texts(fig: Figure, dpi: int = DPI) -> list[dict]:
@@ -292,14 +300,14 @@ def quant_error_plot(errors_by_format: Mapping[str, object], title: str = "Quant
     positive = np.concatenate([means[means > 0], maxes[maxes > 0]])
     floor = positive.min() / 10 if positive.size else 1e-12
 
-    fig, ax = _new_figure(figsize=(max(5.0, 1.3 * len(names) + 2), 4.0))
+    fig, ax = _new_figure(figsize=(min(MAX_WIDTH_IN, max(5.0, 1.5 * len(names) + 1)), 4.0))
     x = np.arange(len(names))
     ax.bar(x, np.maximum(means, floor), color=POOL_COLOURS[0], label="mean")
     ax.plot(x, np.maximum(maxes, floor), "o", color=NEUTRAL, label="max")
     for xi, mean in zip(x, means):
         ax.text(xi, max(mean, floor), f"{mean:.2g}" if mean > 0 else "0", ha="center", va="bottom", fontsize=FONT)
     ax.set_yscale("log")
-    ax.set_xticks(x, names, rotation=15, ha="right", rotation_mode="anchor")
+    ax.set_xticks(x, names, fontsize=FONT + 1)
     ax.set_ylabel(f"{ylabel} (log)")
     ax.set_title(title)
     ax.legend()
@@ -370,7 +378,7 @@ def block_table_diagram(block_tables, num_blocks: int, title: str = "Block table
     ax.set_title(f"{title}: {used} of {num_blocks} blocks used, {shared} shared")
     key = "rows: each table's entries in token order, arrows to the physical block they name"
     if shared:
-        key += "; hatched: shared, with its reference count"
+        key += "\nhatched: a shared block, labelled with its reference count"
     ax.text(0.5, -0.02, key, transform=ax.transAxes, ha="center", va="top", fontsize=FONT)
     return fig
 
@@ -549,7 +557,8 @@ def pool_byte_map(regions: Sequence[tuple[str, str, int, int]], blocks_correct: 
         if kind == "pool":
             pool_colour[name] = POOL_COLOURS[len(pool_colour) % len(POOL_COLOURS)]
             ax.add_patch(Rectangle((start, 2), end - start, 0.8, facecolor=pool_colour[name], edgecolor="white"))
-            ax.text((start + end) / 2, 2.4, name, ha="center", va="center", color="white", fontsize=8, clip_on=True)
+            if _text_fits(ax, name, end - start, total):
+                ax.text((start + end) / 2, 2.4, name, ha="center", va="center", color="white", fontsize=FONT)
         else:
             ax.add_patch(Rectangle((start, 2), end - start, 0.8, facecolor="white", edgecolor=GUARD, hatch="xx",
                                    linewidth=0.5))

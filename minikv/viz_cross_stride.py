@@ -27,8 +27,19 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from minikv.viz import (DPI, EMPTY, FONT, GUARD, MAX_WIDTH_IN, NEUTRAL, POOL_COLOURS, RIGHT, WRONG, _new_figure,
-                        _to_numpy)
+from minikv.viz import (
+    DPI,
+    EMPTY,
+    FONT,
+    GUARD,
+    MAX_WIDTH_IN,
+    NEUTRAL,
+    POOL_COLOURS,
+    RIGHT,
+    WRONG,
+    _new_figure,
+    _to_numpy,
+)
 
 KB = 1024
 
@@ -218,8 +229,10 @@ def fp8_row_as_16bit(row_bytes, fp8_values, read_values, title: str = "One FP8 K
     bottom.scatter(x[~bad], shown[~bad], color=RIGHT, marker="x", s=28, zorder=4)
     for j in range(n):
         bottom.plot([j, j], [want[j], shown[j]], color=WRONG if bad[j] else RIGHT, linewidth=0.5, alpha=0.6)
-    bottom.set_yscale("symlog", linthresh=max(np.abs(want).max() / 4, 1e-3))
-    bottom.yaxis.set_major_formatter(FuncFormatter(_plain))
+    linthresh = max(np.abs(want).max() / 4, 1e-3)
+    bottom.set_yscale("symlog", linthresh=linthresh)
+    # Inside the linear zone the decade ticks crowd together: label 0 and the ticks outside it only.
+    bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: "" if 0 < abs(v) < linthresh else _plain(v)))
     bottom.set_xlabel("element of the row (head dimension)", fontsize=FONT + 1)
     bottom.set_ylabel("value (symmetric log scale)", fontsize=FONT + 1)
     bottom.tick_params(labelsize=FONT)
@@ -460,5 +473,12 @@ def code_site_diff(func) -> str:
                                           n=max(len(historical), len(fixed))))
 
 
-__all__ = ["stride_byte_map", "fp8_row_as_16bit", "output_scatter", "cross_timeline_figure", "cross_causal_chain_figure",
-           "site_versions", "code_site_diff"]
+__all__ = [
+    "code_site_diff",
+    "cross_causal_chain_figure",
+    "cross_timeline_figure",
+    "fp8_row_as_16bit",
+    "output_scatter",
+    "site_versions",
+    "stride_byte_map",
+]

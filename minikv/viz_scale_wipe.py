@@ -20,8 +20,19 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from minikv.viz import (DPI, EMPTY, FONT, MAX_WIDTH_IN, NEUTRAL, POOL_COLOURS, RIGHT, SCALE, WRONG,
-                        _new_figure, _to_numpy)
+from minikv.viz import (
+    DPI,
+    EMPTY,
+    FONT,
+    MAX_WIDTH_IN,
+    NEUTRAL,
+    POOL_COLOURS,
+    RIGHT,
+    SCALE,
+    WRONG,
+    _new_figure,
+    _to_numpy,
+)
 
 # Cell codes of the timeline: what a layer did in one column, in order.
 CODES = {"write": "W", "fill": "F", "wipe": "F!", "read": "R", "read wiped": "R!"}

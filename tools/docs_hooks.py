@@ -176,7 +176,7 @@ HREF = re.compile(r'href="(?P<href>[^"]*)"')
 def _rewrite_notebook_link(href: str, page, files, repo: Path) -> str:
     """A relative link inside a notebook (written for the repository: `../docs/x.md`, `02_y.ipynb`) as a link to
     the site's page, or to a copy of the repository file under repo/; unknown targets are a build warning."""
-    if not href or href.startswith(("#", "mailto:")) or "://" in href or href.startswith("//"):
+    if not href or href.startswith(("#", "mailto:", "//")) or "://" in href:
         return href
     path, _, fragment = href.partition("#")
     target = posixpath.normpath(posixpath.join("notebooks", path))
@@ -280,11 +280,14 @@ NOTEBOOK_FIGURES = {
     "scale-wipe-wiped-reads": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.wiped_reads_figure("),
     "scale-wipe-heatmap": ("03_kv_sharing_scale_wipe", "viz.scale_heatmap("),
     "scale-wipe-causal-chain": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.causal_chain_figure("),
+    "scale-wipe-byte-map": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.storage_byte_map("),
     "scale-wipe-requests": ("03_kv_sharing_scale_wipe", 'title="Buggy engine"'),
     "scale-wipe-prefix-caching": ("03_kv_sharing_scale_wipe", 'title="Buggy, prefix caching"'),
     "cross-byte-map": ("04_cross_attention_stride_doubling", "vcs.stride_byte_map("),
     "cross-fp8-row": ("04_cross_attention_stride_doubling", "vcs.fp8_row_as_16bit("),
     "cross-output-scatter": ("04_cross_attention_stride_doubling", "vcs.output_scatter("),
+    "cross-timeline": ("04_cross_attention_stride_doubling", "viz_cross_stride.cross_timeline_figure("),
+    "cross-causal-chain": ("04_cross_attention_stride_doubling", "viz_cross_stride.cross_causal_chain_figure("),
 }
 
 
@@ -303,9 +306,14 @@ def notebook_figure(repo: Path, stem: str, marker: str) -> bytes | None:
     return None
 
 
+def viz_dpi() -> int:
+    from minikv.viz import DPI
+    return DPI
+
+
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})   # no version stamp: stable bytes
+    fig.savefig(buffer, format="png", dpi=viz_dpi(), metadata={"Software": None})   # no version stamp: stable bytes
     return buffer.getvalue()
 
 
@@ -324,16 +332,13 @@ def _viz_figures() -> dict[str, bytes]:
 
     gemma4 = model_config("tiny-gemma4")      # the KV-sharing model (docs/concepts/kv-sharing.md)
     t5 = model_config("tiny-t5")              # the encoder-decoder (docs/concepts/cross-attention.md)
-    # One box per layer's pool: a KV-sharing layer points at its target's pool (the same tensor).
-    owners = {f"layer {i}" + (f" (shares layer {gemma4.kv_owner(i)})" if gemma4.kv_owner(i) != i else ""):
-              [gemma4.kv_owner(i)] for i in range(gemma4.num_layers)}
-    num_pools = len({gemma4.kv_owner(i) for i in range(gemma4.num_layers)})
     figures = {
         "formats-int8-row": viz.row_layout_diagram(layout("int8_per_token_head", gemma4.num_kv_heads,
                                                           gemma4.head_size),
                                                    title="int8_per_token_head: codes, then an inline fp32 scale"),
-        "sharing-layers": viz.block_table_diagram(owners, num_blocks=num_pools,
-                                                  title="Layer → pool"),
+        "sharing-layers": viz.layer_pool_diagram({i: gemma4.kv_owner(i) for i in range(gemma4.num_layers)},
+                                                 gemma4.layer_types,
+                                                 title="tiny-gemma4: the pool each layer reads and writes"),
         "cross-fp8-block": viz.row_layout_diagram(layout("fp8", t5.num_kv_heads, t5.head_size),
                                                   title="The fp8 cross pool as allocated: 1 byte per element"),
         "cross-16bit-block": viz.row_layout_diagram(layout("auto", t5.num_kv_heads, t5.head_size),

@@ -226,7 +226,7 @@ def compare_cpu_gpu(cpu: dict[str, dict], cuda: dict[str, dict]) -> dict | None:
                              "statistic": "categorical outcomes compared"},
         "categorical_verdict": {
             "value": len(cat_diff),
-            "display": ("all the same" if not cat_diff else f"{len(cat_diff)} of {len(by_kind[cat])} differ"),
+            "display": ("all the same" if not cat_diff else f"the same except {len(cat_diff)}"),
             "statistic": "categorical outcomes that differ between the CPU and the H200 run"},
         "magnitude_rows": {"value": len(by_kind[mag]), "display": f"{len(by_kind[mag])}",
                            "statistic": "float magnitudes compared"},
@@ -341,7 +341,7 @@ def load_gpu(repo: Path) -> dict | None:
     tables = {"decode": decode_table, "decode_every_shape": every, "context": context}
     try:
         sys.path.insert(0, str(repo))
-        from minikv.bench.attention import format_ratio, targets    # the definitions the benchmark prints
+        from minikv.bench.attention import format_ratio, targets  # the definitions the benchmark prints
     except ImportError as e:
         raise ResultsError(f"cannot import minikv.bench.attention for the GPU targets ({e}); run inside .venv") from e
     finally:
@@ -397,8 +397,9 @@ def load_models(repo: Path) -> dict | None:
         sets = [("held-out", ev)] + ([("small numbers", ev["small_numbers"])] if "small_numbers" in ev else [])
         for label, block in sets:
             n, correct = block["n"], block["correct"]
-            what = MODEL_TASKS.get(model, model) if label == "held-out" else "small-number prompts"
-            rows.append([f"{model}: {n:,} {label} prompts ({what})",
+            what = f"held-out prompts ({MODEL_TASKS.get(model, model)})" if label == "held-out" \
+                else "small-number prompts"
+            rows.append([f"{model}: {n:,} {what}",
                          *[_pct(correct[f], n) if f in correct else "–" for f in FORMATS]])
             for f in FORMATS:
                 if f in correct:
@@ -447,6 +448,10 @@ def load_cpu_speed(repo: Path) -> dict | None:
                                       "statistic": "triton / torch process CPU time"}
     if not q:
         raise ResultsError(f"{path}: no `python -m minikv.bench engine` result lines found")
+    load = re.search(r"load average: ([\d.]+)", text)
+    if load:
+        q["load_average"] = {"value": float(load.group(1)), "display": load.group(1),
+                             "statistic": "the machine's 1-minute load average right after the run"}
     header = text.splitlines()[1] if text.startswith("$") else text.splitlines()[0]
     return {"name": "cpu_speed", "command": "python -m minikv.bench engine", "quantities": q, "tables": {},
             "header": header, "_source": "`results/cpu/bench_engine.log`, printed by `python -m minikv.bench engine`"}

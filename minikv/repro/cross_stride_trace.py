@@ -205,8 +205,6 @@ def causal_chain(prompts: list[str], factor: float = 1.5, request: int = 0, back
                  device: str = "cpu") -> CrossCausalChain:
     """Follow `request` through a buggy (historical stride, sanitizer off) and a fixed engine with cross pools of
     floor(factor x need) blocks; see `CrossCausalChain`."""
-    import minikv
-    task = minikv.tasks.for_model(MODEL)
     need = engine("fp8", device, backend).cross_blocks_needed(prompts)
     blocks = max(1, math.floor(factor * need))
     runs = {}
@@ -225,7 +223,7 @@ def causal_chain(prompts: list[str], factor: float = 1.5, request: int = 0, back
     where = timeline.first_overwritten_read(request)
     if where is None:
         raise ValueError(f"request {request} read nothing overwritten at {factor:g}x: not damaged by the overrun")
-    victim_layer, column = where
+    victim_layer = where[0]
     culprits = timeline.culprits[where]
     culprit = next((c for c in culprits if runs[True][0].attention_layers[c].kind == "cross"), culprits[0])
     llm, first, out_buggy, _ = runs[True]
