@@ -341,7 +341,7 @@ def cross_timeline_figure(*timelines, max_columns: int = 6,
 
 
 def _token(text: str) -> str:
-    return "EOS" if text == "" else text.replace(" ", "␣")
+    return "EOS" if text == "" else text.replace(" ", "·")
 
 
 def cross_causal_chain_figure(chain, title: str | None = None) -> Figure:
@@ -396,7 +396,7 @@ def cross_causal_chain_figure(chain, title: str | None = None) -> Figure:
     ax2.set_ylim(-1.2, 1.0)
     ax2.axis("off")
     ax2.text(max(n, 1) + 0.3, -0.1, f"{written} of {n} token rows after the context step differ from the fixed "
-             f"engine's:\nlayer {_short(chain.culprit).split()[-1]}'s stray write, later in the same step, "
+             f"engine's:\n{_short(chain.culprit)}-attn's stray write, later in the same step, "
              f"replaced the K and V\nthat {_short(chain.victim_layer)}-attn had just written (measured on the bytes)",
              ha="left", va="center", fontsize=FONT)
     ax2.set_title(f"2. request {chain.request}'s {_short(chain.victim_layer)}-attn rows: first read back at "

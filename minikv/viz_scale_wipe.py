@@ -141,10 +141,10 @@ def _max_abs_per_token(k) -> np.ndarray:
 
 
 def token_label(text: str) -> str:
-    """A generated token as a readable label: a space as '␣', the end-of-sequence token ('') as 'EOS'."""
+    """A generated token as a readable label: a space as '·', the end-of-sequence token ('') as 'EOS'."""
     if text == "":
         return "EOS"
-    return text.replace(" ", "␣")
+    return text.replace(" ", "·")
 
 
 def causal_chain_figure(chain, inflation: str, title: str | None = None) -> Figure:
@@ -205,7 +205,7 @@ def causal_chain_figure(chain, inflation: str, title: str | None = None) -> Figu
             "every step\nreads the wiped keys; the outlined token is the first that differs"
             if chain.diverging_step else "the very first token already differs", ha="center", va="center",
             fontsize=FONT)
-    ax.set_title(f"3. the generated tokens ('␣' a space): they part at token {chain.diverging_step}",
+    ax.set_title(f"3. the generated tokens (· a space): they part at token {chain.diverging_step}",
                  fontsize=FONT + 1, loc="left")
     del shown
 
