@@ -20,6 +20,7 @@ from minikv.exercises import NO_ANSWER, check
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("0*.ipynb"))
+WALKTHROUGH = ("01", "02", "03", "04", "05")        # the notebooks that must end with exercises
 
 
 def _text(cell) -> str:
@@ -51,7 +52,10 @@ def _exercises(notebook: Path) -> list[dict]:
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_exercises_check_the_learner_without_giving_the_answer_away(notebook):
     exercises = _exercises(notebook)
-    assert exercises, f"{notebook.name} has no exercise"
+    if notebook.stem[:2] in WALKTHROUGH:
+        assert exercises, f"{notebook.name} has no exercise"
+    elif not exercises:
+        pytest.skip(f"{notebook.name} has no exercises (only the walkthrough's notebooks 01-05 must)")
     for n, ex in enumerate(exercises, 1):
         where = f"{notebook.name}, exercise {n}"
         learner, checker, solution = ex["exercise"], ex["check"], ex["solution"]

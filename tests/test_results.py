@@ -158,17 +158,20 @@ def test_a_table_block_stands_on_lines_of_its_own(tmp_path):
         render_results.render_repo(repo)
 
 
-GPU_CSV = """GBps,batch,bytes,context,copy_GBps,format,gpu,kind,ms,pct_copy,q_len,read_GBps,sdpa_ms,sdpa_over_minikv,torch,triton,TFLOPs,unfused_over_fused,extra
-1000,64,1000000,4096,4000,auto,H,decode,0.25,25,,4100,0.2,0.8,t,r,,,1
-900,64,500000,4096,4000,fp8,H,decode,0.125,22.5,,4100,0.2,1.6,t,r,,,1
-,8,,4096,4000,"self causal, torch SDPA",H,prefill,1.0,,4096,4100,,,t,r,600,,1
-,8,,4096,4000,"self causal, workspace (unfused)",H,prefill,2.0,,4096,4100,,,t,r,300,,1
+GPU_CSV = """GBps,batch,bytes,context,copy_GBps,format,gpu,kind,ms,pct_copy,q_len,read_GBps,sdpa_ms,sdpa_over_minikv,torch,triton,TFLOPs,unfused_over_fused,kernel,tokens_per_s
+1000,64,1000000,4096,4000,auto,H,decode,0.25,25,,4100,0.2,0.8,t,r,,,dot,
+900,64,500000,4096,4000,fp8,H,decode,0.125,22.5,,4100,0.2,1.6,t,r,,,dot,
+,8,,4096,4000,"self causal, torch SDPA",H,prefill,1.0,,4096,4100,,,t,r,600,,,
+,8,,4096,4000,"self causal, workspace (unfused)",H,prefill,2.0,,4096,4100,,,t,r,300,,,
+,64,,2048,4000,auto,H,engine-decode,50.0,,,4100,,,t,r,,,,1280
+,64,,2048,4000,fp8,H,engine-decode,40.0,,,4100,,,t,r,,,,1600
 """
 
 
 def test_gpu_figures_come_from_the_csv_and_follow_it(tmp_path):
-    """The GPU quantities and tables are computed from the CSV (an added column changes nothing): a new run of
-    the benchmark flows through to every page without hand edits."""
+    """The GPU quantities and tables are computed from the CSV (added columns, text ones included, and added kinds
+    of row change nothing they do not add): a new run of the benchmark flows through to every page without hand
+    edits."""
     pytest.importorskip("torch")
     repo = tmp_path / "repo"
     (repo / "notebooks" / "data").mkdir(parents=True)
@@ -178,6 +181,9 @@ def test_gpu_figures_come_from_the_csv_and_follow_it(tmp_path):
     assert gpu["quantities"]["x_bf16_fp8_b64_c4096"]["display"] == "2.00x"
     assert gpu["quantities"]["us_auto_b64_c4096"]["display"] == "250.0 µs"
     assert gpu["quantities"]["prefill_x_sdpa_workspace_unfused"]["display"] == "0.50x"
+    assert [row[0] for row in gpu["tables"]["context"]["rows"]] == ["self causal, torch SDPA",
+                                                                    "self causal, workspace (unfused)"]
+    assert gpu["quantities"]["engine_x_bf16_fp8"]["display"] == "1.25x"          # rows a newer run adds
     targets = {row[0]: row for row in gpu["tables"]["targets"]["rows"]}
     assert targets["fp8 vs bf16 paged decode, batch 64, context 4096"][2:] == ["2.000x", "met"]
     page = repo / "docs" / "results.md"

@@ -249,9 +249,18 @@ SHORT_FORMAT = {"auto": "bf16", "fp8": "fp8 (per tensor)", "int8_per_token_head"
 _TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing")
 
 
+def _number(value: str):
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def _read_csv(path: Path) -> list[dict]:
+    """The rows, numbers as floats; the known text columns, empty cells and any other text (a column a newer run
+    added, such as the kernel that served a case) stay strings."""
     with open(path, newline="") as f:
-        return [{k: (v if k in _TEXT_COLUMNS or v == "" else float(v)) for k, v in row.items()}
+        return [{k: (v if k in _TEXT_COLUMNS or v == "" else _number(v)) for k, v in row.items()}
                 for row in csv.DictReader(f)]
 
 
@@ -337,8 +346,21 @@ def load_gpu(repo: Path) -> dict | None:
     context = {"caption": "Context attention",
                "columns": ["case", "batch", "q_len", "kv_len", "ms", "TFLOP/s"],
                "rows": [[r["format"], int(r["batch"]), int(r["q_len"]), int(r["context"]), f"{r['ms']:.3f}",
-                         f"{r['TFLOPs']:.1f}"] for r in rows if r["kind"] != "decode"]}
+                         f"{r['TFLOPs']:.1f}"] for r in rows if r["kind"] in ("prefill", "cross-context")]}
     tables = {"decode": decode_table, "decode_every_shape": every, "context": context}
+    engine = [r for r in rows if r["kind"] == "engine-decode" and isinstance(r.get("tokens_per_s"), float)]
+    base = next((r["tokens_per_s"] for r in engine if r["format"] == "auto"), None)
+    if engine and base:
+        tables["engine"] = {
+            "caption": "The engine: decode tokens/s per format (`python -m minikv.bench engine --device cuda`, the "
+                       "engine-decode rows of the CSV)",
+            "columns": ["kv_cache_dtype", "ms / step", "tokens/s", "vs bf16"],
+            "rows": [[r["format"], f"{r['ms']:.1f}", f"{r['tokens_per_s']:,.0f}", _ratio(r["tokens_per_s"] / base)]
+                     for r in engine]}
+        for r in engine:
+            q[f"engine_x_bf16_{_key(r['format'])}"] = {
+                "value": r["tokens_per_s"] / base, "display": _ratio(r["tokens_per_s"] / base),
+                "statistic": f"engine decode tokens/s of {r['format']} / bf16's"}
     try:
         sys.path.insert(0, str(repo))
         from minikv.bench.attention import format_ratio, targets  # the definitions the benchmark prints
