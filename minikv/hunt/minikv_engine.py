@@ -1,0 +1,198 @@
+"""The adapter that runs a Scenario on `minikv.LLM` and records what the oracles check.
+
+It uses only the engine's public surface: `LLM(...)`, `add_request`/`step`/`has_unfinished`, `sleep`/`wake_up`,
+`StepOutput` (block tables, slot mappings, the trace's per-layer pool events) and `llm.arena` (its byte storage,
+pool offsets and layouts). Per step it copies the arena's bytes before the step and diffs them after: every
+changed byte must lie in a row the step's slot mapping names (codes and inline scales of the named slots, K and
+V, every KV head); anything else, a guard zone included, is a stray write. Right after a request's prefill it
+keeps the bytes of every token position it wrote (codes and scales apart), for the first-versus-later check.
+
+The engine under test is `LLM(..., reintroduce=<the tuple given>)`, passed through unread; `instrument` (a
+callable) is applied to every engine built, which is how tests plant defects of their own.
+"""
+from __future__ import annotations
+
+import torch
+
+from .record import KVRow, RequestResult, Run, StrayWrite
+from .scenario import Scenario, torch_dtype
+
+SCALE_BYTES = 4
+
+
+class MinikvEngine:
+    """Runs scenarios on minikv. `reintroduce` goes to every `LLM(...)` as given; `engine_checks` switches the
+    engine's own sanitizer and layout contract on (off by default: the hunter's oracles stand on their own)."""
+
+    def __init__(self, reintroduce=(), backend: str = "torch", instrument=None, engine_checks: bool = False,
+                 device: str = "cpu"):
+        self.reintroduce = tuple(reintroduce)
+        self.backend = backend
+        self.instrument = instrument
+        self.engine_checks = engine_checks
+        self.device = device
+
+    def llm_kwargs(self, scenario: Scenario) -> dict:
+        kw = scenario.engine_kwargs()
+        kw.update(backend=self.backend, device=self.device, sanitize=self.engine_checks,
+                  check_layout=self.engine_checks, reintroduce=self.reintroduce)
+        return kw
+
+    def build(self, scenario: Scenario):
+        import minikv
+        kw = self.llm_kwargs(scenario)
+        kw["dtype"] = torch_dtype(kw["dtype"])
+        llm = minikv.LLM(**kw)
+        if self.instrument is not None:
+            self.instrument(llm)
+        return llm
+
+    def snippet(self, scenario: Scenario) -> str:
+        from .repro import snippet
+        return snippet(scenario, self.llm_kwargs(scenario))
+
+    # ---- one scenario -------------------------------------------------------------------------------------
+    def run(self, scenario: Scenario) -> Run:
+        run = Run(scenario)
+        try:
+            llm = self.build(scenario)
+        except (ValueError, TypeError) as err:            # the engine's own input checks: outside its domain
+            run.refused = _first_line(err)
+            return run
+        except Exception as err:                           # an accepted configuration that cannot even start
+            run.error, run.error_at = _describe(err), "building the engine"
+            return run
+        run.eos_id = llm.tokenizer.eos_id
+        try:
+            for wave, requests in enumerate(scenario.waves()):
+                if wave and scenario.sleep:
+                    llm.sleep(mode=scenario.sleep)
+                    llm.wake_up()
+                if not self._wave(llm, wave, requests, run):
+                    return run
+        except Exception as err:
+            run.error, run.error_at = _describe(err), f"step {run.steps}"
+        return run
+
+    def _wave(self, llm, wave: int, requests, run: Run) -> bool:
+        import minikv
+        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
+        pending = list(order)
+        ids: dict[int, int] = {}                 # engine request id -> index in the wave
+        schedule: dict[int, list] = {i: [] for i in range(len(requests))}
+        results: dict[int, RequestResult] = {}
+        kv: dict[int, dict] = {}
+        step = 0
+        while pending or llm.has_unfinished():
+            while pending and requests[pending[0]].arrival <= step:
+                i = pending.pop(0)
+                r = requests[i]
+                try:
+                    rid = llm.add_request(r.prompt, minikv.SamplingParams(max_tokens=r.max_tokens))
+                except (ValueError, TypeError) as err:
+                    run.refused = f"request {i}: {_first_line(err)}"
+                    return False
+                ids[rid] = i
+            if not llm.has_unfinished():
+                step = requests[pending[0]].arrival          # nothing runs until the next arrival
+                continue
+            before = llm.arena.storage.clone()
+            out = llm.step()
+            run.steps += 1
+            run.stray_writes += self._stray(llm, out, before, run.steps - 1)
+            members = tuple((ids[rid], out.num_cached_tokens.get(rid, 0)) for rid in out.request_ids)
+            for rid in out.request_ids:
+                schedule[ids[rid]].append((out.phase, members))
+                if out.is_prefill and ids[rid] not in kv:
+                    kv[ids[rid]] = self._request_kv(llm, out, rid)
+            for done in out.finished:
+                i = ids[done.request_id]
+                r = requests[i]
+                results[i] = RequestResult(i, wave, r.prompt, r.max_tokens, tuple(done.token_ids),
+                                           done.finish_reason)
+            step += 1
+        for i in range(len(requests)):
+            res = results[i]
+            res.schedule, res.kv = tuple(schedule[i]), kv.get(i)
+            run.requests.append(res)
+        return True
+
+    # ---- bytes ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def _pool_kinds(llm, out) -> dict[str, str]:
+        """Pool name -> "self" or "cross": which slot mapping names its rows (from the step's layer events)."""
+        kinds = {e.pool: e.kind for e in out.trace.events}
+        for name in llm.arena.offsets:
+            kinds.setdefault(name, "cross" if name.startswith("cross.") else "self")
+        return kinds
+
+    def _stray(self, llm, out, before: torch.Tensor, step: int) -> list[StrayWrite]:
+        arena = llm.arena
+        changed = before != arena.storage
+        if not bool(changed.any()):
+            return []
+        allowed = torch.zeros_like(changed)
+        kinds = self._pool_kinds(llm, out)
+        for name, start in arena.offsets.items():
+            mapping = out.cross_slot_mapping if kinds.get(name) == "cross" else out.slot_mapping
+            slots = [s for seq in mapping.values() for s in seq]
+            if slots:
+                allowed[start + _row_bytes(arena.layout(name), slots)] = True
+        stray = changed & ~allowed
+        found = []
+        for kind, name, lo, hi in arena.byte_map():
+            hits = stray[lo:hi].nonzero()
+            if hits.numel():
+                region = f"pool {name}" if kind == "pool" else f"guard after {name}"
+                found.append(StrayWrite(step, region, int(hits[0]), int(hits.numel())))
+        return found
+
+    @staticmethod
+    def _request_kv(llm, out, rid: int) -> dict[str, tuple[KVRow, ...]]:
+        arena, bs = llm.arena, llm.config.cache.block_size
+        storage = arena.storage
+        kinds = MinikvEngine._pool_kinds(llm, out)
+        rows = {}
+        for name, start in arena.offsets.items():
+            layout = arena.layout(name)
+            if kinds.get(name) == "cross":
+                table, n = out.cross_block_tables.get(rid), len(out.cross_slot_mapping.get(rid, ()))
+            else:
+                table, n = out.block_tables.get(rid), out.seq_lens.get(rid, 0)
+            if not table or not n:
+                continue
+            slots = [table[p // bs] * bs + p % bs for p in range(n)]
+            per = []
+            for s in slots:
+                codes = storage[start + _row_bytes(layout, [s], scales=False)]
+                scales = storage[start + _scale_bytes(layout, [s])] if layout.has_inline_scales else None
+                per.append(KVRow(bytes(codes.tolist()), b"" if scales is None else bytes(scales.tolist())))
+            rows[name] = tuple(per)
+        return rows
+
+
+def _row_bytes(layout, slots, scales: bool = True) -> torch.Tensor:
+    """Pool byte offsets of the named slots' rows: codes of K and V for every KV head, then their scales."""
+    bs, heads = layout.block_size, layout.num_kv_heads
+    starts = [layout.row_offset(s // bs, kv, s % bs, h) for s in slots for kv in (0, 1) for h in range(heads)]
+    idx = (torch.tensor(starts)[:, None] + torch.arange(layout.code_bytes)[None, :]).reshape(-1)
+    if scales and layout.has_inline_scales:
+        idx = torch.cat([idx, _scale_bytes(layout, slots)])
+    return idx
+
+
+def _scale_bytes(layout, slots) -> torch.Tensor:
+    bs, heads = layout.block_size, layout.num_kv_heads
+    starts = [layout.scale_byte_offset(s // bs, kv, s % bs, h) for s in slots for kv in (0, 1)
+              for h in range(heads)]
+    return (torch.tensor(starts)[:, None] + torch.arange(SCALE_BYTES)[None, :]).reshape(-1)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _describe(err: BaseException) -> str:
+    # Type and message only: a file and line number would change the report with every unrelated edit.
+    return _first_line(err)

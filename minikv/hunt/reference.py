@@ -1,0 +1,83 @@
+"""The reference the `matches-reference` oracle compares with: the model run densely, without the engine.
+
+For a prompt, greedy decoding over the model's own forward pass on the whole sequence (no paged cache, no
+scheduler, no attention backend), with every fresh K and V quantized and dequantized exactly as the cache format
+stores it (`minikv.models.train.kv_transform_for`: the format's scale rule and rounding). So a quantized paged
+cache is held to the same quantization error, computed another way: a correct engine gives the same greedy
+tokens, except where two logits are so close that rounding in another order may swap them (a near tie).
+
+Results are cached per (model, format, dtype, prompt); every reference decodes `MAX_TOKENS` tokens once and a
+request compares with its first `max_tokens` (greedy decoding is prefix-stable).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .scenario import torch_dtype
+
+MAX_TOKENS = 8
+# A divergence is a near tie when the reference prefers its token over the engine's by at most this many logits.
+# The shipped models' greedy margins are far larger wherever they answer right (see docs/hunt.md).
+TIE_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Reference:
+    token_ids: tuple[int, ...]            # up to MAX_TOKENS, ending with EOS where the model stops
+    logits: tuple[torch.Tensor, ...]      # float32 [vocab] before each token
+
+    def margin(self, position: int, other: int) -> float:
+        """How many logits the reference's token at `position` beats `other` by."""
+        row = self.logits[position]
+        return float(row[self.token_ids[position]] - row[other])
+
+
+class DenseReference:
+    """Greedy references from the dense model, cached."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self._models: dict = {}
+        self._cache: dict = {}
+
+    def _model(self, name: str, dtype: str):
+        from minikv.models import registry
+        key = (name, dtype)
+        if key not in self._models:
+            self._models[key] = (registry.load_model(name, device=self.device, dtype=torch_dtype(dtype)).eval(),
+                                 registry.get_tokenizer(name))
+        return self._models[key]
+
+    def get(self, model: str, kv_cache_dtype: str, dtype: str, prompt: str) -> Reference:
+        key = (model, kv_cache_dtype, dtype, prompt)
+        if key not in self._cache:
+            self._cache[key] = self._decode(model, kv_cache_dtype, dtype, prompt)
+        return self._cache[key]
+
+    @torch.no_grad()
+    def _decode(self, name: str, kv_cache_dtype: str, dtype: str, prompt: str) -> Reference:
+        from minikv.models import train
+        net, tok = self._model(name, dtype)
+        previous = net.kv_transform
+        net.kv_transform = train.kv_transform_for(None if kv_cache_dtype == "auto" else kv_cache_dtype)
+        try:
+            ids, rows = [], []
+            if net.config.is_encoder_decoder:
+                enc_ids = torch.tensor([tok.encode(prompt)], device=self.device)
+                enc = net.encode(enc_ids)
+                dec = [net.config.decoder_start_token_id]
+                step = lambda: net.compute_logits(net.decode(torch.tensor([dec + ids], device=self.device), enc))
+            else:
+                dec = [tok.bos_id] + tok.encode(prompt)
+                step = lambda: net.logits(torch.tensor([dec + ids], device=self.device))
+            for _ in range(MAX_TOKENS):
+                row = step()[0, -1].float().cpu()
+                rows.append(row)
+                ids.append(int(row.argmax()))
+                if ids[-1] == tok.eos_id:
+                    break
+        finally:
+            net.kv_transform = previous
+        return Reference(tuple(ids), tuple(rows))
