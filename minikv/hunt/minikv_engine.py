@@ -8,7 +8,8 @@ V, every KV head); anything else, a guard zone included, is a stray write. Right
 keeps the bytes of every token position it wrote (codes and scales apart), for the first-versus-later check.
 
 The engine under test is `LLM(..., reintroduce=<the tuple given>)`, passed through unread; `instrument` (a
-callable) is applied to every engine built, which is how tests plant defects of their own.
+callable) is applied to every engine built, which is how tests plant defects of their own. With a backend other
+than "torch", every kernel call also runs through its reference (shadow.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from .record import KVRow, RequestResult, Run, StrayWrite
 from .scenario import Scenario, torch_dtype
+from .shadow import KernelShadow
 
 SCALE_BYTES = 4
 
@@ -39,23 +41,25 @@ class MinikvEngine:
         return kw
 
     def build(self, scenario: Scenario):
+        """(the engine for `scenario`, its KernelShadow or None)."""
         import minikv
         kw = self.llm_kwargs(scenario)
         kw["dtype"] = torch_dtype(kw["dtype"])
         llm = minikv.LLM(**kw)
         if self.instrument is not None:
             self.instrument(llm)
-        return llm
+        # Kernels other than the references run beside them (after the instrument: a planted kernel is checked too).
+        return llm, (KernelShadow(llm) if self.backend != "torch" else None)
 
     def snippet(self, scenario: Scenario) -> str:
         from .repro import snippet
-        return snippet(scenario, self.llm_kwargs(scenario))
+        return snippet(scenario, self.llm_kwargs(scenario), self.instrument)
 
     # ---- one scenario -------------------------------------------------------------------------------------
     def run(self, scenario: Scenario) -> Run:
         run = Run(scenario)
         try:
-            llm = self.build(scenario)
+            llm, shadow = self.build(scenario)
         except (ValueError, TypeError) as err:            # the engine's own input checks: outside its domain
             run.refused = _first_line(err)
             return run
@@ -72,6 +76,8 @@ class MinikvEngine:
                     return run
         except Exception as err:
             run.error, run.error_at = _describe(err), f"step {run.steps}"
+        if shadow is not None:
+            run.kernel_mismatches = list(shadow.mismatches)
         return run
 
     def _wave(self, llm, wave: int, requests, run: Run) -> bool:

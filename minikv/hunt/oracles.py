@@ -70,6 +70,13 @@ def writes_in_bounds(run: Run, refs) -> list[Violation]:
                       + (f"; {more} more region(s)/step(s) too" if more else ""))]
 
 
+def kernels_match_references(run: Run, refs) -> list[Violation]:
+    if not run.kernel_mismatches:
+        return []
+    return [Violation("kernels-match-references", run.kernel_mismatches[0],
+                      f"{len(run.kernel_mismatches)} kernel call(s) disagreed with their reference")]
+
+
 def _kv_difference(a: RequestResult, b: RequestResult) -> str | None:
     if a.kv is None or b.kv is None:
         return None
@@ -151,6 +158,8 @@ ORACLES: dict[str, Oracle] = {o.name: o for o in (
     Oracle("runs", "a configuration the engine accepts runs to completion", False, runs),
     Oracle("writes-in-bounds", "every arena byte a step changes lies in a row its slot mapping names "
                                "(guard zones and other requests' blocks untouched)", False, writes_in_bounds),
+    Oracle("kernels-match-references", "every kernel call gives its pure-PyTorch reference's result on the same "
+                                       "inputs (backends other than torch)", False, kernels_match_references),
     Oracle("repeat-identical", "a batch submitted again after the first one finished, scheduled the same way, "
                                "gives the same tokens and the same KV bytes", False, repeat_identical),
     Oracle("schedule-invariant", "copies of a request give the same tokens whatever the batch geometry, pool "

@@ -55,6 +55,7 @@ class Run:
     error_at: str = ""                   # where: "building the engine" or "step N"
     requests: list[RequestResult] = field(default_factory=list)
     stray_writes: list[StrayWrite] = field(default_factory=list)
+    kernel_mismatches: list[str] = field(default_factory=list)   # kernel calls that disagreed with their reference
     steps: int = 0
     eos_id: int | None = None
 

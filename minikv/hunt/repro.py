@@ -36,21 +36,27 @@ def _kwargs(kw: dict) -> str:
     return "\n".join(lines)
 
 
-def snippet(scenario: Scenario, llm_kwargs: dict) -> str:
-    """Python that builds the engine of `scenario` with `llm_kwargs` and serves its requests, printing tokens."""
-    out = ["import minikv", "import torch", "", _kwargs(llm_kwargs)]
+def snippet(scenario: Scenario, llm_kwargs: dict, instrument=None) -> str:
+    """Python that builds the engine of `scenario` with `llm_kwargs` and serves its requests, printing tokens.
+    With `instrument` (the callable the hunt applied to every engine), the snippet applies it too."""
+    imports, body = ["import minikv", "import torch"], [_kwargs(llm_kwargs)]
+    if instrument is not None:
+        module, name = getattr(instrument, "__module__", None), getattr(instrument, "__qualname__", "instrument")
+        if module and module != "__main__":
+            imports.append(f"import {module}")
+            name = f"{module}.{name}"
+        body.append(f"{name}(llm)   # the instrument the hunt applied to every engine it built")
     timed = any(r.arrival for r in scenario.requests)
-    if timed:
-        out[3:3] = _SERVE.strip("\n").splitlines() + [""]
     for wave in range(2 if scenario.repeat else 1):
         if wave and scenario.sleep:
-            out += [f"llm.sleep(mode={scenario.sleep!r})", "llm.wake_up()"]
+            body += [f"llm.sleep(mode={scenario.sleep!r})", "llm.wake_up()"]
         if timed:
             arrivals = ", ".join(f"({r.arrival}, {r.prompt!r}, {r.max_tokens})" for r in scenario.requests)
-            out.append(f"print(serve(llm, [{arrivals}]))")
+            body.append(f"print(serve(llm, [{arrivals}]))")
         else:
             prompts = ", ".join(repr(r.prompt) for r in scenario.requests)
             params = ", ".join(f"minikv.SamplingParams(max_tokens={r.max_tokens})" for r in scenario.requests)
-            out.append(f"outs = llm.generate([{prompts}], [{params}], use_tqdm=False)")
-            out.append("print([o.token_ids for o in outs])")
-    return "\n".join(out)
+            body.append(f"outs = llm.generate([{prompts}], [{params}], use_tqdm=False)")
+            body.append("print([o.token_ids for o in outs])")
+    serve = _SERVE.strip("\n").splitlines() + [""] if timed else []
+    return "\n".join(imports + [""] + serve + body)

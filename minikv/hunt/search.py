@@ -14,6 +14,7 @@ results depend on the machine's speed, the second does not (the notebook and the
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,35 @@ from .reference import DenseReference
 from .scenario import Scenario
 from .strategies import cells as all_cells
 from .strategies import scenarios
+
+
+class _NoConstants:
+    def set_for_type(self, choice_type):
+        return ()
+
+
+@contextlib.contextmanager
+def _seed_only():
+    """Make the search order depend on the seed alone.
+
+    Hypothesis (6.131 and later) sometimes draws literal constants found in the source of every local (not
+    site-packages) module loaded at the time. Which modules are loaded differs between the CLI, pytest and a
+    notebook, and any edit of any such file would change the scenarios tried; the cache of those constants is
+    also written under the working directory. While the hunter searches, that source is switched off (and its
+    per-process cache cleared on both sides). Where a hypothesis version lacks the hook, nothing is changed."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        hook, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
+    except (ImportError, AttributeError):
+        yield
+        return
+    cache.cache.clear()
+    providers._get_local_constants = _NoConstants
+    try:
+        yield
+    finally:
+        providers._get_local_constants = hook
+        cache.cache.clear()
 
 
 class _Violated(Exception):
@@ -57,6 +87,7 @@ class HuntReport:
     seconds: float
     stopped_by: str                     # "finding", "budget" or "scenarios"
     refusals: dict = field(default_factory=dict)   # cell -> the engine's first refusal message
+    tried: list = field(default_factory=list)      # every scenario run, in order (Scenario objects)
 
     @property
     def found(self) -> bool:
@@ -117,6 +148,7 @@ class _Search:
         self.runs = self.refused = self.shrink_runs = 0
         self.found_at: tuple[int, float] | None = None
         self.refusals: dict = {}
+        self.tried: list[Scenario] = []
         self.bar = tqdm(total=max_scenarios, desc="hunt", unit="scenario", leave=False,
                         **({} if progress else {"disable": True}))
 
@@ -140,6 +172,7 @@ class _Search:
         if self._exhausted():
             return None
         run = self.engine.run(scenario)
+        self.tried.append(scenario)
         self.runs += 1
         self.bar.update(1)
         if self.found_at is not None:
@@ -180,17 +213,18 @@ class _Search:
         self.start = time.monotonic()
         rounds, violated, stopped, cell = 0, None, None, None
         try:
-            while violated is None and stopped is None:
-                for index, cell in enumerate(cells):
-                    violated = self._search_cell(cell, 2 ** rounds, seed * 1009 + index)
-                    stopped = "finding" if violated else self._exhausted()
-                    if stopped:
-                        break
-                rounds += 1
-                if self.runs and self.refused == self.runs:
-                    first = next(iter(self.refusals.values()))
-                    raise ValueError(f"the engine refused every scenario of every cell, so nothing can be "
-                                     f"tested; its first refusal: {first}")
+            with _seed_only():
+                while violated is None and stopped is None:
+                    for index, cell in enumerate(cells):
+                        violated = self._search_cell(cell, 2 ** rounds, seed * 1009 + index)
+                        stopped = "finding" if violated else self._exhausted()
+                        if stopped:
+                            break
+                    rounds += 1
+                    if self.runs and self.refused == self.runs:
+                        first = next(iter(self.refusals.values()))
+                        raise ValueError(f"the engine refused every scenario of every cell, so nothing can be "
+                                         f"tested; its first refusal: {first}")
         finally:
             self.bar.close()
         finding = None
@@ -199,4 +233,4 @@ class _Search:
             finding = Finding(violated.scenario, violated.violations, self.engine.snippet(violated.scenario), cell,
                               runs_before, seconds, self.shrink_runs)
         return HuntReport(finding, self.runs, self.refused, rounds, list(cells), self._elapsed(), stopped,
-                          self.refusals)
+                          self.refusals, self.tried)
