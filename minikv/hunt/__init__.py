@@ -28,5 +28,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'minikv.hunt' has no attribute {name!r}")
 
 
-__all__ = ["hunt", "HuntReport", "Finding", "MinikvEngine", "ORACLES", "Violation", "Run", "RequestResult",
-           "KVRow", "StrayWrite", "Scenario", "Request"]
+__all__ = ["ORACLES", "Finding", "HuntReport", "KVRow", "MinikvEngine", "Request", "RequestResult", "Run", "Scenario",
+           "StrayWrite", "Violation", "hunt"]

@@ -63,7 +63,7 @@ class MinikvEngine:
         except (ValueError, TypeError) as err:            # the engine's own input checks: outside its domain
             run.refused = _first_line(err)
             return run
-        except Exception as err:                           # an accepted configuration that cannot even start
+        except Exception as err:  # noqa: BLE001  (an accepted configuration that cannot even start: a finding)
             run.error, run.error_at = _describe(err), "building the engine"
             return run
         run.eos_id = llm.tokenizer.eos_id
@@ -74,7 +74,7 @@ class MinikvEngine:
                     llm.wake_up()
                 if not self._wave(llm, wave, requests, run):
                     return run
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (whatever an accepted configuration raises is a finding)
             run.error, run.error_at = _describe(err), f"step {run.steps}"
         if shadow is not None:
             run.kernel_mismatches = list(shadow.mismatches)
@@ -168,11 +168,10 @@ class MinikvEngine:
             if not table or not n:
                 continue
             slots = [table[p // bs] * bs + p % bs for p in range(n)]
-            per = []
-            for s in slots:
-                codes = storage[start + _row_bytes(layout, [s], scales=False)]
-                scales = storage[start + _scale_bytes(layout, [s])] if layout.has_inline_scales else None
-                per.append(KVRow(bytes(codes.tolist()), b"" if scales is None else bytes(scales.tolist())))
+            codes = storage[start + _row_bytes(layout, slots, scales=False)].reshape(n, -1).cpu().numpy()
+            scales = storage[start + _scale_bytes(layout, slots)].reshape(n, -1).cpu().numpy() \
+                if layout.has_inline_scales else None
+            per = [KVRow(codes[p].tobytes(), b"" if scales is None else scales[p].tobytes()) for p in range(n)]
             rows[name] = tuple(per)
         return rows
 

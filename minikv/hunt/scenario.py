@@ -44,9 +44,9 @@ class Scenario:
 
     def engine_kwargs(self) -> dict:
         """The `minikv.LLM` arguments of this configuration (the dtype as a name: `torch_dtype` converts)."""
-        kw = dict(model=self.model, kv_cache_dtype=self.kv_cache_dtype, dtype=self.dtype,
-                  max_num_seqs=self.max_num_seqs, block_size=self.block_size,
-                  enable_prefix_caching=self.enable_prefix_caching)
+        kw = {"model": self.model, "kv_cache_dtype": self.kv_cache_dtype, "dtype": self.dtype,
+              "max_num_seqs": self.max_num_seqs, "block_size": self.block_size,
+              "enable_prefix_caching": self.enable_prefix_caching}
         if self.kv_scale_placement != "row":
             kw["kv_scale_placement"] = self.kv_scale_placement
         if self.num_blocks is not None:

@@ -37,14 +37,15 @@ class _NoConstants:
 
 
 @contextlib.contextmanager
-def _seed_only():
-    """Make the search order depend on the seed alone.
+def _no_source_constants():
+    """Keep hypothesis from scanning local source files while the hunter searches.
 
-    Hypothesis (6.131 and later) sometimes draws literal constants found in the source of every local (not
-    site-packages) module loaded at the time. Which modules are loaded differs between the CLI, pytest and a
-    notebook, and any edit of any such file would change the scenarios tried; the cache of those constants is
-    also written under the working directory. While the hunter searches, that source is switched off (and its
-    per-process cache cleared on both sides). Where a hypothesis version lacks the hook, nothing is changed."""
+    Hypothesis (6.131 and later) collects the literal constants of every local (not site-packages) module loaded,
+    to draw from them now and then, and caches them under `.hypothesis/` in the working directory: a notebook or
+    a test would leave files in the repository. The hunter's draws are all small integers and choices, which
+    hypothesis never takes from source (it skips integers below 100), so switching the scan off changes no
+    scenario; it only stops the scan and the writes (the per-process cache is cleared on both sides). Where a
+    hypothesis version lacks the hook, nothing is changed."""
     try:
         from hypothesis.internal.conjecture import providers
         hook, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
@@ -213,7 +214,7 @@ class _Search:
         self.start = time.monotonic()
         rounds, violated, stopped, cell = 0, None, None, None
         try:
-            with _seed_only():
+            with _no_source_constants():
                 while violated is None and stopped is None:
                     for index, cell in enumerate(cells):
                         violated = self._search_cell(cell, 2 ** rounds, seed * 1009 + index)
