@@ -43,11 +43,14 @@ def _first_difference(a, b) -> int | None:
     return None
 
 
-def _near_tie(ref, tokens, position: int) -> bool:
-    """Whether `tokens` left the reference at `position` by a near tie: the same tokens before it, and the
-    reference's own choice there beating `tokens[position]` by at most TIE_MARGIN logits."""
-    return (ref is not None and position < len(ref.token_ids) and tuple(ref.token_ids[:position]) ==
-            tuple(tokens[:position]) and ref.margin(position, tokens[position]) <= TIE_MARGIN)
+def _near_tie(ref, tokens, position: int, other: int | None = None) -> bool:
+    """Whether `tokens[position]` and `other` (default: the reference's own token there) are a near tie: the
+    reference saw the same tokens before `position`, and its logits there separate the two by at most
+    TIE_MARGIN."""
+    if ref is None or position >= len(ref.token_ids) or tuple(ref.token_ids[:position]) != tuple(tokens[:position]):
+        return False
+    other = ref.token_ids[position] if other is None else other
+    return abs(ref.gap(position, other, tokens[position])) <= TIE_MARGIN
 
 
 # ---- the oracles ---------------------------------------------------------------------------------------------
@@ -127,7 +130,7 @@ def schedule_invariant(run: Run, refs) -> list[Violation]:
             if at is None:
                 continue
             ref = refs.get(prompt) if refs else None
-            if _near_tie(ref, a, at) or _near_tie(ref, b, at):
+            if _near_tie(ref, a, at, b[at]):
                 continue
             out.append(Violation("schedule-invariant",
                                  f"request {base.index} (wave {base.wave}) and its copy {other.index} (wave "

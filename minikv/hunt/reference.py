@@ -30,8 +30,12 @@ class Reference:
 
     def margin(self, position: int, other: int) -> float:
         """How many logits the reference's token at `position` beats `other` by."""
+        return self.gap(position, self.token_ids[position], other)
+
+    def gap(self, position: int, a: int, b: int) -> float:
+        """How many logits token `a` beats token `b` by, at `position` of the reference."""
         row = self.logits[position]
-        return float(row[self.token_ids[position]] - row[other])
+        return float(row[a] - row[b])
 
 
 class DenseReference:
