@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import minikv
-from minikv.hunt import hunt
+from minikv.hunt import MinikvEngine, hunt
 from minikv.hunt.reference import DenseReference
 from minikv.hunt.strategies import cells
 
@@ -48,8 +48,14 @@ def fixed(scratch, reference):
 
 
 @pytest.fixture(scope="module")
-def found(scratch, reference):
-    return {name: hunt(reintroduce=(name,), max_scenarios=DEFECT_SCENARIOS, budget_s=None, reference=reference,
+def engines():
+    """One engine adapter per defect, remembering its runs (a second hunt over it pays only for new scenarios)."""
+    return {name: MinikvEngine(reintroduce=(name,), remember=True) for name in DEFECTS}
+
+
+@pytest.fixture(scope="module")
+def found(scratch, reference, engines):
+    return {name: hunt(engine=engines[name], max_scenarios=DEFECT_SCENARIOS, budget_s=None, reference=reference,
                        progress=False) for name in DEFECTS}
 
 
@@ -103,10 +109,10 @@ def test_the_shrunk_reproduction_runs_and_shows_the_failure_only_with_the_defect
     assert buggy.strip() != fixed.strip()
 
 
-def test_the_check_upstream_lacked_finds_the_scale_wipe_alone(scratch, reference):
+def test_the_check_upstream_lacked_finds_the_scale_wipe_alone(scratch, reference, engines, found):
     """vLLM had no test comparing the first batch with a later one; that one invariant finds defect A."""
-    report = hunt(reintroduce=("scale-wipe",), oracles=("repeat-identical",), max_scenarios=24, budget_s=None,
-                  cells=[("tiny-gemma4", "int8_per_token_head", "float16")], reference=reference, progress=False)
+    report = hunt(engine=engines["scale-wipe"], oracles=("repeat-identical",), max_scenarios=DEFECT_SCENARIOS,
+                  budget_s=None, reference=reference, progress=False)
     assert report.found and {v.oracle for v in report.finding.violations} == {"repeat-identical"}
     assert report.finding.scenario.repeat
 

@@ -13,6 +13,8 @@ than "torch", every kernel call also runs through its reference (shadow.py).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .record import KVRow, RequestResult, Run, StrayWrite
@@ -24,15 +26,17 @@ SCALE_BYTES = 4
 
 class MinikvEngine:
     """Runs scenarios on minikv. `reintroduce` goes to every `LLM(...)` as given; `engine_checks` switches the
-    engine's own sanitizer and layout contract on (off by default: the hunter's oracles stand on their own)."""
+    engine's own sanitizer and layout contract on (off by default: the hunter's oracles stand on their own);
+    `remember` keeps every Run, so several hunts over one engine pay once for a scenario (a run is deterministic)."""
 
     def __init__(self, reintroduce=(), backend: str = "torch", instrument=None, engine_checks: bool = False,
-                 device: str = "cpu"):
+                 device: str = "cpu", remember: bool = False):
         self.reintroduce = tuple(reintroduce)
         self.backend = backend
         self.instrument = instrument
         self.engine_checks = engine_checks
         self.device = device
+        self._runs: dict | None = {} if remember else None
 
     def llm_kwargs(self, scenario: Scenario) -> dict:
         kw = scenario.engine_kwargs()
@@ -57,6 +61,13 @@ class MinikvEngine:
 
     # ---- one scenario -------------------------------------------------------------------------------------
     def run(self, scenario: Scenario) -> Run:
+        if self._runs is not None:
+            if scenario.key() not in self._runs:
+                self._runs[scenario.key()] = self._run(scenario)
+            return self._runs[scenario.key()]
+        return self._run(scenario)
+
+    def _run(self, scenario: Scenario) -> Run:
         run = Run(scenario)
         try:
             llm, shadow = self.build(scenario)
@@ -176,21 +187,35 @@ class MinikvEngine:
         return rows
 
 
+@functools.lru_cache(maxsize=64)
+def _strides(layout, where: str) -> tuple[int, int, int, int, int]:
+    """(base, per block, per K/V half, per slot, per head) of the layout's row (or scale) byte offsets, read off the
+    layout's own address methods (every address is linear in block, half, slot and head)."""
+    at = layout.row_offset if where == "row" else layout.scale_byte_offset
+    base = at(0, 0, 0, 0)
+    return (base, at(1, 0, 0, 0) - base, at(0, 1, 0, 0) - base, at(0, 0, 1, 0) - base,
+            at(0, 0, 0, 1) - base if layout.num_kv_heads > 1 else 0)
+
+
+def _offsets(layout, slots, where: str, width: int) -> torch.Tensor:
+    """Pool byte offsets of `width` bytes at each named slot's rows (or scales): K then V, every KV head."""
+    base, per_block, per_half, per_slot, per_head = _strides(layout, where)
+    s = torch.tensor(slots, dtype=torch.int64)
+    start = (base + (s // layout.block_size) * per_block + (s % layout.block_size) * per_slot)[:, None, None] \
+        + torch.tensor([0, per_half])[None, :, None] + (torch.arange(layout.num_kv_heads) * per_head)[None, None, :]
+    return (start.reshape(len(slots), -1, 1) + torch.arange(width)).reshape(-1)
+
+
 def _row_bytes(layout, slots, scales: bool = True) -> torch.Tensor:
     """Pool byte offsets of the named slots' rows: codes of K and V for every KV head, then their scales."""
-    bs, heads = layout.block_size, layout.num_kv_heads
-    starts = [layout.row_offset(s // bs, kv, s % bs, h) for s in slots for kv in (0, 1) for h in range(heads)]
-    idx = (torch.tensor(starts)[:, None] + torch.arange(layout.code_bytes)[None, :]).reshape(-1)
+    idx = _offsets(layout, slots, "row", layout.code_bytes)
     if scales and layout.has_inline_scales:
         idx = torch.cat([idx, _scale_bytes(layout, slots)])
     return idx
 
 
 def _scale_bytes(layout, slots) -> torch.Tensor:
-    bs, heads = layout.block_size, layout.num_kv_heads
-    starts = [layout.scale_byte_offset(s // bs, kv, s % bs, h) for s in slots for kv in (0, 1)
-              for h in range(heads)]
-    return (torch.tensor(starts)[:, None] + torch.arange(SCALE_BYTES)[None, :]).reshape(-1)
+    return _offsets(layout, slots, "scale", SCALE_BYTES)
 
 
 def _first_line(err: BaseException) -> str:

@@ -134,7 +134,7 @@ def schedule_invariant(run: Run, refs) -> list[Violation]:
                 continue
             out.append(Violation("schedule-invariant",
                                  f"request {base.index} (wave {base.wave}) and its copy {other.index} (wave "
-                                 f"{other.wave}) differ from token {at}", f"{list(a)} vs {list(b)}"))
+                                 f"{other.wave}) give different tokens", f"{list(a)} vs {list(b)} from token {at}"))
             break
     return out
 
@@ -152,8 +152,8 @@ def matches_reference(run: Run, refs) -> list[Violation]:
         if _near_tie(ref, got, at):
             continue
         out.append(Violation("matches-reference", f"request {r.index} (wave {r.wave}) {r.prompt!r} leaves the "
-                                                  f"reference {list(want)} at token {at} (not a near tie)",
-                             f"the engine gave {list(got)}"))
+                                                  f"reference {list(want)} (not a near tie)",
+                             f"the engine gave {list(got)}, first different at token {at}"))
     return out
 
 

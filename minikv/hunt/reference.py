@@ -5,8 +5,8 @@ no attention backend), with every fresh K and V quantized and dequantized exactl
 cache is held to the same quantization error, computed another way: a correct engine gives the same greedy
 tokens, except where two logits are so close that rounding in another order may swap them (a near tie).
 
-Results are cached per (model, format, dtype, prompt); every reference decodes `MAX_TOKENS` tokens once and a
-request compares with its first `max_tokens` (greedy decoding is prefix-stable).
+Results are cached per (model, format, dtype, prompt), as long as the longest request asked for; a request
+compares with the first `max_tokens` (greedy decoding is prefix-stable).
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ TIE_MARGIN = 1.0
 
 @dataclass(frozen=True)
 class Reference:
-    token_ids: tuple[int, ...]            # up to MAX_TOKENS, ending with EOS where the model stops
+    token_ids: tuple[int, ...]            # the greedy tokens, ending with EOS where the model stops
     logits: tuple[torch.Tensor, ...]      # float32 [vocab] before each token
+    stopped: bool = False                 # the last token is EOS: there is nothing after it
 
     def margin(self, position: int, other: int) -> float:
         """How many logits the reference's token at `position` beats `other` by."""
@@ -54,14 +55,16 @@ class DenseReference:
                                  registry.get_tokenizer(name))
         return self._models[key]
 
-    def get(self, model: str, kv_cache_dtype: str, dtype: str, prompt: str) -> Reference:
+    def get(self, model: str, kv_cache_dtype: str, dtype: str, prompt: str, max_tokens: int = MAX_TOKENS) -> Reference:
+        """The reference for `prompt`: at least `max_tokens` tokens, or fewer ending with EOS."""
         key = (model, kv_cache_dtype, dtype, prompt)
-        if key not in self._cache:
-            self._cache[key] = self._decode(model, kv_cache_dtype, dtype, prompt)
+        known = self._cache.get(key)
+        if known is None or (len(known.token_ids) < max_tokens and not known.stopped):
+            self._cache[key] = self._decode(model, kv_cache_dtype, dtype, prompt, max(max_tokens, 1))
         return self._cache[key]
 
     @torch.no_grad()
-    def _decode(self, name: str, kv_cache_dtype: str, dtype: str, prompt: str) -> Reference:
+    def _decode(self, name: str, kv_cache_dtype: str, dtype: str, prompt: str, max_tokens: int) -> Reference:
         from minikv.models import train
         net, tok = self._model(name, dtype)
         previous = net.kv_transform
@@ -71,18 +74,17 @@ class DenseReference:
             # gives the logits before each of them (for the near-tie margins).
             if net.config.is_encoder_decoder:
                 enc_ids = torch.tensor([tok.encode(prompt)], device=self.device)
-                ids = net.greedy(enc_ids, MAX_TOKENS)[0].tolist()
+                ids = net.greedy(enc_ids, max_tokens)[0].tolist()
                 ids = ids[: ids.index(tok.eos_id) + 1] if tok.eos_id in ids else ids
                 start = [net.config.decoder_start_token_id]
                 dec = torch.tensor([start + ids[:-1]], device=self.device)
                 logits = net.compute_logits(net.decode(dec, net.encode(enc_ids)))[0]
             else:
                 prompt_ids = [tok.bos_id] + tok.encode(prompt)
-                ids = net.greedy(torch.tensor([prompt_ids], device=self.device), MAX_TOKENS)[0].tolist()
+                ids = net.greedy(torch.tensor([prompt_ids], device=self.device), max_tokens)[0].tolist()
                 ids = ids[: ids.index(tok.eos_id) + 1] if tok.eos_id in ids else ids
                 full = torch.tensor([prompt_ids + ids[:-1]], device=self.device)
                 logits = net.logits(full)[0, len(prompt_ids) - 1:]
         finally:
             net.kv_transform = previous
-        rows = tuple(logits.float().cpu())
-        return Reference(tuple(ids), rows)
+        return Reference(tuple(ids), tuple(logits.float().cpu()), stopped=ids[-1] == tok.eos_id)

@@ -18,6 +18,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
+import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from tqdm import tqdm
@@ -117,7 +118,7 @@ class HuntReport:
 
 def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch", seed: int = 0,
          budget_s: float | None = 60.0, max_scenarios: int | None = None, max_shrink_runs: int = 40,
-         oracles=None, cells=None, reference=None, progress: bool = True) -> HuntReport:
+         oracles=None, cells=None, reference=None, progress: bool = True, threads: int | None = 1) -> HuntReport:
     """Search engine configurations for a violated invariant.
 
     engine          what to drive (an object with `run(scenario)` and `snippet(scenario)`); default
@@ -128,6 +129,8 @@ def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch"
     max_shrink_runs runs spent shrinking a failure
     oracles         names from `minikv.hunt.oracles.ORACLES` (default all)
     cells           (model, kv_cache_dtype, dtype) triples (default `strategies.cells()`)
+    threads         torch's intra-op threads while hunting (restored after; None: leave as set). The engines are
+                    tiny: more threads only add hand-offs, and on a busy machine they wait for each other
     """
     if budget_s is None and max_scenarios is None:
         raise ValueError("give budget_s or max_scenarios (or both): the search needs a limit")
@@ -138,7 +141,13 @@ def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch"
     engine = engine or MinikvEngine(reintroduce, backend=backend, instrument=instrument)
     search = _Search(engine, reference or DenseReference(), oracles, budget_s, max_scenarios, max_shrink_runs,
                      progress)
-    return search.run(cells or all_cells(), seed)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return search.run(cells or all_cells(), seed)
+    finally:
+        torch.set_num_threads(before)
 
 
 class _Search:
@@ -185,8 +194,13 @@ class _Search:
         else:
             needs_ref = any(oracle_module.ORACLES[n].needs_reference for n in (self.oracle_names or
                                                                               oracle_module.ORACLES))
-            refs = {r.prompt: self.reference.get(scenario.model, scenario.kv_cache_dtype, scenario.dtype, r.prompt)
-                    for r in scenario.requests} if needs_ref and not run.error else {}
+            refs = {}
+            if needs_ref and not run.error:
+                longest: dict[str, int] = {}
+                for r in scenario.requests:
+                    longest[r.prompt] = max(longest.get(r.prompt, 0), r.max_tokens)
+                refs = {p: self.reference.get(scenario.model, scenario.kv_cache_dtype, scenario.dtype, p, n)
+                        for p, n in longest.items()}
             found = oracle_module.check(run, refs, self.oracle_names)
         if found and self.found_at is None:
             self.found_at = (self.runs - 1, self._elapsed())
