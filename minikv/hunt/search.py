@@ -90,6 +90,7 @@ class HuntReport:
     stopped_by: str                     # "finding", "budget" or "scenarios"
     refusals: dict = field(default_factory=dict)   # cell -> the engine's first refusal message
     tried: list = field(default_factory=list)      # every scenario run, in order (Scenario objects)
+    refused_scenarios: list = field(default_factory=list)   # those the engine refused, in order
 
     @property
     def found(self) -> bool:
@@ -159,6 +160,7 @@ class _Search:
         self.found_at: tuple[int, float] | None = None
         self.refusals: dict = {}
         self.tried: list[Scenario] = []
+        self.refused_tried: list[Scenario] = []
         self.bar = tqdm(total=max_scenarios, desc="hunt", unit="scenario", leave=False,
                         **({} if progress else {"disable": True}))
 
@@ -189,6 +191,7 @@ class _Search:
             self.shrink_runs += 1
         if run.refused:
             self.refused += 1
+            self.refused_tried.append(scenario)
             self.refusals.setdefault(cell, run.refused)
             found = []
         else:
@@ -248,4 +251,4 @@ class _Search:
             finding = Finding(violated.scenario, violated.violations, self.engine.snippet(violated.scenario), cell,
                               runs_before, seconds, self.shrink_runs)
         return HuntReport(finding, self.runs, self.refused, rounds, list(cells), self._elapsed(), stopped,
-                          self.refusals, self.tried)
+                          self.refusals, self.tried, self.refused_tried)
