@@ -168,11 +168,9 @@ DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bo
 TUNED_HEAD_SIZE = 128
 
 
-def _tuned_name(fmt: int | None, elem_bytes: int, placement: int = formats.ROW) -> str:
-    if fmt is None:
-        return {1: "fp8", 2: "auto"}.get(elem_bytes, "")
-    name = "auto" if fmt in (formats.F16, formats.BF16) else formats.NAMES[fmt]
-    return name + "/block" if placement == formats.BLOCK else name
+def _tuned_key(fmt: int, placement: int) -> str:
+    """The DECODE_TUNED key of a cache format: its kv_cache_dtype from the format table, "/block" for grouped scales."""
+    return formats.TABLE[fmt].kv_cache_dtype + ("/block" if placement == formats.BLOCK else "")
 
 
 def _nearest(table: dict, batch: int, max_len: int):
@@ -184,12 +182,12 @@ def _nearest(table: dict, batch: int, max_len: int):
 def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
                   device: torch.device, fmt: int | None = None, placement: int = formats.ROW) -> DecodeConfig:
     """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
-    cache's format code (tells per-token-head apart from plain fp8); `placement`: where its scales sit."""
+    cache's format code (None: untuned); `placement`: where its scales sit."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
     block_g = max(16, _pow2(group))
-    table = DECODE_TUNED.get(_tuned_name(fmt, elem_bytes, placement))
+    table = DECODE_TUNED.get(_tuned_key(fmt, placement)) if fmt is not None else None
     if table and head_size == TUNED_HEAD_SIZE and block_g == 16 and batch >= 1 and max_len >= 1:
         block_n, warps, stages, splits, prefetch, words, f16 = _nearest(table, batch * num_kv_heads / 8, max_len)
         splits = max(1, min(splits, max_len // block_n))

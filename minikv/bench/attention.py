@@ -204,11 +204,6 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print) -> lis
     return rows
 
 
-def _find(rows, kind, fmt, **match):
-    return next(r for r in rows if r["kind"] == kind and r["format"] == fmt
-                and all(int(r[k]) == v for k, v in match.items()))
-
-
 def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
     """(what, measured ratio, target) for every target of issue 15, each ratio taken within the one run `rows`.
 

@@ -53,8 +53,8 @@ def _measure(w, stage, fmt, batch, ctx, problem, cand, splits, extra=None) -> fl
     r = dict(stage=stage, format=fmt, batch=batch, context=ctx, block_n=cand[0], warps=cand[1], stages=cand[2],
              prefetch=cand[3], words=cand[4], f16=cand[5], splits=splits, **(extra or {}))
     try:
-        sw._pinned_decode(sw._cfg(*cand, splits))
-        r["us"] = 1e3 * sw._time(sw._decode_call(problem))
+        with sw._pinned_decode(sw._cfg(*cand, splits)):
+            r["us"] = 1e3 * sw._time(sw._decode_call(problem))
     except Exception as exc:  # noqa: BLE001 - a config may not fit
         r["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
         torch.cuda.synchronize()
@@ -63,8 +63,6 @@ def _measure(w, stage, fmt, batch, ctx, problem, cand, splits, extra=None) -> fl
 
 
 def sweep(out_dir: str, top: int) -> dict[str, dict[str, list]]:
-    from minikv.kernels import launch
-    original = launch.decode_config
     keys = ["stage", "format", "batch", "context", "block_n", "warps", "stages", "prefetch", "words", "f16",
             "splits", "us", "error"]
     w = sw._Writer(os.path.join(out_dir, "placement_sweep.csv"), keys)
@@ -99,7 +97,6 @@ def sweep(out_dir: str, top: int) -> dict[str, dict[str, list]]:
                 del problem
                 torch.cuda.empty_cache()
             print(f"B {batch:4d} x {ctx:5d}: " + "  ".join(line), flush=True)
-    launch.decode_config = original
     return best
 
 
@@ -146,12 +143,18 @@ def main(argv=None) -> int:
     best = sweep(args.out, args.top)
     with open(os.path.join(args.out, "placement_best.json"), "w") as f:
         json.dump(best, f, indent=1)
+    from minikv.kernels import launch
+    original = dict(launch.DECODE_TUNED)
     install(best)
-    if args.bench:
-        from minikv.bench import attention
-        rows = attention.run(log=lambda line: print(line, flush=True))
-        attention.write_csv(rows, os.path.join(args.out, "gpu_attention.csv"))
-        report_registers()
+    try:
+        if args.bench:
+            from minikv.bench import attention
+            rows = attention.run(log=lambda line: print(line, flush=True))
+            attention.write_csv(rows, os.path.join(args.out, "gpu_attention.csv"))
+            report_registers()
+    finally:
+        launch.DECODE_TUNED.clear()
+        launch.DECODE_TUNED.update(original)       # the tables as shipped, for anything else in this process
     return 0
 
 

@@ -1,8 +1,8 @@
 """The adapter that runs a Scenario on `minikv.LLM` and records what the oracles check.
 
 It uses only the engine's public surface: `LLM(...)`, `add_request`/`step`/`has_unfinished`, `sleep`/`wake_up`,
-`StepOutput` (block tables, slot mappings, the trace's per-layer pool events) and `llm.arena` (its byte storage,
-pool offsets and layouts). Per step it copies the arena's bytes before the step and diffs them after: every
+`StepOutput` (block tables, slot mappings), `llm.attention_layers` (which pool each layer reads, self or cross)
+and `llm.arena` (its byte storage, pool offsets and layouts). Per step it copies the arena's bytes before the step and diffs them after: every
 changed byte must lie in a row the step's slot mapping names (codes and inline scales of the named slots, K and
 V, every KV head); anything else, a guard zone included, is a stray write. Right after a request's prefill it
 keeps the bytes of every token position it wrote (codes and scales apart), for the first-versus-later check.
@@ -136,12 +136,9 @@ class MinikvEngine:
 
     # ---- bytes ---------------------------------------------------------------------------------------------
     @staticmethod
-    def _pool_kinds(llm, out) -> dict[str, str]:
-        """Pool name -> "self" or "cross": which slot mapping names its rows (from the step's layer events)."""
-        kinds = {e.pool: e.kind for e in out.trace.events}
-        for name in llm.arena.offsets:
-            kinds.setdefault(name, "cross" if name.startswith("cross.") else "self")
-        return kinds
+    def _pool_kinds(llm) -> dict[str, str]:
+        """Pool name -> "self" or "cross": which slot mapping names its rows (from the engine's binding table)."""
+        return {b.pool: b.kind for b in llm.attention_layers.values()}
 
     def _stray(self, llm, out, before: torch.Tensor, step: int) -> list[StrayWrite]:
         arena = llm.arena
@@ -149,7 +146,7 @@ class MinikvEngine:
         if not bool(changed.any()):
             return []
         allowed = torch.zeros_like(changed)
-        kinds = self._pool_kinds(llm, out)
+        kinds = self._pool_kinds(llm)
         for name, start in arena.offsets.items():
             mapping = out.cross_slot_mapping if kinds.get(name) == "cross" else out.slot_mapping
             slots = [s for seq in mapping.values() for s in seq]
@@ -168,7 +165,7 @@ class MinikvEngine:
     def _request_kv(llm, out, rid: int) -> dict[str, tuple[KVRow, ...]]:
         arena, bs = llm.arena, llm.config.cache.block_size
         storage = arena.storage
-        kinds = MinikvEngine._pool_kinds(llm, out)
+        kinds = MinikvEngine._pool_kinds(llm)
         rows = {}
         for name, start in arena.offsets.items():
             layout = arena.layout(name)
