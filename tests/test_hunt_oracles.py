@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minikv import cli
-from minikv.hunt import MinikvEngine, Request, Scenario, oracles
+from minikv.hunt import MinikvEngine, Request, Scenario, hunt, oracles
 from minikv.hunt.record import KVRow, RequestResult, Run, StrayWrite
 from minikv.hunt.reference import TIE_MARGIN, Reference
 from minikv.hunt.seams import pool_of, wrap_kernel_op
@@ -219,3 +219,33 @@ def test_the_adapters_byte_offsets_are_the_layouts(fmt, placement):
             scales = [layout.scale_byte_offset(s // block_size, kv, s % block_size, h) + i for s in slots
                       for kv in (0, 1) for h in range(heads) for i in range(4)]
             assert minikv_engine._scale_bytes(layout, slots).tolist() == scales
+
+
+class OtherEngine:
+    """"Another engine", written against the record interface only: its outputs are made up from the prompt, and
+    it has a defect of its own: with 8-token blocks, a batch submitted again gets other scale bytes."""
+
+    def run(self, scenario):
+        run = Run(scenario, eos_id=99)
+        for wave, requests in enumerate(scenario.waves()):
+            for i, r in enumerate(requests):
+                scales = b"\x01" if wave and scenario.block_size == 8 else b"\x00"
+                kv = {"layer.0": tuple(KVRow(bytes([ord(c)]), scales) for c in r.prompt)}
+                tokens = tuple(ord(c) % 7 for c in r.prompt[: r.max_tokens])
+                run.requests.append(RequestResult(i, wave, r.prompt, r.max_tokens, tokens, "length",
+                                                  (("prefill", ((i, 0),)),), kv))
+        return run
+
+    def snippet(self, scenario):
+        return f"their_engine.serve({scenario.requests!r}, block_size={scenario.block_size})"
+
+
+def test_an_adapter_for_another_engine_is_hunted_and_shrunk(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = hunt(engine=OtherEngine(), oracles=("repeat-identical", "schedule-invariant"), max_scenarios=200,
+                  budget_s=None, progress=False)
+    assert report.found, report.text()
+    s = report.finding.scenario
+    assert s.block_size == 8 and s.repeat and len(s.requests) == 1
+    assert {v.oracle for v in report.finding.violations} == {"repeat-identical"}
+    assert report.finding.snippet.startswith("their_engine.serve(")
