@@ -27,7 +27,8 @@ def search_map(reports: dict, title: str = "What the hunter ran, in order") -> o
         refused = {id(s) for s in report.refused_scenarios}
         ran = [i for i in range(first) if id(report.tried[i]) not in refused]
         out = [i for i in range(first) if id(report.tried[i]) in refused]
-        ax.scatter([xs[i] for i in ran], [ys[i] for i in ran], s=12, color=RIGHT, label="passed")
+        if ran:
+            ax.scatter([xs[i] for i in ran], [ys[i] for i in ran], s=12, color=RIGHT, label="passed")
         if out:
             ax.scatter([xs[i] for i in out], [ys[i] for i in out], s=12, facecolors="none", edgecolors=NEUTRAL,
                        linewidths=0.6, label="refused by the engine")
@@ -39,7 +40,7 @@ def search_map(reports: dict, title: str = "What the hunter ran, in order") -> o
         ax.set_ylim(len(cells) - 0.5, -0.5)
         ax.set_title(label, fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(loc="upper right", fontsize=6)
+        ax.legend(loc="best", fontsize=6)
     axes[-1, 0].set_xlabel("scenario, in the order run")
     fig.suptitle(title)
     return fig
