@@ -186,7 +186,8 @@ def test_cli_exit_codes(capsys, tmp_path, monkeypatch):
     assert cli.main(["hunt", "--max-scenarios", "2", "--oracle", "runs"]) == 0
     assert capsys.readouterr().out.startswith("clean: 2 scenarios")
     for bad in (["--reintroduce", "no-such-defect"], ["--budget", "0"], ["--budget", "soon"], ["--seed", "-1"],
-                ["--oracle", "no-such-oracle"], ["--max-scenarios", "x"]):
+                ["--oracle", "no-such-oracle"], ["--max-scenarios", "x"],
+                ["--reintroduce", "scale-wipe", "cross-stride", "--max-scenarios", "20"]):   # no model takes both
         with pytest.raises(SystemExit) as exit_:
             cli.main(["hunt", *bad])
         assert exit_.value.code == 2, bad
