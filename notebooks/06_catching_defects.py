@@ -122,7 +122,7 @@ for i, cell in enumerate(cells()):
 # %%
 ENGINE = MinikvEngine(remember=True)              # the fixed engine: reintroduce=()
 clean = hunt(engine=ENGINE, max_scenarios=24, budget_s=None, reference=REFERENCE, progress=False)
-print(clean.text(timings=False))
+print(clean.text(portable=True))
 print(f"{clean.scenarios_run} scenarios, {clean.refused} refused by the engine, cells covered: "
       f"{len({(s.model, s.kv_cache_dtype, s.dtype) for s in clean.tried})} of {len(cells())}")
 assert not clean.found and clean.refused == 0
@@ -141,7 +141,7 @@ for name in minikv.bugs.DEFECTS:
     engines[name] = MinikvEngine(reintroduce=(name,), remember=True)
     found[name] = hunt(engine=engines[name], max_scenarios=48, budget_s=None, reference=REFERENCE, progress=False)
     print(f"===== reintroduce=({name!r},)")
-    print(found[name].text(timings=False))
+    print(found[name].text(portable=True))
     print()
 assert all(r.found for r in found.values())
 
@@ -209,7 +209,7 @@ print(f"without it:       {fixed}  equals the reference: {fixed == str(want)}")
 # %%
 only_repeat = hunt(engine=engines["scale-wipe"], oracles=("repeat-identical",), max_scenarios=48, budget_s=None,
                    reference=REFERENCE, progress=False)
-print(only_repeat.text(timings=False).split("reproduction:")[0])
+print(only_repeat.text(portable=True).split("reproduction:")[0])
 
 # %% [markdown]
 # **The "no fp8 cross" filter (TensorRT-LLM).** Take the cells where cross attention reads a quantized cache out
@@ -302,7 +302,7 @@ def skip_scale_write_in_last_pool(llm):
 
 planted = hunt(instrument=skip_scale_write_in_last_pool, max_scenarios=48, budget_s=None, reference=REFERENCE,
                progress=False)
-print(planted.text(timings=False))
+print(planted.text(portable=True))
 assert planted.found
 
 # %% [markdown]

@@ -96,22 +96,24 @@ class HuntReport:
     def found(self) -> bool:
         return self.finding is not None
 
-    def text(self, timings: bool = True) -> str:
-        """The report as the CLI prints it; `timings=False` leaves out everything that depends on speed."""
-        lines = []
-        took = f" in {self.seconds:.1f} s" if timings else ""
+    def text(self, portable: bool = False) -> str:
+        """The report as the CLI prints it. `portable=True` keeps only what every machine prints alike: no
+        timings, and no detail of what was seen (tokens decoded from damaged memory, byte counts)."""
         if self.finding is None:
-            lines.append(f"clean: {self.scenarios_run} scenarios over {len(self.cells)} cells{took}, no invariant "
-                         f"failed (stopped by the {self.stopped_by} limit)" if timings else
-                         "clean: no invariant failed")
-            return "\n".join(lines)
+            if portable:
+                return "clean: no invariant failed"
+            refused = f", {self.refused} of them refused by the engine" if self.refused else ""
+            return (f"clean: {self.scenarios_run} scenarios over {len(self.cells)} cells in {self.seconds:.1f} s"
+                    f"{refused}, no invariant failed (stopped by the {self.stopped_by} limit)")
         f = self.finding
-        when = f" after {f.seconds_to_find:.1f} s" if timings else ""
-        lines.append(f"FOUND in cell {' x '.join(f.cell)}: scenario {f.scenarios_before + 1}{when}, shrunk in "
-                     f"{f.shrink_runs} runs")
+        when = "" if portable else f" after {f.seconds_to_find:.1f} s"
+        lines = [f"FOUND in cell {' x '.join(f.cell)}: scenario {f.scenarios_before + 1}{when}, shrunk in "
+                 f"{f.shrink_runs} runs"]
         for v in f.violations:
             lines.append(f"  invariant {v.oracle}: {oracle_module.ORACLES[v.oracle].statement}")
             lines.append(f"    {v.summary}")
+            if v.detail and not portable:
+                lines.append(f"    seen: {v.detail}")
         lines.append("reproduction:")
         lines.append(f.snippet)
         return "\n".join(lines)
