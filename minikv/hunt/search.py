@@ -126,7 +126,8 @@ def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch"
 
     engine          what to drive (an object with `run(scenario)` and `snippet(scenario)`); default
                     `MinikvEngine(reintroduce, backend, instrument)`: minikv.LLM with the given `reintroduce` tuple
-                    passed through, and `instrument(llm)` applied to every engine built
+                    passed through, and `instrument(llm)` applied to every engine built (an engine given here
+                    brings its own: `reintroduce`, `instrument` and `backend` are then not used)
     seed            the hypothesis seed (the same seed tries the same scenarios in the same order)
     budget_s, max_scenarios  stop the search after this many seconds / runs (None: no limit of that kind)
     max_shrink_runs runs spent shrinking a failure
