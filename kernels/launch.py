@@ -32,12 +32,14 @@ class WriteConfig:
 class DecodeConfig:
     block_g: int          # query heads of one GQA group, padded (>= 16 on GPU for tl.dot)
     block_n: int          # tokens per tile
-    num_splits: int       # programs sharing one sequence's tokens (split-K); 1 = no reduction pass
+    num_splits: int       # programs sharing one sequence's tokens (split-K); 1 = no partials, no merge
     num_warps: int = 4
-    num_stages: int = 2
-    prefetch_scales: bool = False   # per-token-head formats: load the next tile's scales one iteration ahead
-    word_loads: bool = True         # 1-byte formats: read codes as 32-bit words, a tile ahead (_decode_words_kernel)
-    f16_dot: bool = False           # 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
+    num_stages: int = 2   # tiles in flight: the software pipeline's depth (shared-memory buffers per operand)
+    f16_dot: bool = False          # 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
+    convert_asm: bool = False      # 1-byte codes to float16 with inline PTX (int8 bit trick, packed e4m3; GPU only)
+    k_pure: bool = True            # let the compiler place K's conversion (see decode_attention._codes_to)
+    merge_in_kernel: bool = False  # split-K: the last program of a (sequence, kv head) merges, no second kernel
+    max_registers: int | None = None   # a cap on registers per thread (more programs per SM), or the compiler's
 
 
 @dataclass(frozen=True)
@@ -72,136 +74,42 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
     return WriteConfig(block_t=min(_pow2(num_tokens), max(1, 4096 // per_token)), block_h=block_h, num_warps=4)
 
 
-# Decode launch configurations measured on an NVIDIA H200 (32 query / 8 KV heads, head size 128, block size 16,
-# shuffled blocks, bf16 q; `python -m minikv.bench.attention_sweep`, raw timings in
-# notebooks/data/gpu_decode_sweep.csv). Keyed by cache format (with "/block" for the per-token-head formats whose
-# scales are grouped per block, KVLayout.scale_placement; raw timings in notebooks/data/gpu_placement_sweep.csv),
-# then (batch, context) of the measured shape:
-# (block_n, num_warps, num_stages, num_splits, prefetch_scales, word_loads, f16_dot). A launch takes the entry of
-# the nearest measured shape (log scale, batch counted in groups of 8 KV heads).
-DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool, bool]]] = {
-    "auto": {
-        (1, 512): (64, 4, 2, 4, False, False, False),
-        (1, 4096): (64, 4, 4, 32, False, False, False),
-        (1, 16384): (64, 4, 2, 64, False, False, False),
-        (16, 512): (64, 4, 3, 2, False, False, False),
-        (16, 4096): (64, 4, 4, 4, False, False, False),
-        (16, 16384): (64, 4, 4, 4, False, False, False),
-        (64, 512): (64, 4, 4, 1, False, False, False),
-        (64, 4096): (64, 4, 3, 1, False, False, False),
-        (64, 16384): (64, 4, 3, 1, False, False, False),
-        (256, 512): (64, 4, 3, 1, False, False, False),
-        (256, 4096): (64, 4, 3, 1, False, False, False),
-        (256, 16384): (64, 4, 3, 1, False, False, False),
-    },
-    "fp8": {
-        (1, 512): (64, 2, 1, 4, False, True, True),
-        (1, 4096): (64, 2, 1, 32, False, True, True),
-        (1, 16384): (64, 2, 2, 64, False, True, True),
-        (16, 512): (64, 2, 1, 2, False, True, True),
-        (16, 4096): (64, 2, 2, 4, False, True, True),
-        (16, 16384): (64, 2, 1, 4, False, True, True),
-        (64, 512): (64, 2, 2, 1, False, True, True),
-        (64, 4096): (64, 2, 1, 1, False, True, True),
-        (64, 16384): (64, 2, 2, 2, False, True, True),
-        (256, 512): (64, 2, 1, 1, False, True, True),
-        (256, 4096): (64, 2, 2, 1, False, True, True),
-        (256, 16384): (64, 2, 2, 2, False, True, True),
-    },
-    "int8_per_token_head": {
-        (1, 512): (128, 4, 2, 2, True, False, False),
-        (1, 4096): (128, 4, 2, 16, True, False, False),
-        (1, 16384): (64, 2, 1, 64, False, True, False),
-        (16, 512): (128, 4, 2, 2, True, False, False),
-        (16, 4096): (64, 2, 1, 4, False, True, False),
-        (16, 16384): (64, 2, 2, 4, False, True, False),
-        (64, 512): (64, 2, 2, 1, False, True, False),
-        (64, 4096): (128, 4, 2, 1, True, False, False),
-        (64, 16384): (128, 4, 2, 1, True, False, False),
-        (256, 512): (64, 2, 2, 1, False, True, False),
-        (256, 4096): (128, 4, 2, 1, True, False, False),
-        (256, 16384): (64, 2, 1, 8, False, True, False),
-    },
-    "fp8_per_token_head": {
-        (1, 512): (128, 4, 2, 2, True, False, True),
-        (1, 4096): (128, 4, 2, 16, True, False, True),
-        (1, 16384): (128, 4, 2, 32, True, False, True),
-        (16, 512): (128, 4, 2, 2, True, False, True),
-        (16, 4096): (128, 4, 2, 2, True, False, True),
-        (16, 16384): (128, 4, 2, 2, True, False, True),
-        (64, 512): (64, 2, 2, 1, False, True, True),
-        (64, 4096): (64, 2, 1, 1, False, True, True),
-        (64, 16384): (64, 2, 1, 1, False, True, True),
-        (256, 512): (64, 2, 2, 1, False, True, True),
-        (256, 4096): (64, 2, 1, 1, False, True, True),
-        (256, 16384): (64, 2, 2, 1, False, True, True),
-    },
-    "int8_per_token_head/block": {
-        (1, 512): (64, 2, 2, 4, False, True, True),
-        (1, 4096): (64, 2, 2, 32, False, True, True),
-        (1, 16384): (64, 2, 1, 64, False, True, True),
-        (16, 512): (64, 2, 1, 2, False, True, True),
-        (16, 4096): (64, 2, 1, 4, False, True, True),
-        (16, 16384): (64, 2, 1, 4, False, True, True),
-        (64, 512): (64, 2, 1, 1, False, True, True),
-        (64, 4096): (64, 2, 1, 1, False, True, True),
-        (64, 16384): (64, 2, 2, 1, False, True, True),
-        (256, 512): (64, 2, 2, 1, False, True, True),
-        (256, 4096): (64, 2, 1, 1, False, True, True),
-        (256, 16384): (64, 2, 1, 1, False, True, True),
-    },
-    "fp8_per_token_head/block": {
-        (1, 512): (64, 2, 2, 4, False, True, True),
-        (1, 4096): (64, 2, 1, 32, False, True, True),
-        (1, 16384): (64, 2, 1, 64, False, True, True),
-        (16, 512): (64, 2, 1, 2, False, True, True),
-        (16, 4096): (64, 2, 1, 4, False, True, True),
-        (16, 16384): (64, 2, 1, 4, False, True, True),
-        (64, 512): (64, 2, 1, 1, False, True, True),
-        (64, 4096): (64, 2, 2, 1, False, True, True),
-        (64, 16384): (64, 2, 1, 1, False, True, True),
-        (256, 512): (64, 2, 2, 1, False, True, True),
-        (256, 4096): (64, 2, 2, 1, False, True, True),
-        (256, 16384): (64, 2, 2, 1, False, True, True),
-    },
-}
-TUNED_HEAD_SIZE = 128
+# Decode on a GPU: sized from the machine, not from a table of measured shapes. A program of 4 warps holds one
+# tile of q, scores and accumulator in registers and NUM_STAGES tiles of K and V codes in shared memory; about
+# DECODE_PROGRAMS_PER_SM of them fit an SM at once. A sequence's tokens are split over enough programs for
+# DECODE_WAVES rounds of every SM's slots, but each split keeps at least DECODE_MIN_TILES tiles (fewer would
+# spend more on the pipeline's start and the merge than they save), and 1-byte tiles hold twice the tokens of
+# 16-bit ones for the same bytes. Measured on an NVIDIA H200 (issue 20; notebooks/data/gpu_attention.csv).
+DECODE_TILE_BYTES = 16384          # K bytes per tile (and as many of V)
+DECODE_PROGRAMS_PER_SM = 4
+DECODE_WAVES = 1.0
+DECODE_MIN_TILES = 2
+DECODE_MAX_SPLITS = 64
+DECODE_STAGES = 3
 
 
-def _tuned_name(fmt: int | None, elem_bytes: int, placement: int = formats.ROW) -> str:
-    if fmt is None:
-        return {1: "fp8", 2: "auto"}.get(elem_bytes, "")
-    name = "auto" if fmt in (formats.F16, formats.BF16) else formats.NAMES[fmt]
-    return name + "/block" if placement == formats.BLOCK else name
-
-
-def _nearest(table: dict, batch: int, max_len: int):
-    def distance(key):
-        return abs(math.log2(key[0] / batch)) + abs(math.log2(key[1] / max_len))
-    return table[min(table, key=distance)]
+def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms: int) -> int:
+    """Programs per (sequence, kv head): enough for DECODE_WAVES rounds of all SMs' program slots, each split
+    walking at least DECODE_MIN_TILES tiles of the longest sequence (max_len)."""
+    programs = batch * num_kv_heads
+    wanted = round(DECODE_WAVES * sms * DECODE_PROGRAMS_PER_SM / programs)
+    return max(1, min(wanted, max_len // (DECODE_MIN_TILES * block_n), DECODE_MAX_SPLITS))
 
 
 def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
                   device: torch.device, fmt: int | None = None, placement: int = formats.ROW) -> DecodeConfig:
     """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
-    cache's format code (tells per-token-head apart from plain fp8); `placement`: where its scales sit."""
+    cache's format code; `placement`: where its scales sit (both read by the same kernel)."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
     block_g = max(16, _pow2(group))
-    table = DECODE_TUNED.get(_tuned_name(fmt, elem_bytes, placement))
-    if table and head_size == TUNED_HEAD_SIZE and block_g == 16 and batch >= 1 and max_len >= 1:
-        block_n, warps, stages, splits, prefetch, words, f16 = _nearest(table, batch * num_kv_heads / 8, max_len)
-        splits = max(1, min(splits, max_len // block_n))
-        return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=warps,
-                            num_stages=stages, prefetch_scales=prefetch, word_loads=words, f16_dot=f16)
-    # untuned shapes: about 8 KB of K (and of V) per tile, and enough programs for about four per SM, each
-    # keeping at least four tiles of work
-    block_n = max(16, min(64, 8192 // (head_size * elem_bytes)))
-    programs = batch * num_kv_heads
-    splits = min(triton.cdiv(4 * num_sms(device.index or 0), programs), max(1, max_len // (4 * block_n)), 64)
-    return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=max(1, splits), num_warps=4,
-                        num_stages=3 if head_size <= 128 else 2)
+    block_n = max(16, min(64, DECODE_TILE_BYTES // (head_size * elem_bytes)))
+    splits = decode_splits(batch, num_kv_heads, max_len, block_n, num_sms(device.index or 0))
+    one_byte = elem_bytes == 1
+    return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4,
+                        num_stages=DECODE_STAGES if head_size <= 128 else 2, f16_dot=one_byte, convert_asm=one_byte,
+                        merge_in_kernel=True)
 
 
 # Context launch configurations measured on an NVIDIA H200 (bf16, head size 128; raw timings in
