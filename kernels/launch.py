@@ -85,7 +85,7 @@ DECODE_PROGRAMS_PER_SM = 4
 DECODE_WAVES = 1.0
 DECODE_MIN_TILES = 2
 DECODE_MAX_SPLITS = 64
-DECODE_STAGES = 3
+DECODE_STAGES = 5                  # 2 tiles of K and V in flight (the pipeliner gives loads behind the block-table read (num_stages - 2) // 2 buffers)
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms: int) -> int:
@@ -108,7 +108,7 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
     splits = decode_splits(batch, num_kv_heads, max_len, block_n, num_sms(device.index or 0))
     one_byte = elem_bytes == 1
     return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4,
-                        num_stages=DECODE_STAGES if head_size <= 128 else 2, f16_dot=one_byte, convert_asm=one_byte,
+                        num_stages=DECODE_STAGES, f16_dot=one_byte, convert_asm=one_byte,
                         merge_in_kernel=True)
 
 
