@@ -118,8 +118,8 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
                    HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
                    SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr, CONVERT_ASM: tl.constexpr, K_PURE: tl.constexpr,
-                   HAS_BIAS: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr, CONVERT_ASM: tl.constexpr,
+                   K_PURE: tl.constexpr, HAS_BIAS: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -196,46 +196,51 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
             tl.debug_barrier()
             counter = counters_ptr + b * tl.num_programs(1) + kv_head
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-                base = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * num_splits
-                _merge_partials(part_acc_ptr, part_ml_ptr, base, head_mask, out_rows, num_splits, HEAD_SIZE)
+                for h in tl.static_range(GROUP):
+                    head = kv_head * GROUP + h
+                    _merge_head(part_acc_ptr, part_ml_ptr,
+                                (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + head) * num_splits, num_splits,
+                                out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh, HEAD_SIZE, MERGE_CHUNK)
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
+MERGE_CHUNK: tl.constexpr = tl.constexpr(16)    # splits merged per vector load (more loop over chunks)
+
+
 @triton.jit
-def _merge_partials(part_acc_ptr, part_ml_ptr, base, head_mask, out_rows, num_splits, HEAD_SIZE: tl.constexpr):
-    """out[h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the splits s, M = max_s m_s, for the heads
-    whose split-0 partial index is `base`; reads through L2 (.cg), where the other programs' stores are."""
-    m_all = tl.full(base.shape, float("-inf"), tl.float32)
-    for s in range(0, num_splits):
-        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + (base + s) * 2, mask=head_mask, other=float("-inf"),
-                                          cache_modifier=".cg"))
-    m_all = tl.where(head_mask, m_all, 0.0)   # finite for real heads: the first split always holds a token
-    l_all = tl.zeros(base.shape, tl.float32)
+def _merge_head(part_acc_ptr, part_ml_ptr, first, num_splits, out_row_ptr, HEAD_SIZE: tl.constexpr,
+                CHUNK: tl.constexpr):
+    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over one head's splits s (M = max_s m_s), from its
+    partials at index first + s. The partials are read CHUNK splits at a time through L2 (.cg), where the other
+    programs' stores are."""
+    sp = tl.arange(0, CHUNK)
     d = tl.arange(0, HEAD_SIZE)
-    acc = tl.zeros([base.shape[0], HEAD_SIZE], tl.float32)
-    for s in range(0, num_splits):
-        m_s = tl.load(part_ml_ptr + (base + s) * 2, mask=head_mask, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(part_ml_ptr + (base + s) * 2 + 1, mask=head_mask, other=0.0, cache_modifier=".cg")
-        w = tl.exp2(m_s - m_all)              # empty splits (max -inf) weigh 0
-        acc += w[:, None] * tl.load(part_acc_ptr + (base + s)[:, None] * HEAD_SIZE + d[None, :],
-                                    mask=head_mask[:, None], other=0.0, cache_modifier=".cg")
-        l_all += w * l_s
-    l_all = tl.where(head_mask, l_all, 1.0)
-    tl.store(out_rows, (acc / l_all[:, None]).to(out_rows.dtype.element_ty), mask=head_mask[:, None])
+    m_all = float("-inf")
+    for c in range(0, num_splits, CHUNK):
+        used = c + sp < num_splits
+        m_all = tl.maximum(m_all, tl.max(tl.load(part_ml_ptr + (first + c + sp) * 2, mask=used,
+                                                 other=float("-inf"), cache_modifier=".cg"), axis=0))
+    # m_all is finite: the first split always holds a token (window or not); empty splits (max -inf) weigh 0
+    acc = tl.zeros([HEAD_SIZE], tl.float32)
+    l_all = 0.0
+    for c in range(0, num_splits, CHUNK):
+        used = c + sp < num_splits
+        part = first + c + sp
+        w = tl.exp2(tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"), cache_modifier=".cg") - m_all)
+        l_all += tl.sum(w * tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0, cache_modifier=".cg"), axis=0)
+        acc += tl.sum(w[:, None] * tl.load(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :],
+                                           mask=used[:, None], other=0.0, cache_modifier=".cg"), axis=0)
+    tl.store(out_row_ptr + d, (acc / l_all).to(out_row_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["num_splits"])
-def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_heads, stride_ob, stride_oh, num_splits,
-                         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_SIZE: tl.constexpr):
-    """The separate merge (when MERGE_IN_KERNEL is off): one program per (sequence, kv head)."""
+def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_splits,
+                         HEAD_SIZE: tl.constexpr, CHUNK: tl.constexpr):
+    """The separate merge (when MERGE_IN_KERNEL is off): one program per (sequence, query head)."""
     b = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    g = tl.arange(0, BLOCK_G)
-    heads = kv_head * GROUP + g
-    head_mask = g < GROUP
-    base = (b.to(tl.int64) * num_heads + heads) * num_splits
-    out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + tl.arange(0, HEAD_SIZE)[None, :]
-    _merge_partials(part_acc_ptr, part_ml_ptr, base, head_mask, out_rows, num_splits, HEAD_SIZE)
+    head = tl.program_id(1)
+    _merge_head(part_acc_ptr, part_ml_ptr, (b.to(tl.int64) * tl.num_programs(1) + head) * num_splits, num_splits,
+                out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh, HEAD_SIZE, CHUNK)
 
 
 def check_rel_bias(rel_bias, q) -> None:
@@ -324,13 +329,17 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if batch == 0:
         return out
+    qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)
+    from . import decode_rows          # (imports this module)
+    if decode_rows.applies(spec, q):
+        return decode_rows.paged_decode_rows(q, pool, block_tables, seq_lens, spec, qk_scale, v_scale, out,
+                                             sliding_window, rel_bias)
     group = num_heads // spec.num_kv_heads
     max_len = int(seq_lens.max()) if q.device.type == "cpu" else block_tables.shape[1] * spec.block_size
     cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len, q.device,
                                fmt=spec.fmt, placement=spec.placement)
     has_scales = formats.has_inline_scales(spec.fmt)
     codes, scales = read_views(pool, spec)
-    qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)
     split = cfg.num_splits > 1
     counters = out
     if split:
@@ -354,13 +363,13 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         BLOCK_N=cfg.block_n, SPLIT=split, MERGE_IN_KERNEL=split and cfg.merge_in_kernel,
         HAS_SCALES=has_scales, ROW_ALIGN=row_alignment(spec), SCALE_PLACEMENT=spec.placement,
         SCALE_ALIGN=scale_alignment(spec), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
-        SCALED_F16=scaled_f16, CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure, HAS_BIAS=rel_bias is not None,
+        SCALED_F16=scaled_f16, CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure,
+        HAS_BIAS=rel_bias is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
     if split and not cfg.merge_in_kernel:
-        _merge_splits_kernel[(batch, spec.num_kv_heads)](
-            part_acc, part_ml, out, num_heads, out.stride(0), out.stride(1), cfg.num_splits,
-            GROUP=group, BLOCK_G=cfg.block_g, HEAD_SIZE=head_size)
+        _merge_splits_kernel[(batch, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
+                                                 cfg.num_splits, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK)
     return out
 
 

@@ -71,9 +71,12 @@ def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_s
 # checked inside a case with the kernel compiled once.
 DECODE_SHAPES = [(3, (32, 8), 128), (64, (8, 8), 128), (5, (8, 1), 256), (5, (8, 1), 512), (33, (8, 2), 512),
                  (5, (8, 1), 128)]
+# decode_attention's kernel: every format in the block placement, the formats without scales, and the row placement
+# read by a float32 q; the row placement read by a 16-bit q goes to decode_rows' kernels (ROW_CONFIGS)
 FORMAT_PLACEMENTS = [(GPU_FORMATS[0], "row"), (GPU_FORMATS[1], "row"), (GPU_FORMATS[2], "row"),
-                     (GPU_FORMATS[3], "row"), (GPU_FORMATS[4], "row"), (GPU_FORMATS[4], "block"),
-                     (GPU_FORMATS[5], "row"), (GPU_FORMATS[5], "block")]
+                     (GPU_FORMATS[3], "row"), (GPU_FORMATS[4], "block"), (GPU_FORMATS[5], "block"),
+                     (("int8_per_token_head", torch.float32), "row")]
+ROW_FORMATS = [(GPU_FORMATS[4], "row"), (GPU_FORMATS[5], "row")]
 # DecodeConfig changes from launch.decode_config's own choice ("engine"), as functions of that choice and of the
 # bytes per K row (the deep and large ones sized to fit shared memory; tools/gpu_compile.py --tests checks them)
 DECODE_CONFIGS = {
@@ -87,8 +90,21 @@ DECODE_CONFIGS = {
     "deep-pipeline": lambda c, row: dict(block_n=max(16, c.block_n // 2), num_stages=8 if row <= 256 else 3,
                                          k_pure=False, max_registers=128),
 }
-DECODE_CASES = [(fp, name, DECODE_SHAPES[i % len(DECODE_SHAPES)])
-                for i, (fp, name) in enumerate((fp, name) for name in DECODE_CONFIGS for fp in FORMAT_PLACEMENTS)]
+# decode_rows' kernels: launch.row_decode_config's own choice, and v2's seven kinds of configuration (tiles, warps,
+# stages, splits, scales loaded ahead, codes read as words or bytes, float16 dot products)
+ROW_CONFIGS = {"engine": lambda c, row: {}} | {
+    f"v2-{i}": (lambda c, row, v=v: dict(zip(("block_n", "num_warps", "num_stages", "num_splits", "prefetch_scales",
+                                              "word_loads", "f16_dot"), v)))
+    for i, v in enumerate([(16, 4, 4, 7, True, False, False), (32, 8, 3, 1, False, True, False),
+                           (128, 4, 2, 3, True, False, True), (64, 2, 3, 16, False, True, True),
+                           (128, 4, 3, 5, False, True, False), (16, 8, 2, 2, False, True, True),
+                           (64, 4, 2, 1, False, False, True)])}
+HEAD_128_SHAPES = [shape for shape in DECODE_SHAPES if shape[2] == 128]
+DECODE_CASES = ([(fp, name, DECODE_SHAPES[i % len(DECODE_SHAPES)]) for i, (fp, name) in enumerate(
+                 (fp, name) for name in DECODE_CONFIGS for fp in FORMAT_PLACEMENTS)]
+                + [(fp, "engine", shape) for fp in ROW_FORMATS for shape in DECODE_SHAPES]
+                + [(fp, name, HEAD_128_SHAPES[i % len(HEAD_128_SHAPES)]) for i, (fp, name) in enumerate(
+                   (fp, name) for name in ROW_CONFIGS if name != "engine" for fp in ROW_FORMATS)])
 
 
 @pytest.mark.parametrize("fmt_placement,config,shape", DECODE_CASES,
@@ -100,19 +116,21 @@ def test_decode_on_gpu(kernels, monkeypatch, fmt_placement, config, shape):
     the split configurations, several split counts."""
     from minikv.kernels import launch
     ((kv_cache_dtype, dtype), placement), (batch, (num_heads, kv_heads), head_size) = fmt_placement, shape
-    original = launch.decode_config
+    rows_path = fmt_placement in ROW_FORMATS
+    configs, name = (ROW_CONFIGS, "row_decode_config") if rows_path else (DECODE_CONFIGS, "decode_config")
+    original = getattr(launch, name)
     splits = [None]
     chosen = {}
 
     def forced(*a, **k):
         cfg = original(*a, **k)
-        change = DECODE_CONFIGS[config](cfg, head_size * spec.elem_bytes)
+        change = configs[config](cfg, head_size * spec.elem_bytes)
         if splits[0] is not None:
             change["num_splits"] = splits[0]
         chosen.update(change)
         return dataclasses.replace(cfg, **change)
 
-    monkeypatch.setattr(launch, "decode_config", forced)
+    monkeypatch.setattr(launch, name, forced)
     edges = length_choices(16) + [200, 1000, 777]
     lens = [edges[i % len(edges)] for i in range(batch)]
     spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, 16, placement)
@@ -120,7 +138,7 @@ def test_decode_on_gpu(kernels, monkeypatch, fmt_placement, config, shape):
     pool = make_pool(spec, num_blocks, CUDA)
     fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
-    split_counts = [None, 2, 16] if "split" in config else [None]
+    split_counts = [None, 2, 16] if "split" in config or config == "v2-3" else [None]
     for q_magnitude in ([1.0, 1e6] if dtype == torch.bfloat16 else [1.0]):
         # heads of very different sizes
         q = (torch.randn(batch, num_heads, head_size) * q_magnitude / torch.arange(1, num_heads + 1)[None, :, None])

@@ -48,6 +48,7 @@ driver.set_active(_OfflineDriver())
 
 from minikv.cache.layout import KVLayout  # noqa: E402
 from minikv.kernels import decode_attention as dec  # noqa: E402
+from minikv.kernels import decode_rows as rows  # noqa: E402
 from minikv.kernels import launch  # noqa: E402
 
 COMPILED: list = []
@@ -63,6 +64,15 @@ class _CompileOnly:
         def run(*args, **kwargs):
             COMPILED.append((self.jit.fn.__name__, self.jit.run(*args, grid=grid, warmup=True, **kwargs)))
         return run
+
+
+def _compile_only():
+    """Every decode kernel launch compiles (for sm_90) and records instead of running."""
+    dec._decode_kernel = _CompileOnly(dec._decode_kernel)
+    dec._merge_splits_kernel = _CompileOnly(dec._merge_splits_kernel)
+    rows._merge_splits_kernel = dec._merge_splits_kernel
+    rows._row_words_kernel = _CompileOnly(rows._row_words_kernel)
+    rows._row_elements_kernel = _CompileOnly(rows._row_elements_kernel)
 
 
 SASS_OPS = ("LDGSTS", "LDG", "LDS", "LDSM", "STS", "I2F", "F2F", "PRMT", "HMMA", "HADD2", "HFMA2", "BAR", "LDL",
@@ -150,8 +160,7 @@ def main(argv=None) -> int:
         key, value = item.split("=")
         overrides[key] = {"True": True, "False": False}.get(value, int(value) if value.isdigit() else value)
     launch.num_sms = lambda index=0: 132          # an H200's SM count: sizes the split-K
-    dec._decode_kernel = _CompileOnly(dec._decode_kernel)
-    dec._merge_splits_kernel = _CompileOnly(dec._merge_splits_kernel)
+    _compile_only()
     print(f"triton {triton.__version__}, target sm_90")
     for case in args.case:
         tag = "".join(f",{k}={v}" for k, v in overrides.items())
@@ -171,33 +180,34 @@ def check_test_matrix() -> int:
     import dataclasses
     import test_kernels_gpu as t
     launch.num_sms = lambda index=0: 132
-    dec._decode_kernel = _CompileOnly(dec._decode_kernel)
-    dec._merge_splits_kernel = _CompileOnly(dec._merge_splits_kernel)
-    original = launch.decode_config
+    _compile_only()
     worst, bad = 0, 0
     for (fmt, placement), config, (batch, (num_heads, kv_heads), head_size) in t.DECODE_CASES:
         kv_cache_dtype, dtype = fmt
-        if placement == "block" and "per_token_head" not in kv_cache_dtype:
-            continue
         layout = KVLayout(kv_cache_dtype, dtype, kv_heads, head_size, 16, placement)
+        rows_path = (fmt, placement) in t.ROW_FORMATS
+        configs, name = (t.ROW_CONFIGS, "row_decode_config") if rows_path else (t.DECODE_CONFIGS, "decode_config")
+        original = getattr(launch, name)
 
         def forced(*a, **k):
             cfg = original(*a, **k)
-            return dataclasses.replace(cfg, **t.DECODE_CONFIGS[config](cfg, head_size * layout.elem_bytes))
-        launch.decode_config = forced
+            return dataclasses.replace(cfg, **configs[config](cfg, head_size * layout.elem_bytes))
+        setattr(launch, name, forced)
         COMPILED.clear()
+        start = time.perf_counter()
         q = torch.zeros(batch, num_heads, head_size, dtype=dtype)
         dec.paged_decode_attention(q, torch.zeros(64, layout.block_bytes, dtype=torch.uint8),
                                    torch.zeros(batch, 64, dtype=torch.int32), torch.full((batch,), 1000, dtype=torch.int32),
                                    layout, 0.1, validate=False)
-        launch.decode_config = original
+        setattr(launch, name, original)
+        took = time.perf_counter() - start
         for name, kernel in COMPILED:
             shared = kernel.metadata.shared
             worst = max(worst, shared)
             flag = shared > 232448
             bad += flag
             print(f"{'TOO BIG ' if flag else ''}{kv_cache_dtype}/{dtype}/{placement} {config} d{head_size}: {name} "
-                  f"smem {shared}", flush=True)
+                  f"smem {shared} ({took:.1f} s)", flush=True)
     print(f"largest shared memory {worst} bytes (limit 232448); {bad} too big")
     return 1 if bad else 0
 

@@ -1,6 +1,9 @@
 """`python -m minikv.bench.attention_sweep --out DIR`: sweep launch configurations of the attention kernels (GPU).
 
-Tuning aid behind the tables in kernels/launch.py. The shapes are those of `python -m minikv.bench attention`.
+Tuning aid behind the tables in kernels/launch.py: the decode launch table of the "row" placement's kernels
+(launch.ROW_DECODE_TUNED, kernels/decode_rows.py) and the context tiles. (The pipelined decode kernel of every other
+format is sized from the machine, launch.decode_config; tools/gpu_probe.py measures its candidates.) The shapes are
+those of `python -m minikv.bench attention`.
 
 1. Compiles every candidate configuration first, in parallel processes (Triton's on-disk cache is shared), so the
    timing loop never waits on the compiler.
@@ -28,9 +31,8 @@ import time
 
 import torch
 
-FORMATS = ("auto", "fp8", "fp8_per_token_head", "int8_per_token_head")
-FAMILY = {"auto": "16bit", "fp8": "fp8", "fp8_per_token_head": "per_token_head",
-          "int8_per_token_head": "per_token_head"}
+FORMATS = ("fp8_per_token_head", "int8_per_token_head")          # "row" placement: kernels/decode_rows.py
+FAMILY = {"fp8_per_token_head": "per_token_head", "int8_per_token_head": "per_token_head"}
 HQ, HKV, D, BS = 32, 8, 128, 16
 SHAPES_A = ((64, 4096), (16, 16384))
 BATCHES, CONTEXTS = (1, 16, 64, 256), (512, 4096, 16384)
@@ -54,7 +56,7 @@ def decode_candidates(fmt: str) -> list[tuple]:
 
 def _decode_problem(fmt, batch, ctx):
     from minikv.bench.attention import _fill_pool, layout_for
-    layout = layout_for(fmt)                 # a kv_cache_dtype, or one with "/block" (minikv.bench.placement_sweep)
+    layout = layout_for(fmt)
     num_blocks = batch * (ctx // BS)
     pool = torch.empty(num_blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
     _fill_pool(pool, layout)
@@ -65,9 +67,9 @@ def _decode_problem(fmt, batch, ctx):
 
 
 def _pinned_decode(cfg):
-    """A context manager-free pin: replace launch.decode_config by a function returning `cfg`."""
+    """A context manager-free pin: replace launch.row_decode_config by a function returning `cfg`."""
     from minikv.kernels import launch
-    launch.decode_config = lambda *a, **k: cfg
+    launch.row_decode_config = lambda *a, **k: cfg
 
 
 def _decode_call(problem):
@@ -77,8 +79,8 @@ def _decode_call(problem):
 
 
 def _cfg(block_n, warps, stages, prefetch, words, f16, splits):
-    from minikv.kernels.launch import DecodeConfig
-    return DecodeConfig(16, block_n, splits, warps, stages, prefetch, words, f16)
+    from minikv.kernels.launch import RowDecodeConfig
+    return RowDecodeConfig(16, block_n, splits, warps, stages, prefetch, words, f16)
 
 
 # ---- context ---------------------------------------------------------------------------------------------------
@@ -300,13 +302,18 @@ def main(argv=None) -> int:
         print("the sweep needs a CUDA GPU")
         return 0
     os.makedirs(args.out, exist_ok=True)
+    from minikv.kernels import launch
+    pinned = launch.row_decode_config, launch.context_config          # restored below
     if "compile" not in args.skip:
         precompile(args.workers, "decode" not in args.skip, "context" not in args.skip, args.only)
     best = {}
-    if "decode" not in args.skip:
-        best["decode"] = sweep_decode(args.out)
-    if "context" not in args.skip:
-        best["context"] = {k: v for k, v in sweep_context(args.out, args.only).items()}
+    try:
+        if "decode" not in args.skip:
+            best["decode"] = sweep_decode(args.out)
+        if "context" not in args.skip:
+            best["context"] = {k: v for k, v in sweep_context(args.out, args.only).items()}
+    finally:
+        launch.row_decode_config, launch.context_config = pinned
     with open(os.path.join(args.out, "best.json"), "w") as f:
         json.dump(best, f, indent=1)
     return 0
