@@ -117,20 +117,28 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor, spec,
-             k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True) -> None:
-    """Write key/value [T, num_kv_heads, head_size] into `pool` at `slot_mapping` (int64 [T], -1 = skip)."""
+             k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True,
+             config: launch.WriteConfig | None = None, num_programs: int | None = None) -> None:
+    """Write key/value [T, num_kv_heads, head_size] into `pool` at `slot_mapping` (int64 [T], -1 = skip).
+
+    `config`: the launch configuration (None: `launch.write_config` chooses one); `num_programs`: run only the
+    first programs of the grid (to watch what each program writes; None: all of them)."""
     if validate:
         _validate(key, value, pool, slot_mapping, spec, k_scale, v_scale)
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return
+    cfg = config or launch.write_config(num_tokens, spec.num_kv_heads, spec.head_size)
+    grid = triton.cdiv(num_tokens, cfg.block_t)
+    if num_programs is not None:
+        if isinstance(num_programs, bool) or not isinstance(num_programs, int) or not 1 <= num_programs <= grid:
+            raise ValueError(f"num_programs must be an int from 1 to the grid's {grid} programs, got {num_programs!r}")
+        grid = num_programs
     key, value = _last_dim_contiguous(key), _last_dim_contiguous(value)
     code_dtype = torch.uint8 if CODE_DTYPES[spec.fmt] == torch.float8_e4m3fn else CODE_DTYPES[spec.fmt]
     codes = typed_pool(pool, code_dtype)
     scales = typed_pool(pool, torch.float32) if formats.has_inline_scales(spec.fmt) else codes
-    cfg = launch.write_config(num_tokens, spec.num_kv_heads, spec.head_size)
-    grid = (triton.cdiv(num_tokens, cfg.block_t),)
-    _write_kv_kernel[grid](
+    _write_kv_kernel[(grid,)](
         key, value, codes, scales, slot_mapping, num_tokens,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *element_strides(spec), *scale_word_strides(spec), spec.block_bytes // 4, spec.kv_bytes // 4,

@@ -31,6 +31,8 @@ SCALE_PLACEMENTS = {"row": ROW, "block": BLOCK}
 # Powers of two (tl.arange needs them). 256 and 512: gemma-4-E2B's sliding and full layers; on CPU the interpreter
 # runs 512 at about 1.2x the time of 256 (numpy tiles), so no size is GPU-only.
 SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256, 512)
+# Tokens per cache block: powers of two (the kernels tile by them), from vLLM's usual sizes.
+BLOCK_SIZES = (8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Format:
     elem_bytes: int
     code_dtype: torch.dtype           # the dtype of one stored element (the code, for quantized formats)
     qmax: float | None = None         # the largest code magnitude (quantized formats)
-    inline_scales: bool = False       # an fp32 scale per (token, kv head) after each row's codes
+    inline_scales: bool = False       # an fp32 scale per (token, kv head) in the pool (where: CacheSpec.placement)
     layer_scales: bool = False        # one K and one V scale per layer, outside the pool
 
 
@@ -58,7 +60,9 @@ TABLE: dict[int, Format] = {f.code: f for f in (
            inline_scales=True),
 )}
 NAMES = {code: f.name for code, f in TABLE.items()}
-KV_CACHE_DTYPES = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head")
+KV_CACHE_DTYPES = tuple(dict.fromkeys(f.kv_cache_dtype for f in TABLE.values()))   # auto, fp8, int8_pth, fp8_pth
+QUANTIZED_KV_CACHE_DTYPES = tuple(n for n in KV_CACHE_DTYPES if n != "auto")
+PER_TOKEN_HEAD_KV_CACHE_DTYPES = tuple(dict.fromkeys(f.kv_cache_dtype for f in TABLE.values() if f.inline_scales))
 AUTO_FORMATS = {f.code_dtype: code for code, f in TABLE.items() if f.kv_cache_dtype == "auto"}  # model dtype -> code
 
 
@@ -87,6 +91,22 @@ def check_scale_placement(scale_placement) -> None:
     if scale_placement not in SCALE_PLACEMENTS:
         raise ValueError(f"unknown kv_scale_placement {scale_placement!r}; choose one of "
                          f"{', '.join(SCALE_PLACEMENTS)}")
+
+
+def check_block_size(block_size, name: str = "block_size") -> None:
+    """The one block-size rule (minikv's CacheConfig and every CacheSpec call it)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"{name} must be an int, one of {', '.join(map(str, BLOCK_SIZES))}; got "
+                        f"{type(block_size).__name__} {block_size!r}")
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, BLOCK_SIZES))} tokens, got {block_size}")
+
+
+def check_head_size(head_size, name: str = "head size") -> None:
+    """The one head-size rule of the paged kernels (every CacheSpec calls it)."""
+    if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size not in SUPPORTED_HEAD_SIZES:
+        raise ValueError(f"unsupported {name} {head_size!r}; minikv's paged kernels take "
+                         f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))}")
 
 
 def has_inline_scales(fmt: int) -> bool:

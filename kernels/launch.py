@@ -175,7 +175,7 @@ def _nearest(table: dict, batch: float, max_len: int):
 def row_decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, max_len: int,
                       device: torch.device, fmt: int) -> RowDecodeConfig:
     block_g = max(16, _pow2(group))
-    table = ROW_DECODE_TUNED[formats.NAMES[fmt]]
+    table = ROW_DECODE_TUNED[formats.TABLE[fmt].kv_cache_dtype]       # keyed by the format table's name
     if head_size == 128 and block_g == 16:
         block_n, warps, stages, splits, prefetch, words, f16 = _nearest(table, batch * num_kv_heads / 8, max_len)
         splits = max(1, min(splits, max_len // block_n))

@@ -132,9 +132,3 @@ def quantize_reference(x: torch.Tensor, fmt: int, layer_scale: float = 1.0):
     else:
         raise ValueError(f"format {formats.NAMES.get(fmt, fmt)} is not a quantized format")
     return codes, scales
-
-
-def dequantize_reference(codes: torch.Tensor, scales: torch.Tensor | None, layer_scale: float = 1.0):
-    """float32 values of codes [..., D] with per-row scales [...] (or one per-layer scale)."""
-    x = codes.to(torch.float32)
-    return x * scales[..., None] if scales is not None else x * layer_scale

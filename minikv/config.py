@@ -1,22 +1,33 @@
 """Configuration objects: how the KV cache is laid out, how requests are scheduled, what an engine is built from.
 
-Everything the engine is built from is declared here, validated once, and then passed around read-only.
+Every engine option is a field of one of these frozen dataclasses and is checked in its `__post_init__`, once:
+`LLM(...)` only builds them, and the scheduler, model runner and attention impls take their values as given.
+A bad value raises TypeError or ValueError naming the argument and what is allowed.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from minikv.kernels.formats import KV_CACHE_DTYPES, check_kv_cache_dtype  # noqa: F401  (the one format table)
-from minikv.kernels.formats import check_scale_placement
+from minikv import bugs
+from minikv.kernels.formats import BLOCK_SIZES, KV_CACHE_DTYPES, check_block_size  # noqa: F401  (re-exported)
+from minikv.kernels.formats import check_kv_cache_dtype, check_scale_placement
 
 if TYPE_CHECKING:                       # the model configs live with their models
     from minikv.models.gemma4 import Gemma4Config
     from minikv.models.t5 import T5Config
 
-BLOCK_SIZES = (8, 16, 32, 64)
+# The choices of the engine's string options (the one list of each).
+BACKENDS = ("triton", "torch")                    # the Triton kernels, or their pure-PyTorch references
+WARMUP_SHAPES = ("dummy", "capture")              # minikv.engine.model_runner: how the engine warms up
+CROSS_CONTEXT_PATHS = ("fused", "fallback")       # minikv.attention.cross: the cross context step (defect B2)
+CONSTRUCTION_ORDERS = ("eager", "deferred")       # minikv.attention.cross: how a cross layer gets its backend (B1)
+SLEEP_MODES = ("free", "discard")                 # LLM.sleep(mode)
+ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_SEED = 2**63 - 1
 
 
 def check_int(name: str, value, low: int = 1, high: int | None = None, allow_none: bool = False) -> None:
@@ -36,6 +47,34 @@ def check_bool(name: str, value) -> None:
         raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
+def check_choice(name: str, value, choices) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, one of {', '.join(choices)}; got {type(value).__name__} {value!r}")
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+
+
+def resolve_device(device) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' (or a torch.device) as a torch.device, refusing what this machine lacks."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', got {type(device).__name__} {device!r}")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device {device!r} is not a device string; use 'cpu', 'cuda' or 'cuda:N'") from err
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r}")
+    if resolved.type == "cpu" and resolved.index not in (None, 0):
+        raise ValueError(f"device {str(device)!r}: there is one CPU device; use 'cpu'")
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} but no CUDA device is available; use device='cpu'")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} does not exist: {torch.cuda.device_count()} CUDA device(s) "
+                             f"visible")
+    return resolved
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     kv_cache_dtype: str = "auto"
@@ -46,11 +85,8 @@ class CacheConfig:
     kv_scale_placement: str = "row"        # per-token-head scales: "row" (vLLM's) or "block" (minikv.cache.layout)
 
     def __post_init__(self):
-        # The one authority for these parameters: everything downstream takes them as given.
         check_kv_cache_dtype(self.kv_cache_dtype)
-        check_int("block_size", self.block_size)
-        if self.block_size not in BLOCK_SIZES:
-            raise ValueError(f"block_size must be 8, 16, 32 or 64, got {self.block_size}")
+        check_block_size(self.block_size)
         check_int("num_blocks", self.num_blocks, allow_none=True)
         check_int("cross_pool_blocks", self.cross_pool_blocks, allow_none=True)
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
@@ -69,13 +105,73 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: Gemma4Config | T5Config          # what the engine reads: num_layers, num_kv_heads, head_size, kv_sharing...
+    """Everything an engine is built from. `model` is the loaded model's config (None only while the LLM is
+    being built: the options are checked before any weights are read, the model-dependent checks when it is set);
+    `device` may be given as a str and is stored as a torch.device; `dtype` None means the model's default."""
+
+    model: Gemma4Config | T5Config | None   # what the engine reads: num_layers, num_kv_heads, kv_sharing...
     cache: CacheConfig
     scheduler: SchedulerConfig
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype | None = None        # activations; None: the model's default (float32 CPU, bfloat16 CUDA)
     backend: str = "triton"                 # "triton" or "torch"
-    reintroduce: tuple[str, ...] = ()
+    reintroduce: tuple[str, ...] = ()       # minikv.bugs.DEFECTS names; stored sorted
     sanitize: bool = True                   # check the arena's guard canaries after every step
     check_layout: bool = True               # check backend layout against pool layout at bind time
     seed: int = 0
+    warmup: str = "dummy"                   # WARMUP_SHAPES
+    cross_context_path: str = "fused"       # CROSS_CONTEXT_PATHS (encoder-decoder only)
+    paged_context: bool = False             # upstream's "paged context FMHA" switch (encoder-decoder only)
+    cross_construction: str = "eager"       # CONSTRUCTION_ORDERS (encoder-decoder only)
+    # sleep() forgets that the pools' scale regions were initialized, so wake_up() fills them again (the fix).
+    # False models a registry keyed by (data_ptr, nbytes) alone, which cannot tell a same-address wake from no
+    # sleep at all (the scale-wipe reproduction's "nothing re-initializes" row).
+    reinit_scales_on_wake: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.cache, CacheConfig):
+            raise TypeError(f"cache must be a CacheConfig, got {type(self.cache).__name__}")
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise TypeError(f"scheduler must be a SchedulerConfig, got {type(self.scheduler).__name__}")
+        object.__setattr__(self, "device", resolve_device(self.device))
+        if self.dtype is not None and self.dtype not in ACTIVATION_DTYPES:
+            raise TypeError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {self.dtype!r}")
+        check_choice("backend", self.backend, BACKENDS)
+        object.__setattr__(self, "reintroduce", tuple(sorted(bugs.validate(self.reintroduce))))
+        for name in ("sanitize", "check_layout", "paged_context", "reinit_scales_on_wake"):
+            check_bool(name, getattr(self, name))
+        check_int("seed", self.seed, low=0, high=MAX_SEED)
+        check_choice("warmup", self.warmup, WARMUP_SHAPES)
+        check_choice("cross_context_path", self.cross_context_path, CROSS_CONTEXT_PATHS)
+        check_choice("cross_construction", self.cross_construction, CONSTRUCTION_ORDERS)
+        if self.model is not None:
+            self._check_model_options()
+
+    def with_model(self, model: Gemma4Config | T5Config, dtype: torch.dtype) -> EngineConfig:
+        """This config for the loaded model (checked again, now with the model-dependent rules)."""
+        return dataclasses.replace(self, model=model, dtype=dtype)
+
+    def _check_model_options(self) -> None:
+        """Options that mean nothing for this model are refused, not ignored, saying why."""
+        mc, defects = self.model, set(self.reintroduce)
+        if not mc.is_encoder_decoder:
+            default = EngineConfig.__dataclass_fields__
+            for name in ("cross_context_path", "paged_context", "cross_construction"):
+                if getattr(self, name) != default[name].default:
+                    raise ValueError(f"{name} applies to encoder-decoder models (cross attention); {mc.name} is "
+                                     f"decoder-only: leave it at its default")
+            if self.cache.cross_pool_blocks is not None:
+                raise ValueError(f"cross_pool_blocks applies to encoder-decoder models (the cross pool); {mc.name} "
+                                 f"is decoder-only: leave it None")
+        # A defect switched on where its mechanism cannot occur would silently do nothing.
+        if "scale-wipe" in defects and not mc.kv_sharing:
+            raise ValueError(f"scale-wipe cannot happen in {mc.name}: it has no KV-sharing layers (the wipe is a "
+                             f"sharing layer's late first touch of its target's cache); use tiny-gemma4")
+        for name in sorted(defects & {"cross-stride", "cross-fp8-context-read"}):
+            if not mc.is_encoder_decoder:
+                raise ValueError(f"{name} cannot happen in {mc.name}: it is decoder-only, with no cross attention; "
+                                 f"use tiny-t5")
+            if self.cache.kv_cache_dtype == "auto":
+                raise ValueError(f"{name} cannot happen with kv_cache_dtype='auto': the cross pool then holds the "
+                                 f"model's own 16-bit (or wider) elements, so nothing is misread; use "
+                                 f"kv_cache_dtype='fp8'")

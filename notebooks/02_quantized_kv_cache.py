@@ -485,16 +485,9 @@ step_slots = torch.tensor([17, 3, -1, 30, 4])
 def launch_write(layout, num_programs, block_t=2):
     """Run the first `num_programs` programs of write_kv's kernel with BLOCK_T=block_t on a fresh pool."""
     pool = torch.zeros(layout.pool_bytes(2), dtype=torch.uint8)
-    code_dtype = torch.uint8 if layout.code_dtype == torch.float8_e4m3fn else layout.code_dtype   # fp8 as bytes
-    codes, scales = addressing.typed_pool(pool, code_dtype), addressing.typed_pool(pool, torch.float32)
-    cache_write._write_kv_kernel[(num_programs,)](
-        step_keys, step_values, codes, scales, step_slots, step_keys.shape[0],
-        step_keys.stride(0), step_keys.stride(1), step_values.stride(0), step_values.stride(1),
-        *addressing.element_strides(layout), *addressing.scale_word_strides(layout),
-        layout.block_bytes // 4, layout.kv_bytes // 4, 1.0, 1.0,
-        FMT=layout.fmt, NUM_HEADS=layout.num_kv_heads, HEAD_SIZE=layout.head_size, BLOCK_SIZE=layout.block_size,
-        BLOCK_T=block_t, BLOCK_H=launch.write_config(5, layout.num_kv_heads, layout.head_size).block_h,
-        SATURATE=quant.torch_e4m3_saturates("cpu"))
+    heads = launch.write_config(5, layout.num_kv_heads, layout.head_size).block_h        # all KV heads per program
+    kernels.write_kv(step_keys, step_values, pool, step_slots, layout,
+                     config=launch.WriteConfig(block_t=block_t, block_h=heads), num_programs=num_programs)
     return pool
 
 

@@ -124,11 +124,13 @@ def test_sharing_layer_with_another_shape_than_its_source_is_refused(tmp_path, m
         minikv.LLM(model=str(tmp_path), backend="torch", block_size=8)
 
 
-def test_unsupported_head_size_names_the_layers():
+def test_unsupported_head_size_names_the_layer(tmp_path):
     config = Gemma4Config.from_hf_dict({**perlayer_config(), "per_layer_config": {
         str(i): {"head_dim": 48} for i, t in enumerate(LAYER_TYPES) if t == F}})
-    with pytest.raises(Gemma4ConfigError, match=r"head size\(s\) \[48\] \(layers \[4, 8, 9\]\).*dense mode"):
-        config.check_engine_support()
+    save_checkpoint(Gemma4ForCausalLM(config).eval(), tmp_path)
+    save_char_tokenizer(CharTokenizer(), tmp_path)
+    with pytest.raises(ValueError, match=r"model.layers.4.self_attn: .*unsupported head size 48; .*take 16, 32"):
+        minikv.LLM(model=str(tmp_path), backend="torch", block_size=8)
 
 
 # ---- the real model's head sizes: interpreter (CPU) and GPU --------------------------------------------------------

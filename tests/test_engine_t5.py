@@ -83,7 +83,10 @@ def test_engine_greedy_equals_transformers_or_dense_fake_quant(random_t5, monkey
     llm = minikv.LLM(model=str(path), backend=backend, kv_cache_dtype=kv_cache_dtype, max_num_seqs=4, block_size=8)
     impls = [a.impl for a in llm.attention_layers.values()]
     assert {i.sm_scale for i in impls} == {1.0}
-    assert sum(getattr(i, "rel_bias", None) is not None for i in impls) == CONFIG["num_layers"]   # self only
+    n = CONFIG["num_layers"]
+    assert [a.kind for a in llm.attention_layers.values()] == ["self"] * n + ["cross"] * n
+    # the self layers' relative bias, passed down with every step's forward context (greedy ids below use it)
+    assert llm.model.decoder_bias_table().shape == (CONFIG["num_heads"], CONFIG["relative_attention_max_distance"] + 1)
     outs = llm.generate(PROMPTS, minikv.SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in outs] == expected[kv_cache_dtype]
 

@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from minikv.attention.context import ForwardContext, set_forward_context
+from minikv.attention.context import ForwardContext
 from minikv.models import hf_checkpoint, registry
 from minikv.models.registry import ModelLoadError
 from minikv.models.tokenizer import CharTokenizer
@@ -85,9 +85,8 @@ def test_dense_mode_rejects_flat_inputs():
 
 def test_engine_mode_without_bound_impl_is_a_clear_error():
     model = fresh(GEMMA4)
-    with set_forward_context(ForwardContext(attn_metadata=None)), \
-            pytest.raises(RuntimeError, match="no attention impl bound"):
-        model(torch.tensor([1, 5]), torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match="model.layers.0.self_attn: no attention impl bound"):
+        model(torch.tensor([1, 5]), torch.tensor([0, 1]), ctx=ForwardContext(attn_metadata=None, bindings={}))
 
 
 # ---- loading -----------------------------------------------------------------------------------------------------

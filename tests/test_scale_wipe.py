@@ -200,8 +200,8 @@ def test_sleep_wake_up_reinitializes_every_scale_region(mode):
 
 
 def test_same_address_wake_without_reinitialization_leaves_zero_scales_that_nothing_reads():
-    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
-    llm.runner.reinit_scales_on_wake = False                  # a registry keyed by (data_ptr, nbytes) alone
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch",
+                     reinit_scales_on_wake=False)             # a registry keyed by (data_ptr, nbytes) alone
     prompts = scale_wipe.make_prompts(4)
     before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
     fills = len(llm.census.fills)

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
-
-BACKENDS = ("triton", "torch")
 
 
 @dataclass(frozen=True)
@@ -37,13 +35,14 @@ def _one_interpreter_at_a_time(op: Callable) -> Callable:
 
 
 def get_ops(name: str) -> KernelOps:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    """The kernel ops of backend `name` ("triton" or "torch", minikv.config.BACKENDS; checked there)."""
     from minikv import kernels as k
     if name == "triton":
         ops = (k.write_kv, k.paged_decode_attention, k.context_attention, k.paged_context_attention)
         if k.mode.INTERPRETED:
             ops = tuple(_one_interpreter_at_a_time(op) for op in ops)
         return KernelOps("triton", *ops)
+    if name != "torch":
+        raise KeyError(name)
     return KernelOps("torch", k.write_kv_reference, k.paged_decode_attention_reference,
                      k.context_attention_reference, k.paged_context_attention_reference)

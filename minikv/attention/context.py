@@ -1,24 +1,44 @@
-"""The forward context: how the model runner hands per-step state to attention layers deep inside a model.
+"""The forward context: the per-step object the model runner passes down the model's forward call.
 
-The runner wraps each forward pass in `set_forward_context(ctx)`; attention layers call `get_forward_context()`.
-None means "no engine" (training, or the dense golden reference); a context whose `attn_metadata` is None is the
-warmup (dummy) forward, where attention impls return early.
+The runner builds one `ForwardContext` per forward pass and calls `model(input_ids, positions, ctx=ctx)`; each
+layer passes `ctx` on, and each attention op calls `ctx.attend(layer_name, q, k, v)`. That call looks the layer up
+in the runner's binding table (`ctx.bindings`: its impl and its pool's cache tensor), runs the impl, and records
+the trace data the impl returns. A model called without a context (`ctx=None`) runs dense: training and the
+golden reference. A context whose `attn_metadata` is None is the warmup (dummy) forward: impls return zeros,
+KV-owning layers still run their cache update with slot -1 (nothing is written), KV-sharing layers do nothing.
 
-The current context is held in a `contextvars.ContextVar`, not in a module global: each thread (and each asyncio
-task) sees only the context its own engine set, so two engines can run forward passes in two threads at once.
-Everything a step produces (the trace of cache events) lives on the `ForwardContext` object, which belongs to
-the engine that created it.
+Everything one step produces (its cache events, its scale fills) lives on its own `ForwardContext`, which
+belongs to the engine that created it: no module state, so two engines can run in two threads.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from minikv.attention.impl import ScaleFill
+    from minikv.engine.model_runner import LayerBinding
+
+
+@dataclass(frozen=True)
+class Access:
+    """What an attention impl did with its cache in one call: the trace data it returns beside its output.
+
+    `wrote`: it wrote new K/V into its pool; `read`: its attention read K/V from the pool; `read_layout`: the
+    layout that read addressed the pool with (the impl's own, or what the historical B2 context path is told);
+    `context_path`: cross attention's context step only, "fused" or "unfused"; `scale_fill`: the fill of the
+    pool's scale regions this call made, if any (defect A's instrumentation)."""
+
+    wrote: bool = False
+    read: bool = False
+    read_layout: object | None = None
+    context_path: str | None = None
+    scale_fill: ScaleFill | None = None
 
 
 @dataclass(frozen=True)
@@ -28,7 +48,8 @@ class CacheEvent:
     `pool`: the arena pool the layer's cache tensor is (a KV-sharing layer names its target's pool).
     `wrote`: the layer wrote new K/V into that pool this step; `read`: its attention read K/V from it.
     `context_path`: cross attention's context (prefill) step only: "fused" (K/V read back from the paged cache)
-    or "unfused" (K/V from the 16-bit workspace); None otherwise.
+    or "unfused" (K/V from the 16-bit workspace); None otherwise. `read_layout`: the layout its read addressed
+    the pool with (None when it read nothing).
     """
 
     layer: str
@@ -37,6 +58,7 @@ class CacheEvent:
     wrote: bool
     read: bool
     context_path: str | None = None
+    read_layout: object | None = field(default=None, compare=False, repr=False)
     # Only with `LLM.step(capture=True)`: copies of the layer's q, k, v (k, v None for a KV-sharing layer and at
     # a cross decode step) and attention output, flattened over the batch's tokens.
     tensors: dict | None = field(default=None, compare=False, repr=False)
@@ -44,34 +66,39 @@ class CacheEvent:
 
 @dataclass
 class ForwardContext:
-    """Per-step state of one engine: the batch's metadata, the step index, and the cache events recorded."""
+    """Per-step state of one engine: the batch's metadata, the layer bindings, and what the step recorded."""
 
     attn_metadata: AttentionMetadata | None
+    bindings: Mapping[str, LayerBinding]
     step: int = 0
-    # pool name of each cache tensor, keyed by id(tensor): lets an event name the pool a layer touched.
-    pool_names: dict[int, str] = field(default_factory=dict)
-    events: list[CacheEvent] = field(default_factory=list)
     capture: bool = False          # keep copies of each layer's q, k, v and output in its event
+    events: list[CacheEvent] = field(default_factory=list)
+    scale_fills: list[ScaleFill] = field(default_factory=list)
     # (layer name, 0-dim bool tensor "its output was finite"): kept lazily, looked at only when logits are not.
     finite: list[tuple[str, torch.Tensor]] = field(default_factory=list)
 
-    def record(self, layer, out: torch.Tensor, q=None, k=None, v=None) -> None:
-        """Record what `layer` (a minikv.models.layers.Attention) just did; called once per layer per step."""
-        md = self.attn_metadata
-        if md is None:
-            return                      # warmup: nothing is read, and the slots are all -1
-        pool = self.pool_names.get(id(layer.kv_cache), "?")
-        if layer.kind == "cross":
-            path = getattr(layer.impl, "last_context_path", None) if md.is_prefill else None
-            event = CacheEvent(layer.layer_name, "cross", pool, wrote=md.is_prefill,
-                               read=not (md.is_prefill and path == "unfused"), context_path=path)
-        else:
-            event = CacheEvent(layer.layer_name, "self", pool, wrote=layer.kv_sharing_target is None, read=True)
+    def attend(self, layer_name: str, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+               rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of layer `layer_name` through its bound impl and cache; records the step's trace."""
+        binding = self.bindings.get(layer_name)
+        if binding is None:
+            raise RuntimeError(f"{layer_name}: no attention impl bound to this layer; run the model through the "
+                               f"engine (minikv.LLM), or call it without ctx for dense attention")
+        out, access = binding.impl.forward(q, k, v, binding.kv_cache, self.attn_metadata, step=self.step,
+                                           rel_bias=rel_bias)
+        if access.scale_fill is not None:
+            self.scale_fills.append(access.scale_fill)
+        if self.attn_metadata is None:
+            return out                      # warmup: nothing is read, and the slots are all -1
+        tensors = None
         if self.capture:
             copy = (lambda t: None if t is None else t.detach().clone())
-            event = dataclasses.replace(event, tensors={"q": copy(q), "k": copy(k), "v": copy(v), "out": copy(out)})
-        self.events.append(event)
-        self.finite.append((layer.layer_name, torch.isfinite(out).all()))
+            tensors = {"q": copy(q), "k": copy(k), "v": copy(v), "out": copy(out)}
+        self.events.append(CacheEvent(layer_name, binding.kind, binding.pool, wrote=access.wrote, read=access.read,
+                                      context_path=access.context_path, read_layout=access.read_layout,
+                                      tensors=tensors))
+        self.finite.append((layer_name, torch.isfinite(out).all()))
+        return out
 
     def first_non_finite_layer(self) -> str | None:
         """The first layer (in execution order) whose attention output held NaN or inf, if any."""
@@ -79,20 +106,3 @@ class ForwardContext:
             if not bool(ok):
                 return name
         return None
-
-
-_current: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("minikv_forward_context",
-                                                                                  default=None)
-
-
-def get_forward_context() -> ForwardContext | None:
-    return _current.get()
-
-
-@contextlib.contextmanager
-def set_forward_context(ctx: ForwardContext):
-    token = _current.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _current.reset(token)

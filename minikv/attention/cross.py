@@ -33,14 +33,13 @@ from dataclasses import dataclass
 import torch
 
 from minikv.attention.backend import KernelOps
-from minikv.attention.context import ForwardContext
+from minikv.attention.context import Access
+from minikv.attention.metadata import AttentionMetadata
 from minikv.cache.layout import KVLayout
 from minikv.kernels import formats
 
 logger = logging.getLogger(__name__)
 
-CROSS_CONTEXT_PATHS = ("fused", "fallback")
-CONSTRUCTION_ORDERS = ("eager", "deferred")
 B1_SITES = ("construction", "create_weights")
 
 
@@ -122,8 +121,6 @@ class CrossBackendBuilder:
             else frozenset(historical_sites)
 
     def module(self, order: str, num_kv_heads: int, head_size: int) -> CrossAttentionModule:
-        if order not in CONSTRUCTION_ORDERS:
-            raise ValueError(f"construction order must be one of {CONSTRUCTION_ORDERS}, got {order!r}")
         shape = (num_kv_heads, head_size, self.model_dtype, self.block_size)
         if order == "eager":
             return CrossAttentionModule(*shape, self.quant_config, skip_create_weights_in_init=False,
@@ -170,8 +167,6 @@ class CrossAttentionImpl:
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
                  context_path: str = "fused", paged_context: bool = False, historical_context_read: bool = False,
                  k_scale: float = 1.0, v_scale: float = 1.0, sm_scale: float | None = None):
-        if context_path not in CROSS_CONTEXT_PATHS:
-            raise ValueError(f"cross context path must be one of {CROSS_CONTEXT_PATHS}, got {context_path!r}")
         self.layer_name = layer_name
         self.num_heads = num_heads
         self.layout = layout                  # what this backend believes the pool holds (B1 decides it)
@@ -210,32 +205,38 @@ class CrossAttentionImpl:
         # FIX (minikv): the fused kernel is always told the cache's real layout.
         return self.layout
 
-    def forward(self, layer, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-                ctx: ForwardContext) -> torch.Tensor:
-        md = ctx.attn_metadata
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kv_cache: torch.Tensor,
+                md: AttentionMetadata | None, *, step: int,
+                rel_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, Access]:
+        """Cross attention of the step's queries over the cross pool `kv_cache`; returns the output and what it did
+        (`step` is unused: cross pools have no lazy scale fill; `rel_bias` must be None: no position bias)."""
+        if rel_bias is not None:
+            raise ValueError(f"{self.layer_name}: cross attention takes no relative position bias")
         if md is None:
-            return torch.zeros_like(q)                    # warmup: no metadata, no encoder, nothing to read
+            return torch.zeros_like(q), Access()          # warmup: no metadata, no encoder, nothing to read
         cm = md.cross
         if cm is None:
             raise RuntimeError(f"{self.layer_name}: cross attention needs cross metadata")
-        return self._attend(layer.kv_cache, q, k, v, md)
-
-    def _attend(self, pool, q, k, v, md) -> torch.Tensor:
-        cm = md.cross
-        if md.is_prefill:
-            # Context step: the encoder K/V are written once into the cross pool ...
-            self.ops.write_kv(k, v, pool, cm.slot_mapping, spec=self.layout, k_scale=self.k_scale,
-                              v_scale=self.v_scale, validate=False)
-            if self.uses_fused_context:
-                # ... and the fused path reads them back from the cache,
-                self.last_context_path = "fused"
-                return self.ops.paged_context(q, pool, block_tables=cm.block_tables,
-                                              cu_seqlens_q=md.query_start_loc, seq_lens=cm.encoder_seq_lens,
-                                              spec=self._context_read_layout(), causal=False, sm_scale=self.sm_scale,
-                                              k_scale=self.k_scale, v_scale=self.v_scale, validate=False)
-            # ... while the unfused path uses the 16-bit workspace copy it already has.
-            self.last_context_path = "unfused"
-            return self.ops.context(q, k, v, cu_seqlens_q=md.query_start_loc, cu_seqlens_k=cm.encoder_start_loc,
-                                    causal=False, sm_scale=self.sm_scale, validate=False)
-        return self.ops.decode(q, pool, block_tables=cm.block_tables, seq_lens=cm.encoder_seq_lens, spec=self.layout,
-                               sm_scale=self.sm_scale, k_scale=self.k_scale, v_scale=self.v_scale, validate=False)
+        spec = self.layout.spec
+        if not md.is_prefill:
+            out = self.ops.decode(q, kv_cache, block_tables=cm.block_tables, seq_lens=cm.encoder_seq_lens,
+                                  spec=spec, sm_scale=self.sm_scale, k_scale=self.k_scale, v_scale=self.v_scale,
+                                  validate=False)
+            return out, Access(read=True, read_layout=self.layout)
+        # Context step: the encoder K/V are written once into the cross pool ...
+        self.ops.write_kv(k, v, kv_cache, cm.slot_mapping, spec=spec, k_scale=self.k_scale, v_scale=self.v_scale,
+                          validate=False)
+        if self.uses_fused_context:
+            # ... and the fused path reads them back from the cache,
+            self.last_context_path = "fused"
+            read = self._context_read_layout()
+            out = self.ops.paged_context(q, kv_cache, block_tables=cm.block_tables, cu_seqlens_q=md.query_start_loc,
+                                         seq_lens=cm.encoder_seq_lens, spec=formats.CacheSpec.of(read),
+                                         causal=False, sm_scale=self.sm_scale, k_scale=self.k_scale,
+                                         v_scale=self.v_scale, validate=False)
+            return out, Access(wrote=True, read=True, read_layout=read, context_path="fused")
+        # ... while the unfused path uses the 16-bit workspace copy it already has.
+        self.last_context_path = "unfused"
+        out = self.ops.context(q, k, v, cu_seqlens_q=md.query_start_loc, cu_seqlens_k=cm.encoder_start_loc,
+                               causal=False, sm_scale=self.sm_scale, validate=False)
+        return out, Access(wrote=True, context_path="unfused")

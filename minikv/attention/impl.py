@@ -1,8 +1,10 @@
 """AttentionImpl: one decoder self-attention layer's access to the paged KV cache. Home of defect A.
 
 Per step, a KV-owning layer writes the new tokens' K/V into its cache (quantizing them), then attends over the
-cache; a KV-sharing layer writes nothing and attends over its target layer's cache, which the model runner bound
-to it as the *same tensor object*.
+cache; a KV-sharing layer writes nothing and attends over its target layer's cache, which the model runner's
+binding table gives it as the *same tensor object*. `forward` is called with the layer's cache tensor and the
+step's metadata (`minikv.attention.context.ForwardContext.attend`) and returns its output and its trace data
+(an `Access`: what it wrote and read, and the scale fill it made, if any).
 
 Per-token-head formats keep an fp32 scale inline in every cache row. The impl addresses those scales through
 fp32 views over the cache bytes (`KVLayout.scale_views`). A freshly allocated cache is zero-filled, so the scale
@@ -28,7 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from minikv.attention.backend import KernelOps
-from minikv.attention.context import ForwardContext
+from minikv.attention.context import Access
+from minikv.attention.metadata import AttentionMetadata
 from minikv.cache.layout import KVLayout
 
 
@@ -90,8 +93,7 @@ class AttentionImpl:
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
                  kv_sharing_target: str | None = None, historical_scale_init: bool = False,
                  census: ScaleFillCensus | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-                 sliding_window: int = 0, sm_scale: float | None = None,
-                 rel_bias: torch.Tensor | None = None):
+                 sliding_window: int = 0, sm_scale: float | None = None):
         if num_heads % layout.num_kv_heads:
             raise ValueError(f"{layer_name}: {num_heads} query heads are not a multiple of "
                              f"{layout.num_kv_heads} KV heads")
@@ -105,32 +107,31 @@ class AttentionImpl:
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sm_scale = layout.head_size ** -0.5 if sm_scale is None else float(sm_scale)
         self.sliding_window = int(sliding_window or 0)      # 0: no window
-        self.rel_bias = rel_bias                             # None: no relative position bias (T5's, else)
         self._views: tuple[torch.Tensor, torch.Tensor] | None = None
         self._views_of: tuple | None = None      # (key, registry entry) the fixed path's views were built for
-        self._step = -1
 
     # ---- the defect site: inline-scale views -----------------------------------------------------------------
-    def scale_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """fp32 views of the K and V inline scales of `kv_cache` (None for formats without inline scales)."""
+    def scale_views(self, kv_cache: torch.Tensor, step: int = -1) -> ScaleFill | None:
+        """Make sure this impl has fp32 views of the K and V inline scales of `kv_cache` (formats with inline
+        scales); return the fill of the scale regions that this touch made, if it made one (`step`: for the fill's
+        record, -1 in warmup)."""
         if not self.layout.has_inline_scales:
             return None
         if self.historical_scale_init:
-            return self._scale_views_historical(kv_cache)
-        return self._scale_views_once_per_storage(kv_cache)
+            return self._scale_views_historical(kv_cache, step)
+        return self._scale_views_once_per_storage(kv_cache, step)
 
-    def _scale_views_historical(self, kv_cache):
+    def _scale_views_historical(self, kv_cache, step):
         # HISTORICAL (scale-wipe): lazy, per impl instance, as upstream's `_ensure_scale_caches`. Once this impl has
         # its views it returns early for good; the first time it gets here it fills all of the storage's scale
         # regions with 1.0, whether or not another impl already wrote real scales there.
         if self._views is not None:
-            return self._views
+            return None
         k, v = self.layout.scale_views(kv_cache)
-        self._fill(k, v, kv_cache)
         self._views = (k, v)
-        return self._views
+        return self._fill(k, v, kv_cache, step)
 
-    def _scale_views_once_per_storage(self, kv_cache):
+    def _scale_views_once_per_storage(self, kv_cache, step):
         # FIX (scale-wipe): the fill happens once per storage region, whichever impl touches it first. The registry
         # is consulted on every touch (one dict lookup), so a region released by sleep, or a new allocation at an
         # old address, is initialized before anything is written into it.
@@ -138,22 +139,24 @@ class AttentionImpl:
         key = storage_key(kv_cache)
         known = AttentionImpl._initialized_storages.get(key)
         fresh = known is None or known() is not storage
+        fill = None
         if fresh or self._views is None or self._views_of != (key, known):
             k, v = self.layout.scale_views(kv_cache)
             if fresh:
-                self._fill(k, v, kv_cache)
+                fill = self._fill(k, v, kv_cache, step)
                 known = AttentionImpl._initialized_storages[key] = weakref.ref(storage)
             self._views, self._views_of = (k, v), (key, known)
-        return self._views
+        return fill
 
-    def _fill(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    def _fill(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, step: int) -> ScaleFill:
         overwritten = _written_scales(k, v)
-        fill = ScaleFill(self.layer_name, self._step, storage_key(kv_cache), overwritten)
+        fill = ScaleFill(self.layer_name, step, storage_key(kv_cache), overwritten)
         if overwritten:
             fill.wiped_k_scales, fill.wiped_v_scales = k.detach().clone(), v.detach().clone()
         self.census.record(fill)
         k.fill_(1.0)
         v.fill_(1.0)
+        return fill
 
     @property
     def has_scale_views(self) -> bool:
@@ -168,34 +171,40 @@ class AttentionImpl:
 
     # ---- forward ----------------------------------------------------------------------------------------------
     def write_cache(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> None:
-        """Quantize and scatter the new tokens' K/V into their slots (slot -1: skipped)."""
-        self.scale_views(kv_cache)
-        self.ops.write_kv(key, value, kv_cache, slot_mapping, spec=self.layout, k_scale=self.k_scale,
+                    slot_mapping: torch.Tensor, step: int = -1) -> ScaleFill | None:
+        """Quantize and scatter the new tokens' K/V into their slots (slot -1: skipped); return the scale fill
+        this first touch of the storage made, if any."""
+        fill = self.scale_views(kv_cache, step)
+        self.ops.write_kv(key, value, kv_cache, slot_mapping, spec=self.layout.spec, k_scale=self.k_scale,
                           v_scale=self.v_scale, validate=False)
+        return fill
 
-    def forward(self, layer, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-                ctx: ForwardContext) -> torch.Tensor:
-        self._step = ctx.step
-        kv_cache = layer.kv_cache
-        md = ctx.attn_metadata
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kv_cache: torch.Tensor,
+                md: AttentionMetadata | None, *, step: int,
+                rel_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, Access]:
+        """Attention of the step's queries over `kv_cache`; `rel_bias`: T5's relative position bias table
+        (float32 [num_heads, max_distance + 1]), None for none. Returns the output and what it did."""
+        owner = self.kv_sharing_target is None
         if md is None:
             # Warmup (dummy) forward: no attention metadata. A KV-owning layer still runs its cache-update step,
             # with every slot -1 so nothing is written; a KV-sharing layer does nothing at all.
-            if self.kv_sharing_target is None:
+            fill = None
+            if owner:
                 none = torch.full((k.shape[0],), -1, dtype=torch.int64, device=k.device)
-                self.write_cache(kv_cache, k, v, none)
-            return torch.zeros_like(q)
-        if self.kv_sharing_target is None:
-            self.write_cache(kv_cache, k, v, md.slot_mapping)
+                fill = self.write_cache(kv_cache, k, v, none, step)
+            return torch.zeros_like(q), Access(scale_fill=fill)
+        if owner:
+            fill = self.write_cache(kv_cache, k, v, md.slot_mapping, step)
         else:
-            self.scale_views(kv_cache)   # a sharing layer's first touch of the shared storage
+            fill = self.scale_views(kv_cache, step)   # a sharing layer's first touch of the shared storage
+        spec = self.layout.spec
         if md.is_prefill:
-            return self.ops.paged_context(q, kv_cache, block_tables=md.block_tables,
-                                          cu_seqlens_q=md.query_start_loc, seq_lens=md.seq_lens, spec=self.layout,
-                                          causal=True, sm_scale=self.sm_scale, k_scale=self.k_scale,
-                                          v_scale=self.v_scale, validate=False, sliding_window=self.sliding_window,
-                                          rel_bias=self.rel_bias)
-        return self.ops.decode(q, kv_cache, block_tables=md.block_tables, seq_lens=md.seq_lens, spec=self.layout,
-                               sm_scale=self.sm_scale, k_scale=self.k_scale, v_scale=self.v_scale, validate=False,
-                               sliding_window=self.sliding_window, rel_bias=self.rel_bias)
+            out = self.ops.paged_context(q, kv_cache, block_tables=md.block_tables, cu_seqlens_q=md.query_start_loc,
+                                         seq_lens=md.seq_lens, spec=spec, causal=True, sm_scale=self.sm_scale,
+                                         k_scale=self.k_scale, v_scale=self.v_scale, validate=False,
+                                         sliding_window=self.sliding_window, rel_bias=rel_bias)
+        else:
+            out = self.ops.decode(q, kv_cache, block_tables=md.block_tables, seq_lens=md.seq_lens, spec=spec,
+                                  sm_scale=self.sm_scale, k_scale=self.k_scale, v_scale=self.v_scale, validate=False,
+                                  sliding_window=self.sliding_window, rel_bias=rel_bias)
+        return out, Access(wrote=owner, read=True, read_layout=self.layout, scale_fill=fill)

@@ -19,6 +19,7 @@ context_sweep.csv and best.json under --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import itertools
@@ -66,10 +67,20 @@ def _decode_problem(fmt, batch, ctx):
     return layout, pool, tables, lens, q, torch.empty_like(q)
 
 
-def _pinned_decode(cfg):
-    """A context manager-free pin: replace launch.row_decode_config by a function returning `cfg`."""
+@contextlib.contextmanager
+def _pinned(name: str, cfg):
+    """Within the block, launch.<name> (decode_config or context_config) returns `cfg`; restored afterwards."""
     from minikv.kernels import launch
-    launch.row_decode_config = lambda *a, **k: cfg
+    original = getattr(launch, name)
+    setattr(launch, name, lambda *a, **k: cfg)
+    try:
+        yield
+    finally:
+        setattr(launch, name, original)
+
+
+def _pinned_decode(cfg):
+    return _pinned("row_decode_config", cfg)
 
 
 def _decode_call(problem):
@@ -135,8 +146,7 @@ def _context_cases(only: str = ""):
 
 
 def _pinned_context(cfg):
-    from minikv.kernels import launch
-    launch.context_config = lambda *a, **k: cfg
+    return _pinned("context_config", cfg)
 
 
 # ---- parallel compile ------------------------------------------------------------------------------------------
@@ -151,14 +161,14 @@ def _compile_worker(args):
                 _, fmt, cand, splits = job
                 if fmt not in problems:
                     problems[fmt] = _decode_problem(fmt, 2, 4096)
-                _pinned_decode(_cfg(*cand, splits))
-                _decode_call(problems[fmt])()
+                with _pinned_decode(_cfg(*cand, splits)):
+                    _decode_call(problems[fmt])()
             else:
                 _, name, cfg = job
                 if ctx_problems is None:
                     ctx_problems = _context_problems()
-                _pinned_context(cfg)
-                ctx_problems[name][0]()
+                with _pinned_context(cfg):
+                    ctx_problems[name][0]()
             torch.cuda.synchronize()
             done += 1
         except Exception as exc:  # noqa: BLE001 - a config may not fit; the timing loop reports it again
@@ -218,8 +228,8 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
                     r = dict(stage="A", format=fmt, batch=batch, context=ctx, block_n=cand[0], warps=cand[1],
                              stages=cand[2], prefetch=cand[3], words=cand[4], f16=cand[5], splits=splits)
                     try:
-                        _pinned_decode(_cfg(*cand, splits))
-                        r["us"] = 1e3 * _time(_decode_call(problem))
+                        with _pinned_decode(_cfg(*cand, splits)):
+                            r["us"] = 1e3 * _time(_decode_call(problem))
                         best = min(best, r["us"])
                     except Exception as exc:  # noqa: BLE001
                         r["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
@@ -245,8 +255,8 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
                                  stages=cand[2], prefetch=cand[3], words=cand[4], f16=cand[5], splits=splits,
                                  sdpa_us=sdpa)
                         try:
-                            _pinned_decode(_cfg(*cand, splits))
-                            r["us"] = 1e3 * _time(_decode_call(problem))
+                            with _pinned_decode(_cfg(*cand, splits)):
+                                r["us"] = 1e3 * _time(_decode_call(problem))
                             key = (FAMILY[fmt], fmt, batch, ctx)
                             if key not in best or r["us"] < best[key][0]:
                                 best[key] = (r["us"], [cand[0], cand[1], cand[2], splits, cand[3], cand[4], cand[5]])
@@ -271,8 +281,8 @@ def sweep_context(out_dir: str, only: str = "") -> dict:
         fn, flops = problems[name]
         r = {"case": name, "config": json.dumps(dataclasses.astuple(cfg))}
         try:
-            _pinned_context(cfg)
-            r["ms"] = _time(fn)
+            with _pinned_context(cfg):
+                r["ms"] = _time(fn)
             r["TFLOPs"] = flops / r["ms"] / 1e9
             if name not in best or r["ms"] < best[name][0]:
                 best[name] = (r["ms"], dataclasses.astuple(cfg))
@@ -302,18 +312,13 @@ def main(argv=None) -> int:
         print("the sweep needs a CUDA GPU")
         return 0
     os.makedirs(args.out, exist_ok=True)
-    from minikv.kernels import launch
-    pinned = launch.row_decode_config, launch.context_config          # restored below
     if "compile" not in args.skip:
         precompile(args.workers, "decode" not in args.skip, "context" not in args.skip, args.only)
     best = {}
-    try:
-        if "decode" not in args.skip:
-            best["decode"] = sweep_decode(args.out)
-        if "context" not in args.skip:
-            best["context"] = {k: v for k, v in sweep_context(args.out, args.only).items()}
-    finally:
-        launch.row_decode_config, launch.context_config = pinned
+    if "decode" not in args.skip:
+        best["decode"] = sweep_decode(args.out)
+    if "context" not in args.skip:
+        best["context"] = {k: v for k, v in sweep_context(args.out, args.only).items()}
     with open(os.path.join(args.out, "best.json"), "w") as f:
         json.dump(best, f, indent=1)
     return 0

@@ -100,7 +100,8 @@ def _bench_decode(device, kv_cache_dtype, dtype, batch, context, num_heads=32, k
     note = f"{_rate(kv_bytes, t_kernel)} of KV"
     if device == "cuda":
         splits = launch.decode_config(batch, kv_heads, num_heads // kv_heads, head_size, spec.elem_bytes,
-                                      tables.shape[1] * block_size, q.device).num_splits
+                                      tables.shape[1] * block_size, q.device, fmt=spec.fmt,
+                                      placement=spec.placement).num_splits
         note += f", {splits} split(s)"
     if with_reference or device != "cuda":
         t_ref = _time_ms(lambda: paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm_scale,

@@ -44,8 +44,7 @@ class KVLayout:
     def __post_init__(self):
         formats.format_of(self.kv_cache_dtype, self.model_dtype)     # checks both, with clear errors
         formats.check_scale_placement(self.scale_placement)
-        if self.head_size not in formats.SUPPORTED_HEAD_SIZES:
-            raise ValueError(f"unsupported head size {self.head_size}; supported: {formats.SUPPORTED_HEAD_SIZES}")
+        formats.check_head_size(self.head_size)
         if self.num_kv_heads < 1 or self.block_size < 1:
             raise ValueError("num_kv_heads and block_size must be positive")
 

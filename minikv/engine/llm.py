@@ -30,11 +30,18 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from minikv import bugs, tasks
-from minikv.attention.backend import BACKENDS
+from minikv import tasks
 from minikv.cache.arena import KVCacheOverrunError
 from minikv.cache.blocks import BlockManager, slot_of
-from minikv.config import CacheConfig, EngineConfig, SchedulerConfig, check_bool, check_int
+from minikv.config import (
+    SLEEP_MODES,
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+    check_bool,
+    check_choice,
+    check_int,
+)
 from minikv.engine.model_runner import ModelRunner
 from minikv.engine.scheduler import Scheduler
 from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
@@ -50,30 +57,6 @@ class EngineNeedsResetError(RuntimeError):
     """The engine's KV arena was overrun earlier; call reset() (or sleep() then wake_up()) before using it."""
 
 
-def _resolve_device(device) -> torch.device:
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', got {type(device).__name__}")
-    try:
-        device = torch.device(device)
-    except RuntimeError as err:
-        raise ValueError(f"device {device!r} is not a device string; use 'cpu', 'cuda' or 'cuda:N'") from err
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device}")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device='cuda' but no CUDA device is available; use device='cpu'")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device} does not exist: {torch.cuda.device_count()} CUDA device(s) visible")
-    return device
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, one of {', '.join(choices)}; got {type(value).__name__}")
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
-
-
 def _check_model(model) -> str:
     """A shipped model name, or the path of a local checkpoint directory in transformers' format (a Gemma-4 or
     T5 `config.json` + `model.safetensors`, and a tokenizer: minikv's `minikv_tokenizer.json` or `tokenizer.json`)."""
@@ -87,24 +70,8 @@ def _check_model(model) -> str:
             raise ValueError(f"{str(path)!r} is not a checkpoint directory: it has no config.json "
                              f"(expected transformers' config.json + model.safetensors of a Gemma-4 or T5 model)")
         return str(path)
-    _check_choice("model", model, registry.MODEL_NAMES)
+    check_choice("model", model, registry.MODEL_NAMES)
     return model
-
-
-def _check_reintroduce_possible(defects: frozenset[str], model_config, kv_cache_dtype: str) -> None:
-    """A defect switched on where its mechanism cannot occur would silently do nothing: refuse it, saying why."""
-    if "scale-wipe" in defects and not model_config.kv_sharing:
-        raise ValueError(f"scale-wipe cannot happen in {model_config.name}: it has no KV-sharing layers (the wipe "
-                         f"is a sharing layer's late first touch of its target's cache); use tiny-gemma4")
-    for name in ("cross-stride", "cross-fp8-context-read"):
-        if name not in defects:
-            continue
-        if not model_config.is_encoder_decoder:
-            raise ValueError(f"{name} cannot happen in {model_config.name}: it is decoder-only, with no cross "
-                             f"attention; use tiny-t5")
-        if kv_cache_dtype == "auto":
-            raise ValueError(f"{name} cannot happen with kv_cache_dtype='auto': the cross pool then holds the "
-                             f"model's own 16-bit (or wider) elements, so nothing is misread; use kv_cache_dtype='fp8'")
 
 
 class LLM:
@@ -131,6 +98,11 @@ class LLM:
       dtype                 activation dtype (torch.float32/float16/bfloat16); None: the model's default
       max_num_batched_tokens the most tokens one prefill step may compute
       cross_context_path, paged_context, cross_construction  the cross-attention variants of notebook 04
+                            (encoder-decoder models only)
+      warmup                "dummy" (upstream's warmup, no attention metadata) or "capture" (every layer runs
+                            with metadata, as CUDA-graph capture does)
+      reinit_scales_on_wake False: sleep() does not tell the fix's registry that the contents were discarded
+                            (the scale-wipe reproduction's "nothing re-initializes" ablation)
     """
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
@@ -140,42 +112,28 @@ class LLM:
                  num_blocks: int | None = None, dtype: torch.dtype | None = None,
                  max_num_batched_tokens: int = 4096, cross_context_path: str = "fused",
                  paged_context: bool = False, cross_construction: str = "eager",
-                 kv_scale_placement: str = "row", warmup: str = "dummy"):
-        from minikv.attention.cross import CONSTRUCTION_ORDERS, CROSS_CONTEXT_PATHS
-        from minikv.engine.model_runner import WARMUP_SHAPES
+                 kv_scale_placement: str = "row", warmup: str = "dummy", reinit_scales_on_wake: bool = True):
         model = _check_model(model)
-        _check_choice("backend", backend, BACKENDS)
-        _check_choice("cross_context_path", cross_context_path, CROSS_CONTEXT_PATHS)
-        _check_choice("cross_construction", cross_construction, CONSTRUCTION_ORDERS)
-        _check_choice("warmup", warmup, WARMUP_SHAPES)
-        for name, value in (("sanitize", sanitize), ("check_layout", check_layout),
-                            ("paged_context", paged_context)):
-            check_bool(name, value)
-        check_int("seed", seed, low=0, high=2**63 - 1)
-        if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {dtype!r}")
-        defects = bugs.validate(reintroduce)
-        # CacheConfig and SchedulerConfig are the one authority for their parameters.
-        cache = CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
-                            cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
-                            kv_scale_placement=kv_scale_placement)
-        sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-        device = _resolve_device(device)
+        # Every option is checked once, by the config objects, before any weights are read or memory allocated.
+        config = EngineConfig(
+            model=None, device=device, dtype=dtype, backend=backend, reintroduce=reintroduce, sanitize=sanitize,
+            check_layout=check_layout, seed=seed, warmup=warmup, cross_context_path=cross_context_path,
+            paged_context=paged_context, cross_construction=cross_construction,
+            reinit_scales_on_wake=reinit_scales_on_wake,
+            cache=CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
+                              cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
+                              kv_scale_placement=kv_scale_placement),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens))
         torch.manual_seed(seed)
         self.model_name = model
         self.tokenizer = registry.get_tokenizer(model)
         # A shipped model answers only inside its task's documented domain: prompts outside it are refused
         # (ValueError naming the broken bound) instead of silently getting a wrong answer.
         self.task = tasks.for_model(model) if registry.is_checkpoint_model(model) else None
-        net = registry.load_model(model, device=device, dtype=dtype)
-        _check_reintroduce_possible(defects, net.config, kv_cache_dtype)      # before any cache is allocated
-        dtype = next(net.parameters()).dtype
-        self.config = EngineConfig(model=net.config, cache=cache, scheduler=sched, device=device, dtype=dtype,
-                                   backend=backend, reintroduce=tuple(sorted(defects)), sanitize=sanitize,
-                                   check_layout=check_layout, seed=seed)
-        self.runner = ModelRunner(self.config, net, pad_id=self.tokenizer.pad_id,
-                                  cross_context_path=cross_context_path, paged_context=paged_context,
-                                  cross_construction=cross_construction, warmup=warmup)
+        net = registry.load_model(model, device=config.device, dtype=config.dtype)
+        # The model-dependent rules (a defect that cannot happen here, cross options on a decoder-only model).
+        self.config = config.with_model(net.config, next(net.parameters()).dtype)
+        self.runner = ModelRunner(self.config, net, pad_id=self.tokenizer.pad_id)
         self.is_encoder_decoder = net.config.is_encoder_decoder
         self._build_scheduler()
         self._next_id = 0
@@ -276,6 +234,7 @@ class LLM:
 
     def abort(self, request_id: int) -> bool:
         """Finish a queued or running request with reason "abort"; False if it is not in flight."""
+        check_int("request_id", request_id, low=0)
         with self._exclusive(usable=False):
             return self.scheduler.abort(request_id) is not None
 
@@ -295,6 +254,7 @@ class LLM:
 
         `capture=True` also keeps a copy of every attention layer's q, k, v and output in its trace event
         (`CacheEvent.tensors`): for measuring attention error; it costs memory, so it is off by default."""
+        check_bool("capture", capture)
         with self._exclusive():
             return self._step(capture)
 
@@ -302,7 +262,6 @@ class LLM:
         batch, is_prefill = self.scheduler.schedule()
         if not batch:
             raise RuntimeError("nothing to run: add_request() first (has_unfinished() is False)")
-        fills_before = len(self.runner.census.fills)
         try:
             tokens, ctx = self.runner.execute(batch, is_prefill, capture=capture)
         except KVCacheOverrunError as err:
@@ -312,8 +271,7 @@ class LLM:
             err.step_output = StepOutput(
                 step=ctx.step, phase="prefill" if is_prefill else "decode",
                 request_ids=tuple(s.request_id for s in batch), sampled={}, finished=(),
-                trace=StepTrace(events=tuple(ctx.events),
-                                scale_fills=tuple(self.runner.census.fills[fills_before:]), guard_check="failed"),
+                trace=StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills), guard_check="failed"),
                 **self._snapshot(batch, is_prefill, ctx))
             for rid in list(self.scheduler.unfinished_ids()):
                 self.scheduler.abort(rid)
@@ -329,7 +287,7 @@ class LLM:
             self._apply_stop_strings(s)
             if s.finish_reason is not None:
                 finished.append(self._output(s))
-        trace = StepTrace(events=tuple(ctx.events), scale_fills=tuple(self.runner.census.fills[fills_before:]),
+        trace = StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
                           guard_check="passed" if self.config.sanitize else "off")
         return StepOutput(step=ctx.step, phase="prefill" if is_prefill else "decode",
                           request_ids=tuple(s.request_id for s in batch),
@@ -426,7 +384,9 @@ class LLM:
     # ---- memory -----------------------------------------------------------------------------------------------
     def sleep(self, mode: str = "free") -> None:
         """Release the KV cache (requests must be finished): mode "free" drops the arena, "discard" (vLLM's
-        shape) keeps its storage and addresses and discards the contents."""
+        shape) keeps its storage and addresses and discards the contents. sleep("free") after sleep("discard")
+        drops the arena too."""
+        check_choice("sleep mode", mode, SLEEP_MODES)
         with self._exclusive(usable=False):
             if self.scheduler.has_unfinished():
                 raise RuntimeError("cannot sleep with unfinished requests: let them finish (step()) or abort() them")
@@ -465,13 +425,14 @@ class LLM:
     # ---- inspection: what the notebooks and tests look at, besides StepOutput ---------------------------------
     @property
     def attention_layers(self) -> dict:
-        """Every attention layer of the model by name, in model order (read it, don't rebind it).
-
-        Each is the model's `Attention` op as the runner bound it: `kind` ("self" or "cross"),
-        `kv_sharing_target` (the layer whose cache a KV-sharing layer reads, else None), `kv_cache` (the cache
-        tensor; a sharing layer holds the *same tensor object* as its target) and `impl` (the attention impl, whose
-        `layout` is what its backend believes the pool holds)."""
-        return dict(self.runner.by_name)
+        """Every attention layer of the model by name, in model order, as the engine bound it (read it, don't
+        rebind it): the runner's binding table, name -> `LayerBinding` (minikv.engine.model_runner) with `kind`
+        ("self" or "cross"), `kv_sharing_target` (the layer whose cache a KV-sharing layer reads, else None),
+        `owner` and `pool` (the layer that owns the pool it reads, and the pool's arena name), `layout` (that
+        pool's layout, as allocated), `kv_cache` (the pool's tensor; a sharing layer holds the *same tensor
+        object* as its target; None while asleep after sleep("free")), `impl` (the attention impl, whose `layout`
+        is what its backend believes the pool holds) and `op` (the model's attention op)."""
+        return dict(self.runner.bindings)
 
     @property
     def kv_layout(self):

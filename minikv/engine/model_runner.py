@@ -1,18 +1,22 @@
 """ModelRunner: owns the model, the KV arena and the attention impls; turns a scheduled batch into tokens.
 
 Lifecycle (the shape of the real engines):
-  1. build one attention impl per paged attention layer (the cross layers' layouts come from CrossBackendBuilder);
+  1. the binding table (`bindings`, layer name -> LayerBinding): for every attention op of the model, the pool it
+     reads, that pool's layout and owner, and one attention impl (the cross layers' backend layouts come from
+     CrossBackendBuilder). Everything that needs a layer's pool, layout or impl looks it up here;
   2. allocate the KV arena: one pool per KV-owning self-attention layer and one cross pool per cross layer, each
      with the layout of its own layer (head size and KV heads may differ by layer, as Gemma-4's sliding and
      full layers do); a KV-sharing layer addresses its source's pool with its source's layout;
-  3. bind caches: each layer gets its pool's tensor, and a KV-sharing layer gets *the same tensor object* as its
-     target layer;
+  3. bind caches: each binding gets its pool's tensor, and a KV-sharing layer's gets *the same tensor object* as
+     its target layer's;
   4. warmup, in one of two shapes (`warmup=`):
      "dummy" (default, upstream's): one forward without attention metadata; owning layers run their cache update
        with slot -1 (nothing is written), sharing layers are not touched at all;
      "capture": one decode-shaped forward *with* attention metadata through every layer, as CUDA-graph capture
        does (all slots -1, dummy sequences of length 1 on block 0), so every impl is touched before any real step;
-  then `execute(seqs, is_prefill)` per step.
+  then `execute(seqs, is_prefill)` per step: `prepare` builds the step's metadata, and the model's forward is
+  called with a ForwardContext (metadata + binding table) as an argument; each attention op calls
+  `ctx.attend(...)`, which runs its binding's impl over its binding's cache.
 `sleep(mode)`: "discard" is vLLM's shape (the arena's storage and address are kept, the pools' contents
 discarded: zeroed here); "free" drops the arena and `wake_up()` allocates a new one. `wake_up()` binds the
 caches and warms up again; in the fixed engine every scale region is initialized again, in both modes.
@@ -20,11 +24,12 @@ caches and warms up again; in the fixed engine every scale region is initialized
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from minikv.attention.backend import get_ops
-from minikv.attention.context import ForwardContext, set_forward_context
+from minikv.attention.context import ForwardContext
 from minikv.attention.cross import CrossAttentionImpl, CrossBackendBuilder
 from minikv.attention.impl import AttentionImpl, ScaleFillCensus, release_scale_init
 from minikv.attention.metadata import AttentionMetadata, CrossMetadata
@@ -32,9 +37,6 @@ from minikv.cache.arena import KVArena, PoolSpec
 from minikv.cache.blocks import slot_of
 from minikv.cache.layout import KVLayout
 from minikv.config import EngineConfig
-
-WARMUP_SHAPES = ("dummy", "capture")
-SLEEP_MODES = ("free", "discard")
 
 
 def _available_host_bytes() -> int | None:
@@ -49,18 +51,39 @@ def _available_host_bytes() -> int | None:
     return None
 
 
+def pool_name(kind: str, owner: str) -> str:
+    """The arena pool of layer `owner`'s cache: "kv.<layer>" (self attention) or "cross.<layer>"."""
+    return f"{'cross' if kind == 'cross' else 'kv'}.{owner}"
+
+
+@dataclass(eq=False)
+class LayerBinding:
+    """One attention layer as the engine bound it: the pool it reads (owned by `owner`, the layer itself or its
+    KV-sharing target), the pool's layout as allocated, the impl that runs its attention, and, while the engine
+    is awake, the pool's tensor (`kv_cache`; a KV-sharing layer holds the same tensor object as its owner).
+    `impl.layout` is what the backend believes the pool holds; with defect B1 it differs from `layout`."""
+
+    layer_name: str
+    kind: str                                 # "self" or "cross"
+    kv_sharing_target: str | None
+    owner: str
+    pool: str
+    layout: KVLayout
+    impl: AttentionImpl | CrossAttentionImpl
+    op: object                                # the model's attention op (minikv.models.layers.Attention)
+    kv_cache: torch.Tensor | None = None
+
+    @property
+    def owns_pool(self) -> bool:
+        return self.owner == self.layer_name
+
+
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model, *, pad_id: int = 0, cross_context_path: str = "fused",
-                 paged_context: bool = False, cross_construction: str = "eager", warmup: str = "dummy"):
-        if warmup not in WARMUP_SHAPES:
-            raise ValueError(f"warmup must be one of {WARMUP_SHAPES}, got {warmup!r}")
+    """Turns a scheduled batch into one sampled token per sequence, through the model and the KV arena."""
+
+    def __init__(self, config: EngineConfig, model, *, pad_id: int = 0):
         self.config = config
-        self.warmup_shape = warmup
         self.asleep = False
-        # What the fixed engine does at sleep(): forget that the pools' scale regions were initialized, so the
-        # warmup after wake_up() fills them again. False models a registry keyed by (data_ptr, nbytes) alone,
-        # which cannot tell a same-address wake from no sleep at all (the repro's "nothing re-initializes").
-        self.reinit_scales_on_wake = True
         self.pad_id = pad_id
         self.model = model
         self.device, self.dtype = config.device, config.dtype
@@ -69,77 +92,75 @@ class ModelRunner:
         self.census = ScaleFillCensus()
         self.step = 0
         mc = model.config
-        layers = model.attention_layers()
-        self.self_layers = [a for a in layers if a.kind == "self"]
-        self.cross_layers = [a for a in layers if a.kind == "cross"]
-        self.by_name = {a.layer_name: a for a in layers}
-        # The layouts the cache manager allocates the pools with (pool name -> KVLayout): the engine's own cache
-        # config at each layer's head size and KV-head count.
-        self.layouts: dict[str, KVLayout] = {}
-        for a in self.cross_layers:
-            self.layouts[f"cross.{a.layer_name}"] = self._layout_of(a)
-        for a in self.self_layers:
-            if a.kv_sharing_target is None:
-                self.layouts[f"kv.{a.layer_name}"] = self._layout_of(a)
-        for a in self.self_layers:
-            if a.kv_sharing_target is not None:
-                self._check_sharing_shape(a)
+        self.bindings: dict[str, LayerBinding] = self._build_bindings(model.attention_layers())
+        # The layouts the cache manager allocates the pools with (pool name -> KVLayout), in arena order: cross
+        # pools first (an overrun past one of them lands in a guard zone, then on a live pool), then self pools.
+        owners = [b for b in self.bindings.values() if b.owns_pool]
+        self.layouts: dict[str, KVLayout] = {b.pool: b.layout for b in
+                                              sorted(owners, key=lambda b: b.kind != "cross")}
         # `layout`: the layout of the first self-attention pool (the cross pool's for a model without one); on a
         # model with one layout everywhere it is every pool's. Per-pool: `layouts`.
-        self.layout = next((self.layouts[f"kv.{a.layer_name}"] for a in self.self_layers
-                            if a.kv_sharing_target is None), None) or next(iter(self.layouts.values()))
+        self.layout = next((b.layout for b in owners if b.kind == "self"), owners[0].layout)
         per_seq = math.ceil(mc.max_position / self.block_size)
         self.num_blocks = config.cache.num_blocks or config.scheduler.max_num_seqs * per_seq
         per_enc = math.ceil(max(mc.max_encoder_len, 1) / self.block_size)
+        has_cross = any(b.kind == "cross" for b in owners)
         self.num_cross_blocks = (config.cache.cross_pool_blocks or config.scheduler.max_num_seqs * per_enc
-                                 if self.cross_layers else 0)
-
-        bugs = config.reintroduce
-        for a in self.self_layers:
-            a.impl = AttentionImpl(a.layer_name, a.num_heads, self.layouts[self.pool_name(a)], self.ops,
-                                   kv_sharing_target=a.kv_sharing_target,
-                                   historical_scale_init="scale-wipe" in bugs, census=self.census,
-                                   sliding_window=a.sliding_window, sm_scale=a.sm_scale,
-                                   rel_bias=a.rel_bias)
-        builder = CrossBackendBuilder(config.cache.kv_cache_dtype, self.dtype, self.block_size,
-                                      historical="cross-stride" in bugs,
-                                      kv_scale_placement=config.cache.kv_scale_placement)
-        for a in self.cross_layers:
-            a.impl = CrossAttentionImpl(a.layer_name, a.num_heads,
-                                        builder.build(cross_construction, a.num_kv_heads, a.head_size), self.ops,
-                                        context_path=cross_context_path, paged_context=paged_context,
-                                        historical_context_read="cross-fp8-context-read" in bugs,
-                                        sm_scale=a.sm_scale)
+                                 if has_cross else 0)
         self.arena: KVArena | None = None
-        self._pool_owners: dict = {}
         self.last_context: ForwardContext | None = None
         self.check_memory()
         self.wake_up()
 
-    def _layout_of(self, a) -> KVLayout:
-        """The layout the allocator gives layer `a`'s pool: the engine's cache config at the layer's own shape."""
+    # ---- the binding table ----------------------------------------------------------------------------------
+    def _build_bindings(self, ops) -> dict[str, LayerBinding]:
+        """One LayerBinding per attention op, in model order: its pool, that pool's layout, its impl."""
+        config, by_name = self.config, {op.layer_name: op for op in ops}
+        bugs = config.reintroduce
+        builder = CrossBackendBuilder(config.cache.kv_cache_dtype, self.dtype, self.block_size,
+                                      historical="cross-stride" in bugs,
+                                      kv_scale_placement=config.cache.kv_scale_placement)
+        bindings: dict[str, LayerBinding] = {}
+        for op in ops:
+            owner = op.kv_sharing_target or op.layer_name
+            if owner != op.layer_name:
+                self._check_sharing_shape(op, by_name[owner])
+                layout = bindings[owner].layout         # a KV-sharing layer addresses its source's pool
+            else:
+                layout = self._layout_of(op)
+            if op.kind == "cross":
+                backend_layout = builder.build(config.cross_construction, op.num_kv_heads, op.head_size)
+                impl = CrossAttentionImpl(op.layer_name, op.num_heads, backend_layout, self.ops,
+                                          context_path=config.cross_context_path, paged_context=config.paged_context,
+                                          historical_context_read="cross-fp8-context-read" in bugs,
+                                          sm_scale=op.sm_scale)
+            else:
+                impl = AttentionImpl(op.layer_name, op.num_heads, layout, self.ops,
+                                     kv_sharing_target=op.kv_sharing_target,
+                                     historical_scale_init="scale-wipe" in bugs, census=self.census,
+                                     sliding_window=op.sliding_window, sm_scale=op.sm_scale)
+            bindings[op.layer_name] = LayerBinding(op.layer_name, op.kind, op.kv_sharing_target, owner,
+                                                   pool_name(op.kind, owner), layout, impl, op)
+        return bindings
+
+    def _layout_of(self, op) -> KVLayout:
+        """The layout the allocator gives layer `op`'s pool: the engine's cache config at the layer's own shape."""
         cache = self.config.cache
         try:
-            return KVLayout(cache.kv_cache_dtype, self.dtype, a.num_kv_heads, a.head_size, self.block_size,
+            return KVLayout(cache.kv_cache_dtype, self.dtype, op.num_kv_heads, op.head_size, self.block_size,
                             cache.kv_scale_placement)
         except ValueError as e:
-            raise ValueError(f"{a.layer_name}: cannot allocate its KV pool ({a.num_kv_heads} KV heads of size "
-                             f"{a.head_size}): {e}") from e
+            raise ValueError(f"{op.layer_name}: cannot allocate its KV pool ({op.num_kv_heads} KV heads of size "
+                             f"{op.head_size}): {e}; run the model in dense mode instead") from e
 
-    def _check_sharing_shape(self, a) -> None:
+    @staticmethod
+    def _check_sharing_shape(op, source) -> None:
         """A KV-sharing layer reads its source's pool, so it must have the source's head size and KV heads."""
-        source = self.by_name[a.kv_sharing_target]
-        if (a.num_kv_heads, a.head_size) != (source.num_kv_heads, source.head_size):
-            raise ValueError(f"{a.layer_name} shares the KV cache of {source.layer_name}, but has "
-                             f"{a.num_kv_heads} KV heads of size {a.head_size} where its source has "
+        if (op.num_kv_heads, op.head_size) != (source.num_kv_heads, source.head_size):
+            raise ValueError(f"{op.layer_name} shares the KV cache of {source.layer_name}, but has "
+                             f"{op.num_kv_heads} KV heads of size {op.head_size} where its source has "
                              f"{source.num_kv_heads} of size {source.head_size}; a sharing layer must match "
                              f"the shape of the cache it reads")
-
-    def pool_name(self, a) -> str:
-        """The arena pool layer `a` reads: its own, or its KV-sharing source's."""
-        if a.kind == "cross":
-            return f"cross.{a.layer_name}"
-        return f"kv.{a.kv_sharing_target or a.layer_name}"
 
     def check_memory(self) -> None:
         """Refuse, before allocating, an arena larger than the memory the device has free."""
@@ -154,29 +175,18 @@ class ModelRunner:
 
     # ---- the arena ------------------------------------------------------------------------------------------
     def pool_specs(self) -> list[PoolSpec]:
-        # Cross pools first: an overrun past one of them lands in a guard zone, then on a live pool.
-        specs = [PoolSpec(name, self.layouts[name], self.num_cross_blocks) for name in
-                 (f"cross.{a.layer_name}" for a in self.cross_layers)]
-        specs += [PoolSpec(name, self.layouts[name], self.num_blocks) for name in
-                  (f"kv.{a.layer_name}" for a in self.self_layers if a.kv_sharing_target is None)]
-        return specs
+        return [PoolSpec(name, layout, self.num_cross_blocks if name.startswith("cross.") else self.num_blocks)
+                for name, layout in self.layouts.items()]
 
     def _bind_caches(self) -> None:
-        check = self.config.check_layout
-        self._pool_owners = {f"kv.{a.layer_name}": a for a in self.self_layers if a.kv_sharing_target is None}
-        self._pool_owners.update({f"cross.{a.layer_name}": a for a in self.cross_layers})
-        for a in self.self_layers:
-            if a.kv_sharing_target is None:
-                a.kv_cache = self.arena.bind(f"kv.{a.layer_name}", a.impl.layout, check=check)
-        for a in self.self_layers:
-            if a.kv_sharing_target is not None:
-                target = self.by_name[a.kv_sharing_target]
-                a.kv_cache = target.kv_cache             # the same tensor object, not a copy or a new view
-        for a in self.cross_layers:
-            a.kv_cache = self.arena.bind(f"cross.{a.layer_name}", a.impl.layout, check=check)
-
-    def _owning_pools(self) -> list[torch.Tensor]:
-        return [a.kv_cache for a in self.self_layers if a.kv_sharing_target is None and a.kv_cache is not None]
+        """Hand every layer its pool's tensor: owners from the arena (with the layout contract checked against
+        what their backend believes), KV-sharing layers the same tensor object as their owner."""
+        for b in self.bindings.values():
+            if b.owns_pool:
+                b.kv_cache = self.arena.bind(b.pool, b.impl.layout, check=self.config.check_layout)
+        for b in self.bindings.values():
+            if not b.owns_pool:
+                b.kv_cache = self.bindings[b.owner].kv_cache   # the same tensor object, not a copy or a new view
 
     def wake_up(self) -> None:
         """Bring the arena back (a fresh one after sleep("free")), bind every layer's cache, run the warmup."""
@@ -189,44 +199,56 @@ class ModelRunner:
         self.warmup()
 
     def sleep(self, mode: str = "free") -> None:
-        """Release the KV cache's contents: "discard" keeps the storage at its address, "free" drops it."""
-        if mode not in SLEEP_MODES:
-            raise ValueError(f"sleep mode must be one of {SLEEP_MODES}, got {mode!r}")
-        if self.arena is None or self.asleep:
+        """Release the KV cache's contents: "discard" keeps the storage at its address, "free" drops it (also
+        after an earlier "discard"). `mode` is one of minikv.config.SLEEP_MODES, checked by the LLM."""
+        if self.arena is None:
+            return                               # already freed
+        if self.asleep:
+            if mode == "free":                   # discarded earlier; now the storage goes too
+                self._free_arena()
             return
         historical = "scale-wipe" in self.config.reintroduce
-        if not historical and self.reinit_scales_on_wake:
-            for pool in self._owning_pools():
-                release_scale_init(pool)         # FIX (scale-wipe): the contents go, so does "initialized"
-        for a in self.self_layers + self.cross_layers:
-            if isinstance(a.impl, AttentionImpl) and not historical:
-                a.impl.forget_storage()
+        if not historical and self.config.reinit_scales_on_wake:
+            for b in self.bindings.values():
+                if b.owns_pool and b.kind == "self":
+                    release_scale_init(b.kv_cache)     # FIX (scale-wipe): the contents go, so does "initialized"
+        if not historical:
+            for b in self.bindings.values():
+                if isinstance(b.impl, AttentionImpl):
+                    b.impl.forget_storage()
         if mode == "discard":
             # vLLM's shape: the memory behind the same addresses is released and mapped again; minikv zeroes the
             # pools (not the guard zones) to stand for "contents discarded".
             for name in self.arena.specs:
                 self.arena.pool(name).zero_()
         else:
-            for a in self.self_layers + self.cross_layers:
-                a.kv_cache = None
-            self.arena.free()
-            self.arena = None
+            self._free_arena()
         self.asleep = True
 
+    def _free_arena(self) -> None:
+        for b in self.bindings.values():
+            b.kv_cache = None
+        self.arena.free()
+        self.arena = None
+
     # ---- warmup -----------------------------------------------------------------------------------------------
+    def _forward(self, input_ids, positions, ctx: ForwardContext, encoder_out=None) -> torch.Tensor:
+        """The model's forward pass in engine mode: `ctx` goes down the call to every attention op."""
+        if self.model.config.is_encoder_decoder:
+            return self.model(input_ids, positions, encoder_out, ctx=ctx)
+        return self.model(input_ids, positions, ctx=ctx)
+
     @torch.inference_mode()
     def warmup(self, num_tokens: int = 16) -> None:
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         pos = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        md = None if self.warmup_shape == "dummy" else self._capture_metadata(num_tokens)
+        md = None if self.config.warmup == "dummy" else self._capture_metadata(num_tokens)
         if md is None:
             pos = torch.arange(num_tokens, device=self.device)
-        with set_forward_context(ForwardContext(attn_metadata=md, step=-1)):
-            if self.cross_layers:
-                enc = torch.zeros(num_tokens, self.model.config.hidden_size, dtype=self.dtype, device=self.device)
-                self.model(ids, pos, encoder_out=enc if md is None else None)
-            else:
-                self.model(ids, pos)
+        enc = None
+        if self.model.config.is_encoder_decoder and md is None:
+            enc = torch.zeros(num_tokens, self.model.config.hidden_size, dtype=self.dtype, device=self.device)
+        self._forward(ids, pos, ForwardContext(attn_metadata=md, bindings=self.bindings, step=-1), enc)
 
     def _capture_metadata(self, num_seqs: int) -> AttentionMetadata:
         """A decode batch of `num_seqs` dummy sequences of length 1 on block 0, writing nothing (slot -1)."""
@@ -234,7 +256,7 @@ class ModelRunner:
         md = AttentionMetadata(is_prefill=False, slot_mapping=self._tensor([-1] * num_seqs, torch.int64),
                                query_start_loc=self._tensor(list(range(num_seqs + 1))), seq_lens=ones,
                                block_tables=self._tensor([[0]] * num_seqs), max_query_len=1, max_seq_len=1)
-        if self.cross_layers:
+        if self.model.config.is_encoder_decoder:
             md.cross = CrossMetadata(encoder_seq_lens=ones, block_tables=self._tensor([[0]] * num_seqs))
         return md
 
@@ -267,7 +289,7 @@ class ModelRunner:
             max_seq_len=max(seq_lens),
         )
         encoder_out = None
-        if self.cross_layers:
+        if self.model.config.is_encoder_decoder:
             md.cross, encoder_out = self._prepare_cross(seqs, is_prefill)
         return (self._tensor(input_ids, torch.long), self._tensor(positions, torch.long), md, encoder_out)
 
@@ -304,13 +326,9 @@ class ModelRunner:
         if self.arena is None or self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         input_ids, positions, md, encoder_out = self.prepare(seqs, is_prefill)
-        ctx = ForwardContext(attn_metadata=md, step=self.step, pool_names=self.pool_names, capture=capture)
+        ctx = ForwardContext(attn_metadata=md, bindings=self.bindings, step=self.step, capture=capture)
         self.last_context = ctx          # kept for a step that raises (LLM attaches its partial trace to the error)
-        with set_forward_context(ctx):
-            if self.cross_layers:
-                hidden = self.model(input_ids, positions, encoder_out=encoder_out)
-            else:
-                hidden = self.model(input_ids, positions)
+        hidden = self._forward(input_ids, positions, ctx, encoder_out)
         self.step += 1
         last = md.query_start_loc[1:].long() - 1
         logits = self.model.compute_logits(hidden[last])
@@ -324,11 +342,6 @@ class ModelRunner:
             raise FloatingPointError(f"step {ctx.step}: the logits hold NaN or inf; {where}. Check the model's "
                                      f"weights and the KV cache (sanitize=True checks the arena's guards)")
         return self.sample(logits, seqs), ctx
-
-    @property
-    def pool_names(self) -> dict[int, str]:
-        """Arena pool name of every bound cache tensor, keyed by id(tensor) (KV-sharing layers share an entry)."""
-        return {id(a.kv_cache): name for name, a in self._pool_owners.items() if a.kv_cache is not None}
 
     @staticmethod
     def sample(logits: torch.Tensor, seqs) -> list[int]:

@@ -43,9 +43,6 @@ class StepTrace:
         """The pools some layer wrote this step, in first-written order."""
         return tuple(dict.fromkeys(e.pool for e in self.events if e.wrote))
 
-    def pools_read_by(self, layer: str) -> tuple[str, ...]:
-        return tuple(e.pool for e in self.events if e.layer == layer and e.read)
-
 
 @dataclass(frozen=True)
 class StepOutput:

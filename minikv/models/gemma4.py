@@ -24,12 +24,13 @@ Two ways to run it, as minikv's other models:
 
 * dense (training, parity tests, the golden reference): `input_ids` and `positions` are [B, T]; an optional
   `DenseKVCache` carries K/V across calls for incremental decoding;
-* engine (inside `set_forward_context`): flattened [T] tokens; every layer hands its q (and, if it owns K/V, its
-  fresh k and v) to its `Attention` op, which reads and writes the paged cache; a KV-sharing layer's op is bound
-  to its source layer's cache; sliding layers pass their window and every layer the scale 1.0 to the paged
-  kernels. Every layer's pool gets a layout of its own head size and KV-head count, so sliding and full layers
-  may differ (gemma-4-E2B: 256 and 512); what the engine cannot do is refused with a clear error
-  (`Gemma4Config.check_engine_support`): head sizes the paged kernels do not take.
+* engine (`model(input_ids, positions, ctx=ctx)`, with the runner's per-step `ForwardContext`): flattened [T]
+  tokens; `ctx` is passed down every layer, which hands its q (and, if it owns K/V, its fresh k and v) to its
+  `Attention` op, which reads and writes the paged cache through `ctx`; a KV-sharing layer's op is bound to its
+  source layer's cache; sliding layers pass their window and every layer the scale 1.0 to the paged kernels.
+  Every layer's pool gets a layout of its own head size and KV-head count, so sliding and full layers may differ
+  (gemma-4-E2B: 256 and 512); a head size the paged kernels do not take is refused when the engine lays out
+  that layer's pool, naming the layer.
 """
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minikv.attention.context import get_forward_context
 from minikv.models.layers import Attention, check_token_inputs
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -182,17 +182,6 @@ class Gemma4Config:
             raise Gemma4ConfigError(f"{self.name}: its layers have different {what} {sorted(values)}; read "
                                     f"config.{key} (one entry per layer)")
         return values.pop()
-
-    def check_engine_support(self) -> None:
-        """Raise unless minikv's paged engine can run this config (each layer's pool has its own layout, so
-        per-layer head sizes and KV-head counts are fine; the paged kernels take a fixed set of head sizes)."""
-        from minikv.kernels.formats import SUPPORTED_HEAD_SIZES
-        bad = [i for i, d in enumerate(self.layer_head_dims) if d not in SUPPORTED_HEAD_SIZES]
-        if bad:
-            sizes = sorted({self.layer_head_dims[i] for i in bad})
-            raise Gemma4ConfigError(
-                f"{self.name}: head size(s) {sizes} (layers {bad}) are not supported by minikv's paged kernels, "
-                f"which take {SUPPORTED_HEAD_SIZES}; run the model in dense mode")
 
     # ---- transformers' config.json ----------------------------------------------------------------------------
     @classmethod
@@ -390,11 +379,11 @@ class Gemma4Attention(nn.Module):
         v = k if self.v_proj is None else self.v_proj(x).view(shape)     # k_eq_v: the raw key projection
         return apply_rope(self.k_norm(k), cos, sin), self.v_norm(v)
 
-    def forward(self, x, cos, sin, positions, produced: dict, cache: DenseKVCache | None):
+    def forward(self, x, cos, sin, positions, produced: dict, cache: DenseKVCache | None, ctx=None):
         shape = (*x.shape[:-1], self.num_heads, self.head_dim)
         q = apply_rope(self.q_norm(self.q_proj(x).view(shape)), cos, sin)
-        if get_forward_context() is not None:                     # engine mode: x is one flattened row [1, T, H]
-            return self.o_proj(self.engine_attention(q, x, cos, sin).reshape(*x.shape[:-1], -1))
+        if ctx is not None:                                       # engine mode: x is one flattened row [1, T, H]
+            return self.o_proj(self.engine_attention(q, x, cos, sin, ctx).reshape(*x.shape[:-1], -1))
         q = q.transpose(1, 2)
         if self.kv_shared:
             k, v = produced[self.layer_type]
@@ -411,11 +400,11 @@ class Gemma4Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
 
 
-    def engine_attention(self, q, x, cos, sin):
+    def engine_attention(self, q, x, cos, sin, ctx):
         k = v = None                                              # a sharing layer: the engine reads the source
         if not self.kv_shared:
             k, v = (t[0] for t in self.project_kv(x, cos, sin))
-        return self.attn(q[0], k, v)[None]         # the engine applies the window and scale 1.0 (no 1/sqrt(d))
+        return self.attn(q[0], k, v, ctx)[None]    # the engine applies the window and scale 1.0 (no 1/sqrt(d))
 
 
 class Gemma4MLP(nn.Module):
@@ -450,9 +439,9 @@ class Gemma4DecoderLayer(nn.Module):
             self.per_layer_projection = nn.Linear(self.ple_dim, h, bias=False)
             self.post_per_layer_input_norm = Gemma4RMSNorm(h, eps)
 
-    def forward(self, x, per_layer_input, cos, sin, positions, produced, cache):
+    def forward(self, x, per_layer_input, cos, sin, positions, produced, cache, ctx=None):
         x = x + self.post_attention_layernorm(
-            self.self_attn(self.input_layernorm(x), cos, sin, positions, produced, cache))
+            self.self_attn(self.input_layernorm(x), cos, sin, positions, produced, cache, ctx))
         x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         if self.ple_dim:
             gated = self.act(self.per_layer_input_gate(x)) * per_layer_input
@@ -492,14 +481,15 @@ class Gemma4TextModel(nn.Module):
         angles = torch.cat([freqs, freqs], dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: DenseKVCache | None = None):
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: DenseKVCache | None = None,
+                ctx=None):
         x = self.embed_tokens(input_ids)
         ple = self.per_layer_inputs(input_ids, x) if self.config.hidden_size_per_layer_input else None
         rope = {t: self.rope(t, positions, x.dtype) for t in set(self.config.layer_types)}
         produced: dict = {}
         for i, layer in enumerate(self.layers):
             cos, sin = rope[self.config.layer_types[i]]
-            x = layer(x, None if ple is None else ple[:, :, i], cos, sin, positions, produced, cache)
+            x = layer(x, None if ple is None else ple[:, :, i], cos, sin, positions, produced, cache, ctx)
         return self.norm(x)
 
 
@@ -526,12 +516,12 @@ class Gemma4ForCausalLM(nn.Module):
             layer.self_attn.kv_transform = fn
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
-                cache: DenseKVCache | None = None) -> torch.Tensor:
-        """Final-normed hidden states [B, T, H] (engine mode: [T] in, [T, H] out). `positions` defaults to the
-        cache length onwards."""
-        if get_forward_context() is not None:
-            check_token_inputs(input_ids, positions)
-            return self.model(input_ids[None], positions[None], None)[0]
+                cache: DenseKVCache | None = None, *, ctx=None) -> torch.Tensor:
+        """Final-normed hidden states [B, T, H]. `positions` defaults to the cache length onwards. Engine mode,
+        with the runner's per-step `ctx` (minikv.attention.context.ForwardContext): [T] in, [T, H] out."""
+        if ctx is not None:
+            check_token_inputs(input_ids, positions, engine=True)
+            return self.model(input_ids[None], positions[None], None, ctx)[0]
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
         if positions is None:
@@ -541,8 +531,7 @@ class Gemma4ForCausalLM(nn.Module):
         return self.model(input_ids, positions, cache)
 
     def attention_layers(self) -> list[Attention]:
-        """The engine binds caches and impls to these (checks first that the engine can run this config)."""
-        self.config.check_engine_support()
+        """The attention ops, in model order: the engine binds an impl and a cache to each op's layer name."""
         return [layer.self_attn.attn for layer in self.model.layers]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -17,11 +17,13 @@ What distinguishes T5 from a textbook encoder-decoder:
 Parameter names equal transformers' (`encoder.block.0.layer.0.SelfAttention.q.weight`, ...).
 
 * dense mode: `encode()` once, then `decode()` the whole target or one token at a time with a `DenseKVCache`.
-* engine mode (under the engine's forward context): the encoder still runs dense (`encode()`, at the context step);
-  `forward(input_ids [T], positions [T], encoder_out)` runs the decoder on flattened tokens through its paged
-  attention ops (`attention_layers()`): self attention with scale 1.0 and the decoder's bucket table turned into
-  a per-distance bias table for the kernels (`decoder_bias_table()`), cross attention over the cross pool with
-  scale 1.0 and no bias. `encoder_out` is the flattened encoder output at the context step, None afterwards.
+* engine mode (`forward(input_ids [T], positions [T], encoder_out, ctx=ctx)`, with the runner's per-step
+  `ForwardContext`): the encoder still runs dense (`encode()`, at the context step); the decoder runs on flattened
+  tokens through its paged attention ops (`attention_layers()`, each made by its decoder layer): self attention
+  with scale 1.0 and the decoder's bucket table turned into a per-distance bias table for the kernels
+  (`decoder_bias_table()`, built from the current weights at every step and passed down with `ctx`), cross
+  attention over the cross pool with scale 1.0 and no bias. `encoder_out` is the flattened encoder output at the
+  context step, None afterwards.
 """
 from __future__ import annotations
 
@@ -192,8 +194,12 @@ class DenseKVCache:
 
 
 class T5Attention(nn.Module):
-    def __init__(self, config: T5Config, has_relative_bias: bool):
+    """One T5 attention sublayer's projections; `op`: its paged attention op (decoder layers only; no parameters,
+    so the state dict stays transformers')."""
+
+    def __init__(self, config: T5Config, has_relative_bias: bool, op: Attention | None = None):
         super().__init__()
+        self.op = op
         self.num_heads, self.d_kv = config.num_heads, config.d_kv
         inner = config.num_heads * config.d_kv
         self.q = nn.Linear(config.d_model, inner, bias=False)
@@ -210,14 +216,15 @@ class T5Attention(nn.Module):
         """[T, heads * d_kv] -> [T, heads, d_kv], the engine's layout."""
         return x.view(x.shape[0], self.num_heads, self.d_kv)
 
-    def engine_forward(self, x: torch.Tensor, kv_input: torch.Tensor | None) -> torch.Tensor:
+    def engine_forward(self, x: torch.Tensor, kv_input: torch.Tensor | None, ctx,
+                       rel_bias: torch.Tensor | None = None) -> torch.Tensor:
         """Engine mode: attention of the flattened queries x [T, d_model] through this layer's paged op, with
         K/V projected from kv_input ([N, d_model]; None: the engine reads the cache, as cross attention does after
         the context step)."""
         k = v = None
         if kv_input is not None:
             k, v = self.flat_heads(self.k(kv_input)), self.flat_heads(self.v(kv_input))
-        out = self.op(self.flat_heads(self.q(x)), k, v)
+        out = self.op(self.flat_heads(self.q(x)), k, v, ctx, rel_bias=rel_bias)
         return self.o(out.reshape(x.shape[0], -1))
 
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -254,19 +261,27 @@ class _Sublayer(nn.Module):
     """One pre-norm residual sublayer; the attribute names are transformers' (SelfAttention, EncDecAttention,
     DenseReluDense)."""
 
-    def __init__(self, config: T5Config, kind: str, has_relative_bias: bool = False):
+    def __init__(self, config: T5Config, kind: str, has_relative_bias: bool = False, op: Attention | None = None):
         super().__init__()
         self.layer_norm = T5LayerNorm(config.d_model, config.layer_norm_epsilon)
-        inner = T5FeedForward(config) if kind == "DenseReluDense" else T5Attention(config, has_relative_bias)
+        inner = T5FeedForward(config) if kind == "DenseReluDense" else T5Attention(config, has_relative_bias, op)
         setattr(self, kind, inner)
 
 
+def decoder_ops(config: T5Config, index: int) -> tuple[Attention, Attention]:
+    """The paged attention ops of decoder layer `index`: self and cross attention, both without 1/sqrt(d)."""
+    h, d = config.num_heads, config.d_kv
+    return (Attention(f"decoder.{index}.self_attn", h, h, d, kind="self", sm_scale=1.0),
+            Attention(f"decoder.{index}.cross_attn", h, h, d, kind="cross", sm_scale=1.0))
+
+
 class T5Block(nn.Module):
-    def __init__(self, config: T5Config, is_decoder: bool, first: bool):
+    def __init__(self, config: T5Config, is_decoder: bool, index: int):
         super().__init__()
-        subs = [_Sublayer(config, "SelfAttention", has_relative_bias=first)]
+        self_op, cross_op = decoder_ops(config, index) if is_decoder else (None, None)
+        subs = [_Sublayer(config, "SelfAttention", has_relative_bias=index == 0, op=self_op)]
         if is_decoder:
-            subs.append(_Sublayer(config, "EncDecAttention"))
+            subs.append(_Sublayer(config, "EncDecAttention", op=cross_op))
         subs.append(_Sublayer(config, "DenseReluDense"))
         self.layer = nn.ModuleList(subs)
 
@@ -280,7 +295,7 @@ class T5Stack(nn.Module):
         super().__init__()
         self.config, self.is_decoder = config, is_decoder
         n = config.num_decoder_layers if is_decoder else config.num_layers
-        self.block = nn.ModuleList(T5Block(config, is_decoder, i == 0) for i in range(n))
+        self.block = nn.ModuleList(T5Block(config, is_decoder, i) for i in range(n))
         self.final_layer_norm = T5LayerNorm(config.d_model, config.layer_norm_epsilon)
 
     def position_bias(self, q_pos: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -313,13 +328,6 @@ class T5ForConditionalGeneration(nn.Module):
         # Applied in decode() to the decoder's self and cross K/V (what a paged engine caches), e.g. to
         # fake-quantize them in training and the dense evaluation; None: untouched.
         self.kv_transform = None
-        # The decoder's paged attention ops (no parameters: the state dict stays transformers'). T5 does not scale
-        # q.k; the self ops get their bias table in attention_layers(), once the weights are loaded.
-        h, d = config.num_heads, config.d_kv
-        for i, block in enumerate(self.decoder.block):
-            block.layer[0].SelfAttention.op = Attention(f"decoder.{i}.self_attn", h, h, d, kind="self", sm_scale=1.0)
-            block.layer[1].EncDecAttention.op = Attention(f"decoder.{i}.cross_attn", h, h, d, kind="cross",
-                                                          sm_scale=1.0)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Encoder output [B, S, d_model]; attention_mask: bool [B, S], False for padding."""
@@ -374,19 +382,22 @@ class T5ForConditionalGeneration(nn.Module):
             x = x + ff.DenseReluDense(ff.layer_norm(x))
         return dec.final_layer_norm(x)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                encoder_out: torch.Tensor | None = None) -> torch.Tensor:
-        """Engine mode only: final-normed decoder hidden states [T, d_model] for flattened `input_ids` [T].
-        `positions` are checked but unused: the kernels take each key's distance from the sequence lengths."""
-        if not check_token_inputs(input_ids, positions):
-            raise ValueError("T5's forward() is the engine's entry point; in dense mode call encode() and decode(), "
-                             "or greedy()")
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, encoder_out: torch.Tensor | None = None,
+                *, ctx=None) -> torch.Tensor:
+        """Engine mode only, with the runner's per-step `ctx` (minikv.attention.context.ForwardContext): final-normed
+        decoder hidden states [T, d_model] for flattened `input_ids` [T]. `positions` are checked but unused: the
+        kernels take each key's distance from the sequence lengths."""
+        if ctx is None:
+            raise ValueError("T5's forward() is the engine's entry point (it needs the engine's ctx); in dense mode "
+                             "call encode() and decode(), or greedy()")
+        check_token_inputs(input_ids, positions, engine=True)
+        rel_bias = self.decoder_bias_table()
         x = self.shared(input_ids)
         for block in self.decoder.block:
             attn, cross, ff = block.layer
             h = attn.layer_norm(x)
-            x = x + attn.SelfAttention.engine_forward(h, h)
-            x = x + cross.EncDecAttention.engine_forward(cross.layer_norm(x), encoder_out)
+            x = x + attn.SelfAttention.engine_forward(h, h, ctx, rel_bias=rel_bias)
+            x = x + cross.EncDecAttention.engine_forward(cross.layer_norm(x), encoder_out, ctx)
             x = x + ff.DenseReluDense(ff.layer_norm(x))
         return self.decoder.final_layer_norm(x)
 
@@ -403,13 +414,9 @@ class T5ForConditionalGeneration(nn.Module):
         return table.detach()[buckets].t().float().contiguous()
 
     def attention_layers(self) -> list[Attention]:
-        """The engine binds caches and impls to these: decoder self attention (with the bias table, built from
-        the current weights) first, then cross attention."""
-        table = self.decoder_bias_table()
-        selfs = [block.layer[0].SelfAttention.op for block in self.decoder.block]
-        for op in selfs:
-            op.rel_bias = table
-        return selfs + [block.layer[1].EncDecAttention.op for block in self.decoder.block]
+        """The attention ops the engine binds an impl and a cache to: decoder self attention first, then cross."""
+        return ([block.layer[0].SelfAttention.op for block in self.decoder.block]
+                + [block.layer[1].EncDecAttention.op for block in self.decoder.block])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.config.scale_decoder_outputs:

@@ -27,10 +27,6 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return self._first + len(self.alphabet)
 
-    @property
-    def special_ids(self) -> tuple[int, int, int]:
-        return self.pad_id, self.bos_id, self.eos_id
-
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without specials."""
         if not isinstance(text, str):

@@ -3,14 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from minikv.cache.blocks import slot_of
-
-
-def request_slots(seq, block_size: int, upto: int | None = None) -> list[int]:
-    """Cache slots of a sequence's first `upto` tokens (default: all)."""
-    n = len(seq) if upto is None else upto
-    return [slot_of(seq.block_table, p, block_size) for p in range(n)]
-
 
 def dequantized_rows(layout, pool: torch.Tensor, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [len(slots), heads, head_size] in float32 as the kernels see them: codes times the stored scales."""

@@ -191,7 +191,7 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
             if e.kind != "cross":
                 continue
             t = e.tensors
-            impl = llm.runner.by_name[e.layer].impl
+            impl = llm.attention_layers[e.layer].impl
             qa = ea = 0
             for i, rid in enumerate(out.request_ids):
                 key = (e.layer, out.cross_block_tables[rid])
@@ -203,7 +203,7 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
                     ea += enc_lens[i]
                     paths.add(e.context_path)
                     if e.context_path == "fused":
-                        read = impl._context_read_layout()
+                        read = e.read_layout            # what the fused kernel was told the pool holds
                         table = torch.tensor(out.cross_block_tables[rid])
                         extent[0] = max(extent[0], read_extent(read, table, enc_lens[i]))
                 # The reference is what this path is meant to read: the 16-bit workspace K/V for the unfused
@@ -221,8 +221,9 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
         results.update({r.request_id: r.token_ids for r in out.finished})
     tokens = [results[i] for i in ids]
     wrong = [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]
+    cross_pool = next(a.kv_cache for a in llm.attention_layers.values() if a.kind == "cross")
     return ContextRun(version, max(errors[True]), max(errors[False]), "/".join(sorted(paths)),
-                      tokens == reference, extent[0], llm.runner.cross_layers[0].kv_cache.numel(), wrong, samples)
+                      tokens == reference, extent[0], cross_pool.numel(), wrong, samples)
 
 
 def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[ContextRun]) -> list[str]:
@@ -272,7 +273,7 @@ def overrun_facts(factor: float, need: int, device="cpu") -> list[Overrun]:
     arena = llm.arena
     facts = []
     for a in [a for a in llm.attention_layers.values() if a.kind == "cross"]:
-        name = next(n for n in arena.offsets if n.startswith("cross.") and n.endswith(a.layer_name))
+        name = a.pool
         start = arena.offsets[name]
         end = start + a.impl.layout.row_offset(need, 0, 0, 0)          # the historical (16-bit) block stride
         pool_end = start + arena.pool(name).numel()
@@ -304,12 +305,12 @@ def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu",
     arena = llm.arena
     doubled = {}
     for a in [a for a in llm.attention_layers.values() if a.kind == "cross"]:
-        name = next(n for n in arena.offsets if n.startswith("cross.") and n.endswith(a.layer_name))
+        name = a.pool
         start, addressed = arena.offsets[name], a.impl.layout
         doubled[name] = [(start + addressed.row_offset(b, 0, 0, 0), start + addressed.row_offset(b + 1, 0, 0, 0), r)
                          for r, rid in enumerate(ids) for b in cross_tables[rid]]
     self_blocks = []
-    for name in [n for n in arena.offsets if n.startswith("kv.")]:
+    for name in [a.pool for a in llm.attention_layers.values() if a.kind == "self" and a.kv_sharing_target is None]:
         start, layout = arena.offsets[name], arena.layout(name)
         self_blocks += [(start + layout.row_offset(b, 0, 0, 0), start + layout.row_offset(b + 1, 0, 0, 0), r)
                         for r, rid in enumerate(ids) for b in self_tables[rid]]

@@ -70,12 +70,6 @@ class Fill:
     step: int             # -1: during warmup
     overwritten: int      # written scales it replaced with 1.0
 
-    @property
-    def role(self) -> str:
-        if self.step < 0:
-            return "warmup"
-        return "late, wipes" if self.overwritten else "late, harmless"
-
 
 def layer_index(name: str) -> int:
     """'model.layers.4.self_attn' -> 4."""
@@ -107,7 +101,7 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
     llm = minikv.LLM(model=MODEL, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                      enable_prefix_caching=prefix_caching, device=device, backend=backend,
                      reintroduce=("scale-wipe",) if buggy else ())
-    layout = llm.runner.layout
+    layout = llm.kv_layout
     captured: dict = {}
     ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=max_tokens)) for p in prompts]
     results = {}
@@ -509,8 +503,8 @@ def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: 
     import minikv
     task = minikv.tasks.for_model(MODEL)
     llm = minikv.LLM(model=MODEL, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
-                     device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else ())
-    llm.runner.reinit_scales_on_wake = reinit
+                     device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else (),
+                     reinit_scales_on_wake=reinit)
     params = minikv.SamplingParams(max_tokens=12)
     llm.generate(prompts, params, use_tqdm=False)
     storage, fills = llm.arena.storage.untyped_storage(), len(llm.census.fills)
@@ -518,9 +512,9 @@ def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: 
     llm.sleep(mode=mode)
     llm.wake_up()
     stale = 0
-    for a in llm.runner.self_layers:
+    for a in llm.attention_layers.values():
         if a.kv_sharing_target is None:
-            k, v = llm.runner.layout.scale_views(a.kv_cache)
+            k, v = a.layout.scale_views(a.kv_cache)
             stale += int((k != 1).sum() + (v != 1).sum())
     texts = [o.text for o in llm.generate(prompts, params, use_tqdm=False)]
     now = llm.arena.storage.untyped_storage()

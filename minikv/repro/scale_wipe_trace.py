@@ -71,8 +71,8 @@ def trace_run(llm, prompts: list[str], max_tokens: int = 4) -> tuple[Timeline, l
     """Serve `prompts` on a fresh engine one step at a time; return its Timeline and the finished outputs."""
     import minikv
     bs = llm.config.cache.block_size
-    pools = [f"kv.{n}" for n, a in llm.attention_layers.items() if a.kv_sharing_target is None]
-    owner_of = {n: a.kv_sharing_target or n for n, a in llm.attention_layers.items()}
+    pools = [a.pool for a in llm.attention_layers.values() if a.kv_sharing_target is None]
+    owner_of = {n: a.owner for n, a in llm.attention_layers.items()}
     historical = any(a.impl.historical_scale_init for a in llm.attention_layers.values())
     timeline = Timeline(historical, len(llm.attention_layers), [WARMUP],
                         storages={layer_index(n): layer_index(o) for n, o in owner_of.items()})
@@ -98,7 +98,7 @@ def trace_run(llm, prompts: list[str], max_tokens: int = 4) -> tuple[Timeline, l
             fill = fills.get(event.layer)
             if fill is not None:
                 if fill.overwritten:
-                    wiped[f"kv.{owner_of[event.layer]}"] |= _wiped_slots(fill, bs)
+                    wiped[event.pool] |= _wiped_slots(fill, bs)
                 cell.append("wipe" if fill.overwritten else "fill")
             if event.read:
                 cell.append("read wiped" if wiped[event.pool] & read else "read")
@@ -147,7 +147,8 @@ def _serve_recording(llm, prompts, max_tokens, layer: str, storage: str, request
         rid = ids[request]
         sampled, k_rows, query, done = [], None, None, {}
         bs = llm.config.cache.block_size
-        layout = llm.arena.layout(f"kv.{storage}")
+        pool = llm.attention_layers[storage].pool
+        layout = llm.arena.layout(pool)
         while llm.has_unfinished():
             out = llm.step(capture=True)
             if rid in out.request_ids:
@@ -155,7 +156,7 @@ def _serve_recording(llm, prompts, max_tokens, layer: str, storage: str, request
                 logits_by_step.append(current["logits"][row])
                 sampled.append(out.sampled[rid])
                 if out.step == 0:
-                    k_rows, _ = dequantized_rows(layout, llm.arena.pool(f"kv.{storage}"), out.block_slots(rid, bs))
+                    k_rows, _ = dequantized_rows(layout, llm.arena.pool(pool), out.block_slots(rid, bs))
                 if out.step == 1:
                     event = next(e for e in out.trace.events if e.layer == layer)
                     query = event.tensors["q"][row]        # decode: one token per request
