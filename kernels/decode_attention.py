@@ -119,7 +119,7 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
                    HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
                    SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr, CONVERT_ASM: tl.constexpr,
-                   K_PURE: tl.constexpr, HAS_BIAS: tl.constexpr):
+                   K_PURE: tl.constexpr, V_PURE: tl.constexpr, HAS_BIAS: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -173,7 +173,7 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
             v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_words,
                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
             p = p * v_scale[None, :]
-        acc = tl.dot(p.to(q.dtype), _codes_to(v, FMT, q.dtype, CONVERT_ASM, False), acc * alpha[:, None],
+        acc = tl.dot(p.to(q.dtype), _codes_to(v, FMT, q.dtype, CONVERT_ASM, V_PURE), acc * alpha[:, None],
                      input_precision=DOT_PRECISION)
         m = m_new
     if FMT == FP8:
@@ -364,6 +364,7 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         HAS_SCALES=has_scales, ROW_ALIGN=row_alignment(spec), SCALE_PLACEMENT=spec.placement,
         SCALE_ALIGN=scale_alignment(spec), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
         SCALED_F16=scaled_f16, CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure,
+        V_PURE=cfg.v_pure,
         HAS_BIAS=rel_bias is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))

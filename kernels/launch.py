@@ -38,6 +38,7 @@ class DecodeConfig:
     f16_dot: bool = False          # 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
     convert_asm: bool = False      # 1-byte codes to float16 with inline PTX (int8 bit trick, packed e4m3; GPU only)
     k_pure: bool = True            # let the compiler place K's conversion (see decode_attention._codes_to)
+    v_pure: bool = False           # ... and V's (it then reads V from shared memory byte by byte, no f16 copy)
     merge_in_kernel: bool = False  # split-K: the last program of a (sequence, kv head) merges, no second kernel
     max_registers: int | None = None   # a cap on registers per thread (more programs per SM), or the compiler's
 

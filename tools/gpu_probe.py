@@ -59,6 +59,12 @@ SPLIT_VARIANTS = {
     "mintiles4": "min_tiles=4",
 }
 SHAPES = [(64, 4096), (16, 4096), (16, 16384), (256, 4096), (64, 512), (16, 512), (1, 512), (1, 4096)]
+# --second: the second call's check of the chosen defaults (and the vectorized merge) against a few alternatives
+SECOND_ONE_BYTE = {"default": {}, "stages4": dict(num_stages=4), "vpure": dict(v_pure=True),
+                   "vpure-st4": dict(v_pure=True, num_stages=4), "bn64-vpure": dict(block_n=64, v_pure=True),
+                   "splits-sep": dict(merge_in_kernel=False)}
+SECOND_AUTO = {"default": {}, "splits-sep": dict(merge_in_kernel=False)}
+SECOND_SHAPES = [(64, 4096), (16, 4096), (1, 4096), (16, 512)]
 SPLIT_SHAPES = [(1, 512), (1, 4096), (16, 512), (16, 4096), (64, 512), (64, 4096)]
 
 
@@ -149,6 +155,7 @@ def main(argv=None):
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--old", type=Path, default=None, help="folder holding a package `oldkernels` (main's kernels/)")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--second", action="store_true", help="the second call's variants and shapes")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
@@ -162,7 +169,7 @@ def main(argv=None):
     props = torch.cuda.get_device_properties(0)
     print(f"{torch.cuda.get_device_name()}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
           f"triton {triton.__version__}", flush=True)
-    shapes = SHAPES[:3] if args.quick else SHAPES
+    shapes = SECOND_SHAPES if args.second else SHAPES[:3] if args.quick else SHAPES
     rows = []
     fields = ["kind", "format", "batch", "ctx", "variant", "us", "GBps", "err", "splits", "block_n", "stages",
               "warps", "timing", "error"]
@@ -181,13 +188,19 @@ def main(argv=None):
         import torch.nn.functional as F
         qs = torch.randn(batch, HQ, 1, D, dtype=torch.bfloat16, device="cuda")
         ks = torch.randn(batch, HKV, ctx, D, dtype=torch.bfloat16, device="cuda")
-        sdpa, _ = time_us(lambda: F.scaled_dot_product_attention(qs, ks, ks, enable_gqa=True))
-        del qs, ks
+        vs = torch.randn_like(ks)           # not ks again: V would come from L2 after K
+        sdpa, _ = time_us(lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True))
+        del qs, ks, vs
         record(kind="sdpa", format="auto", batch=batch, ctx=ctx, variant="sdpa", us=sdpa)
         for fmt in FORMATS:
             prob = Problem(fmt, batch, ctx)
-            variants = dict(VARIANTS_AUTO if fmt == "auto" else VARIANTS_ONE_BYTE)
-            if (batch, ctx) in SPLIT_SHAPES:
+            if args.second:
+                variants = dict(SECOND_AUTO if fmt == "auto" else {} if fmt in ("int8_per_token_head",
+                                "fp8_per_token_head") else SECOND_ONE_BYTE)
+                variants.setdefault("default", {})
+            else:
+                variants = dict(VARIANTS_AUTO if fmt == "auto" else VARIANTS_ONE_BYTE)
+            if (batch, ctx) in SPLIT_SHAPES and not args.second:
                 variants.update({k: v for k, v in SPLIT_VARIANTS.items()})
             for name, v in variants.items():
                 kw = {}
