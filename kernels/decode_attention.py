@@ -21,8 +21,13 @@ How the 1-byte formats reach the memory's speed (the reading behind it: issue 20
 
 Split-K: one program per (sequence, kv head) is too few to keep a GPU's memory system busy at small batches, so
 the tokens of a sequence are split over num_splits programs (launch.decode_config sizes it from the number of
-SMs) that each write a partial (max, sum, unnormalized output). The partials are merged either by the last of a
-sequence's programs to finish (an atomic counter per (sequence, kv head); MERGE_IN_KERNEL) or by a second kernel.
+SMs) that each write a partial (max, sum, unnormalized output). A second kernel merges the partials, or, with
+MERGE_IN_KERNEL, the last of a sequence's programs to finish (an atomic counter per (sequence, kv head)): no
+second launch, but on an H200 that was measured slower (the merge then waits in one program per sequence), so the
+engine's configuration keeps the second kernel.
+
+On a GPU, the per-token-head formats in vLLM's "row" placement (4-byte aligned rows) are read by v2's kernels
+instead, which were measured faster there (kernels/decode_rows.py).
 """
 from __future__ import annotations
 

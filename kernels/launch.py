@@ -40,6 +40,7 @@ class DecodeConfig:
     k_pure: bool = True            # let the compiler place K's conversion (see decode_attention._codes_to)
     v_pure: bool = False           # ... and V's (it then reads V from shared memory byte by byte, no f16 copy)
     merge_in_kernel: bool = False  # split-K: the last program of a (sequence, kv head) merges, no second kernel
+                                   # (measured slower on an H200 than the second kernel: off by default)
     max_registers: int | None = None   # a cap on registers per thread (more programs per SM), or the compiler's
 
 
@@ -80,10 +81,11 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
 # holds DECODE_TILE_BYTES of K (and as many of V), so 1-byte tiles hold twice the tokens of 16-bit ones, up to
 # DECODE_MAX_TOKENS. A sequence's tokens are split over enough programs for DECODE_WAVES rounds of every SM's
 # DECODE_PROGRAMS_PER_SM slots, each split keeping at least DECODE_MIN_TILES tiles (fewer would spend more on the
-# pipeline's start and the merge than they save). Pipeline depth: 16-bit tiles need one tile in flight behind
-# the block-table read (num_stages 3), 1-byte ones two (num_stages 5: the pipeliner gives the loads behind the
+# pipeline's start and the merge than they save); a second kernel merges the splits (merging in the last program
+# of each sequence was measured slower). Pipeline depth: 16-bit tiles need one tile in flight behind the
+# block-table read (num_stages 3), 1-byte ones two (num_stages 5: the pipeliner gives the loads behind the
 # block-table read (num_stages - 2) // 2 buffers). Every choice here was the fastest measured on an NVIDIA H200
-# (issue 20: tools/gpu_probe.py, notebooks/data/gpu_decode_probe.csv).
+# (issue 20: tools/gpu_probe.py, notebooks/data/gpu_decode_probe.csv and gpu_decode_probe_second.csv).
 DECODE_TILE_BYTES = 16384
 DECODE_MAX_TOKENS = 128
 DECODE_PROGRAMS_PER_SM = 4
@@ -113,8 +115,7 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
     splits = decode_splits(batch, num_kv_heads, max_len, block_n, num_sms(device.index or 0))
     one_byte = elem_bytes == 1
     return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4,
-                        num_stages=DECODE_STAGES[elem_bytes], f16_dot=one_byte, convert_asm=one_byte,
-                        merge_in_kernel=True)
+                        num_stages=DECODE_STAGES[elem_bytes], f16_dot=one_byte, convert_asm=one_byte)
 
 
 # The "row" placement's 1-byte decode on a GPU (kernels/decode_rows.py): v2's kernels and their launch table,

@@ -83,12 +83,13 @@ print(f"{len(measured)} cases measured on {measured[0]['gpu']}, written to {DATA
 #   by a power of two so that it fits float16's range (an exact operation);
 # * one program per (sequence, KV head) is too few at small batches, so each sequence's tokens are split over
 #   several programs (split-K), as many as fill every SM once (`kernels/launch.py` computes it from the SM
-#   count), and the last program of a sequence to finish merges the partial results (an atomic counter per
-#   sequence and KV head), so there is no second kernel.
+#   count), and a second kernel merges the partial results. (The kernel can also let the last program of a
+#   sequence to finish do the merge, with an atomic counter per sequence and KV head, saving the second launch;
+#   measured, that was slower: the merge then waits on one program per sequence.)
 #
-# The tiles and pipeline depth are the fastest of a probe of candidate configurations on the H200
-# (`tools/gpu_probe.py`, raw timings in `data/gpu_decode_probe.csv`: every candidate checked against the torch
-# reference and timed beside v2's kernels). The same probe showed the one exception: vLLM's row placement of the
+# The tiles, the pipeline depth and the merge are the fastest of two probes of candidate configurations on the
+# H200 (`tools/gpu_probe.py`, raw timings in `data/gpu_decode_probe.csv` and `data/gpu_decode_probe_second.csv`:
+# every candidate checked against the torch reference and timed, the first time beside v2's kernels). The same probe showed the one exception: vLLM's row placement of the
 # per-token-head scales (next section), whose rows are only 4-byte aligned, is read faster by v2's kernels, which
 # load the codes straight into registers; on a GPU those formats keep them (`kernels/decode_rows.py`, with v2's
 # sweep table). The CSV says which kernel and configuration served every case:
