@@ -1,4 +1,6 @@
-"""Byte addressing of a KV pool, shared by the kernels (Triton helpers) and their references (torch helpers).
+"""Byte addressing of a KV pool: the one place its address formula is written, as torch/Python helpers
+(`row_byte_offset`, `scale_byte_offset`, and the gathers and scatters of the references) and as a Triton helper
+(`cache_offset`, used by the write kernel and by `paged_rows` / `block_scales` for the readers).
 
 A pool is one contiguous run of bytes. The row of (block b, K=0/V=1 half kv, slot-in-block o, kv head h) starts at
 
@@ -45,56 +47,14 @@ INT8_PTH: tl.constexpr = tl.constexpr(formats.INT8_PTH)
 FP8_PTH: tl.constexpr = tl.constexpr(formats.FP8_PTH)
 SCALES_IN_ROW: tl.constexpr = tl.constexpr(formats.ROW)
 SCALES_IN_BLOCK: tl.constexpr = tl.constexpr(formats.BLOCK)
+SCALE_WORD: tl.constexpr = tl.constexpr(formats.SCALE_BYTES)     # bytes per fp32 scale word
 
 
 # ---- checks shared by every kernel's validation ---------------------------------------------------------------
-def check_spec(spec) -> None:
-    """Raise unless `spec` carries every field of formats.SPEC_FIELDS with values a kernel can address."""
-    spec = formats.CacheSpec.of(spec)           # TypeError naming any missing field
-    for f in formats.SPEC_FIELDS:
-        if not isinstance(getattr(spec, f), int):
-            raise TypeError(f"spec.{f} must be an int, got {getattr(spec, f)!r}")
-    if spec.fmt not in formats.NAMES:
-        raise ValueError(f"unknown cache format code {spec.fmt}; known: {formats.NAMES}")
-    if spec.head_size not in SUPPORTED_HEAD_SIZES:
-        raise ValueError(f"unsupported head size {spec.head_size}; supported: {SUPPORTED_HEAD_SIZES}")
-    if spec.elem_bytes != ELEM_BYTES[spec.fmt]:
-        raise ValueError(f"spec.elem_bytes={spec.elem_bytes} does not match format {formats.NAMES[spec.fmt]} "
-                         f"({ELEM_BYTES[spec.fmt]} byte(s) per element)")
-    if spec.num_kv_heads < 1 or spec.block_size < 1:
-        raise ValueError(f"num_kv_heads and block_size must be positive, got {spec.num_kv_heads}, {spec.block_size}")
-    if spec.block_size & (spec.block_size - 1):
-        raise ValueError(f"block_size must be a power of two, got {spec.block_size}")
-    align = SCALE_BYTES if formats.has_inline_scales(spec.fmt) else spec.elem_bytes
-    for f in ("row_bytes", "slot_bytes", "kv_bytes", "block_bytes"):
-        if getattr(spec, f) <= 0 or getattr(spec, f) % align:
-            raise ValueError(f"spec.{f}={getattr(spec, f)} must be a positive multiple of {align}")
-    if spec.placement not in (formats.ROW, formats.BLOCK):
-        raise ValueError(f"spec.placement must be formats.ROW ({formats.ROW}) or formats.BLOCK ({formats.BLOCK}), "
-                         f"got {spec.placement!r}")
-    code_bytes = spec.head_size * spec.elem_bytes
-    if formats.has_inline_scales(spec.fmt):
-        for f in ("scale_offset", "scale_slot_bytes", "scale_head_bytes"):
-            if getattr(spec, f) <= 0 or getattr(spec, f) % SCALE_BYTES:
-                raise ValueError(f"spec.{f}={getattr(spec, f)} must be a positive multiple of {SCALE_BYTES}")
-        if spec.placement == formats.ROW:
-            if spec.scale_offset < code_bytes:
-                raise ValueError(f"spec.scale_offset={spec.scale_offset} must be a 4-byte aligned offset after the "
-                                 f"row's {code_bytes} code bytes")
-            if spec.scale_offset + SCALE_BYTES > spec.row_bytes:
-                raise ValueError(f"inline scale at byte {spec.scale_offset} does not fit a {spec.row_bytes}-byte row")
-        else:
-            last = spec.scale_offset + (spec.block_size - 1) * spec.scale_slot_bytes \
-                + (spec.num_kv_heads - 1) * spec.scale_head_bytes + SCALE_BYTES
-            if spec.scale_offset < spec.block_size * spec.slot_bytes or last > spec.kv_bytes:
-                raise ValueError(f"the scale region at byte {spec.scale_offset} must lie after the half's "
-                                 f"{spec.block_size * spec.slot_bytes} code bytes and inside its {spec.kv_bytes}")
-            if code_bytes > spec.row_bytes:
-                raise ValueError(f"a {spec.head_size}-element head does not fit a {spec.row_bytes}-byte row")
-    elif spec.placement != formats.ROW:
-        raise ValueError(f"{formats.NAMES[spec.fmt]} has no scales to place; its spec.placement must be ROW")
-    elif code_bytes > spec.row_bytes:
-        raise ValueError(f"a {spec.head_size}-element head does not fit a {spec.row_bytes}-byte row")
+def check_spec(spec) -> formats.CacheSpec:
+    """The spec as a CacheSpec, which checks every field when it is made (TypeError naming a missing field,
+    ValueError for values a kernel cannot address)."""
+    return formats.CacheSpec.of(spec)
 
 
 def check_pool(pool: torch.Tensor, spec) -> int:
@@ -171,13 +131,29 @@ def pool_capacity(pool: torch.Tensor, spec) -> int:
     return pool.numel() // spec.block_bytes
 
 
+def row_byte_offset(spec, block, kv, slot_in_block, head):
+    """Byte offset of the row of (block, half kv: 0 = K / 1 = V, slot in block, kv head): the formula, for ints
+    or int64 tensors (broadcast)."""
+    return block * spec.block_bytes + kv * spec.kv_bytes + slot_in_block * spec.slot_bytes + head * spec.row_bytes
+
+
+def scale_byte_offset(spec, block, kv, slot_in_block, head):
+    """Byte offset of that row's fp32 scale (per-token-head formats, either placement): ints or int64 tensors."""
+    return (block * spec.block_bytes + kv * spec.kv_bytes + spec.scale_offset + slot_in_block * spec.scale_slot_bytes
+            + head * spec.scale_head_bytes)
+
+
+def _slot_parts(spec, slots: torch.Tensor):
+    """(block [N, 1], slot in block [N, 1], heads [1, H]) of cache slots `slots` (int64 [N]), for broadcasting."""
+    slots = slots.to(torch.int64)
+    heads = torch.arange(spec.num_kv_heads, device=slots.device, dtype=torch.int64)
+    return (slots // spec.block_size)[:, None], (slots % spec.block_size)[:, None], heads[None, :]
+
+
 def row_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
     """int64 [N, num_kv_heads]: byte offset of each row of the cache slots `slots` (int64 [N]) in half `kv`."""
-    slots = slots.to(torch.int64)
-    block, in_block = slots // spec.block_size, slots % spec.block_size
-    heads = torch.arange(spec.num_kv_heads, device=slots.device, dtype=torch.int64)
-    start = block * spec.block_bytes + kv * spec.kv_bytes + in_block * spec.slot_bytes
-    return start[:, None] + heads[None, :] * spec.row_bytes
+    block, in_block, heads = _slot_parts(spec, slots)
+    return row_byte_offset(spec, block, kv, in_block, heads)
 
 
 def sequence_slots(block_table_row: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
@@ -200,11 +176,8 @@ def _flat(pool: torch.Tensor) -> torch.Tensor:
 
 def scale_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
     """int64 [N, num_kv_heads]: byte offset of the fp32 scale of each row of `slots` in half `kv` (either placement)."""
-    slots = slots.to(torch.int64)
-    block, in_block = slots // spec.block_size, slots % spec.block_size
-    heads = torch.arange(spec.num_kv_heads, device=slots.device, dtype=torch.int64)
-    start = block * spec.block_bytes + kv * spec.kv_bytes + spec.scale_offset + in_block * spec.scale_slot_bytes
-    return start[:, None] + heads[None, :] * spec.scale_head_bytes
+    block, in_block, heads = _slot_parts(spec, slots)
+    return scale_byte_offset(spec, block, kv, in_block, heads)
 
 
 def gather_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int):
@@ -277,13 +250,23 @@ def row_alignment(spec) -> int:
     return align
 
 
+def words(nbytes: int) -> int:
+    """A byte offset or stride in fp32 words (the unit of the scales' typed view); exact for every spec's."""
+    return nbytes // SCALE_BYTES
+
+
 def scale_word_strides(spec) -> tuple[int, int, int]:
     """(slot, head, first) of the scales in fp32 words: scale word of (block b, half kv, slot o, head h) =
-    b * block_stride + kv * kv_stride + first + o * slot + h * head (block and kv strides in words: element
-    strides of 1-byte codes divided by 4). Zeros for formats without scales."""
+    b * block_words + kv * kv_words + first + o * slot + h * head (`half_word_strides`). Zeros for formats
+    without scales."""
     if not formats.has_inline_scales(spec.fmt):
         return 0, 0, 0
-    return spec.scale_slot_bytes // 4, spec.scale_head_bytes // 4, spec.scale_offset // 4
+    return words(spec.scale_slot_bytes), words(spec.scale_head_bytes), words(spec.scale_offset)
+
+
+def half_word_strides(spec) -> tuple[int, int]:
+    """(block, kv) strides of the pool in fp32 words."""
+    return words(spec.block_bytes), words(spec.kv_bytes)
 
 
 def scale_alignment(spec) -> int:
@@ -292,10 +275,18 @@ def scale_alignment(spec) -> int:
     if spec.placement != formats.BLOCK or spec.scale_slot_bytes != SCALE_BYTES or spec.elem_bytes != 1:
         return 1
     align = 4
-    for words in (spec.block_bytes // 4, spec.kv_bytes // 4, spec.scale_offset // 4, spec.scale_head_bytes // 4,
-                  spec.block_size):
-        align = math.gcd(align, words)
+    for count in (*half_word_strides(spec), *scale_word_strides(spec)[1:], spec.block_size):
+        align = math.gcd(align, count)
     return align
+
+
+@triton.jit
+def cache_offset(block, slot_in_block, head_offset, block_stride, slot_stride):
+    """The address formula (`row_byte_offset`) in the units of a typed view of the pool, K half (the V half is
+    the kv stride further): block * block_stride + slot_in_block * slot_stride + head_offset, where head_offset
+    is kv head * the row (or scale-head) stride. Used for element rows (element strides) and for scale words
+    (word strides, plus the first scale's word). Broadcasts like its arguments."""
+    return block * block_stride + slot_in_block * slot_stride + head_offset
 
 
 @triton.jit
@@ -305,7 +296,7 @@ def block_scales(scales_ptr, block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr,
     of the head's slot-0 scale in the half, `block_words` / `slot_words` the strides (scale_word_strides).
     Tiles start at multiples of SCALE_ALIGN tokens, so each run of SCALE_ALIGN scales is one aligned vector."""
     block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
-    words = block * block_words + (n % BLOCK_SIZE).to(tl.int64) * slot_words + head_words
+    words = cache_offset(block, (n % BLOCK_SIZE).to(tl.int64), head_words, block_words, slot_words)
     words = tl.max_contiguous(tl.multiple_of(words, SCALE_ALIGN), SCALE_ALIGN)
     return tl.load(scales_ptr + words, mask=mask, other=1.0)
 
@@ -318,14 +309,14 @@ def paged_rows(block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_stride,
     `block_table_ptr` points at the sequence's row of the block table. Tokens outside `mask` get offset 0.
     """
     block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
-    rows = block * block_stride + (n % BLOCK_SIZE).to(tl.int64) * slot_stride + head_offset
+    rows = cache_offset(block, (n % BLOCK_SIZE).to(tl.int64), head_offset, block_stride, slot_stride)
     return tl.multiple_of(tl.where(mask, rows, 0), ROW_ALIGN)
 
 
 @triton.jit
 def row_scales(scales_ptr, rows, mask, scale_offset):
     """fp32 inline scales of byte-element rows `rows` (per-token-head formats, 1-byte codes, "row" placement)."""
-    return tl.load(scales_ptr + (rows + scale_offset) // 4, mask=mask, other=1.0)
+    return tl.load(scales_ptr + (rows + scale_offset) // SCALE_WORD, mask=mask, other=1.0)
 
 
 @triton.jit
@@ -336,6 +327,6 @@ def tile_scales(scales_ptr, table, n, rows, mask, kv_offset, scale_offset, block
     if SCALE_PLACEMENT == SCALES_IN_ROW:
         scales = row_scales(scales_ptr, rows + kv_offset, mask, scale_offset)
     else:
-        scales = block_scales(scales_ptr + kv_offset // 4, table, n, mask, BLOCK_SIZE, block_words, slot_words,
-                              head_words, SCALE_ALIGN)
+        scales = block_scales(scales_ptr + kv_offset // SCALE_WORD, table, n, mask, BLOCK_SIZE, block_words,
+                              slot_words, head_words, SCALE_ALIGN)
     return scales

@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (AUTO_DTYPES, BF16, CODE_DTYPES, F16, F32, FP8, INT8_PTH, check_float_tensor,
-                         check_int_tensor, check_pool, check_scale, check_spec, element_strides, scale_word_strides,
-                         scatter_rows, typed_pool)
+from .addressing import (AUTO_DTYPES, BF16, CODE_DTYPES, F16, F32, FP8, INT8_PTH, cache_offset, check_float_tensor,
+                         check_int_tensor, check_pool, check_scale, check_spec, element_strides, half_word_strides,
+                         scale_word_strides, scatter_rows, typed_pool)
 from .mode import require_device
 from .quant import quantize_fp8, quantize_int8, quantize_reference, torch_e4m3_saturates
 
@@ -72,11 +72,11 @@ def _write_kv_kernel(key_ptr, value_ptr, codes_ptr, scales_ptr, slot_mapping_ptr
     slot = tl.load(slot_mapping_ptr + t, mask=t < num_tokens, other=-1).to(tl.int64)
     write = slot >= 0
     safe = tl.where(write, slot, 0)
-    rows = ((safe // BLOCK_SIZE) * block_stride + (safe % BLOCK_SIZE) * slot_stride)[:, None] \
-        + h[None, :].to(tl.int64) * row_stride
+    block, in_block, head = (safe // BLOCK_SIZE)[:, None], (safe % BLOCK_SIZE)[:, None], h[None, :].to(tl.int64)
+    rows = cache_offset(block, in_block, head * row_stride, block_stride, slot_stride)
     # scale words of either placement, from the spec's strides (formats.CacheSpec)
-    scale_words = ((safe // BLOCK_SIZE) * block_words + (safe % BLOCK_SIZE) * scale_slot_words)[:, None] \
-        + h[None, :].to(tl.int64) * scale_head_words + scale_first_word
+    scale_words = cache_offset(block, in_block, head * scale_head_words + scale_first_word, block_words,
+                               scale_slot_words)
     row_mask = write[:, None] & (h < NUM_HEADS)[None, :]
     _store_half(key_ptr, stride_kt, stride_kh, codes_ptr, scales_ptr, rows, scale_words, row_mask, t, h, d,
                 k_scale, FMT, HEAD_SIZE, SATURATE)
@@ -85,7 +85,6 @@ def _write_kv_kernel(key_ptr, value_ptr, codes_ptr, scales_ptr, slot_mapping_ptr
 
 
 def _validate(key, value, pool, slot_mapping, spec, k_scale, v_scale) -> None:
-    check_spec(spec)
     check_float_tensor("key", key, 3)
     check_float_tensor("value", value, 3)
     check_int_tensor("slot_mapping", slot_mapping, torch.int64, 1)
@@ -123,6 +122,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_ma
 
     `config`: the launch configuration (None: `launch.write_config` chooses one); `num_programs`: run only the
     first programs of the grid (to watch what each program writes; None: all of them)."""
+    spec = check_spec(spec)
     if validate:
         _validate(key, value, pool, slot_mapping, spec, k_scale, v_scale)
     num_tokens = key.shape[0]
@@ -141,7 +141,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_ma
     _write_kv_kernel[(grid,)](
         key, value, codes, scales, slot_mapping, num_tokens,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        *element_strides(spec), *scale_word_strides(spec), spec.block_bytes // 4, spec.kv_bytes // 4,
+        *element_strides(spec), *scale_word_strides(spec), *half_word_strides(spec),
         float(k_scale), float(v_scale),
         FMT=spec.fmt, NUM_HEADS=spec.num_kv_heads, HEAD_SIZE=spec.head_size, BLOCK_SIZE=spec.block_size,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, SATURATE=torch_e4m3_saturates(key.device.type),
@@ -151,6 +151,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_ma
 def write_kv_reference(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor,
                        spec, k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True) -> None:
     """write_kv in torch: quantize, then scatter the codes' and scales' bytes into the pool."""
+    spec = check_spec(spec)
     if validate:
         _validate(key, value, pool, slot_mapping, spec, k_scale, v_scale)
     keep = slot_mapping >= 0

@@ -1,8 +1,8 @@
 """The KV-cache element formats: one table of every per-format fact, shared by the kernels, their references,
 minikv's KVLayout and the quantization-aware training.
 
-The kernels import nothing from minikv. They receive the cache's addressing as a *spec*: a `CacheSpec` (or any
-object with the same int fields, such as minikv's `KVLayout`, which `CacheSpec.of` turns into one). A format is
+The kernels import nothing from minikv. They receive the cache's addressing as a *spec*: a `CacheSpec` (or an
+object that has one, such as minikv's `KVLayout`, which computes its spec once; `CacheSpec.of` takes either). A format is
 named by a small int code (`F16` ... `FP8_PTH`) because Triton kernels branch on it as a compile-time constant.
 """
 from __future__ import annotations
@@ -63,13 +63,15 @@ NAMES = {code: f.name for code, f in TABLE.items()}
 KV_CACHE_DTYPES = tuple(dict.fromkeys(f.kv_cache_dtype for f in TABLE.values()))   # auto, fp8, int8_pth, fp8_pth
 QUANTIZED_KV_CACHE_DTYPES = tuple(n for n in KV_CACHE_DTYPES if n != "auto")
 PER_TOKEN_HEAD_KV_CACHE_DTYPES = tuple(dict.fromkeys(f.kv_cache_dtype for f in TABLE.values() if f.inline_scales))
+LAYER_SCALE_KV_CACHE_DTYPES = tuple(dict.fromkeys(f.kv_cache_dtype for f in TABLE.values() if f.layer_scales))
 AUTO_FORMATS = {f.code_dtype: code for code, f in TABLE.items() if f.kv_cache_dtype == "auto"}  # model dtype -> code
 
 
 def check_kv_cache_dtype(kv_cache_dtype) -> None:
     """The one check of a kv_cache_dtype name (minikv's CacheConfig and KVLayout both call it)."""
     if not isinstance(kv_cache_dtype, str):
-        raise TypeError(f"kv_cache_dtype must be a str, got {type(kv_cache_dtype).__name__}")
+        raise TypeError(f"kv_cache_dtype must be a str, one of {', '.join(KV_CACHE_DTYPES)}; got "
+                        f"{type(kv_cache_dtype).__name__} {kv_cache_dtype!r}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
 
@@ -87,7 +89,8 @@ def format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> Format:
 def check_scale_placement(scale_placement) -> None:
     """The one check of a scale placement name (minikv's CacheConfig and KVLayout both call it)."""
     if not isinstance(scale_placement, str):
-        raise TypeError(f"kv_scale_placement must be a str, got {type(scale_placement).__name__}")
+        raise TypeError(f"kv_scale_placement must be a str, one of {', '.join(SCALE_PLACEMENTS)}; got "
+                        f"{type(scale_placement).__name__} {scale_placement!r}")
     if scale_placement not in SCALE_PLACEMENTS:
         raise ValueError(f"unknown kv_scale_placement {scale_placement!r}; choose one of "
                          f"{', '.join(SCALE_PLACEMENTS)}")
@@ -102,10 +105,10 @@ def check_block_size(block_size, name: str = "block_size") -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(str, BLOCK_SIZES))} tokens, got {block_size}")
 
 
-def check_head_size(head_size, name: str = "head size") -> None:
+def check_head_size(head_size) -> None:
     """The one head-size rule of the paged kernels (every CacheSpec calls it)."""
     if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size not in SUPPORTED_HEAD_SIZES:
-        raise ValueError(f"unsupported {name} {head_size!r}; minikv's paged kernels take "
+        raise ValueError(f"unsupported head size {head_size!r}; minikv's paged kernels take "
                          f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))}")
 
 
@@ -122,16 +125,15 @@ def qmax(fmt: int) -> float:
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """How a kernel addresses a pool: all byte counts relative to the pool's first byte.
+    """How a kernel addresses a pool: all byte counts relative to the pool's first byte (the formulas are in
+    `minikv.kernels.addressing`, the one place that turns them into addresses).
 
-    Row (block b, K=0/V=1 half kv, slot-in-block o, kv head h) starts at
-        b * block_bytes + kv * kv_bytes + o * slot_bytes + h * row_bytes
-    and its fp32 scale (per-token-head formats only) at
-        b * block_bytes + kv * kv_bytes + scale_offset + o * scale_slot_bytes + h * scale_head_bytes
-    placement ROW: scale_offset is the offset inside a row and the scale strides are the row's
+    placement ROW: scale_offset is the offset of a row's scale inside the row and the scale strides are the row's
     (slot_bytes, row_bytes); BLOCK: scale_offset is where the half's scale region starts (after its codes) and the
     region is `[kv head][slot]` (scale_head_bytes = block_size * 4, scale_slot_bytes = 4), so one head's scales of a
     block are one contiguous vector. Formats without scales: scale_offset -1, scale strides 0, placement ROW.
+
+    A CacheSpec is checked when it is made (`__post_init__`): every one a kernel receives can be addressed.
     """
 
     fmt: int
@@ -150,14 +152,61 @@ class CacheSpec:
 
     @classmethod
     def of(cls, spec) -> CacheSpec:
-        """A CacheSpec from any object carrying the same fields (minikv's KVLayout); TypeError naming what lacks."""
+        """A CacheSpec from any object carrying the same fields, or a `.spec` that is one (minikv's KVLayout);
+        TypeError naming what it lacks."""
         if isinstance(spec, cls):
             return spec
+        if isinstance(getattr(spec, "spec", None), cls):
+            return spec.spec
         missing = [f for f in SPEC_FIELDS if not hasattr(spec, f)]
         if missing:
             raise TypeError(f"spec {type(spec).__name__} lacks the field(s) {missing}; a spec needs {SPEC_FIELDS} "
                             f"(minikv.cache.layout.KVLayout is one)")
         return cls(**{f: getattr(spec, f) for f in SPEC_FIELDS})
+
+    def __post_init__(self):
+        for f in SPEC_FIELDS:
+            if isinstance(getattr(self, f), bool) or not isinstance(getattr(self, f), int):
+                raise TypeError(f"spec.{f} must be an int, got {getattr(self, f)!r}")
+        if self.fmt not in TABLE:
+            raise ValueError(f"unknown cache format code {self.fmt}; known: {NAMES}")
+        check_head_size(self.head_size)
+        check_block_size(self.block_size, "spec.block_size")
+        if self.elem_bytes != TABLE[self.fmt].elem_bytes:
+            raise ValueError(f"spec.elem_bytes={self.elem_bytes} does not match format {NAMES[self.fmt]} "
+                             f"({TABLE[self.fmt].elem_bytes} byte(s) per element)")
+        if self.num_kv_heads < 1:
+            raise ValueError(f"spec.num_kv_heads must be at least 1, got {self.num_kv_heads}")
+        if self.placement not in SCALE_PLACEMENTS.values():
+            raise ValueError(f"spec.placement must be formats.ROW ({ROW}) or formats.BLOCK ({BLOCK}), got "
+                             f"{self.placement!r}")
+        inline = has_inline_scales(self.fmt)
+        align = SCALE_BYTES if inline else self.elem_bytes
+        for f in ("row_bytes", "slot_bytes", "kv_bytes", "block_bytes"):
+            if getattr(self, f) <= 0 or getattr(self, f) % align:
+                raise ValueError(f"spec.{f}={getattr(self, f)} must be a positive multiple of {align}")
+        code_bytes = self.head_size * self.elem_bytes
+        if code_bytes > self.row_bytes:
+            raise ValueError(f"a {self.head_size}-element head does not fit a {self.row_bytes}-byte row")
+        if not inline:
+            if self.placement != ROW:
+                raise ValueError(f"{NAMES[self.fmt]} has no scales to place; its spec.placement must be ROW")
+            return
+        for f in ("scale_offset", "scale_slot_bytes", "scale_head_bytes"):
+            if getattr(self, f) <= 0 or getattr(self, f) % SCALE_BYTES:
+                raise ValueError(f"spec.{f}={getattr(self, f)} must be a positive multiple of {SCALE_BYTES}")
+        if self.placement == ROW:
+            if self.scale_offset < code_bytes:
+                raise ValueError(f"spec.scale_offset={self.scale_offset} must be a 4-byte aligned offset after the "
+                                 f"row's {code_bytes} code bytes")
+            if self.scale_offset + SCALE_BYTES > self.row_bytes:
+                raise ValueError(f"inline scale at byte {self.scale_offset} does not fit a {self.row_bytes}-byte row")
+        else:
+            last = (self.scale_offset + (self.block_size - 1) * self.scale_slot_bytes
+                    + (self.num_kv_heads - 1) * self.scale_head_bytes + SCALE_BYTES)
+            if self.scale_offset < self.block_size * self.slot_bytes or last > self.kv_bytes:
+                raise ValueError(f"the scale region at byte {self.scale_offset} must lie after the half's "
+                                 f"{self.block_size * self.slot_bytes} code bytes and inside its {self.kv_bytes}")
 
 
 SPEC_FIELDS = tuple(f.name for f in fields(CacheSpec))

@@ -1,14 +1,42 @@
 """The `minikv` command: demo, generate, eval, train, repro, bench, bugs.
 
-A user error (a bad argument, a prompt the model cannot take) prints one line, `minikv: error: ...`, and exits
-with status 2, as argparse does for its own errors; anything else is a bug and keeps its traceback.
+A usage error (a bad argument, a prompt the model cannot take) prints one line, `minikv ...: error: ...`, and exits
+with status 2, for argparse's own checks and for the engine's (`ValueError`, `TypeError`, `MemoryError`) alike;
+anything else is a bug and keeps its traceback. The reproductions and benchmarks parse their own options with
+`UsageParser`, so their usage errors look the same.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from minikv.config import KV_CACHE_DTYPES
+from minikv.config import BACKENDS, KV_CACHE_DTYPES
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (with a pointer to --help) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def model_arg(parser: argparse.ArgumentParser, default: str = "tiny-gemma4") -> None:
+    """--model: a shipped model name or a checkpoint directory (checked by minikv.LLM, as LLM(model=...) is)."""
+    from minikv.models.registry import MODEL_NAMES
+    parser.add_argument("--model", default=default, metavar="NAME|PATH",
+                        help=f"a shipped model ({', '.join(MODEL_NAMES)}) or the path of a checkpoint directory "
+                             f"in transformers' format (default {default})")
 
 
 def _cmd_demo(args) -> int:
@@ -29,7 +57,7 @@ def _cmd_generate(args) -> int:
 def _cmd_eval(args) -> int:
     from minikv import evaluate
     result = evaluate.exact_match(args.model, args.kv_cache_dtype, n=args.n, device=args.device,
-                                  backend=args.backend, max_num_seqs=args.max_num_seqs)
+                                  backend=args.backend, max_num_seqs=args.max_num_seqs, task=args.task)
     print(result.report())
     return 0
 
@@ -55,13 +83,6 @@ def _cmd_bench(args) -> int:
     return bench_main([args.what] + args.rest)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _cmd_bugs(args) -> int:
     from minikv import bugs
     print(bugs.table())
@@ -71,37 +92,40 @@ def _cmd_bugs(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     import minikv
     from minikv.models.registry import MODEL_NAMES
-    p = argparse.ArgumentParser(prog="minikv", description=__doc__.splitlines()[0])
+    p = UsageParser(prog="minikv", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"minikv {minikv.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="the main job: kernels vs references per format, then both models generate")
-    d.add_argument("--device", default=None)
+    d.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
     d.set_defaults(func=_cmd_demo)
 
     def engine_args(sp):
-        sp.add_argument("--model", default="tiny-gemma4", choices=MODEL_NAMES)
+        model_arg(sp)
         sp.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
-        sp.add_argument("--device", default="cpu")
-        sp.add_argument("--backend", default="triton", choices=("triton", "torch"))
-        sp.add_argument("--max-num-seqs", type=_positive_int, default=8)
+        sp.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+        sp.add_argument("--backend", default="triton", choices=BACKENDS)
+        sp.add_argument("--max-num-seqs", type=positive_int, default=8)
 
     g = sub.add_parser("generate", help="generate continuations for prompts")
     engine_args(g)
     g.add_argument("prompts", nargs="+")
-    g.add_argument("--max-tokens", type=_positive_int, default=12)
+    g.add_argument("--max-tokens", type=positive_int, default=12)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
     g.set_defaults(func=_cmd_generate)
 
     e = sub.add_parser("eval", help="greedy exact match on held-out prompts of the model's task")
     engine_args(e)
-    e.add_argument("--n", type=_positive_int, default=200, help="number of held-out prompts (at least 1)")
+    e.add_argument("--n", type=positive_int, default=200, help="number of held-out prompts (at least 1)")
+    e.add_argument("--task", default=None, choices=MODEL_NAMES,
+                   help="whose task's prompts (default: the model's; for a checkpoint directory, its directory "
+                        "name when that is a shipped model's, as `minikv train` writes them)")
     e.set_defaults(func=_cmd_eval)
 
     t = sub.add_parser("train", help="train a shipped model from scratch (writes a checkpoint directory)")
     t.add_argument("model", choices=MODEL_NAMES)
-    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--steps", type=positive_int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out-dir", default="build/weights", help="where to write the weights (default build/weights; "
                                                              "the shipped weights are never overwritten)")

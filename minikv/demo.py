@@ -191,7 +191,8 @@ def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_fact
 
 def main(device: str | None = None) -> int:
     """Print the demo; exit status 1 when a story did not come out as expected (a line says "(unexpected)")."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from minikv.config import resolve_device
+    device = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     backend = "triton" if device.type == "cuda" else "torch"    # on CPU the Triton interpreter is slow
     print(f"minikv demo on {device}")
     print("\n1. Kernels vs their PyTorch references, per KV cache format (max |difference|)")

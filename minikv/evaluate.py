@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from minikv import tasks
+from minikv.models.registry import MODEL_NAMES
 
 
 @dataclass
@@ -27,11 +29,23 @@ class EvalResult:
         return "\n".join(lines)
 
 
+def task_of(model, task: str | None = None) -> tasks.Task:
+    """The task to evaluate `model` on: `task` if given, else a shipped model's own; a checkpoint directory (as
+    `minikv train NAME` writes it, .../NAME/) takes the task of the shipped model its directory is named after."""
+    if task is not None:
+        return tasks.for_model(task)
+    name = model if model in MODEL_NAMES else Path(model).name
+    if name not in MODEL_NAMES:
+        raise ValueError(f"no task for model {str(model)!r}: pass --task (task=) naming the shipped model whose "
+                         f"task it was trained on ({', '.join(MODEL_NAMES)})")
+    return tasks.for_model(name)
+
+
 def exact_match(model: str, kv_cache_dtype: str = "auto", n: int = 200, seed: int = 0, device: str = "cpu",
-                backend: str = "triton", max_num_seqs: int = 8, llm=None) -> EvalResult:
-    """Run n held-out prompts of the model's task greedily and count the right answers."""
+                backend: str = "triton", max_num_seqs: int = 8, llm=None, task: str | None = None) -> EvalResult:
+    """Run n held-out prompts of the model's task (`task_of`) greedily and count the right answers."""
     import minikv
-    task = tasks.for_model(model)
+    task = task_of(model, task)
     prompts = task.prompts(n, seed=seed)
     if llm is None:
         llm = minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
@@ -41,4 +55,4 @@ def exact_match(model: str, kv_cache_dtype: str = "auto", n: int = 200, seed: in
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - start
     failures = [(p, o.text) for p, o in zip(prompts, outs) if not task.check(p, o.text)]
-    return EvalResult(model, kv_cache_dtype, n, n - len(failures), seconds, failures)
+    return EvalResult(str(model), kv_cache_dtype, n, n - len(failures), seconds, failures)

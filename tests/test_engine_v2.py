@@ -1,5 +1,6 @@
 """Engine v2: the step API, per-engine state across threads, calls that fail leave nothing behind, and every
-input class rejected at the boundary with its exact error type (backend="torch": the kernel is not the point)."""
+input class of generate() and SamplingParams rejected at the boundary with its exact error type (LLM(...) and the
+other methods: test_inputs.py; backend="torch": the kernel is not the point)."""
 from __future__ import annotations
 
 import threading
@@ -290,51 +291,3 @@ def test_stop_cuts_text_and_token_ids_at_the_same_place(llm):
     out = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12, stop=("27",)), use_tqdm=False)[0]
     assert out.finish_reason == "stop" and out.text == " 19 23 "
     assert llm.tokenizer.decode(out.token_ids) == out.text
-
-
-LLM_INPUTS = [
-    ("model unknown", dict(model="gpt-5"), ValueError),
-    ("model not str", dict(model=3), TypeError),
-    ("kv_cache_dtype unknown", dict(kv_cache_dtype="int4"), ValueError),
-    ("kv_cache_dtype not str", dict(kv_cache_dtype=torch.int8), TypeError),
-    ("max_num_seqs 0", dict(max_num_seqs=0), ValueError),
-    ("max_num_seqs float", dict(max_num_seqs=2.0), TypeError),
-    ("max_num_seqs str", dict(max_num_seqs="4"), TypeError),
-    ("block_size 12", dict(block_size=12), ValueError),
-    ("block_size bool", dict(block_size=True), TypeError),
-    ("prefix caching int", dict(enable_prefix_caching=1), TypeError),
-    ("sanitize str", dict(sanitize="yes"), TypeError),
-    ("seed negative", dict(seed=-1), ValueError),
-    ("num_blocks 0", dict(num_blocks=0), ValueError),
-    ("num_blocks float", dict(num_blocks=8.0), TypeError),
-    ("max_num_batched_tokens 0", dict(max_num_batched_tokens=0), ValueError),
-    ("backend unknown", dict(backend="cuda"), ValueError),
-    ("device unknown", dict(device="tpu"), ValueError),
-    ("device garbage", dict(device="cpu:zero"), ValueError),
-    ("device not str", dict(device=0), TypeError),
-    ("dtype string", dict(dtype="float32"), TypeError),
-    ("reintroduce str", dict(reintroduce="scale-wipe"), TypeError),
-    ("reintroduce unknown", dict(reintroduce=("nope",)), ValueError),
-    ("too much memory", dict(num_blocks=2**40), MemoryError),
-    ("scale-wipe without sharing", dict(model=T5, kv_cache_dtype="int8_per_token_head",
-                                        reintroduce=("scale-wipe",)), ValueError),
-    ("cross-stride decoder-only", dict(kv_cache_dtype="fp8", reintroduce=("cross-stride",)), ValueError),
-    ("cross-stride 16-bit", dict(model=T5, reintroduce=("cross-stride",)), ValueError),
-    ("context read 16-bit", dict(model=T5, reintroduce=("cross-fp8-context-read",)), ValueError),
-    ("cross path unknown", dict(cross_context_path="fast"), ValueError),
-]
-
-
-@pytest.mark.parametrize("case,kw,error", LLM_INPUTS, ids=[c[0] for c in LLM_INPUTS])
-def test_llm_rejects(case, kw, error):
-    kw.setdefault("backend", "torch")
-    with pytest.raises(error) as info:
-        minikv.LLM(**kw)
-    if "cannot happen" in str(info.value):
-        assert "use " in str(info.value)          # says why and what to do
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
-def test_cuda_without_a_gpu_is_a_clear_error():
-    with pytest.raises(ValueError, match="no CUDA device"):
-        minikv.LLM(device="cuda")

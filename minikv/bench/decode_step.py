@@ -15,6 +15,8 @@ import sys
 
 import torch
 
+from minikv.kernels.formats import KV_CACHE_DTYPES
+
 LAYERS, HIDDEN, HQ, HKV, D, INTER, VOCAB, BS = 16, 2048, 32, 8, 128, 8192, 128256, 16
 
 
@@ -74,7 +76,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=4096)
-    p.add_argument("--formats", nargs="+", default=["auto", "int8_per_token_head", "fp8_per_token_head", "fp8"])
+    p.add_argument("--formats", nargs="+", default=list(KV_CACHE_DTYPES), choices=KV_CACHE_DTYPES)
     p.add_argument("--csv", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -1,7 +1,7 @@
 """`python -m minikv.bench engine`: end-to-end generation speed through the engine.
 
-On a CPU (the default): tiny-gemma4, 48 prompts x 12 new tokens at max_num_seqs=8 (the figures the README
-quotes), greedy, per backend. Through the Triton interpreter this measures the interpreter, not the kernels'
+On a CPU (the default): tiny-gemma4 (or `--model`), 48 prompts x 12 new tokens at max_num_seqs=8 (the figures the
+README quotes), greedy, per backend. Through the Triton interpreter this measures the interpreter, not the kernels'
 design; the process's CPU time is printed beside the wall time: on a shared, busy machine it is the better
 estimate of what an idle one takes (set OMP_NUM_THREADS=1 so that the two measure the same work).
 
@@ -14,20 +14,21 @@ sampled in decode steps / their wall time.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import tempfile
 import time
 
-KV_CACHE_DTYPES = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head")
+from minikv.kernels.formats import KV_CACHE_DTYPES
 
 
-def measure(backend: str, device: str, kv_cache_dtype: str, prompts: int, max_tokens: int, max_num_seqs: int):
+def measure(backend: str, device: str, kv_cache_dtype: str, prompts: int, max_tokens: int, max_num_seqs: int,
+            model: str = "tiny-gemma4"):
     import minikv
-    task = minikv.tasks.for_model("tiny-gemma4")
+    from minikv.evaluate import task_of
+    task = task_of(model)
     ps = task.prompts(prompts, seed=0)
-    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
+    llm = minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
                      max_num_seqs=max_num_seqs)
     start, cpu_start = time.perf_counter(), time.process_time()
     outs = llm.generate(ps, minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
@@ -131,28 +132,31 @@ def gpu_main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minikv.bench engine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from minikv.cli import UsageParser, model_arg, positive_int
+    from minikv.config import BACKENDS, KV_CACHE_DTYPES as FORMATS
+    p = UsageParser(prog="minikv bench engine", description=__doc__)
+    model_arg(p)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--kv-cache-dtype", default="int8_per_token_head", help="CPU: the cache format")
-    p.add_argument("--prompts", type=int, default=48, help="CPU: prompts")
-    p.add_argument("--max-tokens", type=int, default=12, help="CPU: new tokens per prompt")
-    p.add_argument("--max-num-seqs", type=int, default=8, help="CPU: batch")
-    p.add_argument("--backends", nargs="+", default=["triton", "torch"], help="CPU: backends")
-    p.add_argument("--kv-cache-dtypes", nargs="+", default=list(KV_CACHE_DTYPES), help="GPU: the cache formats")
-    p.add_argument("--batch", type=int, default=64, help="GPU: sequences decoded together")
-    p.add_argument("--context", type=int, default=2048, help="GPU: prompt tokens per sequence")
-    p.add_argument("--new-tokens", type=int, default=16, help="GPU: tokens generated per sequence")
+    p.add_argument("--kv-cache-dtype", default="int8_per_token_head", choices=FORMATS, help="CPU: the cache format")
+    p.add_argument("--prompts", type=positive_int, default=48, help="CPU: prompts")
+    p.add_argument("--max-tokens", type=positive_int, default=12, help="CPU: new tokens per prompt")
+    p.add_argument("--max-num-seqs", type=positive_int, default=8, help="CPU: batch")
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS, help="CPU: backends")
+    p.add_argument("--kv-cache-dtypes", nargs="+", default=list(KV_CACHE_DTYPES), choices=FORMATS,
+                   help="GPU: the cache formats")
+    p.add_argument("--batch", type=positive_int, default=64, help="GPU: sequences decoded together")
+    p.add_argument("--context", type=positive_int, default=2048, help="GPU: prompt tokens per sequence")
+    p.add_argument("--new-tokens", type=positive_int, default=16, help="GPU: tokens generated per sequence")
     p.add_argument("--csv", default=None, help="GPU: write the rows here")
     args = p.parse_args(argv)
     if args.device.startswith("cuda"):
         return gpu_main(args)
-    print(f"tiny-gemma4, {args.prompts} prompts x {args.max_tokens} new tokens, max_num_seqs={args.max_num_seqs}, "
+    print(f"{args.model}, {args.prompts} prompts x {args.max_tokens} new tokens, max_num_seqs={args.max_num_seqs}, "
           f"kv_cache_dtype={args.kv_cache_dtype}, device={args.device}")
     results = {}
     for backend in args.backends:
         seconds, cpu_seconds, tokens, right = measure(backend, args.device, args.kv_cache_dtype, args.prompts,
-                                                      args.max_tokens, args.max_num_seqs)
+                                                      args.max_tokens, args.max_num_seqs, args.model)
         results[backend] = seconds
         cpu = f" ({cpu_seconds:.1f} s CPU)" if args.device == "cpu" else ""
         print(f"  {backend:7s} {seconds:7.1f} s{cpu}  {tokens / seconds:8.1f} tokens/s  ({right}/{args.prompts} right)")

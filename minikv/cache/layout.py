@@ -1,4 +1,5 @@
-"""KVLayout: the one place where the bytes of a KV-cache pool are computed.
+"""KVLayout: the one place where the bytes of a KV-cache pool are computed (once per layout, into a frozen
+`CacheSpec`: `layout.spec`); every address computed from them goes through `minikv.kernels.addressing`.
 
 A pool is a run of blocks. A block holds `block_size` slots for K, then `block_size` slots for V. A slot holds one
 *row* per KV head. A row is the head vector's elements; the per-token-head formats add one fp32 scale per row,
@@ -13,23 +14,27 @@ placed as `scale_placement` says:
 "row" gives 132-byte rows (head size 128) that are only 4-byte aligned and a scattered 4-byte load per row;
 "block" keeps every row 16-byte aligned (wide loads) and one head's scales of a block as one contiguous vector.
 
-The allocator sizes pools from a layout, the kernels address pools from a layout (passed as a plain spec), and
-the scale views are built from a layout. If two parties use two different layouts for one pool, they disagree
+The allocator sizes pools from a layout, the kernels address pools from its spec, and the scale and code views
+are built from its spec's strides. If two parties use two different layouts for one pool, they disagree
 about where every block lives: that is defect B1, and `check_compatible` is the contract that catches it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from minikv.kernels import formats
+from minikv.kernels import addressing, formats
 
 SCALE_BYTES = formats.SCALE_BYTES
 
 
 class KVLayoutMismatchError(RuntimeError):
     """A backend was bound to a pool whose layout differs from the backend's own."""
+
+
+def _spec_field(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.spec, name), doc=doc)
 
 
 @dataclass(frozen=True)
@@ -40,26 +45,19 @@ class KVLayout:
     head_size: int
     block_size: int
     scale_placement: str = "row"
+    # Computed once, from the fields above: the frozen byte counts the kernels address a pool with.
+    spec: formats.CacheSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        formats.format_of(self.kv_cache_dtype, self.model_dtype)     # checks both, with clear errors
+        fmt = formats.format_of(self.kv_cache_dtype, self.model_dtype)     # checks both, with clear errors
         formats.check_scale_placement(self.scale_placement)
-        formats.check_head_size(self.head_size)
-        if self.num_kv_heads < 1 or self.block_size < 1:
-            raise ValueError("num_kv_heads and block_size must be positive")
+        object.__setattr__(self, "spec", _compute_spec(fmt, self.num_kv_heads, self.head_size, self.block_size,
+                                                       self.scale_placement))
 
     # ---- element format (all facts from the one table, kernels/formats.py) ---------------------------------
     @property
     def format(self) -> formats.Format:
-        return formats.format_of(self.kv_cache_dtype, self.model_dtype)
-
-    @property
-    def fmt(self) -> int:
-        return self.format.code
-
-    @property
-    def elem_bytes(self) -> int:
-        return self.format.elem_bytes
+        return formats.TABLE[self.spec.fmt]
 
     @property
     def code_dtype(self) -> torch.dtype:
@@ -75,21 +73,25 @@ class KVLayout:
         """fp8 keeps one scale for K and one for V per layer, outside the pool."""
         return self.format.layer_scales
 
-    @property
-    def spec(self) -> formats.CacheSpec:
-        """The typed spec the kernels address this layout's pools with."""
-        return formats.CacheSpec.of(self)
+    # ---- bytes: the spec's fields, read through the layout (layout.row_bytes is layout.spec.row_bytes) ------
+    fmt = _spec_field("fmt", "The format code (formats.F16 ... FP8_PTH), as the kernels branch on it.")
+    elem_bytes = _spec_field("elem_bytes", "Bytes of one stored element.")
+    placement = _spec_field("placement", "formats.ROW or formats.BLOCK, as the kernels see it (ROW without scales).")
+    row_bytes = _spec_field("row_bytes", "Bytes of one row: its codes, plus its scale with \"row\" placement.")
+    slot_bytes = _spec_field("slot_bytes", "Bytes of one slot: a row per KV head.")
+    kv_bytes = _spec_field("kv_bytes", "Bytes of one half (K or V) of a block; V starts this far into the block.")
+    block_bytes = _spec_field("block_bytes", "Bytes of one block: the K half, then the V half.")
+    scale_offset = _spec_field("scale_offset", "Where the scale of (slot 0, head 0) sits: inside the row (\"row\") "
+                                               "or inside the block half (\"block\"); -1 without scales.")
+    scale_slot_bytes = _spec_field("scale_slot_bytes", "Bytes from one slot's scale to the next's (same head); 0 "
+                                                       "without scales.")
+    scale_head_bytes = _spec_field("scale_head_bytes", "Bytes from one head's scale to the next's (same slot); 0 "
+                                                       "without scales.")
 
-    # ---- bytes --------------------------------------------------------------------------------------------
     @property
     def scales_in_block(self) -> bool:
         """Whether the scales are grouped after each block half's codes ("block" with a per-token-head format)."""
-        return self.has_inline_scales and self.scale_placement == "block"
-
-    @property
-    def placement(self) -> int:
-        """formats.ROW or formats.BLOCK, as the kernels see it (ROW for formats without scales)."""
-        return formats.BLOCK if self.scales_in_block else formats.ROW
+        return self.spec.placement == formats.BLOCK
 
     @property
     def code_bytes(self) -> int:
@@ -97,52 +99,9 @@ class KVLayout:
         return self.head_size * self.elem_bytes
 
     @property
-    def row_bytes(self) -> int:
-        inline = self.has_inline_scales and not self.scales_in_block
-        return self.code_bytes + (SCALE_BYTES if inline else 0)
-
-    @property
-    def slot_bytes(self) -> int:
-        return self.num_kv_heads * self.row_bytes
-
-    @property
     def scale_region_bytes(self) -> int:
         """"block" placement: bytes of one half's scale region (padded so the next half stays 16-byte aligned)."""
-        if not self.scales_in_block:
-            return 0
-        a = formats.SCALE_REGION_ALIGN
-        return -(-self.block_size * self.num_kv_heads * SCALE_BYTES // a) * a
-
-    @property
-    def kv_bytes(self) -> int:
-        """Bytes of one half (K or V) of a block; V starts this far into the block."""
-        return self.block_size * self.slot_bytes + self.scale_region_bytes
-
-    @property
-    def scale_offset(self) -> int:
-        """Where the scale of (slot 0, head 0) sits: inside the row ("row") or inside the block half ("block");
-        -1 when the format has none."""
-        if not self.has_inline_scales:
-            return -1
-        return self.block_size * self.slot_bytes if self.scales_in_block else self.code_bytes
-
-    @property
-    def scale_slot_bytes(self) -> int:
-        """Bytes from the scale of slot o to that of slot o + 1 (same head); 0 without scales."""
-        if not self.has_inline_scales:
-            return 0
-        return SCALE_BYTES if self.scales_in_block else self.slot_bytes
-
-    @property
-    def scale_head_bytes(self) -> int:
-        """Bytes from the scale of head h to that of head h + 1 (same slot); 0 without scales."""
-        if not self.has_inline_scales:
-            return 0
-        return self.block_size * SCALE_BYTES if self.scales_in_block else self.row_bytes
-
-    @property
-    def block_bytes(self) -> int:
-        return 2 * self.kv_bytes
+        return self.kv_bytes - self.block_size * self.slot_bytes
 
     def pool_bytes(self, num_blocks: int) -> int:
         return num_blocks * self.block_bytes
@@ -152,14 +111,14 @@ class KVLayout:
         return 2 * self.num_kv_heads * (self.code_bytes + (SCALE_BYTES if self.has_inline_scales else 0))
 
     def row_offset(self, block: int, kv: int, slot_in_block: int, head: int) -> int:
-        return block * self.block_bytes + kv * self.kv_bytes + slot_in_block * self.slot_bytes + head * self.row_bytes
+        """Where the row of (block, half kv, slot in block, kv head) starts (addressing.row_byte_offset)."""
+        return addressing.row_byte_offset(self.spec, block, kv, slot_in_block, head)
 
     def scale_byte_offset(self, block: int, kv: int, slot_in_block: int, head: int) -> int:
-        """Where the fp32 scale of one row lives (per-token-head formats)."""
+        """Where the fp32 scale of one row lives (per-token-head formats; addressing.scale_byte_offset)."""
         if not self.has_inline_scales:
             raise ValueError(f"{self.kv_cache_dtype} has no inline scales")
-        return (block * self.block_bytes + kv * self.kv_bytes + self.scale_offset + slot_in_block
-                * self.scale_slot_bytes + head * self.scale_head_bytes)
+        return addressing.scale_byte_offset(self.spec, block, kv, slot_in_block, head)
 
     # ---- views over a pool --------------------------------------------------------------------------------
     def _check_pool(self, pool: torch.Tensor) -> int:
@@ -175,28 +134,27 @@ class KVLayout:
         if not self.has_inline_scales:
             raise ValueError(f"{self.kv_cache_dtype} has no inline scales")
         num_blocks = self._check_pool(pool)
-        if pool.storage_offset() % SCALE_BYTES or self.row_bytes % SCALE_BYTES:
+        if pool.storage_offset() % SCALE_BYTES:
             raise ValueError("inline scales must be 4-byte aligned")
         words = torch.as_strided(pool, (pool.numel(),), (1,)).view(torch.float32)
-        size = (num_blocks, self.block_size, self.num_kv_heads)
-        stride = (self.block_bytes // 4, self.scale_slot_bytes // 4, self.scale_head_bytes // 4)
-        first = self.scale_offset // 4
+        block_words, kv_words = addressing.half_word_strides(self.spec)
+        slot_words, head_words, first = addressing.scale_word_strides(self.spec)
+        size, stride = (num_blocks, self.block_size, self.num_kv_heads), (block_words, slot_words, head_words)
         k = torch.as_strided(words, size, stride, words.storage_offset() + first)
-        v = torch.as_strided(words, size, stride, words.storage_offset() + first + self.kv_bytes // 4)
+        v = torch.as_strided(words, size, stride, words.storage_offset() + first + kv_words)
         return k, v
 
     def code_views(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Views [num_blocks, block_size, num_kv_heads, head_size] of the stored K and V elements."""
         num_blocks = self._check_pool(pool)
         flat = torch.as_strided(pool, (pool.numel(),), (1,))
-        eb = self.elem_bytes
-        if pool.storage_offset() % eb:
+        if pool.storage_offset() % self.elem_bytes:
             raise ValueError("pool is not aligned to its element size")
         elems = flat.view(self.code_dtype)
+        block, kv, slot, row = addressing.element_strides(self.spec)
         size = (num_blocks, self.block_size, self.num_kv_heads, self.head_size)
-        stride = (self.block_bytes // eb, self.slot_bytes // eb, self.row_bytes // eb, 1)
-        k = torch.as_strided(elems, size, stride, elems.storage_offset())
-        v = torch.as_strided(elems, size, stride, elems.storage_offset() + self.kv_bytes // eb)
+        k = torch.as_strided(elems, size, (block, slot, row, 1), elems.storage_offset())
+        v = torch.as_strided(elems, size, (block, slot, row, 1), elems.storage_offset() + kv)
         return k, v
 
     # ---- the contract ---------------------------------------------------------------------------------------
@@ -213,8 +171,34 @@ class KVLayout:
             )
 
     def spec_tuple(self) -> tuple[int, ...]:
-        return tuple(getattr(self, f) for f in formats.SPEC_FIELDS)
+        return tuple(getattr(self.spec, f) for f in formats.SPEC_FIELDS)
 
     def describe(self) -> str:
         name = formats.NAMES[self.fmt] + (", scales per block" if self.scales_in_block else "")
         return f"{name} (heads={self.num_kv_heads}, head_size={self.head_size}, block_size={self.block_size})"
+
+
+def _compute_spec(fmt: formats.Format, num_kv_heads: int, head_size: int, block_size: int,
+                  scale_placement: str) -> formats.CacheSpec:
+    """The byte counts of a pool of this format and shape: the one place they are computed."""
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads < 1:
+        raise ValueError(f"num_kv_heads must be a positive int, got {num_kv_heads!r}")
+    formats.check_head_size(head_size)
+    formats.check_block_size(block_size)
+    in_block = fmt.inline_scales and scale_placement == "block"
+    code_bytes = head_size * fmt.elem_bytes
+    row_bytes = code_bytes + (SCALE_BYTES if fmt.inline_scales and not in_block else 0)
+    slot_bytes = num_kv_heads * row_bytes
+    align = formats.SCALE_REGION_ALIGN
+    region = -(-block_size * num_kv_heads * SCALE_BYTES // align) * align if in_block else 0
+    kv_bytes = block_size * slot_bytes + region
+    if not fmt.inline_scales:
+        scale_offset, scale_slot, scale_head = -1, 0, 0
+    elif in_block:
+        scale_offset, scale_slot, scale_head = block_size * slot_bytes, SCALE_BYTES, block_size * SCALE_BYTES
+    else:
+        scale_offset, scale_slot, scale_head = code_bytes, slot_bytes, row_bytes
+    return formats.CacheSpec(fmt=fmt.code, elem_bytes=fmt.elem_bytes, head_size=head_size, num_kv_heads=num_kv_heads,
+                             block_size=block_size, row_bytes=row_bytes, slot_bytes=slot_bytes, kv_bytes=kv_bytes,
+                             block_bytes=2 * kv_bytes, scale_offset=scale_offset, scale_slot_bytes=scale_slot,
+                             scale_head_bytes=scale_head, placement=formats.BLOCK if in_block else formats.ROW)

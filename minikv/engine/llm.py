@@ -204,8 +204,8 @@ class LLM:
                              f"maximum is {mc.max_position - 1} prompt tokens (max_position {mc.max_position})")
         return ids, None
 
-    def _prepare(self, prompt, params) -> tuple[list[int], list[int] | None, SamplingParams]:
-        """Check one request completely, without touching the engine."""
+    def _prepare(self, prompt, params, name: str) -> tuple[list[int], list[int] | None, SamplingParams]:
+        """Check one request completely, without touching the engine (`name`: how an error names it)."""
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -216,8 +216,8 @@ class LLM:
             raise ValueError(f"max_tokens={params.max_tokens} but the model has room for only {room} new tokens "
                              f"after this {len(ids)}-token prompt (max_position {self.config.model.max_position}); "
                              f"lower max_tokens to at most {room}")
-        probe = Sequence(-1, prompt, ids, params, encoder_token_ids=enc)
-        self.scheduler.check_admissible(probe)
+        probe = Sequence(self._next_id, prompt, ids, params, encoder_token_ids=enc)
+        self.scheduler.check_admissible(probe, name)
         return ids, enc, params
 
     def _queue(self, prompt: str, checked) -> int:
@@ -230,7 +230,7 @@ class LLM:
     def add_request(self, prompt: str, params: SamplingParams | None = None) -> int:
         """Queue one request; return its id. It joins the running batch at the next step that has room."""
         with self._exclusive():
-            return self._queue(prompt, self._prepare(prompt, params))
+            return self._queue(prompt, self._prepare(prompt, params, "the request"))
 
     def abort(self, request_id: int) -> bool:
         """Finish a queued or running request with reason "abort"; False if it is not in flight."""
@@ -334,7 +334,7 @@ class LLM:
         with self._exclusive():
             if not prompts:
                 return []
-            checked = [self._prepare(p, sp) for p, sp in zip(prompts, params)]
+            checked = [self._prepare(p, sp, f"prompts[{i}]") for i, (p, sp) in enumerate(zip(prompts, params))]
             ids = [self._queue(p, c) for p, c in zip(prompts, checked)]
             results: dict[int, RequestOutput] = {}
             # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.

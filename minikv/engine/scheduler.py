@@ -60,16 +60,17 @@ class Scheduler:
         self.waiting.append(seq)
         self._unfinished[seq.request_id] = seq
 
-    def check_admissible(self, seq: Sequence) -> None:
+    def check_admissible(self, seq: Sequence, name: str | None = None) -> None:
         """Raise ValueError when `seq` could never run with these pools and budgets. Changes nothing.
 
         The one place that decides whether a request fits (the LLM facade asks it for every prompt of a call
-        before queueing any)."""
+        before queueing any, naming it as the caller knows it: `name`, default "request <id>")."""
+        name = name or f"request {seq.request_id}"
         needed = self.blocks_needed(seq)
         pool = self.block_manager.num_blocks
         if needed > pool:
             raise ValueError(
-                f"request {seq.request_id} can never fit: {seq.num_prompt_tokens} prompt tokens + "
+                f"{name} can never fit: {seq.num_prompt_tokens} prompt tokens + "
                 f"max_tokens {seq.sampling.max_tokens} need {needed} blocks of "
                 f"{self.block_manager.block_size} tokens, but the KV pool holds only {pool} blocks"
             )
@@ -77,7 +78,7 @@ class Scheduler:
         max_prefill = seq.num_prompt_tokens + seq.sampling.max_tokens - 1
         if max_prefill > self.max_num_batched_tokens:
             raise ValueError(
-                f"request {seq.request_id} can never fit: {seq.num_prompt_tokens} prompt tokens + "
+                f"{name} can never fit: {seq.num_prompt_tokens} prompt tokens + "
                 f"max_tokens {seq.sampling.max_tokens} may need a prefill of {max_prefill} tokens (after "
                 f"preemption), but max_num_batched_tokens is {self.max_num_batched_tokens}"
             )
@@ -85,7 +86,7 @@ class Scheduler:
             kind = "has" if seq.encoder_token_ids is not None else "has no"
             pool_kind = "no" if self.cross_block_manager is None else "a"
             raise ValueError(
-                f"request {seq.request_id} {kind} encoder tokens, "
+                f"{name} {kind} encoder tokens, "
                 f"but this scheduler has {pool_kind} cross pool"
             )
         if self.cross_block_manager is not None:
@@ -93,7 +94,7 @@ class Scheduler:
             cross_pool = self.cross_block_manager.num_blocks
             if cross_needed > cross_pool:
                 raise ValueError(
-                    f"request {seq.request_id} can never fit: {len(seq.encoder_token_ids)} encoder "
+                    f"{name} can never fit: {len(seq.encoder_token_ids)} encoder "
                     f"tokens need {cross_needed} cross blocks, but the cross pool holds only "
                     f"{cross_pool} blocks"
                 )

@@ -32,13 +32,15 @@ from torch import nn
 from tqdm import tqdm
 
 from minikv import tasks
-from minikv.kernels.formats import FP8_QMAX, INT8_QMAX, SCALE_EPS   # the one per-format table
+from minikv.kernels import formats
+from minikv.kernels.quant import quantize_reference
 from minikv.models import hf_checkpoint, registry
 from minikv.models.dir_tokenizer import save_char_tokenizer
 from minikv.models.gemma4 import Gemma4ForCausalLM
 from minikv.models.t5 import T5ForConditionalGeneration
 
-FAKE_QUANT_FORMATS = ("int8_per_token_head", "fp8_per_token_head", "fp8")
+# The quantized cache formats, in the order training draws from (the shipped checkpoints were trained with it).
+FAKE_QUANT_FORMATS = formats.PER_TOKEN_HEAD_KV_CACHE_DTYPES + formats.LAYER_SCALE_KV_CACHE_DTYPES
 IGNORE = -100
 
 
@@ -62,23 +64,13 @@ RECIPES = {
 # ---- fake quantization of K/V -------------------------------------------------------------------------------
 
 def fake_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Quantize then dequantize `x` [..., head_size] as cache format `fmt` stores it (straight-through gradient)."""
-    xf = x.float()
-    if fmt == "int8_per_token_head":
-        scale = (xf.abs().amax(-1, keepdim=True) / INT8_QMAX).clamp(min=SCALE_EPS)
-        deq = torch.round(xf / scale).clamp(-INT8_QMAX, INT8_QMAX) * scale
-    elif fmt == "fp8_per_token_head":
-        scale = (xf.abs().amax(-1, keepdim=True) / FP8_QMAX).clamp(min=SCALE_EPS)
-        deq = _to_e4m3(xf / scale) * scale
-    elif fmt == "fp8":                                  # one scale per layer, 1.0 as the engine uses it
-        deq = _to_e4m3(xf)
-    else:
+    """Quantize then dequantize `x` [..., head_size] as cache format `fmt` stores it (straight-through gradient),
+    with the kernels' own reference quantizer (fp8 with the per-layer scale 1.0 the engine uses)."""
+    if fmt not in FAKE_QUANT_FORMATS:
         raise ValueError(f"unknown fake-quant format {fmt!r}; choose one of {', '.join(FAKE_QUANT_FORMATS)}")
+    codes, scales = quantize_reference(x.detach().float(), formats.format_of(fmt, torch.float32).code)
+    deq = codes.float() if scales is None else codes.float() * scales[..., None]
     return x + (deq.to(x.dtype) - x).detach()
-
-
-def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    return x.clamp(-FP8_QMAX, FP8_QMAX).to(torch.float8_e4m3fn).float()
 
 
 def kv_transform_for(fmt: str | None):

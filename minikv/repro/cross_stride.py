@@ -515,13 +515,14 @@ def write_results(m: Measurement, path, command: str = RESULTS_COMMAND) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="minikv repro cross-stride", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from minikv.cli import UsageParser, positive_int
+    p = UsageParser(prog="minikv repro cross-stride", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default=None, choices=("triton", "torch"),
                    help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
                         "take many minutes: the defect lives in the engine's Python, which both backends run)")
-    p.add_argument("--requests", type=int, default=6)
+    p.add_argument("--requests", type=positive_int, default=6, help="requests served at once (default 6)")
     p.add_argument("--results", default=None, metavar="PATH",
                    help="also write the measured quantities and tables as JSON (e.g. results/cross_stride.json)")
     args = p.parse_args(argv)

@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from minikv.kernels.formats import PER_TOKEN_HEAD_KV_CACHE_DTYPES
 from minikv.repro.common import dequantized_rows, ranges, stored_scales
 
 MODEL = "tiny-gemma4"     # Gemma-4 topology: layers 4 and 6 read layer 2's cache, 5 and 7 read layer 3's
-FORMATS = ("int8_per_token_head", "fp8_per_token_head")
+FORMATS = PER_TOKEN_HEAD_KV_CACHE_DTYPES                # int8 and fp8 per-token-head: the formats with inline scales
 NOTEBOOK = "notebooks/03_kv_sharing_scale_wipe.ipynb"    # walks through the same measurement, printing the same figures
 
 
@@ -572,29 +573,30 @@ def check_extra_signatures(warmups: dict[str, list[int]], max_num_seqs: int, wak
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="minikv repro scale-wipe", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from minikv.cli import UsageParser, positive_int
+    p = UsageParser(prog="minikv repro scale-wipe", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default=None, choices=("triton", "torch"),
                    help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
                         "take many minutes: the defect lives in the engine's Python, which both backends run)")
-    p.add_argument("--requests", type=int, default=24, help="requests per run (default 24: two copies of 12 "
-                                                             "prompts); upstream used 192 (48 prompts x 4)")
-    p.add_argument("--max-num-seqs", type=int, nargs="+", default=[4, 6, 8])
+    p.add_argument("--requests", type=positive_int, default=24, help="requests per run (default 24: two copies of "
+                                                                      "12 prompts); upstream used 192 (48 x 4)")
+    p.add_argument("--max-num-seqs", type=positive_int, nargs="+", default=[4, 6, 8])
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--results", default=None, metavar="PATH",
                    help="write the measured quantities and tables as JSON (results/scale_wipe.json)")
     args = p.parse_args(argv)
     args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
+    if args.requests < 2 * max(args.max_num_seqs):
+        p.error(f"--requests {args.requests} is too few for --max-num-seqs {max(args.max_num_seqs)}: need at least "
+                f"{2 * max(args.max_num_seqs)}, so that a batch after the first exists")
 
     start = time.perf_counter()
     prompts = make_prompts(args.requests, copies=2)
     configs = list(itertools.product(args.formats, args.max_num_seqs, (False, True)))
     pairs = []
     for fmt, seqs, pc in tqdm(configs, desc="scale-wipe configurations"):
-        if seqs * 2 > len(prompts):
-            raise SystemExit(f"--requests {len(prompts)} is too few for max_num_seqs {seqs}: need at least "
-                             f"{2 * seqs} so that a later batch exists")
         fixed = run_engine(fmt, seqs, pc, False, prompts, args.device, args.backend)
         buggy = run_engine(fmt, seqs, pc, True, prompts, args.device, args.backend)
         compare(fixed, buggy)
