@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (FP8, INT8_PTH, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
+from .addressing import (FP8, SCALE_WORD, INT8_PTH, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
                          check_query_against_cache, check_spec, element_strides, gather_sequence, paged_rows,
                          read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales)
 from .mode import INTERPRETED, require_device
@@ -154,8 +154,8 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
     acc = tl.zeros([BLOCK_G, HEAD_SIZE], tl.float32)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     head_row = kv_head.to(tl.int64) * row_stride
-    head_scale = scale_offset // 4 + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
-    block_words = block_stride // 4
+    head_scale = scale_offset // SCALE_WORD + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
+    block_words = block_stride // SCALE_WORD
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         valid = n < end

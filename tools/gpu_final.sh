@@ -26,9 +26,9 @@ export TRITON_CACHE_DIR=$(mktemp -d)          # empty: the test run below starts
 } 2>&1 | tee "$OUT/logs/env.txt"
 
 echo "== make test-gpu (cold Triton cache) beside the token ids on CUDA"
-(timeout 280 python3 tools/gpu_tokens.py "$OUT/tokens_v3_cuda.json" > "$OUT/logs/tokens_v3.log" 2>&1;
+(timeout 220 python3 tools/gpu_tokens.py "$OUT/tokens_v3_cuda.json" > "$OUT/logs/tokens_v3.log" 2>&1;
  echo "tokens exit $?" >> "$OUT/logs/tokens_v3.log") &
-timeout 330 bash tools/gpu_test.sh "$OUT/logs/test-gpu.log" > /dev/null 2>&1
+GPU_TEST_WORKERS=12 timeout 230 bash tools/gpu_test.sh "$OUT/logs/test-gpu.log" > /dev/null 2>&1
 echo "test-gpu exit $?"
 grep -E " passed| failed|error|FAILED|make test-gpu" "$OUT/logs/test-gpu.log" | tail -12
 wait

@@ -161,7 +161,6 @@ def main(argv=None):
     import triton
     import minikv.kernels as kernels
     from minikv.kernels import launch
-    dec = importlib.import_module("minikv.kernels.decode_attention")
     old = None
     if args.old:
         sys.path.insert(0, str(args.old))

@@ -43,11 +43,11 @@ if want notebook; then
 step "notebook 05 (attention benchmark, outputs recorded here)"
 mkdir -p notebooks/data
 python3 -m jupytext --to ipynb notebooks/05_gpu_performance.py || status=1
-(cd notebooks && timeout 330 python3 - <<'PY') 2>&1 | tee "$OUT/notebook05.log" || status=1
+(cd notebooks && timeout 270 python3 - <<'PY') 2>&1 | tee "$OUT/notebook05.log" || status=1
 import nbformat, nbclient
 nb = nbformat.read("05_gpu_performance.ipynb", as_version=4)
 try:
-    nbclient.NotebookClient(nb, kernel_name="python3", timeout=320, resources={"metadata": {"path": "."}}).execute()
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=260, resources={"metadata": {"path": "."}}).execute()
 finally:
     nbformat.write(nb, "05_gpu_performance.ipynb")
 print("notebook 05 executed")
