@@ -26,4 +26,5 @@ for model in ("tiny-gemma4", "tiny-t5"):
                 out[key] = {"prompts": prompts, "ids": [o.token_ids for o in outs],
                             "right": sum(task.check(p, o.text) for p, o in zip(prompts, outs))}
                 print(f"{key} {out[key]['right']}/8 right ({time.time() - start:.0f} s)", flush=True)
-json.dump(out, open(sys.argv[1], "w"), indent=1)
+                with open(sys.argv[1], "w") as f:      # after every run: a time limit keeps what finished
+                    json.dump(out, f, indent=1)
