@@ -1,7 +1,8 @@
 # minikv: the commands the README names. Everything runs inside .venv, which `make setup` creates.
 #
 #   make run        the main job (minikv demo)
-#   make test       unit/property/engine tests, then the notebooks through nbval (CPU)
+#   make test       unit/property/engine tests, then the notebooks through nbval (CPU); not the `slow` tests
+#   make test-all   the same with the `slow` tests too (every notebook in the browser, ...)
 #   make test-gpu   GPU tests and both reproductions compiled on CUDA (system python with CUDA torch)
 #   make notebooks  sync the .py/.ipynb pairs and re-execute the CPU notebooks in place
 #   make docs       the static site, built offline into site/
@@ -23,7 +24,7 @@ GPU_NOTEBOOKS := notebooks/05_gpu_performance.ipynb
 NBVAL_FLAGS   := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 KERNEL        := python3
 
-.PHONY: setup run test test-gpu notebooks docs lab bench results clean distclean
+.PHONY: setup run test test-all test-gpu notebooks docs lab bench results clean distclean
 
 setup: $(STAMP)
 
@@ -52,14 +53,24 @@ OTHER_CPU_KERNELS := $(if $(filter default,$(ATEN_CPU_CAPABILITY)),\
 	env -u ATEN_CPU_CAPABILITY,ATEN_CPU_CAPABILITY=default)
 SECOND_FLOAT_ENV  := $(OTHER_CPU_KERNELS) OMP_NUM_THREADS=2
 
+# Two pytest workers (pytest-xdist), one per core of the 2-core machines this runs on; a test file stays on one
+# worker (--dist loadfile), so its module-scoped engines are built once, and a notebook's cells run in one kernel.
+# MARKS selects the tests: `make test` leaves out the `slow` ones, whose property a faster test also asserts.
+WORKERS ?= 2
+XDIST   := -n $(WORKERS) --dist loadfile
+MARKS   ?= not slow
+
 test: $(STAMP)
-	$(TEST_ENV) MPLBACKEND=Agg $(PY) -m pytest -q --durations=10 tests
+	$(TEST_ENV) MPLBACKEND=Agg $(PY) -m pytest -q $(XDIST) -m "$(MARKS)" --durations=30 tests
 ifneq ($(NOTEBOOKS),)
-	$(TEST_ENV) $(PY) -m pytest -q -p no:cacheprovider $(NBVAL_FLAGS) $(NOTEBOOKS)
-	$(TEST_ENV) $(SECOND_FLOAT_ENV) $(PY) -m pytest -q -p no:cacheprovider $(NBVAL_FLAGS) $(NOTEBOOKS)
+	$(TEST_ENV) $(PY) -m pytest -q $(XDIST) -p no:cacheprovider $(NBVAL_FLAGS) $(NOTEBOOKS)
+	$(TEST_ENV) $(SECOND_FLOAT_ENV) $(PY) -m pytest -q $(XDIST) -p no:cacheprovider $(NBVAL_FLAGS) $(NOTEBOOKS)
 else
 	@echo "no notebooks/*.ipynb yet: nbval skipped"
 endif
+
+test-all: $(STAMP)
+	$(MAKE) test MARKS=""
 
 # On a GPU machine whose python3 already has a CUDA build of torch (no .venv: that would bring the CPU build).
 # tools/gpu_test.sh holds the steps (the GPU tests in parallel workers, both reproductions on CUDA, the wall time

@@ -33,21 +33,35 @@ def generate(prompts, max_tokens=8, **kw):
     return llm, [o.text for o in outs]
 
 
+CENSUS = [(0, 0, -1, False), (1, 1, -1, False), (2, 2, -1, False), (3, 3, -1, False),
+          (4, 2, 0, True), (5, 3, 0, True), (6, 2, 0, False), (7, 3, 0, False)]
+
+
 @pytest.mark.parametrize("max_num_seqs", [4, 6, 8])
 def test_historical_path_damages_exactly_the_first_batch(max_num_seqs):
+    # The defect lives in the engine's Python, which both backends run: the matrix on the torch backend, the
+    # Triton kernels below (the reproduction itself, `minikv repro scale-wipe`, runs torch on CPU too).
     fmt = "int8_per_token_head" if max_num_seqs != 6 else "fp8_per_token_head"
     prompts = scale_wipe.make_prompts(2 * max_num_seqs)          # the first batch: distinct prompts
-    _, clean = generate(prompts, max_tokens=12, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs)
-    llm, buggy = generate(prompts, max_tokens=12, kv_cache_dtype=fmt, max_num_seqs=max_num_seqs,
-                          reintroduce=("scale-wipe",))
+    kw = dict(kv_cache_dtype=fmt, max_num_seqs=max_num_seqs, backend="torch")
+    _, clean = generate(prompts, max_tokens=12, **kw)
+    llm, buggy = generate(prompts, max_tokens=12, reintroduce=("scale-wipe",), **kw)
     assert damaged(prompts, buggy, clean) == list(range(max_num_seqs))
     assert buggy[max_num_seqs:] == clean[max_num_seqs:]            # later batches clean
     # The census in upstream's shape: the owners (layers 0-3) fill at warmup; per shared storage the first sharer
     # (4 for layer 2's, 5 for layer 3's) wipes at step 0 and the second sharer (6, 7) finds only 1.0s.
-    fills = scale_wipe.census_fills(llm)
-    assert [(f.layer, f.storage, f.step, f.overwritten > 0) for f in fills] == [
-        (0, 0, -1, False), (1, 1, -1, False), (2, 2, -1, False), (3, 3, -1, False),
-        (4, 2, 0, True), (5, 3, 0, True), (6, 2, 0, False), (7, 3, 0, False)]
+    assert [(f.layer, f.storage, f.step, f.overwritten > 0) for f in scale_wipe.census_fills(llm)] == CENSUS
+
+
+def test_historical_path_through_the_triton_kernels_damages_exactly_the_first_batch():
+    max_num_seqs, task = 4, minikv.tasks.for_model("tiny-gemma4")
+    prompts = scale_wipe.make_prompts(2 * max_num_seqs)
+    llm, buggy = generate(prompts, max_tokens=6, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
+                          backend="triton", reintroduce=("scale-wipe",))
+    right = [task.check(p, t) for p, t in zip(prompts, buggy)]
+    assert right == [False] * max_num_seqs + [True] * max_num_seqs   # the first batch wrong, the later one right
+    assert [(f.layer, f.storage, f.step, f.overwritten > 0) for f in scale_wipe.census_fills(llm)] == CENSUS
+
 
 def test_census_check_rejects_other_shapes():
     prompts = scale_wipe.make_prompts(8)
