@@ -55,16 +55,10 @@ def _find_tile(cu_q_ptr, pid, num_seqs, GROUP: tl.constexpr, BLOCK_M: tl.constex
 @triton.jit
 def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, table, codes_ptr, scales_ptr,
             kv_stride, block_stride, slot_stride, head_row, scale_offset, scale_slot_words, head_scale, qk_scale,
-            row_scale,
             q_index, causal_offset, window, bias_ptr, bias_width, head, d, PAGED: tl.constexpr,
             MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, ROW_ALIGN: tl.constexpr,
             SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One K/V tile of the online softmax: returns the updated (max, sum, accumulator).
-
-    The scores' scale (sm_scale in log2 units, [rows, 1] or a scalar; `row_scale` the same per row, [rows]) is
-    folded into the exponent: the row max is taken over the unscaled products and scaled once per row, and each
-    probability is exp2(qk * scale - max), one multiply-add per score (as Triton's fused-attention tutorial does).
-    T5's bias is added to scaled scores, so with it the scores are scaled first."""
+    """One K/V tile of the online softmax: returns the updated (max, sum, accumulator)."""
     n = start_n + tl.arange(0, BLOCK_N)
     valid = n < kv_len
     if PAGED:
@@ -81,7 +75,7 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
     else:      # every key of the tile exists: unmasked loads vectorize best
         k = tl.load(k_tile).to(q.dtype)
         v = tl.load(v_tile).to(q.dtype)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if HAS_SCALES:
         k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_stride // SCALE_WORD, scale_slot_words,
                               head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
@@ -89,7 +83,7 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
     if HAS_BIAS:        # (causal only) T5's relative position bias, query position c + i
         distance = causal_offset + q_index[:, None] - n[None, :]
         index = tl.minimum(tl.maximum(distance, 0), bias_width - 1)
-        s = s * qk_scale + tl.load(bias_ptr + head[:, None] * bias_width + index) * 1.4426950408889634   # log2(e)
+        s = s + tl.load(bias_ptr + head[:, None] * bias_width + index) * 1.4426950408889634    # log2(e)
     if MASKED:
         visible = valid[None, :]
         if CAUSAL:
@@ -97,19 +91,13 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
         if HAS_WINDOW:
             visible = visible & (n[None, :] > causal_offset + q_index[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-    if HAS_BIAS:
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-    else:
-        m_new = tl.maximum(m, tl.max(s, axis=1) * row_scale)       # the scale is positive: max commutes
+    m_new = tl.maximum(m, tl.max(s, axis=1))
     if HAS_WINDOW:
         # a row's window may start after this tile: with nothing seen yet its max is still -inf, and
         # exp2(-inf - -inf) would be NaN; a finite stand-in makes alpha and p exactly 0 instead
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m - m_new)
-    if HAS_BIAS:
-        p = tl.exp2(s - m_new[:, None])
-    else:
-        p = tl.exp2(s * qk_scale - m_new[:, None])
+    p = tl.exp2(s - m_new[:, None])
     l = l * alpha + tl.sum(p, axis=1)
     if HAS_SCALES:
         v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_stride // SCALE_WORD,
@@ -158,12 +146,10 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
             q_pow2 = _pow2_row_scale(tl.max(tl.abs(q.to(tl.float32)), axis=1))
             q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
             s_scale = qk_scale / q_pow2[:, None]
-            row_scale = qk_scale / q_pow2
         else:
             if DOT_F32:
                 q = q.to(tl.float32)
             s_scale = qk_scale
-            row_scale = qk_scale
 
         causal_offset = kv_len - q_len
         if CAUSAL:
@@ -191,20 +177,20 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
             for start_n in range(begin, unmasked_begin, BLOCK_N):
                 m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                     codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row,
-                                    scale_offset, scale_slot_words, head_scale, s_scale, row_scale, q_index, causal_offset,
+                                    scale_offset, scale_slot_words, head_scale, s_scale, q_index, causal_offset,
                                     window, bias_ptr, bias_width, head, d, PAGED, True, CAUSAL, HAS_WINDOW, HAS_BIAS,
                                     HAS_SCALES, BLOCK_SIZE, BLOCK_N,
                                     ROW_ALIGN, SCALE_PLACEMENT, SCALE_ALIGN, DOT_PRECISION)
         for start_n in range(unmasked_begin, unmasked_end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                scale_slot_words, head_scale, s_scale, row_scale, q_index, causal_offset, window, bias_ptr,
+                                scale_slot_words, head_scale, s_scale, q_index, causal_offset, window, bias_ptr,
                                 bias_width, head, d, PAGED, False, CAUSAL, HAS_WINDOW, HAS_BIAS, HAS_SCALES, BLOCK_SIZE, BLOCK_N, ROW_ALIGN,
                                 SCALE_PLACEMENT, SCALE_ALIGN, DOT_PRECISION)
         for start_n in range(tl.maximum(unmasked_end, unmasked_begin), end, BLOCK_N):
             m, l, acc = _attend(q, m, l, acc, start_n, kv_len, k_base, v_base, stride_kt, stride_vt, table,
                                 codes_ptr, scales_ptr, kv_stride, block_stride, slot_stride, head_row, scale_offset,
-                                scale_slot_words, head_scale, s_scale, row_scale, q_index, causal_offset, window, bias_ptr,
+                                scale_slot_words, head_scale, s_scale, q_index, causal_offset, window, bias_ptr,
                                 bias_width, head, d, PAGED, True, CAUSAL, HAS_WINDOW, HAS_BIAS, HAS_SCALES, BLOCK_SIZE, BLOCK_N, ROW_ALIGN,
                                 SCALE_PLACEMENT, SCALE_ALIGN, DOT_PRECISION)
         if HAS_WINDOW:      # padding rows past q_len may have seen no key at all (never stored)
