@@ -31,10 +31,17 @@ RNG = np.random.default_rng(0)
 KB = 1024
 
 
+def _number(value: str):
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def _gpu_rows():
-    text = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing")
+    """The rows of notebook 05's CSV as its `load` reads them (numbers as floats; text columns, new ones too, kept)."""
     with open(REPO / "notebooks" / "data" / "gpu_attention.csv") as f:
-        return [{k: (float(v) if k not in text and v != "" else v) for k, v in r.items()} for r in csv.DictReader(f)]
+        return [{k: (v if v == "" else _number(v)) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
 def _timeline(buggy: bool) -> Timeline:
