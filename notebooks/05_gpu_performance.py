@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -38,7 +40,6 @@
 import csv
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 
 DATA = next(p for p in (Path("data/gpu_attention.csv"), Path("notebooks/data/gpu_attention.csv"))
             if p.parent.exists())
@@ -50,8 +51,8 @@ DATA = next(p for p in (Path("data/gpu_attention.csv"), Path("notebooks/data/gpu
 # batch 1/16/64/256 and context 512/4096/16384, for the four cache formats, the two per-token-head ones in both
 # scale placements (explained below; `…/block` in the figures, dotted). Every time is the median of 20 runs
 # timed with CUDA events, the L2 cache flushed before each, and each run is a replay of a CUDA graph holding the
-# call, as a real engine captures its decode step: that takes Python's launch overhead (about 0.1 ms for a Triton
-# launch, more than a small decode step's whole GPU time) out of both minikv's and SDPA's figures. Then causal
+# call, as a real engine captures its decode step: that takes Python's launch overhead (for a Triton launch, more
+# than a small decode step's whole GPU time) out of both minikv's and SDPA's figures. Then causal
 # prefill (batch 8, length 4096) and the
 # cross-attention context step, fused (reading the fp8 paged cache, taught its format) against unfused (reading
 # the bf16 workspace). Last, the engine itself: decode tokens/s per format of a model at gemma-4-E2B's dimensions
@@ -143,27 +144,23 @@ for placement in ("row", "block"):
 # %% [markdown]
 # ## Results (from the recorded CSV)
 #
-# Everything from here on reads the committed CSV and prints it once. Colours name a format in every figure (bf16
-# blue, fp8 per tensor orange, int8 per-token-head green, fp8 per-token-head purple); the block placement of a
-# per-token-head format has its colour with a dotted line or a hatched bar. No colour here means "wrong": every
-# kernel measured computes the right answer (tests/test_kernels_gpu.py).
+# Everything from here on reads the committed CSV and prints it once; the figures are `minikv.viz_gpu`'s. Colours
+# name a format in every figure (bf16 blue, fp8 per tensor orange, int8 per-token-head green, fp8 per-token-head
+# purple) and each format has its own marker; the block placement of a per-token-head format has its colour with a
+# dotted line, a hollow marker or a hatched bar. No colour here means "wrong": every kernel measured computes the
+# right answer (tests/test_kernels_gpu.py).
 
 # %%
+from minikv import viz_gpu
 from minikv.bench.attention import format_targets
 
 TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing", "kernel")
-COLOUR = {"auto": "C0", "fp8": "C1", "int8_per_token_head": "C2", "fp8_per_token_head": "C4"}
 
 
 def load(path):
     with open(path) as f:
         return [{k: (float(v) if k not in TEXT_COLUMNS and v != "" else v) for k, v in r.items()}
                 for r in csv.DictReader(f)]
-
-
-def style(fmt):
-    """Colour by format, dotted for the block placement."""
-    return {"color": COLOUR[fmt.split("/")[0]], "linestyle": ":" if fmt.endswith("/block") else "-"}
 
 
 rows = load(DATA)
@@ -185,19 +182,7 @@ def over_bf16(fmt, b, c):
     return ms[("auto", b, c)] / ms[(fmt, b, c)]
 
 # %%
-fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 3.6), sharey=True)
-for ax, ctx in zip(axes, contexts):
-    for fmt in formats:
-        pts = sorted((int(r["batch"]), r["GBps"]) for r in decode if r["format"] == fmt and r["context"] == ctx)
-        ax.plot([b for b, _ in pts], [g for _, g in pts], marker="o", label=fmt, **style(fmt))
-    ax.axhline(first["copy_GBps"], color="black", linestyle="--", linewidth=1, label="device copy")
-    ax.set_xscale("log", base=2)
-    ax.set_title(f"context {ctx}")
-    ax.set_xlabel("batch")
-axes[0].set_ylabel("achieved GB/s (KV + scales + q read, out written)")
-axes[-1].legend(fontsize=7)
-fig.suptitle("Paged decode bandwidth against the copy ceiling")
-fig.tight_layout()
+viz_gpu.bandwidth_figure(rows)
 
 # %% [markdown]
 # ## Time against the memory roofline
@@ -207,26 +192,11 @@ fig.tight_layout()
 # that mostly reads can beat a copy by a few percent, as bf16 does at the largest steps). Every point is one
 # format at one shape. A point on the line runs at the memory's speed; its height above the line is what the kernel
 # loses. A 1-byte format moves about half of bf16's bytes, so its points sit about a factor 2 further left, and
-# would be about 2x faster if they reached the line too. At the smallest steps every format pays a fixed cost of
-# about 10 µs (launches, the split-K merge) that has nothing to do with bytes: the points flatten out on the left.
+# would be about 2x faster if they reached the line too. At the smallest steps every format pays a fixed cost
+# (launches, the split-K merge) that has nothing to do with bytes: the points flatten out on the left.
 
 # %%
-fig, ax = plt.subplots(figsize=(7.5, 5.0))
-for fmt in formats:
-    keys = [(fmt, b, c) for b, c in shapes]
-    ax.plot([nbytes[k] / 1e6 for k in keys], [ms[k] for k in keys], marker="o" if "/" not in fmt else "s",
-            linestyle="none", markerfacecolor="none" if fmt.endswith("/block") else None, label=fmt,
-            color=style(fmt)["color"])
-span = [min(nbytes.values()) / 1e6, max(nbytes.values()) / 1e6]
-ax.plot(span, [mb * 1e6 / (first["copy_GBps"] * 1e3) for mb in span], color="black", linestyle="--",
-        linewidth=1, label="roofline: bytes / copy bandwidth")
-ax.set_xscale("log")
-ax.set_yscale("log")
-ax.set_xlabel("bytes moved by one decode step (MB)")
-ax.set_ylabel("time per decode step (µs)")
-ax.set_title("Paged decode time against the memory roofline (all shapes)")
-ax.legend(fontsize=7)
-fig.tight_layout()
+viz_gpu.roofline_figure(rows)
 
 # %% [markdown]
 # The same at three large steps, one bar per format (hatched: block placement), the roofline time of its bytes as
@@ -234,19 +204,7 @@ fig.tight_layout()
 # and differ only in their bars.
 
 # %%
-large = [(64, 4096), (16, 16384), (256, 16384)]
-fig, axes = plt.subplots(1, len(large), figsize=(4.2 * len(large), 4.0))
-for ax, (b, c) in zip(axes, large):
-    x = range(len(formats))
-    ax.bar(x, [ms[(f, b, c)] for f in formats], color=[style(f)["color"] for f in formats],
-           hatch=["//" if f.endswith("/block") else "" for f in formats], edgecolor="white")
-    ax.scatter(x, [nbytes[(f, b, c)] / (first["copy_GBps"] * 1e3) for f in formats], marker="_", s=400,
-               color="black", zorder=3)
-    ax.set_xticks(list(x), formats, rotation=60, ha="right", fontsize=7)
-    ax.set_title(f"batch {b}, context {c}")
-axes[0].set_ylabel("time per decode step (µs)")
-fig.suptitle("Paged decode time (bars) against the memory roofline (black marks: bytes / copy bandwidth)")
-fig.tight_layout()
+viz_gpu.roofline_bars_figure(rows, [(64, 4096), (16, 16384), (256, 16384)])
 
 # %% [markdown]
 # ## Against the best unpaged bf16 kernel
@@ -256,18 +214,7 @@ fig.tight_layout()
 # kernel on that format is faster than SDPA on bf16.
 
 # %%
-fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 3.4), sharey=True)
-for ax, ctx in zip(axes, contexts):
-    for fmt in formats:
-        pts = sorted((b, over_sdpa[(fmt, b, c)]) for b, c in shapes if c == ctx)
-        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=fmt, **style(fmt))
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
-    ax.set_xscale("log", base=2)
-    ax.set_title(f"context {ctx}")
-    ax.set_xlabel("batch")
-axes[0].set_ylabel("SDPA time / minikv time")
-axes[-1].legend(fontsize=7)
-fig.tight_layout()
+viz_gpu.sdpa_ratio_figure(rows)
 
 # %% [markdown]
 # Read from the same CSV: at how many of the shapes each format is faster than SDPA on bf16, and its two ratios at
@@ -390,10 +337,10 @@ for f in one_byte:
 #   contiguous read; it makes the same formats faster than bf16 at every large shape, close to fp8 per tensor,
 #   which reads the same rows without scales.
 # * **What is left** is the 1-byte kernel's own ceiling, the same for fp8 and both block-placed formats: an Nsight
-#   Compute profile at batch 64 / context 4096 (`../results/gpu/issue20_call1/ncu_summary.txt`) shows their kernel
-#   at about 61% of the DRAM bandwidth against 93% for bf16's, with two programs per SM (each holds about 107 KB
-#   of shared memory: two tiles of K and V in flight and V's float16 copy, which the PV dot product needs
-#   transposed) issuing instructions in 44% of the cycles. A 1-byte tile holds twice the tokens of a bf16 tile of
+#   Compute profile at batch 64 / context 4096 (`../results/gpu/issue20_call1/ncu_summary.txt`, which holds the
+#   figures) shows their kernel at about two thirds of the share of DRAM bandwidth bf16's kernel reaches, with two
+#   programs per SM (each holds about 107 KB of shared memory: two tiles of K and V in flight and V's float16 copy,
+#   which the PV dot product needs transposed) issuing instructions in fewer than half of the cycles. A 1-byte tile holds twice the tokens of a bf16 tile of
 #   the same bytes, and with GQA 4:1 the 16-row tensor-core tiles are three quarters padding, so per byte the
 #   kernel does twice bf16's arithmetic, plus the conversions. The 1.7x target (1.5x at every large shape) is
 #   missed; closing it needs more bytes in flight per byte of shared memory (V transposed from its 1-byte form,
@@ -407,66 +354,77 @@ for f in one_byte:
 #
 # ## Try it yourself
 #
-# Three questions answered from the committed CSVs alone (they run anywhere, no GPU). For each, write your
-# prediction into the first cell and run it; the solution is the folded cell below it (click the bar left of it,
-# or "View > Expand Selected Code", to read the code; its output is already shown).
+# Three questions answered from the committed CSVs alone (they run anywhere, no GPU), in the style of Sebastian
+# Raschka's *LLMs from scratch*. Each has three cells: put your answer into the first (replace `None`) and run it;
+# the second computes the true answer from the CSV and says whether yours is right, without printing it; the third
+# is the worked solution, folded (in JupyterLab, click the bar left of it; on the docs site, click "Solution").
 #
-# **1. What do the bytes allow?** At batch 64 / context 4096, int8 per-token-head moves fewer bytes than bf16.
-# If both kernels ran exactly at the roofline, how many times faster would int8 be? And the block placement, the
-# row placement: what share of that do they really get?
+# **Exercise 1: what do the bytes allow?** At batch 64 / context 4096, int8 per-token-head moves fewer bytes than
+# bf16. If both kernels ran exactly at the roofline, how many times faster would int8 be? (Within 0.05 counts.)
 
-# %%
-prediction = None   # your guess for the speed-up the bytes allow, e.g. 2.0
+# %% tags=["exercise"]
+my_answer_1 = None   # your answer: a speed-up (a number)
+
+# %% tags=["check"]
+from minikv.exercises import check
+
 allowed = nbytes[("auto", 64, 4096)] / nbytes[("int8_per_token_head", 64, 4096)]
-print(f"your prediction: {prediction}; the bytes allow {allowed:.2f}x")
+check("Exercise 1", my_answer_1, allowed, abs_tol=0.05)
 
-# %% jupyter={"source_hidden": true}
-# Solution: the bytes allow about 2x (a little less for the per-token-head formats, whose scales add 4 bytes
-# per row; the queries, block tables and outputs do not shrink at all); the share of it each 1-byte format gets
-# is its measured speed-up over that.
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution: a little under 2x. A 1-byte code is half a bf16 element, but each row also carries its 4-byte scale,
+# and the queries, block tables and outputs do not shrink at all. The share of that speed-up each 1-byte format
+# really gets is its measured speed-up over it.
+assert 1.8 < allowed < 2.0
 for f in one_byte:
     ideal = nbytes[("auto", 64, 4096)] / nbytes[(f, 64, 4096)]
-    got = over_bf16(f, 64, 4096)
-    print(f"{f:26s} bytes allow {ideal:.2f}x, measured {got:.2f}x: {100 * got / ideal:3.0f}% of it")
+    assert over_bf16(f, 64, 4096) < ideal
+    print(f"{f:26s} bytes allow {ideal:.2f}x, measured {over_bf16(f, 64, 4096):.2f}x")
+print("answer:", f"{allowed:.2f}x")
 
 # %% [markdown]
-# **2. Same tokens, same time?** Batch 64 with context 16384 and batch 256 with context 4096 both hold 1,048,576
-# cached tokens. Predict the ratio of bf16's decode times at the two shapes. Is it the same for int8 with the
-# block placement?
+# **Exercise 2: same tokens, same time?** Batch 64 with context 16384 and batch 256 with context 4096 both hold
+# 1,048,576 cached tokens. What is the ratio of bf16's decode times at the two shapes, time(batch 64, context
+# 16384) / time(batch 256, context 4096)? (Within 0.1 counts.)
 
-# %%
-prediction = None   # your guess for time(batch 64, context 16384) / time(batch 256, context 4096), e.g. 1.0
-print(f"your prediction: {prediction}; bf16 measured "
-      f"{ms[('auto', 64, 16384)] / ms[('auto', 256, 4096)]:.2f}")
+# %% tags=["exercise"]
+my_answer_2 = None   # your answer: a ratio (a number)
 
-# %% jupyter={"source_hidden": true}
-# Solution: decode reads every cached token once, so a memory-bound step costs what its bytes cost; equal tokens
-# are equal bytes (to within the queries and outputs, 4x more sequences at batch 256).
-# (A kernel that splits the two shapes differently, as the 1-byte ones do, can be a little off that.)
+# %% tags=["check"]
+bf16_ratio = ms[("auto", 64, 16384)] / ms[("auto", 256, 4096)]
+check("Exercise 2", my_answer_2, bf16_ratio, abs_tol=0.1)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution: about 1. Decode reads every cached token once, so a memory-bound step costs what its bytes cost; equal
+# tokens are equal bytes (to within the queries and outputs, 4x more sequences at batch 256). (A kernel that splits
+# the two shapes differently, as the 1-byte ones do, can be a little off that.)
 for f in ("auto", "int8_per_token_head/block"):
     t_ratio = ms[(f, 64, 16384)] / ms[(f, 256, 4096)]
     b_ratio = nbytes[(f, 64, 16384)] / nbytes[(f, 256, 4096)]
     assert abs(b_ratio - 1) < 0.01 and (f != "auto" or abs(t_ratio - 1) < 0.1)
     print(f"{f:26s} bytes ratio {b_ratio:.2f}, time ratio {t_ratio:.2f}")
+print("answer:", f"{bf16_ratio:.2f}")
 
 # %% [markdown]
-# **3. How far apart are two runs?** `data/gpu_attention_placement.csv` is another complete run of the benchmark
-# on an H200 of the same kind, with v2's kernels; the row-placed per-token-head formats run the same kernels in
-# both. Predict the largest difference, in percent, between the two runs' times for those formats at batch 64 and
-# more. Why do the targets compare ratios within one run?
+# **Exercise 3: how far apart are two runs?** `data/gpu_attention_placement.csv` is another complete run of the
+# benchmark on an H200 of the same kind, with v2's kernels; the row-placed per-token-head formats run the same
+# kernels in both. What is the largest difference, in percent, between the two runs' times for those formats at
+# batch 64 and more? (Within 2 percentage points counts.) Why do the targets compare ratios within one run?
 
-# %%
-prediction = None   # your guess in percent, e.g. 10
+# %% tags=["exercise"]
+my_answer_3 = None   # your answer: a percentage (a number)
+
+# %% tags=["check"]
 other = {(r["format"], int(r["batch"]), int(r["context"])): 1e3 * r["ms"]
          for r in load(DATA.parent / "gpu_attention_placement.csv") if r["kind"] == "decode"}
 common = [k for k in ms if k in other and k[0] in row_pth and k[1] >= 64]
 worst = max(common, key=lambda k: abs(ms[k] / other[k] - 1))
-print(f"your prediction: {prediction}; {len(common)} cases in both runs")
+check("Exercise 3", my_answer_3, 100 * abs(ms[worst] / other[worst] - 1), abs_tol=2)
 
-# %% jupyter={"source_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
 # Solution: the runs agree to within a few percent. A speed-up computed within one run cancels whatever moved
 # every kernel of that run together (clocks, temperature, the state of the GPU), which is why every target is a
 # ratio within one run.
-print(f"largest time difference: {100 * abs(ms[worst] / other[worst] - 1):.0f}% ({worst[0]}, batch {worst[1]}, "
-      f"context {worst[2]})")
-assert abs(ms[worst] / other[worst] - 1) < 0.1
+assert len(common) > 0 and abs(ms[worst] / other[worst] - 1) < 0.1
+print("answer:", f"{100 * abs(ms[worst] / other[worst] - 1):.0f}% ({worst[0]}, batch {worst[1]}, context {worst[2]}; "
+      f"{len(common)} cases in both runs)")
