@@ -32,6 +32,7 @@ NOTEBOOKS = [
     ("03_kv_sharing_scale_wipe", "3. KV sharing and the scale wipe"),
     ("04_cross_attention_stride_doubling", "4. Cross-attention stride doubling"),
     ("05_gpu_performance", "5. GPU performance"),
+    ("06_catching_defects", "6. Catching defects like these"),
 ]
 # Docs pages that explain each notebook: the notebook's rendered page links back to them.
 NOTEBOOK_PAGES = {
@@ -43,6 +44,7 @@ NOTEBOOK_PAGES = {
                                            ("Defect B: cross stride and FP8 context read",
                                             "defects/cross-stride-fp8-context.md")],
     "05_gpu_performance": [("Results", "results.md"), ("Glossary (roofline, SDPA, scale placement)", "glossary.md")],
+    "06_catching_defects": [("Catching defects like these: minikv hunt", "hunt.md")],
 }
 NOTEBOOKS_SECTION = "Notebooks"
 API_SECTION = "API reference"
