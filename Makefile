@@ -73,13 +73,11 @@ test-all: $(STAMP)
 	$(MAKE) test MARKS=""
 
 # On a GPU machine whose python3 already has a CUDA build of torch (no .venv: that would bring the CPU build).
-# tools/gpu_proof.sh runs the same steps, plus notebook 05, on a machine without network or make.
+# tools/gpu_test.sh holds the steps (the GPU tests in parallel workers, both reproductions on CUDA, the wall time
+# printed last), so a machine without make runs the same; tools/gpu_proof.sh adds notebook 05.
 test-gpu:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
-	TQDM_DISABLE=1 $(PYTHON) -m pytest -q -m gpu tests/test_kernels_gpu.py tests/test_gpu_engine.py tests/test_engine.py \
-	  tests/test_engine_perlayer.py tests/test_parity_gpu.py
-	TQDM_DISABLE=1 $(PYTHON) -m minikv repro scale-wipe --device cuda
-	TQDM_DISABLE=1 $(PYTHON) -m minikv repro cross-stride --device cuda
+	PYTHON=$(PYTHON) bash tools/gpu_test.sh
 
 notebooks: $(STAMP)
 	$(PY) tools/sync_notebooks.py

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (FP8, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor, check_int_tensor,
+from .addressing import (FP8, SCALE_WORD, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor, check_int_tensor,
                          check_pool, check_query_against_cache, check_spec, element_strides, gather_sequence,
                          paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides,
                          tile_scales)
@@ -77,7 +77,7 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
         v = tl.load(v_tile).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if HAS_SCALES:
-        k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_stride // 4, scale_slot_words,
+        k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_stride // SCALE_WORD, scale_slot_words,
                               head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
         s = s * k_scale[None, :]
     if HAS_BIAS:        # (causal only) T5's relative position bias, query position c + i
@@ -100,7 +100,7 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
     p = tl.exp2(s - m_new[:, None])
     l = l * alpha + tl.sum(p, axis=1)
     if HAS_SCALES:
-        v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_stride // 4,
+        v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_stride // SCALE_WORD,
                               scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
         p = p * v_scale[None, :]
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
@@ -169,7 +169,7 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
 
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
         head_row = kv_head.to(tl.int64) * row_stride
-        head_scale = scale_offset // 4 + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
+        head_scale = scale_offset // SCALE_WORD + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)

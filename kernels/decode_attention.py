@@ -8,10 +8,26 @@ read once per group. It walks the sequence in tiles of BLOCK_N tokens, looking e
 block table, and keeps an online softmax in fp32. Quantized caches are read as codes: the K scale (per token-head
 or per layer) multiplies the scores and the V scale the probabilities, so no dequantized K/V is ever built.
 
-Split-K: one program per (sequence, kv head) is too few to keep a GPU's memory system busy (a 1-byte format moves
-half the bytes per load, so it needs twice the loads in flight), so the tokens of a sequence are split over
-num_splits programs that each write a partial (max, sum, unnormalized output); a second kernel merges them. The
-split count, tile and warps per shape come from a sweep on the GPU (kernels/launch.py).
+How the 1-byte formats reach the memory's speed (the reading behind it: issue 20's note):
+* Each tile's K and V codes are loaded in their natural order ([tokens, head_size], 16-byte vectors where the
+  rows are 16-byte aligned) straight into the two dot products, one for QK and one for PV. Loads that feed
+  tl.dot are what Triton's software pipeliner stages: with num_stages > 1 they become asynchronous copies into a
+  ring of shared-memory buffers, several tiles ahead, and registers hold only the current tile's arithmetic.
+* The dot products run in float16 (q rescaled per row by a power of two, `_pow2_row_scale`), because both 1-byte
+  code types convert to float16 exactly: e4m3 with the packed hardware conversion (two codes per instruction),
+  int8 with a bit trick (`_int8_to_f16`): four codes per 32-bit word, placed in the mantissas of 1024.0 and
+  1024.0 subtracted, about five integer and half-precision instructions per four codes where the plain cast
+  costs one slow conversion per code.
+
+Split-K: one program per (sequence, kv head) is too few to keep a GPU's memory system busy at small batches, so
+the tokens of a sequence are split over num_splits programs (launch.decode_config sizes it from the number of
+SMs) that each write a partial (max, sum, unnormalized output). A second kernel merges the partials, or, with
+MERGE_IN_KERNEL, the last of a sequence's programs to finish (an atomic counter per (sequence, kv head)): no
+second launch, but on an H200 that was measured slower (the merge then waits in one program per sequence), so the
+engine's configuration keeps the second kernel.
+
+On a GPU, the per-token-head formats in vLLM's "row" placement (4-byte aligned rows) are read by v2's kernels
+instead, which were measured faster there (kernels/decode_rows.py).
 """
 from __future__ import annotations
 
@@ -22,9 +38,9 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (FP8, INT8_PTH, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
+from .addressing import (FP8, SCALE_WORD, INT8_PTH, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
                          check_query_against_cache, check_spec, element_strides, gather_sequence, paged_rows,
-                         read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales, typed_pool)
+                         read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales)
 from .mode import INTERPRETED, require_device
 
 LOG2E = math.log2(math.e)
@@ -39,33 +55,92 @@ def _pow2_row_scale(amax):
     return (tl.minimum(tl.maximum(268 - e, 1), 254) << 23).to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def _int8_to_f16(codes, PURE: tl.constexpr):
+    """int8 codes to float16, exactly, four at a time (GPU only: inline PTX).
+
+    Byte c ^ 0x80 is c + 128 as an unsigned byte; placed under the exponent byte 0x64 it is the float16
+    1024 + c + 128 (float16 counts in steps of 1 between 1024 and 2048), and one packed subtraction of 1152
+    leaves c. Per four codes: one xor, two byte permutes, two half2 subtractions."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 biased, magic;
+        xor.b32 biased, $2, 0x80808080;
+        prmt.b32 $0, biased, 0x64646464, 0x4140;
+        prmt.b32 $1, biased, 0x64646464, 0x4342;
+        mov.b32 magic, 0x64806480;
+        sub.rn.f16x2 $0, $0, magic;
+        sub.rn.f16x2 $1, $1, magic;
+        }""",
+        constraints="=r,=r,r", args=[codes], dtype=tl.float16, is_pure=PURE, pack=4)
+
+
+@triton.jit
+def _e4m3_to_f16(codes, PURE: tl.constexpr):
+    """e4m3 codes to float16, exactly, with the hardware's packed conversion (two codes per instruction)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b16 lo, hi;
+        mov.b32 {lo, hi}, $2;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        cvt.rn.f16x2.e4m3x2 $1, hi;
+        }""",
+        constraints="=r,=r,r", args=[codes], dtype=tl.float16, is_pure=PURE, pack=4)
+
+
+@triton.jit
+def _codes_to(codes, FMT: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr, PURE: tl.constexpr):
+    """A tile of cache elements as the dot products' operand type (codes stay codes: scales are applied later).
+
+    ASM (GPU, 1-byte codes, float16 dots): the inline-PTX conversions above. PURE=False marks the conversion as
+    one the compiler must leave where it is: used for V, whose dot product wants it transposed (tokens along
+    the contraction). Left pure, the compiler moves the conversion after that transposition and reads V from
+    shared memory one byte at a time; kept in place, V converts in its natural order and the float16 tile is
+    transposed by the matrix-load instruction (ldmatrix.trans)."""
+    if ASM and dtype == tl.float16 and FMT == INT8_PTH:
+        return _int8_to_f16(codes, PURE)
+    elif ASM and dtype == tl.float16 and FMT != INT8_PTH:
+        return _e4m3_to_f16(codes, PURE)
+    else:
+        return codes.to(dtype)
+
+
+@triton.jit
+def _relative_bias(bias_ptr, bias_width, heads, head_valid, distance):
+    """T5's additive bias for scores [heads, keys], in the kernels' log2 units: bias[head, min(distance,
+    bias_width - 1)] from a float32 table [num_heads, bias_width]; distance = query position - key position."""
+    index = tl.minimum(tl.maximum(distance, 0), bias_width - 1)
+    bias = tl.load(bias_ptr + heads[:, None] * bias_width + index[None, :], mask=head_valid[:, None], other=0.0)
+    return bias * 1.4426950408889634           # log2(e): scores are kept in base 2
+
+
 @triton.jit(do_not_specialize=["num_splits", "window"])
 def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-                   stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
+                   counters_ptr, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
                    block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words,
-                   scale_head_words, qk_scale, v_layer_scale,
-                   num_splits, window, bias_ptr, bias_width,
+                   scale_head_words, qk_scale, v_layer_scale, num_splits, window, bias_ptr, bias_width,
                    FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                   HAS_SCALES: tl.constexpr, PREFETCH_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
-                   SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr,
-                   DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr,
-                   HAS_BIAS: tl.constexpr):
+                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
+                   HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
+                   SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr, CONVERT_ASM: tl.constexpr,
+                   K_PURE: tl.constexpr, V_PURE: tl.constexpr, HAS_BIAS: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, HEAD_SIZE)
+    heads = kv_head * GROUP + g
+    head_mask = g < GROUP
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=head_mask[:, None], other=0.0)
     # sliding window (0 = none): only the last `window` tokens, the query's own included, are read at all
     first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
     chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
     start = first + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, HEAD_SIZE)
-    heads = kv_head * GROUP + g
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=(g < GROUP)[:, None], other=0.0)
     if SCALED_F16:
         q_pow2 = _pow2_row_scale(tl.max(tl.abs(q.to(tl.float32)), axis=1))
         q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
@@ -79,251 +154,98 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
     acc = tl.zeros([BLOCK_G, HEAD_SIZE], tl.float32)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     head_row = kv_head.to(tl.int64) * row_stride
-    head_scale = scale_offset // 4 + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
-    block_words = block_stride // 4
-    if PREFETCH_SCALES:
-        # The compiler pipelines only the loads that feed tl.dot; the scales are loaded one tile ahead by hand
-        # so that no iteration waits on a scattered 4-byte load.
-        n0 = start + tl.arange(0, BLOCK_N)
-        rows0 = paged_rows(table, n0, n0 < end, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
-        next_k_scale = tile_scales(scales_ptr, table, n0, rows0, n0 < end, 0, scale_offset, block_words,
-                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-        next_v_scale = tile_scales(scales_ptr, table, n0, rows0, n0 < end, kv_stride, scale_offset, block_words,
-                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
+    head_scale = scale_offset // SCALE_WORD + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
+    block_words = block_stride // SCALE_WORD
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         valid = n < end
         rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
+        k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(_codes_to(k, FMT, q.dtype, CONVERT_ASM, K_PURE)), input_precision=DOT_PRECISION) * s_scale
         if HAS_SCALES:
-            if PREFETCH_SCALES:
-                k_scale = next_k_scale
-                v_scale = next_v_scale
-                n1 = n + BLOCK_N
-                rows1 = paged_rows(table, n1, n1 < end, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
-                next_k_scale = tile_scales(scales_ptr, table, n1, rows1, n1 < end, 0, scale_offset, block_words,
-                                           scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-                next_v_scale = tile_scales(scales_ptr, table, n1, rows1, n1 < end, kv_stride, scale_offset, block_words,
-                                           scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-            else:
-                k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_words,
-                                      scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-                v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_words,
-                                      scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-        k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * s_scale
-        if HAS_SCALES:
+            k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_words,
+                                  scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
             s = s * k_scale[None, :]
         if HAS_BIAS:
-            s = s + _relative_bias(bias_ptr, bias_width, heads, g < GROUP, seq_len - 1 - n)
+            s = s + _relative_bias(bias_ptr, bias_width, heads, head_mask, seq_len - 1 - n)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(codes_ptr + kv_stride + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+        v = tl.load(codes_ptr + kv_stride + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         if HAS_SCALES:
+            v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_words,
+                                  scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
             p = p * v_scale[None, :]
-        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        acc = tl.dot(p.to(q.dtype), _codes_to(v, FMT, q.dtype, CONVERT_ASM, V_PURE), acc * alpha[:, None],
+                     input_precision=DOT_PRECISION)
         m = m_new
     if FMT == FP8:
         acc = acc * v_layer_scale
 
-    head_mask = g < GROUP
+    out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
     if not SPLIT:
-        out = acc / l[:, None]
-        tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+        tl.store(out_rows, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
     else:
         # partials laid out [B, Hq, num_splits, D] and [B, Hq, num_splits, 2] (max, sum)
         part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
         tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :], acc, mask=head_mask[:, None])
         tl.store(part_ml_ptr + part * 2, m, mask=head_mask)
         tl.store(part_ml_ptr + part * 2 + 1, l, mask=head_mask)
+        if MERGE_IN_KERNEL:
+            # The last of this (sequence, kv head)'s programs to get here merges every partial: the barrier
+            # puts all this program's stores before its increment (acq_rel: the increment publishes them, and the
+            # last program's reads below see everyone's), and the last one sets the counter back to 0 for the
+            # next launch (so a CUDA graph can replay it).
+            tl.debug_barrier()
+            counter = counters_ptr + b * tl.num_programs(1) + kv_head
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+                for h in tl.static_range(GROUP):
+                    head = kv_head * GROUP + h
+                    _merge_head(part_acc_ptr, part_ml_ptr,
+                                (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + head) * num_splits, num_splits,
+                                out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh, HEAD_SIZE, MERGE_CHUNK)
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+
+
+MERGE_CHUNK: tl.constexpr = tl.constexpr(16)    # splits merged per vector load (more loop over chunks)
 
 
 @triton.jit
-def _relative_bias(bias_ptr, bias_width, heads, head_valid, distance):
-    """T5's additive bias for scores [heads, keys], in the kernels' log2 units: bias[head, min(distance,
-    bias_width - 1)] from a float32 table [num_heads, bias_width]; distance = query position - key position."""
-    index = tl.minimum(tl.maximum(distance, 0), bias_width - 1)
-    bias = tl.load(bias_ptr + heads[:, None] * bias_width + index[None, :], mask=head_valid[:, None], other=0.0)
-    return bias * 1.4426950408889634           # log2(e): scores are kept in base 2
-
-
-@triton.jit
-def _byte_plane(words, J: tl.constexpr, FMT: tl.constexpr, dtype: tl.constexpr):
-    """Byte J of every little-endian 32-bit word (head elements 4w + J), decoded from the format's code to dtype."""
-    if FMT == INT8_PTH and dtype == tl.float16:
-        # no int-to-float conversion instruction (a slow pipe): code + 128 placed in the mantissa of float16 1024
-        # gives 1024 + code + 128 exactly, and one subtraction the code
-        biased = ((words >> (8 * J)) & 0xFF) ^ 0x80
-        return (biased | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1152.0
-    elif FMT == INT8_PTH:
-        return ((words << (24 - 8 * J)) >> 24).to(tl.float32).to(dtype)     # arithmetic shift sign-extends
-    else:                                                                  # e4m3 codes (fp8, fp8 per token-head)
-        code = ((words >> (8 * J)) & 0xFF).to(tl.uint8)
-        return code.to(tl.float8e4nv, bitcast=True).to(dtype)
-
-
-@triton.jit(do_not_specialize=["num_splits", "window"])
-def _decode_words_kernel(q_ptr, words_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr,
-                         part_ml_ptr, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
-                         block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words,
-                         scale_head_words, qk_scale, v_layer_scale,
-                         num_splits, window, bias_ptr, bias_width,
-                         FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                         BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr, SCALE_PLACEMENT: tl.constexpr,
-                         SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The 1-byte formats' decode: the same attention as _decode_kernel, with the codes read as 32-bit words.
-
-    Loading 1-byte codes straight into the tensor-core operand layout makes many narrow loads, and the compiler
-    does not pipeline them through the conversion: the GPU then waits on memory at every tile. Here each row is
-    read as HEAD_SIZE/4 words (wide, aligned loads), one tile ahead by hand together with its scales, and split
-    into four byte planes: plane J holds elements 4w + J. The dot products run per plane (q's matching columns
-    against plane J of K; P against plane J of V into accumulator J), so no tile is ever re-interleaved.
-    Offsets and strides are in bytes (1-byte elements); ROW_ALIGN is in words."""
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + b)
-    # sliding window (0 = none): only the last `window` tokens, the query's own included, are read at all
-    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
-    start = first + split * chunk
-    end = tl.minimum(start + chunk, seq_len)
-    W: tl.constexpr = HEAD_SIZE // 4
-
-    g = tl.arange(0, BLOCK_G)
-    w = tl.arange(0, W)
-    heads = kv_head * GROUP + g
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + 4 * w[None, :]
-    head_mask = (g < GROUP)[:, None]
-    q0 = tl.load(q_rows + 0, mask=head_mask, other=0.0)
-    q1 = tl.load(q_rows + 1, mask=head_mask, other=0.0)
-    q2 = tl.load(q_rows + 2, mask=head_mask, other=0.0)
-    q3 = tl.load(q_rows + 3, mask=head_mask, other=0.0)
-    if SCALED_F16:
-        q0, q1, q2, q3 = q0.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32), q3.to(tl.float32)
-        amax = tl.maximum(tl.maximum(tl.max(tl.abs(q0), axis=1), tl.max(tl.abs(q1), axis=1)),
-                          tl.maximum(tl.max(tl.abs(q2), axis=1), tl.max(tl.abs(q3), axis=1)))
-        q_pow2 = _pow2_row_scale(amax)[:, None]
-        q0, q1 = (q0 * q_pow2).to(tl.float16), (q1 * q_pow2).to(tl.float16)
-        q2, q3 = (q2 * q_pow2).to(tl.float16), (q3 * q_pow2).to(tl.float16)
-        s_scale = qk_scale / q_pow2
-    else:
-        if DOT_F32:
-            q0, q1, q2, q3 = q0.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32), q3.to(tl.float32)
-        s_scale = qk_scale
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], tl.float32)
-    acc0 = tl.zeros([BLOCK_G, W], tl.float32)
-    acc1 = tl.zeros([BLOCK_G, W], tl.float32)
-    acc2 = tl.zeros([BLOCK_G, W], tl.float32)
-    acc3 = tl.zeros([BLOCK_G, W], tl.float32)
-    table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    head_row = kv_head.to(tl.int64) * row_stride
-    head_scale = scale_offset // 4 + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
-    block_words = block_stride // 4
-    v_words_ptr = words_ptr + kv_stride // 4
-
-    n = start + tl.arange(0, BLOCK_N)
-    rows = paged_rows(table, n, n < end, BLOCK_SIZE, block_stride, slot_stride, head_row, 4 * ROW_ALIGN)
-    row_words = tl.multiple_of(rows // 4, ROW_ALIGN)
-    next_k = tl.load(words_ptr + row_words[:, None] + w[None, :], mask=(n < end)[:, None], other=0)
-    next_v = tl.load(v_words_ptr + row_words[:, None] + w[None, :], mask=(n < end)[:, None], other=0)
-    if HAS_SCALES:
-        next_k_scale = tile_scales(scales_ptr, table, n, rows, n < end, 0, scale_offset, block_words,
-                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-        next_v_scale = tile_scales(scales_ptr, table, n, rows, n < end, kv_stride, scale_offset, block_words,
-                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-    for start_n in range(start, end, BLOCK_N):
-        valid = start_n + tl.arange(0, BLOCK_N) < end
-        k_words = next_k
-        v_words = next_v
-        if HAS_SCALES:
-            k_scale = next_k_scale
-            v_scale = next_v_scale
-        # the next tile's loads go out before this tile's arithmetic
-        n = start_n + BLOCK_N + tl.arange(0, BLOCK_N)
-        rows = paged_rows(table, n, n < end, BLOCK_SIZE, block_stride, slot_stride, head_row, 4 * ROW_ALIGN)
-        row_words = tl.multiple_of(rows // 4, ROW_ALIGN)
-        next_k = tl.load(words_ptr + row_words[:, None] + w[None, :], mask=(n < end)[:, None], other=0)
-        next_v = tl.load(v_words_ptr + row_words[:, None] + w[None, :], mask=(n < end)[:, None], other=0)
-        if HAS_SCALES:
-            next_k_scale = tile_scales(scales_ptr, table, n, rows, n < end, 0, scale_offset, block_words,
-                                       scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-            next_v_scale = tile_scales(scales_ptr, table, n, rows, n < end, kv_stride, scale_offset, block_words,
-                                       scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-
-        s = tl.dot(q0, tl.trans(_byte_plane(k_words, 0, FMT, q0.dtype)), input_precision=DOT_PRECISION)
-        s = tl.dot(q1, tl.trans(_byte_plane(k_words, 1, FMT, q0.dtype)), s, input_precision=DOT_PRECISION)
-        s = tl.dot(q2, tl.trans(_byte_plane(k_words, 2, FMT, q0.dtype)), s, input_precision=DOT_PRECISION)
-        s = tl.dot(q3, tl.trans(_byte_plane(k_words, 3, FMT, q0.dtype)), s, input_precision=DOT_PRECISION)
-        s = s * s_scale
-        if HAS_SCALES:
-            s = s * k_scale[None, :]
-        if HAS_BIAS:
-            key_pos = start_n + tl.arange(0, BLOCK_N)
-            s = s + _relative_bias(bias_ptr, bias_width, heads, g < GROUP, seq_len - 1 - key_pos)
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        if HAS_SCALES:
-            p = p * v_scale[None, :]
-        p = p.to(q0.dtype)
-        acc0 = tl.dot(p, _byte_plane(v_words, 0, FMT, q0.dtype), acc0 * alpha[:, None], input_precision=DOT_PRECISION)
-        acc1 = tl.dot(p, _byte_plane(v_words, 1, FMT, q0.dtype), acc1 * alpha[:, None], input_precision=DOT_PRECISION)
-        acc2 = tl.dot(p, _byte_plane(v_words, 2, FMT, q0.dtype), acc2 * alpha[:, None], input_precision=DOT_PRECISION)
-        acc3 = tl.dot(p, _byte_plane(v_words, 3, FMT, q0.dtype), acc3 * alpha[:, None], input_precision=DOT_PRECISION)
-        m = m_new
-    if FMT == FP8:
-        acc0, acc1, acc2, acc3 = acc0 * v_layer_scale, acc1 * v_layer_scale, acc2 * v_layer_scale, acc3 * v_layer_scale
-
-    if not SPLIT:
-        out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + 4 * w[None, :]
-        ty = out_ptr.dtype.element_ty
-        tl.store(out_rows + 0, (acc0 / l[:, None]).to(ty), mask=head_mask)
-        tl.store(out_rows + 1, (acc1 / l[:, None]).to(ty), mask=head_mask)
-        tl.store(out_rows + 2, (acc2 / l[:, None]).to(ty), mask=head_mask)
-        tl.store(out_rows + 3, (acc3 / l[:, None]).to(ty), mask=head_mask)
-    else:
-        part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
-        part_rows = part_acc_ptr + part[:, None] * HEAD_SIZE + 4 * w[None, :]
-        tl.store(part_rows + 0, acc0, mask=head_mask)
-        tl.store(part_rows + 1, acc1, mask=head_mask)
-        tl.store(part_rows + 2, acc2, mask=head_mask)
-        tl.store(part_rows + 3, acc3, mask=head_mask)
-        tl.store(part_ml_ptr + part * 2, m, mask=g < GROUP)
-        tl.store(part_ml_ptr + part * 2 + 1, l, mask=g < GROUP)
+def _merge_head(part_acc_ptr, part_ml_ptr, first, num_splits, out_row_ptr, HEAD_SIZE: tl.constexpr,
+                CHUNK: tl.constexpr):
+    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over one head's splits s (M = max_s m_s), from its
+    partials at index first + s. The partials are read CHUNK splits at a time through L2 (.cg), where the other
+    programs' stores are."""
+    sp = tl.arange(0, CHUNK)
+    d = tl.arange(0, HEAD_SIZE)
+    m_all = float("-inf")
+    for c in range(0, num_splits, CHUNK):
+        used = c + sp < num_splits
+        m_all = tl.maximum(m_all, tl.max(tl.load(part_ml_ptr + (first + c + sp) * 2, mask=used,
+                                                 other=float("-inf"), cache_modifier=".cg"), axis=0))
+    # m_all is finite: the first split always holds a token (window or not); empty splits (max -inf) weigh 0
+    acc = tl.zeros([HEAD_SIZE], tl.float32)
+    l_all = 0.0
+    for c in range(0, num_splits, CHUNK):
+        used = c + sp < num_splits
+        part = first + c + sp
+        w = tl.exp2(tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"), cache_modifier=".cg") - m_all)
+        l_all += tl.sum(w * tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0, cache_modifier=".cg"), axis=0)
+        acc += tl.sum(w[:, None] * tl.load(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :],
+                                           mask=used[:, None], other=0.0, cache_modifier=".cg"), axis=0)
+    tl.store(out_row_ptr + d, (acc / l_all).to(out_row_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["num_splits"])
-def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_heads, stride_ob, stride_oh, num_splits,
-                         HEAD_SIZE: tl.constexpr, BLOCK_S: tl.constexpr):
+def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_splits,
+                         HEAD_SIZE: tl.constexpr, CHUNK: tl.constexpr):
+    """The separate merge (when MERGE_IN_KERNEL is off): one program per (sequence, query head)."""
     b = tl.program_id(0)
     head = tl.program_id(1)
-    sp = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, HEAD_SIZE)
-    part = (b.to(tl.int64) * num_heads + head) * num_splits + sp
-    used = sp < num_splits
-    m = tl.load(part_ml_ptr + part * 2, mask=used, other=float("-inf"))
-    l = tl.load(part_ml_ptr + part * 2 + 1, mask=used, other=0.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :], mask=used[:, None], other=0.0)
-    m_all = tl.max(m, axis=0)                      # finite: the first split always holds a token (window or not)
-    w = tl.exp2(m - m_all)                         # empty splits (max -inf) weigh 0
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
-
-
-def _words_apply(pool: torch.Tensor, spec) -> bool:
-    """Whether the 32-bit word path can read this pool: 1-byte codes, every row on a 4-byte boundary, and (on a
-    GPU, where tl.dot needs K >= 16) at least 64 elements per head."""
-    return (spec.elem_bytes == 1 and row_alignment(spec) % 4 == 0 and pool.data_ptr() % 4 == 0
-            and (INTERPRETED or spec.head_size >= 64))
+    _merge_head(part_acc_ptr, part_ml_ptr, (b.to(tl.int64) * tl.num_programs(1) + head) * num_splits, num_splits,
+                out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh, HEAD_SIZE, CHUNK)
 
 
 def check_rel_bias(rel_bias, q) -> None:
@@ -376,6 +298,22 @@ def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> N
     check_block_tables(block_tables, seq_lens, spec, capacity)
 
 
+_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """n int32 zeros for the in-kernel merge's counters, one allocation per device, grown as needed.
+
+    Every launch leaves each counter it used back at 0, so the same zeros serve the next launch (also when the
+    launch is replayed from a CUDA graph). Two split launches must therefore not run at the same time on one
+    device, e.g. on two streams: the engine runs its steps on one stream."""
+    buf = _COUNTERS.get(str(device))
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[str(device)] = buf
+    return buf
+
+
 def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            spec, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                            out: torch.Tensor | None = None, validate: bool = True,
@@ -396,44 +334,48 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if batch == 0:
         return out
+    qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)
+    from . import decode_rows          # (imports this module)
+    if decode_rows.applies(spec, q):
+        return decode_rows.paged_decode_rows(q, pool, block_tables, seq_lens, spec, qk_scale, v_scale, out,
+                                             sliding_window, rel_bias)
     group = num_heads // spec.num_kv_heads
     max_len = int(seq_lens.max()) if q.device.type == "cpu" else block_tables.shape[1] * spec.block_size
     cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len, q.device,
                                fmt=spec.fmt, placement=spec.placement)
     has_scales = formats.has_inline_scales(spec.fmt)
     codes, scales = read_views(pool, spec)
-    qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)
-    if cfg.num_splits > 1:
+    split = cfg.num_splits > 1
+    counters = out
+    if split:
         part_acc = torch.empty(batch, num_heads, cfg.num_splits, head_size, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(batch, num_heads, cfg.num_splits, 2, dtype=torch.float32, device=q.device)
+        if cfg.merge_in_kernel:
+            counters = _split_counters(q.device, batch * spec.num_kv_heads)
     else:
         part_acc = part_ml = out
     dot_f32 = launch.dot_in_float32(q.dtype)       # "tf32" below is ignored for 16-bit operands
     # 1-byte codes with a 16-bit q: dot products in float16 (q rescaled by a power of two per row), see
     # _pow2_row_scale; the codes convert to float16 exactly and more cheaply than to bfloat16
     scaled_f16 = cfg.f16_dot and spec.elem_bytes == 1 and q.dtype != torch.float32
-    common = dict(FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
-                  BLOCK_N=cfg.block_n, SPLIT=cfg.num_splits > 1, HAS_SCALES=has_scales, DOT_F32=dot_f32,
-                  SCALE_PLACEMENT=spec.placement, SCALE_ALIGN=scale_alignment(spec),
-                  SCALED_F16=scaled_f16, HAS_BIAS=rel_bias is not None,
-                  DOT_PRECISION="ieee" if dot_f32 else "tf32", num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    args = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-            *element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2], qk_scale, float(v_scale),
-            cfg.num_splits, int(sliding_window or 0), q if rel_bias is None else rel_bias,
-            1 if rel_bias is None else rel_bias.shape[1])
-    grid = (batch, spec.num_kv_heads, cfg.num_splits)
-    if cfg.word_loads and _words_apply(pool, spec):
-        words = typed_pool(pool, torch.int32)
-        _decode_words_kernel[grid](q, words, scales, block_tables, seq_lens, out, part_acc, part_ml, *args,
-                                   ROW_ALIGN=row_alignment(spec) // 4, **common)
-    else:
-        _decode_kernel[grid](q, codes, scales, block_tables, seq_lens, out, part_acc, part_ml, *args,
-                             PREFETCH_SCALES=has_scales and cfg.prefetch_scales, ROW_ALIGN=row_alignment(spec),
-                             **common)
-    if cfg.num_splits > 1:
-        _merge_splits_kernel[(batch, num_heads)](
-            part_acc, part_ml, out, num_heads, out.stride(0), out.stride(1), cfg.num_splits,
-            HEAD_SIZE=head_size, BLOCK_S=triton.next_power_of_2(cfg.num_splits))
+    _decode_kernel[(batch, spec.num_kv_heads, cfg.num_splits)](
+        q, codes, scales, block_tables, seq_lens, out, part_acc, part_ml, counters,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        *element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2], qk_scale, float(v_scale),
+        cfg.num_splits, int(sliding_window or 0), q if rel_bias is None else rel_bias,
+        1 if rel_bias is None else rel_bias.shape[1],
+        FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
+        BLOCK_N=cfg.block_n, SPLIT=split, MERGE_IN_KERNEL=split and cfg.merge_in_kernel,
+        HAS_SCALES=has_scales, ROW_ALIGN=row_alignment(spec), SCALE_PLACEMENT=spec.placement,
+        SCALE_ALIGN=scale_alignment(spec), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
+        SCALED_F16=scaled_f16, CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure,
+        V_PURE=cfg.v_pure,
+        HAS_BIAS=rel_bias is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
+    if split and not cfg.merge_in_kernel:
+        _merge_splits_kernel[(batch, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
+                                                 cfg.num_splits, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK)
     return out
 
 

@@ -32,12 +32,16 @@ class WriteConfig:
 class DecodeConfig:
     block_g: int          # query heads of one GQA group, padded (>= 16 on GPU for tl.dot)
     block_n: int          # tokens per tile
-    num_splits: int       # programs sharing one sequence's tokens (split-K); 1 = no reduction pass
+    num_splits: int       # programs sharing one sequence's tokens (split-K); 1 = no partials, no merge
     num_warps: int = 4
-    num_stages: int = 2
-    prefetch_scales: bool = False   # per-token-head formats: load the next tile's scales one iteration ahead
-    word_loads: bool = True         # 1-byte formats: read codes as 32-bit words, a tile ahead (_decode_words_kernel)
-    f16_dot: bool = False           # 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
+    num_stages: int = 2   # tiles in flight: the software pipeline's depth (shared-memory buffers per operand)
+    f16_dot: bool = False          # 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
+    convert_asm: bool = False      # 1-byte codes to float16 with inline PTX (int8 bit trick, packed e4m3; GPU only)
+    k_pure: bool = True            # let the compiler place K's conversion (see decode_attention._codes_to)
+    v_pure: bool = False           # ... and V's (it then reads V from shared memory byte by byte, no f16 copy)
+    merge_in_kernel: bool = False  # split-K: the last program of a (sequence, kv head) merges, no second kernel
+                                   # (measured slower on an H200 than the second kernel: off by default)
+    max_registers: int | None = None   # a cap on registers per thread (more programs per SM), or the compiler's
 
 
 @dataclass(frozen=True)
@@ -72,42 +76,67 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
     return WriteConfig(block_t=min(_pow2(num_tokens), max(1, 4096 // per_token)), block_h=block_h, num_warps=4)
 
 
-# Decode launch configurations measured on an NVIDIA H200 (32 query / 8 KV heads, head size 128, block size 16,
-# shuffled blocks, bf16 q; `python -m minikv.bench.attention_sweep`, raw timings in
-# notebooks/data/gpu_decode_sweep.csv). Keyed by cache format (with "/block" for the per-token-head formats whose
-# scales are grouped per block, KVLayout.scale_placement; raw timings in notebooks/data/gpu_placement_sweep.csv),
-# then (batch, context) of the measured shape:
-# (block_n, num_warps, num_stages, num_splits, prefetch_scales, word_loads, f16_dot). A launch takes the entry of
-# the nearest measured shape (log scale, batch counted in groups of 8 KV heads).
-DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool, bool]]] = {
-    "auto": {
-        (1, 512): (64, 4, 2, 4, False, False, False),
-        (1, 4096): (64, 4, 4, 32, False, False, False),
-        (1, 16384): (64, 4, 2, 64, False, False, False),
-        (16, 512): (64, 4, 3, 2, False, False, False),
-        (16, 4096): (64, 4, 4, 4, False, False, False),
-        (16, 16384): (64, 4, 4, 4, False, False, False),
-        (64, 512): (64, 4, 4, 1, False, False, False),
-        (64, 4096): (64, 4, 3, 1, False, False, False),
-        (64, 16384): (64, 4, 3, 1, False, False, False),
-        (256, 512): (64, 4, 3, 1, False, False, False),
-        (256, 4096): (64, 4, 3, 1, False, False, False),
-        (256, 16384): (64, 4, 3, 1, False, False, False),
-    },
-    "fp8": {
-        (1, 512): (64, 2, 1, 4, False, True, True),
-        (1, 4096): (64, 2, 1, 32, False, True, True),
-        (1, 16384): (64, 2, 2, 64, False, True, True),
-        (16, 512): (64, 2, 1, 2, False, True, True),
-        (16, 4096): (64, 2, 2, 4, False, True, True),
-        (16, 16384): (64, 2, 1, 4, False, True, True),
-        (64, 512): (64, 2, 2, 1, False, True, True),
-        (64, 4096): (64, 2, 1, 1, False, True, True),
-        (64, 16384): (64, 2, 2, 2, False, True, True),
-        (256, 512): (64, 2, 1, 1, False, True, True),
-        (256, 4096): (64, 2, 2, 1, False, True, True),
-        (256, 16384): (64, 2, 2, 2, False, True, True),
-    },
+# Decode on a GPU (kernels/decode_attention.py): sized from the machine, not from a table of measured shapes. A
+# program holds one tile of q, scores and accumulator in registers and its K and V tiles in shared memory; a tile
+# holds DECODE_TILE_BYTES of K (and as many of V), so 1-byte tiles hold twice the tokens of 16-bit ones, up to
+# DECODE_MAX_TOKENS. A sequence's tokens are split over enough programs for DECODE_WAVES rounds of every SM's
+# DECODE_PROGRAMS_PER_SM slots, each split keeping at least DECODE_MIN_TILES tiles (fewer would spend more on the
+# pipeline's start and the merge than they save); a second kernel merges the splits (merging in the last program
+# of each sequence was measured slower). Pipeline depth: 16-bit tiles need one tile in flight behind the
+# block-table read (num_stages 3), 1-byte ones two (num_stages 5: the pipeliner gives the loads behind the
+# block-table read (num_stages - 2) // 2 buffers). Every choice here was the fastest measured on an NVIDIA H200
+# (issue 20: tools/gpu_probe.py, notebooks/data/gpu_decode_probe.csv and gpu_decode_probe_second.csv).
+DECODE_TILE_BYTES = 16384
+DECODE_MAX_TOKENS = 128
+DECODE_PROGRAMS_PER_SM = 4
+DECODE_WAVES = 1.0
+DECODE_MIN_TILES = 2
+DECODE_MAX_SPLITS = 64
+DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms: int) -> int:
+    """Programs per (sequence, kv head): enough for DECODE_WAVES rounds of all SMs' program slots, each split
+    walking at least DECODE_MIN_TILES tiles of the longest sequence (max_len)."""
+    programs = batch * num_kv_heads
+    wanted = round(DECODE_WAVES * sms * DECODE_PROGRAMS_PER_SM / programs)
+    return max(1, min(wanted, max_len // (DECODE_MIN_TILES * block_n), DECODE_MAX_SPLITS))
+
+
+def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
+                  device: torch.device, fmt: int | None = None, placement: int = formats.ROW) -> DecodeConfig:
+    """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
+    cache's format code; `placement`: where its scales sit."""
+    if INTERPRETED:
+        block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
+        return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
+    block_g = max(16, _pow2(group))
+    block_n = max(16, min(DECODE_MAX_TOKENS, DECODE_TILE_BYTES // (head_size * elem_bytes)))
+    splits = decode_splits(batch, num_kv_heads, max_len, block_n, num_sms(device.index or 0))
+    one_byte = elem_bytes == 1
+    return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4,
+                        num_stages=DECODE_STAGES[elem_bytes], f16_dot=one_byte, convert_asm=one_byte)
+
+
+# The "row" placement's 1-byte decode on a GPU (kernels/decode_rows.py): v2's kernels and their launch table,
+# measured on an NVIDIA H200 (32 query / 8 KV heads, head size 128, block size 16, shuffled blocks, bf16 q;
+# `python -m minikv.bench.attention_sweep` of v2, raw timings in notebooks/data/gpu_decode_sweep.csv), keyed by
+# format, then (batch, context) of the measured shape: (block_n, num_warps, num_stages, num_splits,
+# prefetch_scales, word_loads, f16_dot). A launch takes the entry of the nearest measured shape (log scale, batch
+# counted in groups of 8 KV heads); other head sizes take ROW_DECODE_UNTUNED.
+@dataclass(frozen=True)
+class RowDecodeConfig:
+    block_g: int
+    block_n: int
+    num_splits: int
+    num_warps: int = 4
+    num_stages: int = 2
+    prefetch_scales: bool = False   # element kernel: load the next tile's scales one iteration ahead
+    word_loads: bool = True         # read codes as 32-bit words, a tile ahead, in byte planes (else byte by byte)
+    f16_dot: bool = False           # float16 dot products (q rescaled by a power of two per row)
+
+
+ROW_DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool, bool]]] = {
     "int8_per_token_head": {
         (1, 512): (128, 4, 2, 2, True, False, False),
         (1, 4096): (128, 4, 2, 16, True, False, False),
@@ -136,70 +165,29 @@ DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bo
         (256, 4096): (64, 2, 1, 1, False, True, True),
         (256, 16384): (64, 2, 2, 1, False, True, True),
     },
-    "int8_per_token_head/block": {
-        (1, 512): (64, 2, 2, 4, False, True, True),
-        (1, 4096): (64, 2, 2, 32, False, True, True),
-        (1, 16384): (64, 2, 1, 64, False, True, True),
-        (16, 512): (64, 2, 1, 2, False, True, True),
-        (16, 4096): (64, 2, 1, 4, False, True, True),
-        (16, 16384): (64, 2, 1, 4, False, True, True),
-        (64, 512): (64, 2, 1, 1, False, True, True),
-        (64, 4096): (64, 2, 1, 1, False, True, True),
-        (64, 16384): (64, 2, 2, 1, False, True, True),
-        (256, 512): (64, 2, 2, 1, False, True, True),
-        (256, 4096): (64, 2, 1, 1, False, True, True),
-        (256, 16384): (64, 2, 1, 1, False, True, True),
-    },
-    "fp8_per_token_head/block": {
-        (1, 512): (64, 2, 2, 4, False, True, True),
-        (1, 4096): (64, 2, 1, 32, False, True, True),
-        (1, 16384): (64, 2, 1, 64, False, True, True),
-        (16, 512): (64, 2, 1, 2, False, True, True),
-        (16, 4096): (64, 2, 1, 4, False, True, True),
-        (16, 16384): (64, 2, 1, 4, False, True, True),
-        (64, 512): (64, 2, 1, 1, False, True, True),
-        (64, 4096): (64, 2, 2, 1, False, True, True),
-        (64, 16384): (64, 2, 1, 1, False, True, True),
-        (256, 512): (64, 2, 2, 1, False, True, True),
-        (256, 4096): (64, 2, 2, 1, False, True, True),
-        (256, 16384): (64, 2, 2, 1, False, True, True),
-    },
 }
-TUNED_HEAD_SIZE = 128
 
 
-def _tuned_key(fmt: int, placement: int) -> str:
-    """The DECODE_TUNED key of a cache format: its kv_cache_dtype from the format table, "/block" for grouped scales."""
-    return formats.TABLE[fmt].kv_cache_dtype + ("/block" if placement == formats.BLOCK else "")
-
-
-def _nearest(table: dict, batch: int, max_len: int):
+def _nearest(table: dict, batch: float, max_len: int):
     def distance(key):
         return abs(math.log2(key[0] / batch)) + abs(math.log2(key[1] / max_len))
     return table[min(table, key=distance)]
 
 
-def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
-                  device: torch.device, fmt: int | None = None, placement: int = formats.ROW) -> DecodeConfig:
-    """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
-    cache's format code (None: untuned); `placement`: where its scales sit."""
-    if INTERPRETED:
-        block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
-        return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
+def row_decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, max_len: int,
+                      device: torch.device, fmt: int) -> RowDecodeConfig:
     block_g = max(16, _pow2(group))
-    table = DECODE_TUNED.get(_tuned_key(fmt, placement)) if fmt is not None else None
-    if table and head_size == TUNED_HEAD_SIZE and block_g == 16 and batch >= 1 and max_len >= 1:
+    table = ROW_DECODE_TUNED[formats.TABLE[fmt].kv_cache_dtype]       # keyed by the format table's name
+    if head_size == 128 and block_g == 16:
         block_n, warps, stages, splits, prefetch, words, f16 = _nearest(table, batch * num_kv_heads / 8, max_len)
         splits = max(1, min(splits, max_len // block_n))
-        return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=warps,
-                            num_stages=stages, prefetch_scales=prefetch, word_loads=words, f16_dot=f16)
-    # untuned shapes: about 8 KB of K (and of V) per tile, and enough programs for about four per SM, each
-    # keeping at least four tiles of work
-    block_n = max(16, min(64, 8192 // (head_size * elem_bytes)))
-    programs = batch * num_kv_heads
-    splits = min(triton.cdiv(4 * num_sms(device.index or 0), programs), max(1, max_len // (4 * block_n)), 64)
-    return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=max(1, splits), num_warps=4,
-                        num_stages=3 if head_size <= 128 else 2)
+    else:       # v2's choice for the shapes it did not measure: words, 8 KB tiles, about four programs per SM
+        block_n, warps, stages, prefetch, words, f16 = max(16, min(64, 8192 // head_size)), 4, 3, False, True, False
+        stages = 3 if head_size <= 128 else 2
+        programs = batch * num_kv_heads
+        splits = max(1, min(triton.cdiv(4 * num_sms(device.index or 0), programs), max(1, max_len // (4 * block_n)),
+                            64))
+    return RowDecodeConfig(block_g, block_n, splits, warps, stages, prefetch, words, f16)
 
 
 # Context launch configurations measured on an NVIDIA H200 (bf16, head size 128; raw timings in

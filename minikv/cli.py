@@ -1,4 +1,4 @@
-"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs.
+"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt.
 
 A usage error (a bad argument, a prompt the model cannot take) prints one line, `minikv ...: error: ...`, and exits
 with status 2, for argparse's own checks and for the engine's (`ValueError`, `TypeError`, `MemoryError`) alike;
@@ -83,6 +83,11 @@ def _cmd_bench(args) -> int:
     return bench_main([args.what] + args.rest)
 
 
+def _cmd_hunt(args) -> int:
+    from minikv.hunt import cli as hunt_cli
+    return hunt_cli.run(args)
+
+
 def _cmd_bugs(args) -> int:
     from minikv import bugs
     print(bugs.table())
@@ -145,6 +150,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bugs", help="list the historical defects minikv can reintroduce")
     s.set_defaults(func=_cmd_bugs)
+
+    # `minikv hunt` (issue 23): its options live in minikv/hunt/cli.py; --reintroduce is checked here against the
+    # registry, so the hunter itself never reads defect names.
+    from minikv.bugs import DEFECTS
+    from minikv.hunt.cli import add_arguments as hunt_arguments
+    h = sub.add_parser("hunt", help="search engine configurations for violated KV-cache invariants "
+                                    "(exit 0: clean, 1: found, 2: usage error)")
+    hunt_arguments(h)
+    h.add_argument("--reintroduce", nargs="+", default=[], choices=tuple(DEFECTS), metavar="NAME",
+                   help="run the hunt on an engine with these historical defects switched back on: "
+                        + ", ".join(DEFECTS))
+    h.set_defaults(func=_cmd_hunt)
     return p
 
 

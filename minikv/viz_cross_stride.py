@@ -9,6 +9,10 @@ green is RIGHT.
   doubled stride, labelled by request, and the self-attention blocks they land on.
 * `fp8_row_as_16bit` - one FP8 row of the cross cache next to what a 16-bit reader decodes from the same bytes.
 * `output_scatter` - cross-attention output against the exact output, one panel per context path.
+* `cross_timeline_figure` - who writes and reads the arena when: the decoder's layers x steps, stray writes and
+  overwritten reads marked (from `minikv.repro.cross_stride_trace.trace_run`).
+* `cross_causal_chain_figure` - one request from the doubled stride to its overwritten self-attention rows to its
+  first wrong token (from `minikv.repro.cross_stride_trace.causal_chain`).
 * `code_site_diff` - a HISTORICAL / FIX site as a unified diff, generated from the source itself.
 """
 from __future__ import annotations
@@ -19,18 +23,32 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter
 
-from minikv.viz import EMPTY, GUARD, NEUTRAL, POOL_COLOURS, RIGHT, WRONG, _new_figure, _to_numpy
+from minikv.viz import (
+    DPI,
+    EMPTY,
+    FONT,
+    GUARD,
+    MAX_WIDTH_IN,
+    NEUTRAL,
+    POOL_COLOURS,
+    RIGHT,
+    WRONG,
+    _new_figure,
+    _to_numpy,
+)
 
 KB = 1024
 
 
 def _short(name: str) -> str:
-    """'cross.decoder.1.cross_attn' -> 'cross 1'; 'kv.decoder.0.self_attn' -> 'self 0'."""
+    """'cross.decoder.1.cross_attn' / 'decoder.1.cross_attn' -> 'cross 1'; '...0.self_attn' -> 'self 0'."""
     parts = name.split(".")
-    if len(parts) >= 3 and parts[1] == "decoder":
-        return f"{'cross' if parts[0] == 'cross' else 'self'} {parts[2]}"
+    if "decoder" in parts and parts.index("decoder") + 1 < len(parts):
+        return f"{'cross' if parts[-1].startswith('cross') else 'self'} {parts[parts.index('decoder') + 1]}"
     return name
 
 
@@ -41,6 +59,15 @@ def _check_panel(panel: Mapping) -> None:
                          "(build it with minikv.repro.cross_stride.byte_arrangement)")
     if any(r[0] not in ("pool", "guard") for r in panel["regions"]):
         raise ValueError("each region's kind must be 'pool' or 'guard' (pass KVArena.byte_map())")
+
+
+def _fits(ax, text: str, width_data: float, fontsize: float = FONT) -> bool:
+    """Whether `text` at `fontsize` fits into `width_data` x-units of `ax` (estimated from the figure's size)."""
+    fig = ax.figure
+    x0, x1 = ax.get_xlim()
+    axes_px = ax.get_position().width * fig.get_figwidth() * fig.dpi
+    px = width_data / max(x1 - x0, 1e-9) * axes_px
+    return px >= 0.62 * fontsize * fig.dpi / 72 * len(text) + 2
 
 
 def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
@@ -55,7 +82,8 @@ def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
       self_blocks  - [(start, end, request)]: self-attention blocks of the requests (where stray writes do damage)
       wrong        - optional [request]: requests whose tokens came out wrong (named in the panel's label)
     Rows, top to bottom: the arena (pools and hatched guard zones), one row per cross layer, then the requests'
-    self-attention blocks, outlined red where a doubled write covers them.
+    self-attention blocks, outlined red where a doubled write covers them. A block is labelled with its request
+    where the label fits; the self-attention blocks (a few KiB each) are named together beside their row.
     """
     if not panels:
         raise ValueError("panels is empty: pass one arrangement per pool factor")
@@ -64,12 +92,14 @@ def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
     cross_names = list(panels[0]["doubled"])
     if x_max is None:
         x_max = max(max([e for blocks in p["doubled"].values() for _, e, _ in blocks] or [0]) for p in panels)
-        x_max = int(x_max * 1.08) + 4 * KB
+        x_max = int(x_max * 1.04) + 4 * KB
     rows = len(cross_names) + 2
-    fig, axes = _new_figure(len(panels), 1, figsize=(11.0, 1.0 + 0.42 * rows * len(panels)), sharex=True)
+    fig, axes = _new_figure(len(panels), 1, figsize=(MAX_WIDTH_IN, 1.3 + 0.36 * rows * len(panels)), sharex=True)
     axes = np.atleast_1d(axes)
     colour = {}
     for ax, p in zip(axes, panels):
+        ax.set_xlim(0, x_max / KB)
+        ax.set_ylim(-0.1, rows)
         y_arena = rows - 1
         pools = {}
         for kind, name, start, end in p["regions"]:
@@ -81,8 +111,10 @@ def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
                 colour.setdefault(name, POOL_COLOURS[len(colour) % len(POOL_COLOURS)])
                 ax.add_patch(Rectangle((start / KB, y_arena), (shown_end - start) / KB, 0.8, facecolor=colour[name],
                                        edgecolor="white"))
-                ax.text((start + shown_end) / 2 / KB, y_arena + 0.4, _short(name) + ("  ..." if end > x_max else ""),
-                        ha="center", va="center", color="white", fontsize=7, clip_on=True)
+                label = _short(name) + (" →" if end > x_max else "")
+                if _fits(ax, label, (shown_end - start) / KB):
+                    ax.text((start + shown_end) / 2 / KB, y_arena + 0.4, label, ha="center", va="center",
+                            color="white", fontsize=FONT)
             else:
                 ax.add_patch(Rectangle((start / KB, y_arena), (shown_end - start) / KB, 0.8, facecolor="white",
                                        edgecolor=GUARD, hatch="xxx", linewidth=0.5))
@@ -96,44 +128,62 @@ def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
                     written.append((start, end))
                 ax.add_patch(Rectangle((start / KB, y + 0.05), (end - start) / KB, 0.7,
                                        facecolor=RIGHT if ok else WRONG, edgecolor="white", linewidth=0.6))
-                ax.text((start + end) / 2 / KB, y + 0.4, str(req), ha="center", va="center", color="white",
-                        fontsize=6, clip_on=True)
-            ax.text(-0.01, y + 0.4, f"{_short(name)}, doubled", transform=ax.get_yaxis_transform(), ha="right",
-                    va="center", fontsize=7)
-        y = 0
-        for start, end, req in p["self_blocks"]:
-            if start >= x_max:
-                continue
+                if _fits(ax, str(req), (end - start) / KB):
+                    ax.text((start + end) / 2 / KB, y + 0.4, str(req), ha="center", va="center", color="white",
+                            fontsize=FONT)
+            ax.text(-0.01, y + 0.4, f"{_short(name)} at 2x", transform=ax.get_yaxis_transform(), ha="right",
+                    va="center", fontsize=FONT)
+        shown = [(s, e, r) for s, e, r in p["self_blocks"] if s < x_max]
+        hit_requests = []
+        for start, end, req in shown:
             hit = any(s < end and start < e for s, e in written)
-            ax.add_patch(Rectangle((start / KB, y + 0.05), (min(end, x_max) - start) / KB, 0.7, facecolor=EMPTY,
+            if hit and req not in hit_requests:
+                hit_requests.append(req)
+            ax.add_patch(Rectangle((start / KB, 0.05), (min(end, x_max) - start) / KB, 0.7, facecolor=EMPTY,
                                    edgecolor=WRONG if hit else NEUTRAL, linewidth=1.6 if hit else 0.4))
-            ax.text((start + min(end, x_max)) / 2 / KB, y + 0.4, str(req), ha="center", va="center",
-                    color=WRONG if hit else NEUTRAL, fontsize=6, clip_on=True)
-        ax.text(-0.01, 0.4, "self-attn blocks", transform=ax.get_yaxis_transform(), ha="right", va="center",
-                fontsize=7)
+        if shown:
+            requests = sorted({r for *_, r in shown})
+            note = f"requests {requests[0]}-{requests[-1]}" + (
+                f"; under a stray write: {', '.join(map(str, sorted(hit_requests)))}" if hit_requests else "")
+            first = min(s for s, _, _ in shown)
+            right = max(min(e, x_max) for _, e, _ in shown)
+            if _fits(ax, note, x_max / KB - right / KB - 2):
+                ax.text(right / KB + 1, 0.4, note, ha="left", va="center", fontsize=FONT,
+                        color=WRONG if hit_requests else NEUTRAL)
+            else:
+                ax.text(first / KB - 1, 0.4, note, ha="right", va="center", fontsize=FONT,
+                        color=WRONG if hit_requests else NEUTRAL)
+        ax.text(-0.01, 0.4, "self-attn", transform=ax.get_yaxis_transform(), ha="right", va="center",
+                fontsize=FONT)
         ax.text(-0.01, y_arena + 0.4, "arena", transform=ax.get_yaxis_transform(), ha="right", va="center",
-                fontsize=7)
+                fontsize=FONT)
         wrong = p.get("wrong")
         label = p["title"] + ("" if wrong is None else
                               f"; wrong requests: {', '.join(map(str, wrong)) if wrong else 'none'}")
-        ax.set_title(label, fontsize=9, loc="left")
-        ax.set_ylim(-0.1, rows)
+        ax.set_title(label, fontsize=FONT + 1, loc="left")
         ax.set_yticks([])
-        ax.set_xlim(0, x_max / KB)
-    axes[-1].set_xlabel("arena byte offset (KiB); block labels are request numbers")
-    axes[-1].legend(handles=[Patch(facecolor="white", edgecolor=GUARD, hatch="xxx", label="guard zone"),
-                             Patch(color=RIGHT, label="block inside its own pool"),
-                             Patch(color=WRONG, label="block outside its own pool"),
-                             Patch(facecolor=EMPTY, edgecolor=WRONG, label="self-attn block under a stray write")],
-                    loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize=8, frameon=False)
+        ax.tick_params(labelsize=FONT)
+    axes[-1].set_xlabel("arena byte offset (KiB); a block's label is its request", fontsize=FONT + 1)
+    fig.legend(handles=[Patch(facecolor="white", edgecolor=GUARD, hatch="xxx", label="guard zone"),
+                        Patch(color=RIGHT, label="block inside its own pool"),
+                        Patch(color=WRONG, label="block outside its own pool"),
+                        Patch(facecolor=EMPTY, edgecolor=WRONG, label="self-attn block under a stray write")],
+               loc="outside lower center", ncols=2, fontsize=FONT, frameon=False)
     fig.suptitle(title, fontsize=10)
     return fig
 
 
+def _plain(value: float, _pos=None) -> str:
+    """Tick labels of a symlog axis as plain numbers (-10, -1, 0, 1, 10), not powers such as '−10⁰'."""
+    return f"{value:g}".replace("-", "−")
+
+
 def fp8_row_as_16bit(row_bytes, fp8_values, read_values, title: str = "One FP8 K row, read as 16-bit") -> Figure:
-    """Top: the bytes a 16-bit reader fetches for one row (the FP8 row's `head_size` bytes and the next
-    `head_size`), the FP8 row's elements being one byte each. Bottom: element j of the row as the FP8 cache holds
-    it (green) and as the 16-bit reader decodes it from bytes 2j, 2j+1 (red where it differs).
+    """Top: the bytes a 16-bit reader fetches for one row, in two lines: the FP8 row's `head_size` bytes (one byte
+    per element), then the `head_size` bytes after them (the next row's); under each line, the 16-bit elements the
+    reader decodes from pairs of those bytes, red where the value differs from the FP8 element of that index.
+    Bottom: element j of the row as the FP8 cache holds it (green dot) and as the 16-bit reader decodes it from
+    bytes 2j, 2j+1 (red cross where it differs).
 
     row_bytes: [2 * head_size] uint8; fp8_values: [head_size] the FP8 row decoded; read_values: [head_size] the
     16-bit reader's decoding (may hold inf/NaN, drawn at the axis edge)."""
@@ -144,24 +194,29 @@ def fp8_row_as_16bit(row_bytes, fp8_values, read_values, title: str = "One FP8 K
     if raw.shape[0] != 2 * n or got.shape[0] != n:
         raise ValueError(f"row_bytes must hold 2 x head_size bytes and read_values head_size values; got "
                          f"{raw.shape[0]} bytes, {n} FP8 values, {got.shape[0]} read values")
-    fig, (top, bottom) = _new_figure(2, 1, figsize=(10.0, 5.2), height_ratios=(1.0, 2.2))
-    for b in range(2 * n):
-        mine = b < n
-        top.add_patch(Rectangle((b, 1.0), 1, 0.8, facecolor=POOL_COLOURS[0] if mine else EMPTY,
-                                edgecolor="white", linewidth=0.5))
-        top.text(b + 0.5, 1.4, f"{raw[b]:02x}", ha="center", va="center", fontsize=5,
-                 color="white" if mine else NEUTRAL)
-    for j in range(n):
-        bad = not (np.isfinite(got[j]) and got[j] == want[j])
-        top.add_patch(Rectangle((2 * j, 0.0), 2, 0.8, facecolor=WRONG if bad else RIGHT, edgecolor="white",
-                                linewidth=0.8))
-        top.text(2 * j + 1, 0.4, str(j), ha="center", va="center", fontsize=5, color="white")
-    top.text(-0.5, 1.4, "bytes (hex)", ha="right", va="center", fontsize=7)
-    top.text(-0.5, 0.4, "16-bit elements", ha="right", va="center", fontsize=7)
-    top.text(n / 2, 2.05, f"the FP8 row: {n} elements, 1 byte each", ha="center", fontsize=7)
-    top.text(1.5 * n, 2.05, "the next row's bytes", ha="center", fontsize=7, color=NEUTRAL)
-    top.set_xlim(-0.2, 2 * n + 0.2)
-    top.set_ylim(-0.1, 2.4)
+    fig, (top, bottom) = _new_figure(2, 1, figsize=(MAX_WIDTH_IN, 6.2), height_ratios=(1.3, 2.0))
+    bad = ~(np.isfinite(got) & (got == want))
+    for line in range(2):
+        y = 3.2 - 2.1 * line
+        for i in range(n):
+            b = line * n + i
+            mine = b < n
+            top.add_patch(Rectangle((i, y), 1, 0.8, facecolor=POOL_COLOURS[0] if mine else EMPTY,
+                                    edgecolor="white", linewidth=0.5))
+            top.text(i + 0.5, y + 0.4, f"{raw[b]:02x}", ha="center", va="center", fontsize=FONT,
+                     color="white" if mine else NEUTRAL)
+        for k in range(n // 2):
+            j = line * (n // 2) + k
+            top.add_patch(Rectangle((2 * k, y - 0.9), 2, 0.8, facecolor=WRONG if bad[j] else RIGHT,
+                                    edgecolor="white", linewidth=0.8))
+            top.text(2 * k + 1, y - 0.5, str(j), ha="center", va="center", fontsize=FONT, color="white")
+        top.text(-0.3, y + 0.4, "bytes", ha="right", va="center", fontsize=FONT)
+        top.text(-0.3, y - 0.5, "16-bit", ha="right", va="center", fontsize=FONT)
+    top.text(0, 4.15, f"bytes 0-{n - 1}: the FP8 row, {n} elements of 1 byte (hex)", ha="left", fontsize=FONT)
+    top.text(0, 2.05, f"bytes {n}-{2 * n - 1}: the next row's bytes, which the 16-bit reader also takes",
+             ha="left", fontsize=FONT, color=NEUTRAL)
+    top.set_xlim(-0.2, n + 0.2)
+    top.set_ylim(0.0, 4.6)
     top.axis("off")
     finite = got[np.isfinite(got)]
     span = max(np.abs(want).max(), np.abs(finite).max() if finite.size else 1.0, 1e-3) * 1.15
@@ -169,17 +224,21 @@ def fp8_row_as_16bit(row_bytes, fp8_values, read_values, title: str = "One FP8 K
     x = np.arange(n)
     bottom.axhline(0, color=NEUTRAL, linewidth=0.5)
     bottom.scatter(x, want, color=RIGHT, s=22, label="element as the FP8 cache holds it", zorder=3)
-    bad = ~(np.isfinite(got) & (got == want))
     bottom.scatter(x[bad], shown[bad], color=WRONG, marker="x", s=28, label="as the 16-bit reader decodes it",
                    zorder=4)
     bottom.scatter(x[~bad], shown[~bad], color=RIGHT, marker="x", s=28, zorder=4)
     for j in range(n):
         bottom.plot([j, j], [want[j], shown[j]], color=WRONG if bad[j] else RIGHT, linewidth=0.5, alpha=0.6)
-    bottom.set_yscale("symlog", linthresh=max(np.abs(want).max() / 4, 1e-3))
-    bottom.set_xlabel("element of the row (head dimension)")
-    bottom.set_ylabel("value (symlog)")
-    bottom.legend(fontsize=8, loc="best")
-    bottom.set_title(f"{int(bad.sum())} of {n} elements decoded wrong", fontsize=9)
+    linthresh = max(np.abs(want).max() / 4, 1e-3)
+    bottom.set_yscale("symlog", linthresh=linthresh)
+    # Inside the linear zone the decade ticks crowd together: label 0 and the ticks outside it only.
+    bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: "" if 0 < abs(v) < linthresh else _plain(v)))
+    bottom.set_xlabel("element of the row (head dimension)", fontsize=FONT + 1)
+    bottom.set_ylabel("value (symmetric log scale)", fontsize=FONT + 1)
+    bottom.tick_params(labelsize=FONT)
+    bottom.set_ylim(-span * 4, span * 8)
+    bottom.legend(fontsize=FONT, loc="upper left", ncols=2)
+    bottom.set_title(f"{int(bad.sum())} of {n} elements decoded wrong", fontsize=FONT + 1)
     fig.suptitle(title, fontsize=10)
     return fig
 
@@ -192,7 +251,7 @@ def output_scatter(samples: Mapping[str, object], tolerance: float = 0.02,
     `tolerance` x max|exact| of its panel, green otherwise; the diagonal is where a right output lies."""
     if not samples:
         raise ValueError("samples is empty: pass {version: [(exact, got), ...]}")
-    fig, axes = _new_figure(1, len(samples), figsize=(3.4 * len(samples), 3.4))
+    fig, axes = _new_figure(1, len(samples), figsize=(MAX_WIDTH_IN, 3.6))
     axes = np.atleast_1d(axes)
     for ax, (label, pairs) in zip(axes, samples.items()):
         arr = _to_numpy(pairs, f"samples[{label!r}]", ndim=2)
@@ -209,11 +268,158 @@ def output_scatter(samples: Mapping[str, object], tolerance: float = 0.02,
         top = max(lim, np.abs(shown).max() * 1.05)
         ax.set_xlim(-lim, lim)
         ax.set_ylim(-top, top)
-        ax.set_xlabel("exact")
-        ax.set_title(f"{label}\n{int(bad.sum())} of {len(exact)} elements off", fontsize=9)
-    axes[0].set_ylabel("output")
-    axes[0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(title + f" (off: |out - exact| > {tolerance:g} x max|exact|)", fontsize=10)
+        ax.set_xlabel("exact", fontsize=FONT + 1)
+        ax.tick_params(labelsize=FONT)
+        ax.set_title(f"{label}\n{int(bad.sum())} of {len(exact)} elements off", fontsize=FONT + 1)
+    axes[0].set_ylabel("output", fontsize=FONT + 1)
+    fig.legend(handles=[Line2D([], [], marker="o", linestyle="none", color=RIGHT, label="within tolerance"),
+                        Line2D([], [], marker="o", linestyle="none", color=WRONG, label="off the exact output")],
+               loc="outside lower center", ncols=2, fontsize=FONT, frameon=False)
+    fig.suptitle(title + f"\n(off: |out - exact| > {tolerance:g} x max|exact|)", fontsize=10)
+    return fig
+
+
+# ---- defect B1's picture story ------------------------------------------------------------------------------------
+
+B_CODES = {"write": "W", "write stray": "W!", "read": "R", "read overwritten": "R!"}
+B_KEY = ("W wrote its own pool  ·  W! some of its bytes landed outside its pool  ·  R read only its own bytes  ·  "
+         "R! read bytes\nanother layer overwrote (which requests: below the code)")
+
+
+def _b_state(events: Sequence[str]) -> int:
+    if "write stray" in events or "read overwritten" in events:
+        return 3
+    if "read" in events:
+        return 2
+    return 1 if events else 0
+
+
+def cross_timeline_figure(*timelines, max_columns: int = 6,
+                          title: str = "Who writes and reads the arena, and when (historical cross stride)") -> Figure:
+    """One panel per run (`minikv.repro.cross_stride_trace.CrossTimeline`, e.g. the 1.5x pool buggy, then fixed):
+    the decoder's attention layers in the order they run (rows) x engine steps (columns, the first `max_columns`).
+
+    Each cell lists what the layer did: W wrote its own pool, W! wrote bytes outside it (the doubled stride), R
+    read only what it wrote itself, R! read bytes another layer had overwritten since, with the requests that read
+    them. Red: W! or R!; green: R; grey: a write only."""
+    if not timelines:
+        raise ValueError("cross_timeline_figure needs at least one CrossTimeline")
+    rows = sum(len(t.layers) + 1.8 for t in timelines)
+    fig, axes = _new_figure(len(timelines), 1, figsize=(MAX_WIDTH_IN, 0.36 * rows + 1.4))
+    axes = np.atleast_1d(axes)
+    from matplotlib.colors import ListedColormap
+    cmap = ListedColormap([EMPTY, "#d9d9d9", RIGHT, WRONG])
+    for ax, t in zip(axes, timelines):
+        columns = t.columns[:max_columns]
+        grid = np.array([[_b_state(t.events(layer, c)) for c in columns] for layer in t.layers])
+        ax.imshow(grid, cmap=cmap, vmin=0, vmax=3, aspect="auto", interpolation="nearest")
+        for i, layer in enumerate(t.layers):
+            for j, c in enumerate(columns):
+                text = " ".join(B_CODES[e] for e in t.events(layer, c))
+                victims = t.victims.get((layer, c))
+                if victims:
+                    text += "\nrequests " + ",".join(map(str, victims))
+                ax.text(j, i, text, ha="center", va="center", fontsize=FONT,
+                        color="white" if grid[i, j] in (2, 3) else NEUTRAL)
+        labels = [("context\n" if t.phases.get(c) == "prefill" else "") + c.removeprefix("step ") for c in columns]
+        ax.set_xticks(range(len(columns)), labels, fontsize=FONT)
+        ax.set_yticks(range(len(t.layers)), [_short(n) + "-attn" for n in t.layers], fontsize=FONT)
+        ax.set_xticks(np.arange(-0.5, len(columns)), minor=True)
+        ax.set_yticks(np.arange(-0.5, len(t.layers)), minor=True)
+        ax.grid(which="minor", color="white", linewidth=1)
+        ax.tick_params(which="minor", length=0)
+        wrong = f"; wrong requests: {', '.join(map(str, t.wrong)) if t.wrong else 'none'}"
+        ax.set_title((t.title or ("buggy engine" if t.buggy else "fixed engine")) + wrong, loc="left",
+                     fontsize=FONT + 1)
+    axes[-1].set_xlabel("engine step (within a step the layers run top to bottom)", fontsize=FONT + 1)
+    fig.legend(handles=[Patch(color="#d9d9d9", label="W: a write into its own pool"),
+                        Patch(color=RIGHT, label="R: read only its own bytes"),
+                        Patch(color=WRONG, label="W! or R!: a stray write, or a read of overwritten bytes")],
+               loc="outside lower center", ncols=2, fontsize=FONT, frameon=False, title=B_KEY, title_fontsize=FONT)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def _token(text: str) -> str:
+    return "EOS" if text == "" else text.replace(" ", "·")
+
+
+def cross_causal_chain_figure(chain, title: str | None = None) -> Figure:
+    """Three panels for one damaged request (`minikv.repro.cross_stride_trace.CrossCausalChain`).
+
+    1. the culprit cross layer's blocks as its pool holds them (top bar) and where the doubled stride puts them
+       (bottom bar), in arena bytes; the blocks past the pool's end in red, the victim's self-attention block
+       outlined where they land;
+    2. the victim's self-attention rows after the context step: red where the bytes differ from the fixed engine's
+       (measured), green where they are the same;
+    3. the generated tokens of the fixed and the buggy engine, up to the first that differs."""
+    fig = Figure(figsize=(MAX_WIDTH_IN, 6.4), dpi=DPI, layout="constrained")
+    grid = fig.add_gridspec(3, 1, height_ratios=(1.5, 1.0, 1.0))
+    ax1, ax2, ax3 = (fig.add_subplot(grid[i]) for i in range(3))
+    lo = min(min(d[2] for d in chain.doubled), min(d[4] for d in chain.doubled))
+    hi = max(max(d[5] for d in chain.doubled), max(e for _, _, e in chain.victim_blocks))
+    ax1.set_xlim(lo / KB - 1, hi / KB + 1)
+    ax1.add_patch(Rectangle((chain.pool_start / KB, 1.55), (chain.pool_end - chain.pool_start) / KB, 0.9,
+                            facecolor="none", edgecolor=NEUTRAL, linewidth=1.0, linestyle="--"))
+    for block, req, r0, r1, a0, a1 in chain.doubled:
+        ax1.add_patch(Rectangle((r0 / KB, 1.6), (r1 - r0) / KB, 0.8, facecolor=POOL_COLOURS[0], edgecolor="white"))
+        outside = a1 > chain.pool_end
+        ax1.add_patch(Rectangle((a0 / KB, 0.1), (a1 - a0) / KB, 0.8, facecolor=WRONG if outside else RIGHT,
+                                edgecolor="white"))
+        if _fits(ax1, f"b{block}", (r1 - r0) / KB):
+            ax1.text((r0 + r1) / 2 / KB, 2.0, f"b{block}", ha="center", va="center", color="white", fontsize=FONT)
+        if _fits(ax1, f"r{req}", (a1 - a0) / KB):
+            ax1.text((a0 + a1) / 2 / KB, 0.5, f"r{req}", ha="center", va="center", color="white", fontsize=FONT)
+    for block, s, e in chain.victim_blocks:
+        ax1.add_patch(Rectangle((s / KB, -0.05), (e - s) / KB, 1.1, facecolor="none", edgecolor=NEUTRAL,
+                                linewidth=2.0))
+        ax1.text((s + e) / 2 / KB, -0.35, f"request {chain.request}'s {_short(chain.victim_layer)}-attn block {block}",
+                 ha="center", va="top", fontsize=FONT)
+    ax1.axvline(chain.pool_end / KB, color=NEUTRAL, linewidth=0.8)
+    ax1.text(chain.pool_end / KB, 2.6, f" end of the {_short(chain.culprit)} pool", ha="left", va="bottom",
+             fontsize=FONT)
+    ax1.set_ylim(-1.0, 3.2)
+    ax1.set_yticks([0.5, 2.0], ["at 2x stride", "as allocated"], fontsize=FONT)
+    ax1.tick_params(axis="x", labelsize=FONT)
+    ax1.set_xlabel("arena byte offset (KiB); b: block, r: its request", fontsize=FONT)
+    ax1.set_title(f"1. {_short(chain.culprit)}-attn at the doubled stride ({chain.factor:g}x pool, {chain.blocks} "
+                  "blocks): its highest blocks land past the pool", fontsize=FONT + 1, loc="left")
+
+    n = len(chain.rows)
+    for i, (position, k_bad, v_bad) in enumerate(chain.rows):
+        for row, bad in ((0, k_bad), (1, v_bad)):
+            ax2.add_patch(Rectangle((i, -row), 0.9, 0.8, facecolor=WRONG if bad else RIGHT, edgecolor="white"))
+            ax2.text(i + 0.45, -row + 0.4, f"{'KV'[row]} {position}", ha="center", va="center", color="white",
+                     fontsize=FONT)
+    written = sum(k or v for _, k, v in chain.rows)
+    ax2.set_xlim(-0.2, max(n, 8))
+    ax2.set_ylim(-1.2, 1.0)
+    ax2.axis("off")
+    ax2.text(max(n, 1) + 0.3, -0.1, f"{written} of {n} token rows after the context step differ from the fixed "
+             f"engine's:\n{_short(chain.culprit)}-attn's stray write, later in the same step, "
+             f"replaced the K and V\nthat {_short(chain.victim_layer)}-attn had just written (measured on the bytes)",
+             ha="left", va="center", fontsize=FONT)
+    ax2.set_title(f"2. request {chain.request}'s {_short(chain.victim_layer)}-attn rows: first read back at "
+                  f"{chain.first_overwritten_read[1]}", fontsize=FONT + 1, loc="left")
+
+    m = max(len(chain.tokens_fixed), len(chain.tokens_buggy))
+    for row, (label, seq) in enumerate((("fixed", chain.tokens_fixed), ("buggy", chain.tokens_buggy))):
+        for i in range(m):
+            text = _token(seq[i]) if i < len(seq) else ""
+            colour = (RIGHT if row == 0 or i < chain.diverging else WRONG) if text else EMPTY
+            ax3.add_patch(Rectangle((i, -row), 0.9, 0.8, facecolor=colour, edgecolor="white"))
+            ax3.text(i + 0.45, -row + 0.4, text, ha="center", va="center", color="white", fontsize=FONT + 1)
+        ax3.text(-0.2, -row + 0.4, label, ha="right", va="center", fontsize=FONT + 1)
+    ax3.add_patch(Rectangle((chain.diverging - 0.05, -1.1), 1.0, 2.0, fill=False, edgecolor=NEUTRAL, linewidth=1.2))
+    ax3.set_xlim(-1.4, m + 0.1)
+    ax3.set_ylim(-1.3, 1.0)
+    ax3.axis("off")
+    reason = ("token 0 comes from the context step, where the layer read its rows before the stray write; "
+              if chain.diverging >= 1 else "")
+    ax3.set_title(f"3. the generated tokens: they part at token {chain.diverging} ({reason}outlined: the first "
+                  "that differs)", fontsize=FONT + 1, loc="left", wrap=True)
+    fig.suptitle(title or f"Request {chain.request}: doubled stride → a stray write over its "
+                          f"{_short(chain.victim_layer)}-attn rows → a wrong token", fontsize=10)
     return fig
 
 
@@ -267,4 +473,12 @@ def code_site_diff(func) -> str:
                                           n=max(len(historical), len(fixed))))
 
 
-__all__ = ["stride_byte_map", "fp8_row_as_16bit", "output_scatter", "site_versions", "code_site_diff"]
+__all__ = [
+    "code_site_diff",
+    "cross_causal_chain_figure",
+    "cross_timeline_figure",
+    "fp8_row_as_16bit",
+    "output_scatter",
+    "site_versions",
+    "stride_byte_map",
+]

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -258,7 +260,10 @@ expected = [final_tables[r][p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
             for r, n in enumerate(lengths_with_bos) for p in range(n)]
 assert slots == expected
 labels = [c if c != " " else "·" for p in small_prompts for c in "B" + p]   # B: BOS, ·: a space
-viz.slot_mapping_diagram(torch.tensor(slots), BLOCK_SIZE, token_labels=labels,
+token_requests = [r for r, (a, b) in enumerate(zip(starts, starts[1:])) for _ in range(a, b)]
+viz.slot_mapping_diagram(torch.tensor(slots), BLOCK_SIZE, token_labels=labels, requests=token_requests,
+                         key="a cell's label: the prompt character whose K/V is written there (B: the BOS token, "
+                             "·: a space)",
                          title="Prefill: where each prompt character's K/V is written")
 
 # %% [markdown]
@@ -277,6 +282,7 @@ for r, slot in enumerate(decode_slots):
     print(f"  request {r}: token {position:2d} -> block {slot // BLOCK_SIZE}, offset {slot % BLOCK_SIZE}")
 assert [s % BLOCK_SIZE for s in decode_slots] == [(n - 1) % BLOCK_SIZE for n in decode_lens]
 viz.slot_mapping_diagram(torch.tensor(decode_slots), BLOCK_SIZE, token_labels=[f"r{r}" for r in range(4)],
+                         requests=list(range(4)), key="a cell's label: the request whose new token is written there",
                          title=f"Decode step {crossing}: one new token per request")
 
 # %% [markdown]
@@ -513,47 +519,57 @@ assert [o.token_ids for o in by_backend["triton"]] == [o.token_ids for o in by_b
 # %% [markdown]
 # ## Try it yourself
 #
-# Each exercise changes one thing. Write your prediction into the cell first, then run it; the folded cell after
-# it holds the solution (click it to unfold) and checks the result.
+# Two exercises, in the style of Sebastian Raschka's *LLMs from scratch*: think first, then let the engine tell you.
+# Each has three cells. Put your answer into the first one (replace `None`) and run it; the second runs the engine,
+# computes the true answer and says whether yours is right, without printing it; the third is the worked solution,
+# folded (in JupyterLab, click the bar left of it to unfold the code and its output; on the docs site, click
+# "Solution"). The notebook tests run all three, with no answer filled in.
 #
 # **Exercise 1: a smaller block.** Section 2's four requests (14, 21, 9 and 30 tokens with BOS, 12 new tokens
-# each) end at 25, 32, 20 and 41 tokens in the cache. With `block_size=8` instead of 16, how many blocks does each
-# request hold at the last step?
+# each) end with 25, 32, 20 and 41 tokens in the cache. An engine with `block_size=8` instead of 16 serves the same
+# requests. How many blocks does each request hold at the last step?
 
-# %%
-my_prediction = None          # e.g. [4, 4, 3, 6]
+# %% tags=["exercise"]
+my_answer_1 = None          # your answer: a list of four numbers, one per request
+
+# %% tags=["check"]
+from minikv.exercises import check
+
 small_blocks = minikv.LLM(model="tiny-gemma4", max_num_seqs=4, device=DEVICE, backend="torch", block_size=8)
 small_ids = [small_blocks.add_request(p, params) for p in small_prompts]
 while small_blocks.has_unfinished():
     last = small_blocks.step()
     held = {r: len(t) for r, t in last.block_tables.items()}
-print("your prediction:", my_prediction, " blocks held at the last step:", [held[r] for r in small_ids])
+check("Exercise 1", my_answer_1, [held[r] for r in small_ids])
 
-# %% jupyter={"source_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
 # Solution: ceil(tokens / 8) per request. Halving the block halves the largest possible tail (7 slots instead
 # of 15), and doubles the number of block-table entries the attention kernel follows.
 final_lens = list(last.seq_lens.values())
 assert final_lens == [25, 32, 20, 41]
-assert [held[r] for r in small_ids] == [math.ceil(n / 8) for n in final_lens] == [4, 4, 3, 6]
-print("solution:", [math.ceil(n / 8) for n in final_lens])
+answer_1 = [math.ceil(n / 8) for n in final_lens]
+assert [held[r] for r in small_ids] == answer_1
+print("answer:", answer_1)
 
 # %% [markdown]
 # **Exercise 2: where the prefixes part.** Request E is B's prompt from section 4 with the 9th term changed from
-# 35 to 36, one character in B's second block. With prefix caching, how many of E's tokens does the block manager find
-# already cached after A and B ran (and were freed) in the hand-driven example?
+# 35 to 36, one character in B's second block. With prefix caching, how many of E's tokens does the block manager
+# find already cached after A and B ran (and were freed) in the hand-driven example?
 
-# %%
-my_prediction = None          # a number of tokens
+# %% tags=["exercise"]
+my_answer_2 = None          # your answer: a number of tokens
+
+# %% tags=["check"]
 text_e = text_b.replace(" 35 ", " 36 ")
 changed = text_e.index(" 36 ") + 3                       # the changed digit's token (BOS is token 0)
 assert BLOCK_SIZE <= changed < 2 * BLOCK_SIZE and text_e[changed - 1] != text_b[changed - 1]
 seq_e = make_sequence(4, text_e)
 manager.allocate(seq_e)
-print("your prediction:", my_prediction, " cached tokens:", seq_e.num_cached_tokens,
-      " block table:", seq_e.block_table)
+check("Exercise 2", my_answer_2, seq_e.num_cached_tokens)
 
-# %% jupyter={"source_hidden": true}
-# Solution: 16. Block 0 (BOS and tokens 1-15) is A's and B's first block, unchanged; block 1 holds the changed
-# character, so its chained hash differs, and so does every later block's, even where the characters agree again.
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution: one block. Block 0 (BOS and tokens 1-15) is A's and B's first block, unchanged; block 1 holds the
+# changed character, so its chained hash differs, and so does every later block's, even where the characters
+# agree again.
 assert seq_e.num_cached_tokens == BLOCK_SIZE and seq_e.block_table[0] == 0
-print("solution:", BLOCK_SIZE)
+print("answer:", seq_e.num_cached_tokens, "tokens (block 0 only)")

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -112,8 +114,8 @@ for fmt in KV_CACHE_DTYPES:
 
 # %% [markdown]
 # On CPU `tiny-gemma4` runs in float32, so `auto` stores 4 bytes per element; on a GPU it runs in bfloat16. The
-# inline scale adds 4 bytes to each row of `head_size` codes, which is 12.5% for `tiny-gemma4`'s head size of 32
-# and about 3% for the head size of 128 that most large models use. Here is the whole model's cost per token on
+# inline scale adds 4 bytes to each row of `head_size` codes: an eighth more for `tiny-gemma4`'s head size of 32,
+# a thirty-second more for the head size of 128 that most large models use. Here is the whole model's cost per token on
 # CPU and on GPU, and, for scale, the same for a large model's KV shape (32 layers, 8 KV heads of size 128, in
 # bfloat16: Llama-3-8B's shape).
 
@@ -135,7 +137,7 @@ assert memory["32 layers x 8 x 128, bfloat16"]["fp8"] * 2 == memory["32 layers x
 
 # %% [markdown]
 # Against a 16-bit cache, the per-layer `fp8` format halves the memory exactly; the per-token-head formats pay
-# for their scales, 56% of `auto` at head size 32 and 52% at head size 128. What the scales buy is section 3.
+# for their scales, 56.2% of `auto` at head size 32 and 51.6% at head size 128. What the scales buy is section 3.
 #
 # ## 2. One cache row, byte by byte
 #
@@ -330,10 +332,10 @@ viz.quant_error_plot(errors["V"], title="Layer 0 V: quantization error by format
 # own scale gives the step `row amax / 127`, and a per-tensor scale gives every row the step of the largest one.
 # Per-token-head int8 is the most accurate format here, its mean error a third to two fifths lower than
 # per-tensor int8's, even on these tame tensors. **fp8** is a floating-point format: with 3 mantissa bits, the
-# step next to a value is 1/8 of the power of two below it, 6 to 12.5% of the value, wherever the value lies in
+# step next to a value is 1/8 of the power of two below it, a sixteenth to an eighth of the value, wherever it lies in
 # its wide range. Its error therefore barely depends on the scale: scale 1, a calibrated per-tensor scale and a
 # per-token-head scale land close together, all above int8's: near the top of a row's range, int8's 255 evenly
-# spaced levels are much finer than fp8's (a step of `amax / 127` against fp8's 32 of 448).
+# spaced levels are much finer than fp8's (a step of `amax / 127` against fp8's step of 32 just below 448).
 #
 # Where per-token-head scales earn their keep is an **outlier**. Large models have a few tokens, often the first,
 # whose K or V are tens of times larger than the rest. We make token 0 of layer 0's K 20 times larger and
@@ -634,13 +636,13 @@ assert bool((stored_codes.float() == 448).all())
 # ## Summary
 #
 # * An 8-bit cache halves a 16-bit one. The per-token-head formats add a 4-byte fp32 scale to every row of
-#   `head_size` codes: 12.5% at head size 32, about 3% at 128.
+#   `head_size` codes: an eighth more at head size 32, a thirty-second more at 128.
 # * A row is `[codes | scale]`; reading the bytes back by hand gives the int8 codes (two's complement), the fp32
 #   scale `amax / 127`, and the e4m3 codes (sign, 4-bit exponent, 3-bit mantissa) exactly as torch reads them.
 # * On `tiny-gemma4`'s real K/V, per-token-head int8 is the most accurate format, and with one outlier token
 #   per-tensor int8's error on every other token grows more than tenfold, while the per-token-head formats do not
 #   change at all. fp8 trades precision for range: its error hardly depends on the scale. All four formats
-#   answer 24 of 24 prompts with the float32 cache's token ids.
+#   answer 24/24 prompts with the float32 cache's token ids.
 # * The write kernel's programs each quantize and store a tile of tokens, independently; any tiling gives the
 #   same bytes as the pure-PyTorch reference, for every format.
 # * The fp8 encoder matches torch's cast bit for bit on all 63,488 finite float16 values, ties, denormals and
@@ -652,66 +654,72 @@ assert bool((stored_codes.float() == 448).all())
 # %% [markdown]
 # ## Try it yourself
 #
-# Each exercise changes one thing. Write your prediction into the cell first, then run it; the folded cell after
-# it holds the solution (click it to unfold) and checks the result.
+# Three exercises, in the style of Sebastian Raschka's *LLMs from scratch*. Each has three cells: put your answer
+# into the first (replace `None`) and run it; the second runs the code, computes the true answer and says whether
+# yours is right, without printing it; the third is the worked solution, folded (in JupyterLab, click the bar left
+# of it; on the docs site, click "Solution"). The notebook tests run all three, with no answer filled in.
 #
 # **Exercise 1: an outlier in V.** Section 3 made one *key* token 20 times larger. Do the same to token 0 of layer
-# 0's *values*. For which formats does the mean error of the other tokens change, and roughly by how much for the
-# per-tensor int8 cache?
+# 0's *values*. For which of the five formats of section 3 does the error on the *other* tokens change at all?
 
-# %%
-my_prediction = None          # e.g. {"int8 per tensor*": "x20", "int8_per_token_head": "unchanged"}
+# %% tags=["exercise"]
+my_answer_1 = None          # your answer: a set of format names as section 3 prints them, e.g. {"..."}
+
+# %% tags=["check"]
+from minikv.exercises import check
+
 outlier_v = v0.clone()
 outlier_v[0] *= 20
 v_with_outlier = errors_by_format(outlier_v)
+changed_formats = {name for name, e in v_with_outlier.items() if not torch.equal(e[others], errors["V"][name][others])}
+check("Exercise 1", my_answer_1, changed_formats)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution: the two formats whose scale is computed from the whole tensor. The per-token-head formats quantize
+# every row on its own, so the other rows' bytes do not change at all; fp8 with the engine's fixed scale 1 has no
+# scale to change either. Per-tensor int8's step is set by the outlier, so its error on the other tokens grows
+# more than tenfold; the calibrated fp8 scale (amax / 448) grows 20 times too, but fp8's exponent absorbs most of
+# it.
 growth = {name: (e[others].abs().mean() / errors["V"][name][others].abs().mean()).item()
           for name, e in v_with_outlier.items()}
-print("your prediction:", my_prediction)
-for name, g in growth.items():
-    print(f"{name:20s} error of the other tokens x{g:.0f}")
-
-# %% jupyter={"source_hidden": true}
-# Solution: as for K. The per-token-head formats quantize every row on its own, so the other rows' bytes do not
-# change at all; per-tensor int8's step is set by the outlier, so its error on the other tokens grows more than
-# tenfold; fp8's exponent absorbs the outlier, whatever its scale.
-for name in ("int8_per_token_head", "fp8_per_token_head"):
-    assert torch.equal(v_with_outlier[name][others], errors["V"][name][others])
-assert growth["int8 per tensor*"] > 10 and growth["fp8, scale 1"] < 2
-print("solution: per-token-head unchanged (bit-identical), per-tensor int8 more than x10, fp8 about x1")
+assert changed_formats == {"int8 per tensor*", "fp8, calibrated"}
+assert growth["int8 per tensor*"] > 10 and growth["fp8, calibrated"] < 2
+print("answer:", sorted(changed_formats))
 
 # %% [markdown]
 # **Exercise 2: a larger head.** The inline scale costs 4 bytes per row. With head size 128 instead of 32 (and the
 # same 2 KV heads and 4 owning layers), what share of an `auto` bfloat16 cache does `int8_per_token_head` need?
 
-# %%
-my_prediction = None          # a fraction, e.g. 0.55
+# %% tags=["exercise"]
+my_answer_2 = None          # your answer: a fraction between 0 and 1
+
+# %% tags=["check"]
 wide = {fmt: layout_of(fmt, torch.bfloat16, config.num_kv_heads, 128).bytes_per_token() * len(owners)
         for fmt in ("auto", "int8_per_token_head")}
-print("your prediction:", my_prediction, f" measured: {wide['int8_per_token_head'] / wide['auto']:.4f}",
-      f"({wide['int8_per_token_head']:,} of {wide['auto']:,} bytes per token)")
+check("Exercise 2", my_answer_2, wide["int8_per_token_head"] / wide["auto"], rel=0.01)
 
-# %% jupyter={"source_hidden": true}
-# Solution: (128 + 4) / (2 x 128) = 0.515625: half of the 16-bit cache, plus 4 bytes of scale per 256 bytes.
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution: (128 + 4) / (2 x 128): half of the 16-bit cache, plus 4 bytes of scale per 256 bytes of K or V.
 assert wide["int8_per_token_head"] * 256 == wide["auto"] * 132
-print("solution: 132 / 256 =", 132 / 256)
+print("answer:", 132 / 256)
 
 # %% [markdown]
-# **Exercise 3: a key too large for `fp8` with scale 1.** Multiply token 0 of layer 0's keys by 1000 and store
-# it with the per-layer `fp8` format at the engine's scale of 1. What is the largest |value| read back for that
-# token, and what would `fp8_per_token_head` read back?
+# **Exercise 3: a key too large for `fp8` with scale 1.** Multiply token 0 of layer 0's keys by 1000 and store it
+# with the per-layer `fp8` format at the engine's scale of 1. What is the largest |value| read back for that token?
 
-# %%
-my_prediction = None          # two numbers
+# %% tags=["exercise"]
+my_answer_3 = None          # your answer: a number
+
+# %% tags=["check"]
 huge = k0.clone()
 huge[0] *= 1000
 read_fp8 = roundtrip(huge, "fp8")[0].abs().max().item()
-read_pth = roundtrip(huge, "fp8_per_token_head")[0].abs().max()
-print("your prediction:", my_prediction, f" fp8 with scale 1: {read_fp8:g};",
-      f"fp8_per_token_head: {read_pth / huge[0].abs().max():.3f} x the true amax")
+check("Exercise 3", my_answer_3, read_fp8, rel=1e-6)
 
-# %% jupyter={"source_hidden": true}
-# Solution: the per-layer format clamps to e4m3's largest value, 448, whatever the key was; the per-token-head
-# format gives that row its own scale, amax / 448, so the row's largest element comes back exactly.
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution: the per-layer format clamps to e4m3's largest finite value, whatever the key was (section 5). The
+# per-token-head format gives that row its own scale, amax / 448, so its largest element comes back exactly.
+read_pth = roundtrip(huge, "fp8_per_token_head")[0].abs().max()
 assert read_fp8 == 448.0 and huge[0].abs().max() > 448
 assert torch.isclose(read_pth, huge[0].abs().max(), rtol=1e-6)
-print("solution: 448 (clamped) and 1.000 x the true amax")
+print("answer:", read_fp8, "(clamped); fp8_per_token_head reads back the true amax")

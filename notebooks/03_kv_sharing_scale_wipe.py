@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -332,15 +334,16 @@ assert [f.overwritten for f in late] == [2 * layout.num_kv_heads * batch_tokens]
 assert not fixed.census.wiping and len(fixed.census.fills) == 4
 
 # %% [markdown]
-# Grouped by storage, this is the shape of upstream's census: per shared storage, **one late fill that wipes**
-# the written scales (the first sharing layer to touch it: layer 4 for layer 2's storage, layer 5 for layer 3's)
-# and **harmless late fills** from the other sharers (layers 6 and 7 fill the same regions again, but find only
-# the 1.0s the first fill left). The six fills that wiped nothing are exactly: the four owners' warmup fills,
-# which run before anything is written, and those two late fills of the second sharers. The table below comes
-# from the reproduction's own `run_engine` and `format_census` (the ones `minikv repro scale-wipe` prints and
-# checks), with upstream's census on gemma-4-E2B-it underneath, as the vLLM fix's description reports it.
-# Upstream does not break its 33 harmless fills down; with more layers per storage than here, more of them are
-# second, third, ... sharers' late fills.
+# Grouped by storage: per shared storage, **one late fill that wipes** the written scales (the first sharing layer
+# to touch it: layer 4 for layer 2's storage, layer 5 for layer 3's) and **harmless late fills** from the other
+# sharers (layers 6 and 7 fill the same regions again, but find only the 1.0s the first fill left). The six fills
+# that wiped nothing are exactly: the four owners' warmup fills, which run before anything is written, and those
+# two late fills of the second sharers. The table below comes from the reproduction's own `run_engine` and
+# `format_census` (the ones `minikv repro scale-wipe` prints and checks), with upstream's census on gemma-4-E2B-it
+# underneath, as the vLLM fix's description reports it: fills that wiped nothing, tagged "(pre-write)", and two
+# late fills that wiped written scales. Upstream does not say which layers made its fills. That its harmless ones
+# include later sharers' fills that found only 1.0s, as minikv's do, is minikv's inference from the mechanism, not
+# something upstream reports.
 
 # %%
 census_run = scale_wipe.run_engine(FORMAT, 4, False, True, prompts, backend=BACKEND)
@@ -440,6 +443,28 @@ for name in TARGETS:
           "buggy engine's: all 1.0")
 
 # %% [markdown]
+# **The byte map, by request and layer.** Which bytes of which storage, belonging to which request, did the wipe
+# hit? `scale_wipe_trace.storage_map` reads the first step's block tables and the census's record of the scales
+# each late fill replaced. Top: every block the first batch holds in each storage, labelled with its request, red
+# where its rows lost their scales, with the layer whose fill did it. Bottom: one slot's bytes in layer 2's
+# storage, row by row: the int8 codes are untouched, the four scale bytes after each row now hold 1.0.
+
+# %%
+map_engine = engine(buggy=True)
+map_ids = [map_engine.add_request(p, params) for p in prompts[:4]]
+first_step = map_engine.step()
+smap = scale_wipe_trace.storage_map(map_engine, first_step)
+for st in smap.storages:
+    wiped_requests = sorted({r for _, r, _, w in st["blocks"] if w})
+    print(f"layer {st['owner']}'s storage (read by {st['readers'] or 'no other layer'}): "
+          f"{len(st['blocks'])} blocks of requests {ranges(sorted({r for _, r, _, _ in st['blocks']}))}; "
+          f"rows wiped by layer {st['wiped_by']}: requests {ranges(wiped_requests) or 'none'}")
+assert [st["wiped_by"] for st in smap.storages] == [None, None, 4, 5]
+assert all(all(w == n for _, _, n, w in st["blocks"]) for st in smap.storages if st["wiped_by"])
+del map_engine
+viz_scale_wipe.storage_byte_map(smap)
+
+# %% [markdown]
 # The same first batch on the `triton` backend (the Triton kernels, run by the interpreter): the buggy engine
 # produces the same wrong tokens and the fixed engine the same right ones, and the census logs the same late fills.
 # To keep the interpreter's time down, only the first batch runs, for 3 new tokens, compared with the first 3
@@ -531,8 +556,11 @@ assert problems == []
 
 # %% [markdown]
 # Every signature upstream reported holds: the damaged requests are exactly the first batch (0-3 with
-# `max_num_seqs=4`, 0-7 with 8); both int8 and fp8 per-token-head caches are hit; a cache without inline scales
-# is untouched by the switch; the inflation equals 1 / true scale; and the census has upstream's shape.
+# `max_num_seqs=4`, 0-7 with 8); the int8 per-token-head cache is hit and a cache without inline scales is
+# untouched by the switch (upstream's evidence: int8 only, bf16 clean); the inflation equals 1 / true scale; and
+# the census has one late wiping fill per shared storage, as upstream's two. minikv also runs
+# `fp8_per_token_head`, which upstream's description names among the affected formats but for which it reports no
+# measurement: it is hit the same way.
 #
 # **One number per quantity.** The figures the README and the docs quote come from one computation,
 # `scale_wipe.quantities`, on the `int8_per_token_head`, `max_num_seqs=4` pair; `minikv repro scale-wipe
@@ -585,14 +613,16 @@ viz.scale_heatmap(before, after, title="Layer 2's storage: K scales of the first
                   labels=("written by layer 2 (census snapshot)", "after layer 4's late fill"))
 
 # %% [markdown]
-# **From a wiped scale to a wrong token.** One request, three panels (`scale_wipe_trace.causal_chain`):
+# **From a wiped scale to a wrong token.** One request, four panels (`scale_wipe_trace.causal_chain`):
 #
 # 1. the largest |K| of each of request 0's prompt tokens in layer 2's storage, fixed engine vs buggy;
 # 2. the attention weights of one query head of layer 4 at the first decode step, over those keys. The query is
 #    the fixed engine's in both cases, so only the keys differ. Over the right keys the weight spreads over many
 #    tokens; over the inflated keys every score is multiplied by its key's inflation, and the softmax collapses
-#    onto a few keys;
-# 3. the first generated token where the two engines part, with the top logits of each.
+#    onto one key (the assert below checks that it carries more than nine tenths of the weight);
+# 3. the generated tokens of both engines, side by side: they agree for the first few tokens, although every step
+#    reads the wiped keys, because the inflated scores have not yet changed which token wins;
+# 4. the top logits at the first token where the two engines part.
 
 # %%
 chain = scale_wipe_trace.causal_chain(prompts, request=0, layer=4, head=0)
@@ -752,8 +782,10 @@ for buggy_run in (False, True):
             assert torch.equal(rows_first, later_rows[name])
 
 # %% [markdown]
-# **sleep() / wake_up() initializes every scale region again, in both sleep modes.** `sleep(mode="discard")` is
-# vLLM's shape: the arena's storage stays at its address and the pools' contents are discarded (zeroed here).
+# **sleep() / wake_up() initializes every scale region again, in both sleep modes.** `sleep(mode="discard")` keeps
+# the arena's storage at its address and discards the pools' contents (zeroed here); that a sleep can wake up at
+# the same address is minikv's reading of upstream's key, (data_ptr, nbytes), which upstream says re-initializes
+# "re-allocated caches (sleep/wake_up)" without saying whether the address changes.
 # `sleep(mode="free")` frees the arena, and `wake_up()` allocates a new one. A key of (address, size) cannot tell a
 # same-address wake-up from no sleep at all, so the fixed runner releases the registry entries at `sleep()`. Either
 # way the census gains one warmup fill per owning layer, every scale of the pools reads 1.0, and the first batch
@@ -796,9 +828,10 @@ assert again_buggy == texts_fixed[:4]
 
 # %% [markdown]
 # **Same code, different warmup.** Upstream's fix says the wipe happens "when warmup didn't exercise" the sharing
-# layers. A warmup that runs every layer with attention metadata, as CUDA-graph capture does
-# (`warmup="capture"`), gives the sharing impls their first touch before anything is written, so the historical
-# code wipes nothing.
+# layers. minikv's `warmup="capture"` runs every layer with attention metadata (minikv models it on a CUDA-graph
+# capture run, which executes every layer; the upstream text does not name the warmup shapes that hide the
+# defect). It gives the sharing impls their first touch before anything is written, so the historical code wipes
+# nothing.
 
 # %%
 capture = engine(buggy=True, warmup="capture")
@@ -826,67 +859,78 @@ assert len({tuple(r.first_batch) for r in arrivals}) > 1
 # %% [markdown]
 # ## 9. Try it yourself
 #
-# Three exercises, each changing one thing. Write your prediction into the first cell and run it; the solution is
-# the folded cell below it (click the bar to its left, or "View > Expand Selected Code", to read the code; its
-# output is already shown, and the notebook tests check it).
+# Three exercises, in the style of Sebastian Raschka's *LLMs from scratch*. Each has three cells: put your answer
+# into the first (replace `None`) and run it; the second runs the engine, computes the true answer and says whether
+# yours is right, without printing it; the third is the worked solution, folded (in JupyterLab, click the bar left
+# of it; on the docs site, click "Solution"). The notebook tests run all three, with no answer filled in.
 #
-# **1. Prefix caching with `max_num_seqs=6`.** Serve the same 24 requests (12 prompts, then the same 12 again)
-# with prefix caching on and 6 requests per batch. Which requests are damaged? (Hint: which copies can find their
-# twin's blocks still in the cache?)
+# **Exercise 1: prefix caching with `max_num_seqs=6`.** Serve the same 24 requests (12 prompts, then the same 12
+# again) on the buggy engine with prefix caching on and 6 requests per batch. Which requests are damaged? (Think
+# about which copies can find their twin's blocks still in the cache.)
 
-# %%
-prediction = None   # your guess, e.g. "0-5"
+# %% tags=["exercise"]
+my_answer_1 = None   # your answer: a list of request numbers
+
+# %% tags=["check"]
+from minikv.exercises import check
+
 fixed_pc = scale_wipe.run_engine(FORMAT, 6, True, False, prompts, backend=BACKEND)
 buggy_pc = scale_wipe.run_engine(FORMAT, 6, True, True, prompts, backend=BACKEND)
 scale_wipe.compare(fixed_pc, buggy_pc)
-print(f"your prediction: {prediction}; damaged: {ranges(buggy_pc.damaged)}")
+check("Exercise 1", my_answer_1, buggy_pc.damaged)
 
-# %% jupyter={"source_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
 # Solution: the first batch (0-5) and their copies (12-17). Requests 12-17 are the second copies of prompts 0-5;
 # each prompt of at least 16 tokens leaves a full block in the prefix cache, written (and wiped) in the first
 # batch, and the copy reuses it. Only the first batch is ever wiped: the copies of 6-11 reuse clean blocks.
 assert buggy_pc.damaged == [0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17] and fixed_pc.damaged == []
-reused = [i for i in range(12, 18) if len(prompts[i]) + 1 >= BLOCK_SIZE]
-print("damaged:", ranges(buggy_pc.damaged), "| copies whose prompt fills a block:", ranges(reused))
+assert all(len(prompts[i]) + 1 >= BLOCK_SIZE for i in range(12, 18))
+print("answer:", ranges(buggy_pc.damaged))
 
 # %% [markdown]
-# **2. Half the block size.** Run the buggy engine with `block_size=8` instead of 16. How many written scales
-# does each wiping fill overwrite now, and which requests are damaged?
+# **Exercise 2: half the block size.** Run the buggy engine with `block_size=8` instead of 16 on the same 24
+# requests. How many written scales does each of the two wiping fills overwrite now?
 
-# %%
-prediction = None   # your guess, e.g. (538, "0-3")
+# %% tags=["exercise"]
+my_answer_2 = None   # your answer: a number of scales
+
+# %% tags=["check"]
 small_blocks = engine(buggy=True, block_size=8)
 texts_small = [o.text for o in small_blocks.generate(prompts, params, use_tqdm=False)]
 wiped_small = [f.overwritten for f in small_blocks.census.wiping]
-damaged_small = [i for i, (p, t) in enumerate(zip(prompts, texts_small)) if not task.check(p, t)]
-print(f"your prediction: {prediction}; wiped scales per wiping fill: {wiped_small}; damaged: {ranges(damaged_small)}")
+assert len(set(wiped_small)) == 1
+check("Exercise 2", my_answer_2, wiped_small[0])
 
-# %% jupyter={"source_hidden": true}
-# Solution: nothing changes. A fill covers the whole storage, whatever its block size, and the first batch wrote
-# one K and one V scale per kv head for each of its prompt tokens: 2 x 2 x 269 = 1,076 in each shared storage.
-# Upstream saw the damage depend on "batch geometry": it depends only on which requests the first step ran.
-assert wiped_small == [f.overwritten for f in buggy.census.wiping] == [1076, 1076]
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution: as many as with block size 16. A fill covers the whole storage, whatever its block size, and the first
+# batch wrote one K and one V scale per kv head for each of its prompt tokens: 2 x 2 x the batch's tokens in each
+# shared storage. The damaged requests do not change either: upstream saw the damage seem to depend on "batch
+# geometry"; it depends only on which requests the first step ran.
+damaged_small = [i for i, (p, t) in enumerate(zip(prompts, texts_small)) if not task.check(p, t)]
+assert wiped_small == [f.overwritten for f in buggy.census.wiping] == [2 * layout.num_kv_heads * batch_tokens] * 2
 assert damaged_small == [0, 1, 2, 3]
-print(f"1,076 = 2 x {layout.num_kv_heads} x {batch_tokens}: the same as with block size 16")
+print("answer:", f"{wiped_small[0]:,}", f"= 2 x {layout.num_kv_heads} x {batch_tokens}; damaged: {ranges(damaged_small)}")
 
 # %% [markdown]
-# **3. fp8 instead of int8.** With `fp8_per_token_head`, the code limit is 448 instead of 127. Is the K inflation
-# larger or smaller than int8's, and by about how much?
+# **Exercise 3: fp8 instead of int8.** With `fp8_per_token_head`, the code limit is 448 instead of 127. How many
+# times larger (or smaller) than int8's is the fp8 cache's median K inflation, roughly? (Within 0.5 counts.)
 
-# %%
-prediction = None   # your guess, e.g. "larger, x2"
+# %% tags=["exercise"]
+my_answer_3 = None   # your answer: a number, fp8's K inflation / int8's
+
+# %% tags=["check"]
 fp8_fixed, fp8_buggy = next((f, b) for f, b in pairs if b.kv_cache_dtype == "fp8_per_token_head"
                             and b.max_num_seqs == 4)
 ratio = fp8_buggy.k_inflation / headline.k_inflation
-print(f"your prediction: {prediction}; fp8 K inflation {scale_wipe.times(fp8_buggy.k_inflation)} vs int8's "
-      f"{quantities['k_inflation']['display']}")
+check("Exercise 3", my_answer_3, ratio, abs_tol=0.5)
 
-# %% jupyter={"source_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
 # Solution: larger, by about 448 / 127 = 3.5. The inflation of a row is 1 / its true scale, and the true scale is
 # amax / QMAX: the same K with a 3.5x larger QMAX gets a 3.5x smaller scale, so a wiped (1.0) scale inflates it
 # 3.5x more. (Not exactly 3.5: e4m3 rounds the codes differently, which moves the median row a little.)
 assert 3.0 < ratio < 4.0
-print(f"fp8 / int8 median inflation: between 3 and 4 (448 / 127 = {448 / 127:.1f})")
+print("answer: between 3 and 4, about", f"{448 / 127:.1f}", f"(fp8 {scale_wipe.times(fp8_buggy.k_inflation)}, "
+      f"int8 {quantities['k_inflation']['display']})")
 
 # %% [markdown]
 # ## Summary
@@ -896,9 +940,10 @@ print(f"fp8 / int8 median inflation: between 3 and 4 (448 / 127 = {448 / 127:.1f
 # * The historical code filled a storage's inline scales with 1.0 on each impl's first touch. Warmup gives the
 #   owning layers their first touch harmlessly; the first sharer's first touch falls inside step 0, after the
 #   prompt's scales are written, and resets them, and the other sharers' fills find only 1.0s: per storage one
-#   wiping late fill and harmless late fills, upstream's census. The codes survive, so K and V come back inflated
+#   wiping late fill and harmless late fills (upstream reports two wiping fills and harmless ones, without
+#   naming the layers). The codes survive, so K and V come back inflated
 #   by exactly 1 / true scale; the sharers and the owners of the shared storages then read wiped rows at every
-#   step of the first batch, an attention head collapses onto a few inflated keys, and exactly the first batch is
+#   step of the first batch, an attention head collapses onto one inflated key, and exactly the first batch is
 #   wrong. A warmup that touches every layer hides it. In minikv, prefix caching can hand the wiped blocks to later
 #   requests (minikv's observation, not upstream's). The wipe happens once per engine start: the historical views
 #   outlive `sleep()`.

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -35,9 +37,10 @@
 #   16-bit values, so the first decoder step sees garbage while the decode steps, which use another kernel, read
 #   correctly.
 #
-# Upstream, a flan-t5-base run with an FP8 cache and a 768-block cross pool crashed with an illegal memory access
-# before the fix. After the fix it decoded, with token ids equal to the default-cache run. On the fused path,
-# 14 backend-matrix cases were off from the golden by about 1e5.
+# Upstream, a flan-t5-base run with an FP8 cache and a 768-block cross pool crashed before the fix (the PR's
+# description says that below twice the needed blocks the process died with an illegal memory access or returned
+# wrong tokens silently). After the fix it decoded, with token ids equal to the default-cache run. On the fused
+# path, 14 backend-matrix cases were off from the golden by about 1e5.
 #
 # This notebook reproduces both on `tiny-t5`, a T5 (3 encoder and 3 decoder layers, relative position bias in
 # self-attention, none in cross-attention, no attention scaling) trained here to write the distinct characters
@@ -71,7 +74,7 @@ for name in ("cross-stride", "cross-fp8-context-read"):
 
 # %% [markdown]
 # Everything `minikv repro cross-stride` measures is computed once here, by the same function the command uses
-# (`cross_stride.measure`, about 10 s): the B1 pool-size grid, the layout-contract check, the three B2 context
+# (`cross_stride.measure`, several seconds): the B1 pool-size grid, the layout-contract check, the three B2 context
 # paths and the identical-request check. It runs on `backend="torch"`, the pure-PyTorch references of the Triton
 # kernels, with the same byte addressing. The numbers printed below are the `display` strings of
 # `results/cross_stride.json`, computed by `cross_stride.quantities`.
@@ -259,8 +262,8 @@ assert [o.lands_in for o in m.overruns[1.5]] == cross_names[1:] + [self_names[0]
 # %% [markdown]
 # In minikv every pool and guard lives inside one arena allocation, and the tail guard is sized for the widest
 # element any pool can be addressed with. An overrun can damage canaries and neighbouring pools, but it never
-# leaves the allocation. On a GPU, upstream saw an illegal memory access; when the stray writes hit live data
-# instead, the tokens come out silently wrong.
+# leaves the allocation. Upstream, on a GPU, a pool below twice the need either crashed the process with an
+# illegal memory access or gave silently wrong tokens, when the stray writes hit live data instead.
 
 # %% [markdown]
 # ## 3. The overrun, caught and silent
@@ -316,6 +319,77 @@ assert silent["wrong"] and set(silent["wrong"]) != set(range(len(prompts)))
 # crossing part landed only in a guard zone (which holds no other layer's data) can survive. With the sanitizer
 # off, the defect shows up on the wrong requests, in the wrong layer, and only sometimes: the way an overrun
 # that lands on live memory looks from the outside.
+
+# %% [markdown]
+# ### The picture story: who writes and reads the arena, and when
+#
+# The table says *which* requests went wrong; the step trace says *how*. `cross_stride_trace.trace_run` serves
+# the six requests on the 1.5x pool one `step()` at a time and replays every write and read of every decoder
+# layer, in the order they ran, on a map of the arena's bytes in which each byte remembers who wrote it last
+# (which layer, for which request). Writes are placed where each layer's own layout puts them: the historical
+# cross backend's layout doubles every address, the self-attention pools are addressed correctly. A write is
+# **W!** when some of its bytes land outside the layer's own pool; a read is **R!** when some byte it reads was
+# overwritten by another layer since, and the cell names the requests it read for. Rows run top to bottom as the
+# layers do within a step (layer 0's self-attention, layer 0's cross-attention, layer 1's, ...).
+
+# %%
+from minikv import viz_cross_stride
+from minikv.repro import cross_stride_trace
+
+timelines = {}
+for buggy_run in (True, False):
+    llm = one_engine(cross_pool_blocks=math.floor(1.5 * need), sanitize=False, check_layout=False,
+                     reintroduce=("cross-stride",) if buggy_run else ())
+    timelines[buggy_run], _ = cross_stride_trace.trace_run(
+        llm, prompts, reference, title=f"1.5x pool, {'historical' if buggy_run else 'fixed'} stride")
+tl = timelines[True]
+for layer in tl.layers:
+    print(f"{cross_stride_trace.short_name(layer):8s} context step: {' + '.join(tl.events(layer, 'step 0')):18s} "
+          f"step 1: {' + '.join(tl.events(layer, 'step 1')):22s} requests hit: {tl.victims.get((layer, 'step 1'), [])}"
+          f"  overwritten by: {[cross_stride_trace.short_name(c) for c in tl.culprits.get((layer, 'step 1'), [])]}")
+print("requests the byte map says must go wrong:", tl.predicted_wrong(), "| wrong in fact:", tl.wrong)
+assert tl.predicted_wrong() == tl.wrong == panels[1]["wrong"]
+assert timelines[False].predicted_wrong() == timelines[False].wrong == []
+assert all(tl.events(layer, "step 0")[0] == "write stray" for layer in tl.layers if "cross" in layer)
+viz_cross_stride.cross_timeline_figure(timelines[True], timelines[False])
+
+# %% [markdown]
+# At the context step every cross layer writes its encoder K/V once, and each one's highest blocks land past its
+# pool (**W!**): cross 0's in cross 1's pool, cross 1's in cross 2's, cross 2's in the first self-attention pool.
+# Within the same step the victims' owners run afterwards and overwrite some of those stray bytes with their own
+# (cross 1 covers what cross 0 left in its pool), or, the other way round, the stray write comes after the owner
+# wrote: cross 2's lands on the self-attention rows that layer 0 wrote at the start of the step. From the first
+# decode step on, every read of those bytes is **R!**: the last request's cross reads (its doubled blocks now hold
+# other layers' data) and layer 0's self-attention for the lowest requests (their rows now hold cross 2's K/V).
+# The byte map predicts exactly the requests that come out wrong, and none in the fixed engine.
+#
+# **From the doubled stride to a wrong token.** Request 0 is one of the lowest requests: none of its own cross
+# blocks leaves its pool, and it goes wrong anyway. `cross_stride_trace.causal_chain` follows it through a buggy
+# and a fixed engine with the same arena: (1) where the doubled stride puts cross 2's blocks, (2) request 0's
+# self-attention rows in layer 0's pool after the context step, compared byte for byte with the fixed engine's,
+# and (3) the generated tokens of both.
+
+# %%
+chain_b = cross_stride_trace.causal_chain(prompts, 1.5, request=0)
+print(f"request 0: first overwritten read by {cross_stride_trace.short_name(chain_b.first_overwritten_read[0])} "
+      f"at {chain_b.first_overwritten_read[1]}; the stray write came from {cross_stride_trace.short_name(chain_b.culprit)}")
+print(f"its {cross_stride_trace.short_name(chain_b.victim_layer)} rows after the context step that differ from the "
+      f"fixed engine's (K, V): {[(p, k, v) for p, k, v in chain_b.rows]}")
+print(f"generated tokens, fixed: {chain_b.tokens_fixed}")
+print(f"generated tokens, buggy: the first equal to the fixed engine's: {chain_b.tokens_buggy[0] == chain_b.tokens_fixed[0]}; "
+      f"the second too: {chain_b.tokens_buggy[1:2] == chain_b.tokens_fixed[1:2]}")
+assert chain_b.culprit == "decoder.2.cross_attn" and chain_b.victim_layer == "decoder.0.self_attn"
+assert all(k and v for _, k, v in chain_b.rows) and chain_b.diverging == 1
+assert chain_b.first_overwritten_read == ("decoder.0.self_attn", "step 1")
+viz_cross_stride.cross_causal_chain_figure(chain_b)
+
+# %% [markdown]
+# The chain, link by link: cross 2 addresses block `b` at twice its offset, so the blocks of requests 4 and 5 end
+# up past its pool, the last of them on the first blocks of layer 0's self-attention pool, where request 0's rows
+# live. At the context step request 0 has one decoder token (the start token): layer 0 wrote its K and V first
+# thing in the step, and cross 2, the last layer to run, wrote over both later in the same step. The first
+# generated token comes out of that context step, computed before the overwrite, so it is right; the first decode
+# step reads the overwritten rows back, and the second token, and everything after it, goes wrong.
 
 # %% [markdown]
 # ### One allocation per pool, and what a GPU bounds checker sees
@@ -430,10 +504,12 @@ except minikv.KVLayoutMismatchError as err:
 print(vcs.code_site_diff(CrossAttentionImpl._context_read_layout))
 
 # %% [markdown]
-# What the historical read does to the bytes. Block and K/V half are found where the pool put them, so the first
-# row of a block starts at the right byte; but the reader takes 2 bytes per element, so one row of 32 FP8
-# elements (32 bytes) is read as the first 16 of 64 bytes, and element `j` is decoded from bytes `2j` and `2j+1`:
-# two neighbouring FP8 codes glued into one float16. Below, the first K row of cross layer 0 after a fixed
+# What the historical read does to the bytes. Upstream says only that the kernel read the FP8 pool as bf16. minikv
+# models that read with the blocks and K/V halves found where the pool put them (its reader takes its block
+# offsets from the pool's real bytes per block: minikv's assumption, not an upstream statement), so the first row
+# of a block starts at the right byte; but the reader takes 2 bytes per element, so it reads a row of 32 elements
+# from 64 bytes: the FP8 row's own 32 bytes make its first half, the next row's bytes the second, and element `j` is
+# decoded from bytes `2j` and `2j+1`: two neighbouring FP8 codes glued into one float16. Below, the first K row of cross layer 0 after a fixed
 # context step, and what the 16-bit reader makes of it.
 
 # %%
@@ -559,17 +635,21 @@ assert any(0 in d for _, f, d in m.copies if f < 2) and not any(d for _, f, d in
 # %% [markdown]
 # ## 7. Try it yourself
 #
-# Each exercise changes one thing. Write your prediction in the first cell, run the second, then unfold the
-# solution (it is checked when the notebook is tested).
+# Three exercises, in the style of Sebastian Raschka's *LLMs from scratch*. Each has three cells: put your answer
+# into the first (replace `None`) and run it; the second runs the engine, computes the true answer and says whether
+# yours is right, without printing it; the third is the worked solution, folded (in JupyterLab, click the bar left
+# of it; on the docs site, click "Solution"). The notebook tests run all three, with no answer filled in.
 #
 # **Exercise 1: a float32 model's safe pool factor.** The historical backend addresses the pool at the model's
 # element size. tiny-t5 in float32 (its default on the CPU), pools of 2x, 3x and 4x the blocks needed: from
 # which one is the buggy engine safe?
 
-# %%
-my_prediction = None      # a pool factor, e.g. 2.0
+# %% tags=["exercise"]
+my_answer_1 = None      # your answer: a pool factor (a number)
 
-# %%
+# %% tags=["check"]
+from minikv.exercises import check
+
 prompts3 = prompts[:3]
 ref3 = cross_stride.reference_tokens(prompts3, backend="torch")
 need3 = one_engine().cross_blocks_needed(prompts3)
@@ -587,51 +667,53 @@ def buggy_float32(factor):
 
 
 float32_outcomes = {f: buggy_float32(f) for f in (2.0, 3.0, 4.0)}
-# Which failure a too-small pool shows depends on where the stray bytes land; only "correct or not" is printed.
-print({f"{f:g}x": "correct" if o == "correct" else "fails" for f, o in float32_outcomes.items()})
+first_safe = min(f for f, o in float32_outcomes.items() if o == "correct")
+check("Exercise 1", my_answer_1, first_safe, rel=1e-9)
 
-# %% jupyter={"source_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
 # Solution. A float32 model's backend believes in 4-byte elements: block b is addressed at 4x its offset, so the
 # pool must hold 4x the blocks in use. Below that, a stray block can even skip a guard zone whole and land in the
 # next pool, where the engine's non-finite check stops it. (B2 cannot happen in float32: it always takes the
-# unfused context path.)
-first_safe = min(f for f, o in float32_outcomes.items() if o == "correct")
-print(f"safe from {first_safe:g}x")
+# unfused context path.) Which failure a too-small pool shows depends on where the stray bytes land, so only
+# "correct or not" is printed.
 assert first_safe == 4.0 and all(o != "correct" for f, o in float32_outcomes.items() if f < 4.0)
+print("answer:", f"{first_safe:g}x;", {f"{f:g}x": "correct" if o == "correct" else "fails"
+                                       for f, o in float32_outcomes.items()})
 
 # %% [markdown]
-# **Exercise 2: paged context on.** Reintroduce B2 but build the engine with `paged_context=True`. Are the
-# six requests' token ids still wrong?
+# **Exercise 2: paged context on.** Reintroduce B2 but build the engine with `paged_context=True`. How many of the
+# six requests come out with token ids different from the `auto` cache?
 
-# %%
-my_prediction = None      # True (still wrong) or False
+# %% tags=["exercise"]
+my_answer_2 = None      # your answer: a number of requests
 
-# %%
+# %% tags=["check"]
 paged = one_engine(reintroduce=("cross-fp8-context-read",), paged_context=True)
 paged_wrong = [i for i, (o, r) in enumerate(zip(serve(paged, prompts), reference)) if o.token_ids != r]
-print(f"wrong requests with paged context on: {ranges(paged_wrong)}")
+check("Exercise 2", my_answer_2, len(paged_wrong))
 
-# %% jupyter={"source_hidden": true}
-# Solution. No: historically the fused kernel was told the cache's type exactly when paged context was on (the
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution. None: historically the fused kernel was told the cache's type exactly when paged context was on (the
 # `if not self.paged_context:` line of the diff in section 5), so only paged context off was affected.
 assert paged_wrong == []
-print("paged context on: every token id equals the auto-cache run")
+print("answer:", len(paged_wrong), "(every token id equals the auto-cache run)")
 
 # %% [markdown]
-# **Exercise 3: an outlier in V.** Put one large value, 300, into element 5 of the FP8 row of section 5 (FP8
-# e4m3 reaches 448). Which element does the 16-bit reader see change, and to what?
+# **Exercise 3: an outlier in K.** Put one large value, 300, into element 5 of the FP8 K row of section 5 (FP8
+# e4m3 reaches 448). The 16-bit reader decodes 32 elements from the row's bytes: which one of them changes?
 
-# %%
-my_prediction = None      # (element index, value)
+# %% tags=["exercise"]
+my_answer_3 = None      # your answer: an element index
 
-# %%
+# %% tags=["check"]
 outlier_bytes = row_bytes.clone()
 outlier_bytes[5] = torch.tensor([300.0]).to(torch.float8_e4m3fn).view(torch.uint8)[0]
 outlier_read = outlier_bytes.view(torch.float16).float()
 changed = [j for j in range(len(outlier_read)) if not torch.equal(outlier_read[j], read_values[j])]
-print(f"FP8 code of 300: 0x{int(outlier_bytes[5]):02x}; 16-bit elements that changed: {changed}")
+assert len(changed) == 1
+check("Exercise 3", my_answer_3, changed[0])
 
-# %% jupyter={"source_hidden": true}
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
 # Solution. 300 rounds to 288 in e4m3, code 0x79 (sign 0, exponent 1111, mantissa 001). Byte 5 is the high byte
 # of 16-bit element 2 (little-endian: bytes 4 and 5), so element 2 changes, and only it. Read as the top of a
 # float16, 0x79 gives the exponent field 11110: element 2 becomes 2^15 times something between 1 and 2, about
@@ -639,4 +721,4 @@ print(f"FP8 code of 300: 0x{int(outlier_bytes[5]):02x}; 16-bit elements that cha
 # 11111 in float16) it decodes as inf or NaN, and the softmax over such a key breaks down.
 big = outlier_read[2].abs().item()
 assert changed == [2] and int(outlier_bytes[5]) == 0x79 and 2**15 <= big < 2**16
-print(f"element 2: 2^15 <= |value| < 2^16: {2**15 <= big < 2**16}")
+print("answer:", changed[0], f"(code 0x{int(outlier_bytes[5]):02x}; 2^15 <= |value| < 2^16: {2**15 <= big < 2**16})")

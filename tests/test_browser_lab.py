@@ -15,7 +15,12 @@ checks are generic: no cell fails, every cell ran, at least one figure is shown 
 
 The built documentation site is opened in the same Chromium too (served over HTTP on 127.0.0.1): each concept and
 defect page must show exactly one top-level heading and every image on it must have loaded (naturalWidth > 0).
-tests/test_docs_build.py checks the same from the HTML, for machines without a browser.
+And straight from disk (file://, the way an offline reader opens site/): the home page, both defect pages and a
+rendered notebook, then every page they link to, each of which must open (no missing file) with every image
+loaded; on the four, every figure must be shown at its own width or the column's (minikv.viz.SHOWN_WIDTH_PX),
+never shrunk below it, which is the width its text sizes are checked at (tests/test_viz_legibility.py). Each
+figure is saved as it is shown under build/screenshots/site-*.png. tests/test_docs_build.py checks the links from
+the HTML, for machines without a browser.
 """
 from __future__ import annotations
 
@@ -337,6 +342,19 @@ SITE_REPORT_JS = """() => ({
 })"""
 
 
+def _docs_build_module():
+    """tests/test_docs_build.py as pytest imported it (so its one build of the site is shared), or loaded here."""
+    import importlib.util
+
+    module = sys.modules.get("test_docs_build")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("test_docs_build", REPO / "tests" / "test_docs_build.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["test_docs_build"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def site_browser(tmp_path_factory):
     """(base URL of the built site served on 127.0.0.1, a headless Chromium)."""
@@ -345,14 +363,10 @@ def site_browser(tmp_path_factory):
                     "apt-get install -y chromium); the docs browser test needs it")
     pytest.importorskip("playwright.sync_api", reason="the `playwright` pip package is not installed")
     import functools
-    import importlib.util
     import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
-    spec = importlib.util.spec_from_file_location("docs_build", REPO / "tests" / "test_docs_build.py")
-    docs_build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(docs_build)
-    site = docs_build.build_site(tmp_path_factory.mktemp("site"))
+    site = _docs_build_module().build_site(tmp_path_factory.mktemp("site"))
 
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, *args):
@@ -379,7 +393,7 @@ def test_docs_page_renders_in_chromium(site_browser, page):
     base, browser = site_browser
     tab = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        response = tab.goto(f"{base}/{page}/", wait_until="load")
+        response = tab.goto(f"{base}/{page}.html", wait_until="load")
         assert response is not None and response.ok, f"{page}: HTTP {response.status if response else None}"
         tab.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=30_000)
         report = tab.evaluate(SITE_REPORT_JS)
@@ -391,3 +405,83 @@ def test_docs_page_renders_in_chromium(site_browser, page):
     assert report["images"], f"{page} shows no figure"
     broken = [i["src"] for i in report["images"] if not i["complete"] or i["width"] == 0]
     assert not broken, f"{page}: images that did not load: {broken}"
+
+
+# ---- the site from disk: every link of the main pages, followed ------------------------------------------------
+
+FROM_DISK_PAGES = ("index.html", "defects/scale-wipe.html", "defects/cross-stride-fp8-context.html",
+                   "notebooks/03_kv_sharing_scale_wipe.html")
+LINKS_JS = """() => [...document.querySelectorAll('a[href]')].map(a => a.href)
+    .filter(h => h.startsWith('file:'))"""
+IMAGES_JS = """() => [...document.querySelectorAll('img')].map(i => ({src: i.getAttribute('src'), complete: i.complete,
+    natural: i.naturalWidth, shown: i.getBoundingClientRect().width}))"""
+
+
+@pytest.fixture(scope="module")
+def site_on_disk(tmp_path_factory):
+    """(the built site's folder, a headless Chromium); the site is the one tests/test_docs_build.py built."""
+    if not CHROMIUM.exists():
+        pytest.skip("no browser: /usr/bin/chromium is missing (install Debian's chromium: "
+                    "apt-get install -y chromium); the docs browser test needs it")
+    pytest.importorskip("playwright.sync_api", reason="the `playwright` pip package is not installed")
+    site = _docs_build_module().build_site(tmp_path_factory.mktemp("site"))
+    browser = _acquire_chromium()
+    try:
+        yield site.resolve(), browser
+    finally:
+        _release_chromium()
+
+
+def _open_from_disk(tab, url: str) -> list[dict]:
+    """Open a file:// URL (a missing file raises: net::ERR_FILE_NOT_FOUND); the page's images once loaded."""
+    tab.goto(url, wait_until="load")
+    tab.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=30_000)
+    return tab.evaluate(IMAGES_JS)
+
+
+def test_site_opens_from_disk_and_every_link_of_its_main_pages_works(site_on_disk):
+    from minikv.viz import SHOWN_WIDTH_PX
+
+    site, browser = site_on_disk
+    tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    problems, to_follow = [], {}
+    try:
+        for page in FROM_DISK_PAGES:
+            url = (site / page).as_uri()
+            images = _open_from_disk(tab, url)
+            problems += [f"{page}: image {i['src']} did not load" for i in images if i["natural"] == 0]
+            for image in images:
+                expected = min(image["natural"], SHOWN_WIDTH_PX)
+                if "figures/" in (image["src"] or "") and image["shown"] < expected - 1:
+                    problems.append(f"{page}: {image['src']} shown {image['shown']:.0f} px wide, shrunk below "
+                                    f"{expected} px (its text would be smaller than it was checked at)")
+            for n, figure in enumerate(tab.locator("article img").all()):
+                if "figures/" in (figure.get_attribute("src") or ""):
+                    figure.screenshot(path=str(SCREENSHOTS / f"site-{page.replace('/', '-')[:-5]}-fig{n + 1}.png"))
+            tab.screenshot(path=str(SCREENSHOTS / f"site-{page.replace('/', '-')[:-5]}.png"))
+            for link in tab.evaluate(LINKS_JS):
+                to_follow.setdefault(link.split("#")[0], page)
+        for link, source in sorted(to_follow.items()):
+            try:
+                images = _open_from_disk(tab, link)
+            except Exception as err:  # noqa: BLE001 (playwright raises on a missing file: report it, then go on)
+                problems.append(f"{source}: link {link} does not open ({str(err).splitlines()[0]})")
+                continue
+            problems += [f"{link}: image {i['src']} did not load" for i in images if i["natural"] == 0]
+    finally:
+        tab.close()
+    assert len(to_follow) > 10, f"only {len(to_follow)} links found on {FROM_DISK_PAGES}"
+    assert not problems, "\n".join(problems)
+
+
+def test_following_links_from_disk_catches_a_missing_file(site_on_disk, tmp_path):
+    """The link follower must notice a link to a missing page, or the test above could never fail."""
+    _, browser = site_on_disk
+    (tmp_path / "index.html").write_text('<a href="missing.html">x</a>')
+    tab = browser.new_page()
+    try:
+        with pytest.raises(Exception, match="ERR_FILE_NOT_FOUND"):
+            _open_from_disk(tab, (tmp_path / "missing.html").as_uri())
+    finally:
+        tab.close()

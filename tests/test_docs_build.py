@@ -3,16 +3,24 @@
 Also checks what the build hook adds: a page for every notebook that exists, and API pages generated from the
 docstrings; and that the pages render as written: exactly one top-level heading each (a wrapped line starting
 with `#123` would become a second one), every figure embedded and present in the site as a PNG, links to the
-notebooks, the glossary and upstream. tests/test_browser_lab.py opens the same pages in Chromium.
+notebooks, the glossary and upstream. The site is made of NAME.html files (`use_directory_urls: false`), so it
+browses from disk; a crawler over every built page checks that every link and image resolves to a file in the
+site (and every #anchor to an id on its page), the links inside the rendered notebooks included. The figures on
+the pages open at full size on click, and are no wider than the column they are drawn for. The code-site diffs
+on the defect pages are generated from the code; exercise solutions in the rendered notebooks are folded.
+tests/test_browser_lab.py opens the same pages in Chromium. One build serves every test of the session.
 """
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -32,14 +40,21 @@ PAGE_NOTEBOOK = {"concepts/paged-kv-cache": "01_paged_kv_cache", "concepts/kv-ca
                  "defects/cross-stride-fp8-context": "04_cross_attention_stride_doubling"}
 
 
+_BUILT: dict[str, Path] = {}       # one build per test session, shared with tests/test_browser_lab.py
+
+
 def build_site(site: Path) -> Path:
-    """`mkdocs build --strict` into `site` (skips when the docs extras are missing); also used by the browser test."""
+    """`mkdocs build --strict` into `site` (skips when the docs extras are missing); also used by the browser test.
+    A second call in the same session returns the first build."""
     for module in ("mkdocs", "material", "mkdocs_jupyter", "mkdocstrings", "mkdocstrings_handlers.python"):
         pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[docs]')")
+    if "site" in _BUILT:
+        return _BUILT["site"]
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    _BUILT["site"] = site
     return site
 
 
@@ -49,35 +64,91 @@ def built_site(tmp_path_factory):
 
 
 class _PageParser(HTMLParser):
-    """The h1 headings, <img> sources and link targets of one built page."""
+    """The h1 headings, <img> sources (and the link around each), link targets, every href/src with its tag, and
+    the ids of one built page."""
 
     def __init__(self):
         super().__init__()
         self.h1, self.images, self.links, self._in_h1 = [], [], [], False
+        self.refs, self.ids, self.image_links, self._link = [], set(), [], None
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
+        for key in ("id", "name"):
+            if attrs.get(key):
+                self.ids.add(attrs[key])
+        for key in ("href", "src"):
+            if attrs.get(key):
+                self.refs.append((tag, attrs[key]))
         if tag == "h1":
             self.h1.append("")
             self._in_h1 = True
         elif tag == "img":
             self.images.append(attrs.get("src", ""))
+            self.image_links.append(self._link)
         elif tag == "a" and attrs.get("href"):
             self.links.append(attrs["href"])
+        if tag == "a":
+            self._link = attrs.get("href")
 
     def handle_endtag(self, tag):
         if tag == "h1":
             self._in_h1 = False
+        elif tag == "a":
+            self._link = None
 
     def handle_data(self, data):
         if self._in_h1:
             self.h1[-1] += data
 
 
+def page_file(site: Path, page: str) -> Path:
+    """The built file of a page: "" is the home page; "defects/scale-wipe" is site/defects/scale-wipe.html."""
+    return site / (f"{page}.html" if page else "index.html")
+
+
 def parse_page(site: Path, page: str) -> _PageParser:
     parser = _PageParser()
-    parser.feed((site / page / "index.html").read_text())
+    parser.feed(page_file(site, page).read_text())
     return parser
+
+
+def crawl(site: Path) -> tuple[int, list[str]]:
+    """Every href and src of every page of the built site, resolved as a browser does from the page's own folder:
+    (pages crawled, problems). A problem is a target that is not a file of the site (or escapes it), a link to a
+    folder (it does not open from file://), or a #fragment that names no id on its page. External links
+    (http:, https:, mailto:, data:) are not followed. Root-absolute links are allowed on 404.html only, which a
+    web server shows from any path and which is never reached from disk."""
+    site = site.resolve()
+    parsed = {}
+    for page in sorted(site.rglob("*.html")):
+        parser = _PageParser()
+        parser.feed(page.read_text(errors="replace"))
+        parsed[page] = parser
+    problems = []
+    for page, parser in parsed.items():
+        where = page.relative_to(site)
+        for tag, ref in parser.refs:
+            parts = urlsplit(ref)
+            if parts.scheme or ref.startswith("//"):
+                continue
+            path = unquote(parts.path)
+            if path.startswith("/"):
+                if page.name != "404.html":
+                    problems.append(f"{where}: {tag} {ref!r} is root-absolute (breaks from file://)")
+                target = site / path.lstrip("/")
+            else:
+                target = page.parent / path if path else page
+            target = Path(os.path.normpath(target))
+            if target.is_dir():
+                problems.append(f"{where}: {tag} {ref!r} points at a folder (does not open from file://)")
+                continue
+            if site not in target.parents or not target.is_file():
+                problems.append(f"{where}: {tag} {ref!r} -> {target} is not a file of the site")
+                continue
+            if parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in parsed[target].ids:
+                problems.append(f"{where}: {ref!r}: {target.relative_to(site)} has no id {parts.fragment!r}")
+    return len(parsed), problems
 
 
 def test_docs_build_strict(built_site):
@@ -85,14 +156,91 @@ def test_docs_build_strict(built_site):
     assert "minikv" in index
     for page in ("concepts/paged-kv-cache", "concepts/kv-cache-formats", "concepts/kv-sharing",
                  "concepts/cross-attention", "defects/scale-wipe", "defects/cross-stride-fp8-context"):
-        assert (built_site / page / "index.html").exists(), page
+        assert page_file(built_site, page).exists(), page
+
+
+def test_every_link_and_image_of_the_site_resolves_to_a_file_in_it(built_site):
+    pages, problems = crawl(built_site)
+    assert pages > 20, f"only {pages} pages built"
+    assert not problems, f"{len(problems)} broken reference(s):\n" + "\n".join(problems[:40])
+
+
+def test_crawler_catches_a_missing_page_a_folder_link_and_a_missing_anchor(tmp_path):
+    """The crawler itself must fail on what breaks a site on disk, or the test above could never fail."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b.html").write_text('<p id="here">b</p>')
+    (tmp_path / "index.html").write_text('<a href="b.html#here">ok</a><a href="missing.html">x</a>'
+                                         '<a href="a/">dir</a><a href="b.html#nowhere">y</a><img src="fig.png">'
+                                         '<a href="https://example.com/">external</a>')
+    _, problems = crawl(tmp_path)
+    assert len(problems) == 4, problems
+    assert any("missing.html" in p for p in problems) and any("folder" in p for p in problems)
+    assert any("nowhere" in p for p in problems) and any("fig.png" in p for p in problems)
+
+
+def test_notebook_links_point_at_the_sites_pages(built_site):
+    """Links written for the repository (../docs/concepts/x.md, 02_y.ipynb) become the pages of the site."""
+    for stem in NOTEBOOK_STEMS:
+        if not (REPO / "notebooks" / f"{stem}.ipynb").exists():
+            continue
+        links = parse_page(built_site, f"notebooks/{stem}").links
+        assert not [link for link in links if link.endswith((".md", ".ipynb")) or ".md#" in link
+                    or "../docs/" in link], f"{stem}: links left as repository paths"
+
+
+def test_figures_open_at_full_size_and_fit_the_column(built_site):
+    """Every figure of a concept, defect or notebook page is a link to its PNG, and no wider than the column the
+    figures are drawn for (minikv.viz.SHOWN_WIDTH_PX), so the page never shrinks its text."""
+    from minikv.viz import SHOWN_WIDTH_PX
+
+    pages = [*CONCEPT_PAGES, *DEFECT_PAGES, *[f"notebooks/{s}" for s in NOTEBOOK_STEMS
+                                              if (REPO / "notebooks" / f"{s}.ipynb").exists()]]
+    too_wide, unlinked = [], []
+    for page in pages:
+        parsed = parse_page(built_site, page)
+        for src, link in zip(parsed.images, parsed.image_links):
+            if not src.endswith(".png"):
+                continue
+            if link != src:
+                unlinked.append(f"{page}: {src}")
+            data = (page_file(built_site, page).parent / src).read_bytes()
+            width = int.from_bytes(data[16:20], "big")
+            if width > SHOWN_WIDTH_PX + 1:
+                too_wide.append(f"{page}: {src} is {width} px")
+    assert not unlinked, "figures that do not open at full size on click:\n" + "\n".join(unlinked)
+    assert not too_wide, (f"figures wider than the {SHOWN_WIDTH_PX}-px column they are drawn for (the page would "
+                          "shrink their text):\n" + "\n".join(too_wide))
+
+
+def test_defect_pages_show_the_code_site_diffs_generated_from_the_code(built_site):
+    from minikv.repro import scale_wipe
+
+    page = page_file(built_site, "defects/scale-wipe").read_text()
+    # Rendered as a diff: the header, removed lines (gd) and added lines (gi) highlighted.
+    assert "code-diff:" not in page and page.count('<span class="gd">---') == 1 and '<span class="gi">+' in page
+    first_fix_line = next(line for line in scale_wipe.code_site_diff().splitlines()
+                          if line.startswith("+") and not line.startswith("+++") and line[1:].strip())
+    assert html.escape(first_fix_line[1:].strip(), quote=False) in page
+    cross = page_file(built_site, "defects/cross-stride-fp8-context").read_text()
+    assert cross.count('<span class="gd">---') == 3 and "code-diff:" not in cross
+
+
+def test_notebook_solutions_are_folded(built_site):
+    for stem in NOTEBOOK_STEMS:
+        path = REPO / "notebooks" / f"{stem}.ipynb"
+        if not path.exists():
+            continue
+        cells = json.loads(path.read_text())["cells"]
+        solutions = [c for c in cells if "solution" in c.get("metadata", {}).get("tags", [])]
+        page = page_file(built_site, f"notebooks/{stem}").read_text()
+        assert page.count('<details class="minikv-solution">') == len(solutions), stem
 
 
 def test_api_pages_come_from_docstrings(built_site):
-    cache_page = (built_site / "api" / "minikv.cache" / "index.html").read_text()
+    cache_page = (built_site / "api" / "minikv.cache.html").read_text()
     assert 'id="minikv.cache.layout.KVLayout"' in cache_page
     assert "the one place where the bytes of a KV-cache pool are computed" in cache_page
-    viz_page = (built_site / "api" / "minikv" / "index.html").read_text()
+    viz_page = (built_site / "api" / "minikv.html").read_text()
     assert 'id="minikv.viz.scale_heatmap"' in viz_page
 
 
@@ -100,7 +248,7 @@ def test_api_pages_come_from_docstrings(built_site):
 def test_existing_notebooks_are_rendered_with_outputs(built_site, stem):
     if not (REPO / "notebooks" / f"{stem}.ipynb").exists():
         pytest.skip(f"notebooks/{stem}.ipynb does not exist yet")
-    page = built_site / "notebooks" / stem / "index.html"
+    page = built_site / "notebooks" / f"{stem}.html"
     assert page.exists(), f"no page for notebooks/{stem}.ipynb"
     rendered_outputs = page.read_text().count('<div class="jp-OutputArea-child')
     assert rendered_outputs > 0, f"notebooks/{stem}.ipynb is rendered without outputs"
@@ -138,12 +286,12 @@ def test_page_shows_its_figures_and_links_notebook_and_glossary(built_site, page
     figures = [src for src in parsed.images if "figures/" in src]
     assert figures, f"{page} embeds no figure"
     for src in figures:
-        png = (built_site / page / src).resolve()
+        png = (page_file(built_site, page).parent / src).resolve()
         assert png.is_file(), f"{page}: {src} is not in the built site"
         data = png.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") > 0, f"{src} is no PNG"
     stem = PAGE_NOTEBOOK[page]
-    assert any(link.rstrip("/").endswith(f"notebooks/{stem}") for link in parsed.links), (
+    assert any(link.endswith(f"notebooks/{stem}.html") for link in parsed.links), (
         f"{page} does not link its notebook {stem}")
     assert any("glossary" in link for link in parsed.links), f"{page} does not link the glossary"
 
@@ -153,7 +301,7 @@ def test_notebook_pages_link_back_to_the_docs(built_site):
         if not (REPO / "notebooks" / f"{stem}.ipynb").exists():
             continue
         links = parse_page(built_site, f"notebooks/{stem}").links
-        assert any(link.rstrip("/").endswith(page) for link in links), f"notebook {stem} does not link to {page}"
+        assert any(link.endswith(f"{page}.html") for link in links), f"notebook {stem} does not link to {page}"
 
 
 def test_defect_pages_link_upstream(built_site):
@@ -166,7 +314,7 @@ def test_defect_pages_link_upstream(built_site):
 
 def test_index_links_glossary_and_notebooks(built_site):
     links = parse_page(built_site, "").links
-    assert "glossary/" in links
+    assert "glossary.html" in links
     assert sum("notebooks/" in link for link in links) >= 4
 
 

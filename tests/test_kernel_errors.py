@@ -27,7 +27,7 @@ class _NoLaunch:
 @pytest.fixture(autouse=True)
 def no_kernel_launches(monkeypatch):
     for module, name in ((cache_write, "_write_kv_kernel"), (decode_module, "_decode_kernel"),
-                         (decode_module, "_decode_words_kernel"), (decode_module, "_merge_splits_kernel"),
+                         (decode_module, "_merge_splits_kernel"),
                          (context_module, "_context_kernel")):
         monkeypatch.setattr(module, name, _NoLaunch())
 

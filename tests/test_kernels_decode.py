@@ -54,33 +54,32 @@ def test_decode_matches_reference(fmt, block_size, heads, head_size, lengths):
     _run(fmt, block_size, heads, head_size, lens)
 
 
-@pytest.mark.parametrize("num_splits,prefetch,words,f16", [(2, False, True, False), (3, True, False, True),
-                                                           (8, False, False, False), (1, True, True, True),
-                                                           (1, False, False, False), (3, False, True, True)])
+@pytest.mark.parametrize("num_splits,merge_in_kernel,f16", [(2, True, False), (3, False, True), (8, True, False),
+                                                           (1, False, True), (1, False, False), (3, True, True)])
 @pytest.mark.parametrize("fmt", [("auto", torch.float32), ("int8_per_token_head", torch.float16),
                                  ("fp8_per_token_head", torch.float32), ("fp8", torch.float16)])
-def test_split_k_merge(monkeypatch, num_splits, prefetch, words, f16, fmt):
-    """Force the GPU's split-K path (partials + merge kernel), including splits left empty by short sequences,
-    the scales loaded one tile ahead, both readers of 1-byte codes (32-bit words or single bytes), and float16 dot
-    products with q rescaled by a power of two per row."""
+def test_split_k_merge(monkeypatch, num_splits, merge_in_kernel, f16, fmt):
+    """Force the GPU's split-K path (partials merged by the last program or by a second kernel), including splits
+    left empty by short sequences, and float16 dot products with q rescaled by a power of two per row."""
     original = launch.decode_config
 
     def forced(*args, **kwargs):
         return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8,
-                                   prefetch_scales=prefetch, word_loads=words, f16_dot=f16)
+                                   merge_in_kernel=merge_in_kernel, f16_dot=f16)
 
     monkeypatch.setattr(launch, "decode_config", forced)
     _run(fmt, 8, (8, 2), 32, [1, 7, 33, 60])
 
 
 @pytest.mark.parametrize("magnitude", [3000.0, 1e-3])
-@pytest.mark.parametrize("words", [False, True])
-def test_f16_dot_rescales_large_and_small_q(monkeypatch, magnitude, words):
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_f16_dot_rescales_large_and_small_q(monkeypatch, magnitude, num_splits):
     """The float16 dot products rescale q by a power of two per row, so q far from 1 loses nothing."""
     original = launch.decode_config
 
     def forced(*args, **kwargs):
-        return dataclasses.replace(original(*args, **kwargs), block_n=16, f16_dot=True, word_loads=words)
+        return dataclasses.replace(original(*args, **kwargs), block_n=16, f16_dot=True, num_splits=num_splits,
+                                   merge_in_kernel=True)
 
     monkeypatch.setattr(launch, "decode_config", forced)
     _run(("fp8_per_token_head", torch.float16), 16, (4, 2), 64, [9, 40],
@@ -132,27 +131,27 @@ def test_sliding_window_matches_reference(fmt, heads, sliding_window):
     _run(fmt, 8, heads, 32, [1, 7, 33, 60], sliding_window=sliding_window)
 
 
-@pytest.mark.parametrize("num_splits,prefetch,words,f16", [(3, True, False, True), (4, False, True, False),
-                                                           (1, False, True, True), (8, False, False, False)])
+@pytest.mark.parametrize("num_splits,merge_in_kernel,f16", [(3, True, True), (4, False, False), (1, False, True),
+                                                           (8, True, False)])
 @pytest.mark.parametrize("sliding_window", [5, 20, 100])
-def test_sliding_window_split_k(monkeypatch, num_splits, prefetch, words, f16, sliding_window):
+def test_sliding_window_split_k(monkeypatch, num_splits, merge_in_kernel, f16, sliding_window):
     """The window's start is not tile-aligned; splits divide only the window, so some are left empty."""
     original = launch.decode_config
 
     def forced(*args, **kwargs):
         return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8,
-                                   prefetch_scales=prefetch, word_loads=words, f16_dot=f16)
+                                   merge_in_kernel=merge_in_kernel, f16_dot=f16)
 
     monkeypatch.setattr(launch, "decode_config", forced)
     _run(("int8_per_token_head", torch.float16), 8, (8, 2), 32, [1, 7, 33, 60], sliding_window=sliding_window)
 
 
-@pytest.mark.parametrize("words", [False, True])
-def test_sliding_window_never_reads_older_tokens(monkeypatch, words):
+@pytest.mark.parametrize("merge_in_kernel", [False, True])
+def test_sliding_window_never_reads_older_tokens(monkeypatch, merge_in_kernel):
     """NaN bytes in every slot before the window must not leak in: the kernel does not read them at all."""
     original = launch.decode_config
     monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
-        original(*a, **k), block_n=8, word_loads=words, num_splits=2))
+        original(*a, **k), block_n=8, merge_in_kernel=merge_in_kernel, num_splits=2))
     lens, window = [30, 19], 6
     spec = make_spec("fp8_per_token_head", torch.float32, 2, 32, 8)
     tables, num_blocks = random_block_tables(lens, 8)
@@ -190,14 +189,14 @@ def bias_table(num_heads: int, max_distance: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("max_distance", [0, 4, 40, 200])
-@pytest.mark.parametrize("num_splits,words,f16", [(1, False, False), (3, True, True), (8, False, True)])
+@pytest.mark.parametrize("num_splits,merge_in_kernel,f16", [(1, False, False), (3, True, True), (8, False, True)])
 @pytest.mark.parametrize("fmt,heads", [(("auto", torch.float32), (8, 2)), (("int8_per_token_head", torch.float16), (4, 1)),
                                        (("fp8", torch.float16), (4, 4))])
-def test_relative_bias_matches_reference(monkeypatch, fmt, heads, num_splits, words, f16, max_distance):
+def test_relative_bias_matches_reference(monkeypatch, fmt, heads, num_splits, merge_in_kernel, f16, max_distance):
     """T5's bias by distance, clamped at max_distance; every kernel variant, split-K included."""
     original = launch.decode_config
     monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
-        original(*a, **k), num_splits=num_splits, block_n=8, word_loads=words, f16_dot=f16))
+        original(*a, **k), num_splits=num_splits, block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16))
     _run(fmt, 8, heads, 32, [1, 7, 33, 60], rel_bias=bias_table(heads[0], max_distance))
 
 

@@ -1,6 +1,8 @@
 """The same kernel-versus-reference comparisons, compiled on a CUDA GPU, bfloat16 included. Skipped without CUDA."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -63,25 +65,94 @@ def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_s
     assert torch.equal(pool, expected)
 
 
-@pytest.mark.parametrize("fmt", GPU_FORMATS)
-@pytest.mark.parametrize("batch,heads,head_size", [(3, (32, 8), 128), (64, (8, 8), 128), (5, (8, 1), 128),
-                                                   (5, (8, 1), 256), (5, (8, 1), 512), (33, (8, 2), 512)])
-@pytest.mark.parametrize("placement", PLACEMENTS)
-def test_decode_on_gpu(kernels, fmt, batch, heads, head_size, placement):
-    """Head sizes 256 and 512: gemma-4-E2B's sliding and full layers (8 query heads, 1 KV head)."""
-    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
-    block_size = 16
-    edges = length_choices(block_size) + [200, 1000]
+# Decode: every format and placement against every launch configuration the kernel can take, each case on one
+# of the shapes (GQA 4:1 / 8:1 / 1:1 and 2 KV heads of 512; head sizes 128, 256 and 512: gemma-4-E2B's sliding and
+# full layers), in turn. What varies at run time only (sliding windows, q magnitudes, the number of splits) is
+# checked inside a case with the kernel compiled once.
+DECODE_SHAPES = [(3, (32, 8), 128), (64, (8, 8), 128), (5, (8, 1), 256), (5, (8, 1), 512), (33, (8, 2), 512),
+                 (5, (8, 1), 128)]
+# decode_attention's kernel: every format in the block placement, the formats without scales, and the row placement
+# read by a float32 q; the row placement read by a 16-bit q goes to decode_rows' kernels (ROW_CONFIGS)
+FORMAT_PLACEMENTS = [(GPU_FORMATS[0], "row"), (GPU_FORMATS[1], "row"), (GPU_FORMATS[2], "row"),
+                     (GPU_FORMATS[3], "row"), (GPU_FORMATS[4], "block"), (GPU_FORMATS[5], "block"),
+                     (("int8_per_token_head", torch.float32), "row")]
+ROW_FORMATS = [(GPU_FORMATS[4], "row"), (GPU_FORMATS[5], "row")]
+# DecodeConfig changes from launch.decode_config's own choice ("engine"), as functions of that choice and of the
+# bytes per K row (the deep and large ones sized to fit shared memory; tools/gpu_compile.py --tests checks them)
+DECODE_CONFIGS = {
+    "engine": lambda c, row: {},
+    "split-merged-in-kernel": lambda c, row: dict(num_splits=5, merge_in_kernel=True),
+    "split-merge-kernel": lambda c, row: dict(num_splits=3, merge_in_kernel=False),
+    "plain-conversion": lambda c, row: dict(convert_asm=False, num_splits=1),
+    "q-dtype-dot": lambda c, row: dict(f16_dot=False, convert_asm=False),
+    "small-tiles": lambda c, row: dict(block_n=16, num_warps=2, num_stages=2, num_splits=2, merge_in_kernel=True),
+    "large-tiles": lambda c, row: dict(block_n=2 * c.block_n, num_warps=8, num_stages=3 if row <= 256 else 2),
+    "deep-pipeline": lambda c, row: dict(block_n=max(16, c.block_n // 2), num_stages=8 if row <= 256 else 3,
+                                         k_pure=False, max_registers=128),
+}
+# decode_rows' kernels: launch.row_decode_config's own choice, and v2's seven kinds of configuration (tiles, warps,
+# stages, splits, scales loaded ahead, codes read as words or bytes, float16 dot products)
+ROW_CONFIGS = {"engine": lambda c, row: {}} | {
+    f"v2-{i}": (lambda c, row, v=v: dict(zip(("block_n", "num_warps", "num_stages", "num_splits", "prefetch_scales",
+                                              "word_loads", "f16_dot"), v)))
+    for i, v in enumerate([(16, 4, 4, 7, True, False, False), (32, 8, 3, 1, False, True, False),
+                           (128, 4, 2, 3, True, False, True), (64, 2, 3, 16, False, True, True),
+                           (128, 4, 3, 5, False, True, False), (16, 8, 2, 2, False, True, True),
+                           (64, 4, 2, 1, False, False, True)])}
+HEAD_128_SHAPES = [shape for shape in DECODE_SHAPES if shape[2] == 128]
+DECODE_CASES = ([(fp, name, DECODE_SHAPES[i % len(DECODE_SHAPES)]) for i, (fp, name) in enumerate(
+                 (fp, name) for name in DECODE_CONFIGS for fp in FORMAT_PLACEMENTS)]
+                + [(fp, "engine", shape) for fp in ROW_FORMATS for shape in DECODE_SHAPES]
+                + [(fp, name, HEAD_128_SHAPES[i % len(HEAD_128_SHAPES)]) for i, (fp, name) in enumerate(
+                   (fp, name) for name in ROW_CONFIGS if name != "engine" for fp in ROW_FORMATS)])
+
+
+@pytest.mark.parametrize("fmt_placement,config,shape", DECODE_CASES,
+                         ids=[f"{f[0][0]}-{f[0][1]}-{f[1]}-{c}-b{s[0]}h{s[1][0]}x{s[1][1]}d{s[2]}".replace("torch.", "")
+                              for f, c, s in DECODE_CASES])
+def test_decode_on_gpu(kernels, monkeypatch, fmt_placement, config, shape):
+    """One compiled decode kernel per case, checked for sliding windows shorter and longer than the sequences, q of
+    ordinary size and far beyond float16's range (bfloat16 only; sm_scale keeps the logits ordinary), and, for
+    the split configurations, several split counts."""
+    from minikv.kernels import launch
+    ((kv_cache_dtype, dtype), placement), (batch, (num_heads, kv_heads), head_size) = fmt_placement, shape
+    rows_path = fmt_placement in ROW_FORMATS
+    configs, name = (ROW_CONFIGS, "row_decode_config") if rows_path else (DECODE_CONFIGS, "decode_config")
+    original = getattr(launch, name)
+    splits = [None]
+    chosen = {}
+
+    def forced(*a, **k):
+        cfg = original(*a, **k)
+        change = configs[config](cfg, head_size * spec.elem_bytes)
+        if splits[0] is not None:
+            change["num_splits"] = splits[0]
+        chosen.update(change)
+        return dataclasses.replace(cfg, **change)
+
+    monkeypatch.setattr(launch, name, forced)
+    edges = length_choices(16) + [200, 1000, 777]
     lens = [edges[i % len(edges)] for i in range(batch)]
-    spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
-    tables, num_blocks = random_block_tables(lens, block_size, device=CUDA)
+    spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, 16, placement)
+    tables, num_blocks = random_block_tables(lens, 16, device=CUDA)
     pool = make_pool(spec, num_blocks, CUDA)
     fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
-    q = torch.randn(batch, num_heads, head_size).to(dtype).to(CUDA)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
-    out = kernels.paged_decode_attention(q, pool, tables, seq_lens, spec, head_size ** -0.5, 0.6, 1.7)
-    ref = kernels.paged_decode_attention_reference(q, pool, tables, seq_lens, spec, head_size ** -0.5, 0.6, 1.7)
-    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+    split_counts = [None, 2, 16] if "split" in config or config == "v2-3" else [None]
+    for q_magnitude in ([1.0, 1e6] if dtype == torch.bfloat16 else [1.0]):
+        # heads of very different sizes
+        q = (torch.randn(batch, num_heads, head_size) * q_magnitude / torch.arange(1, num_heads + 1)[None, :, None])
+        q = q.to(dtype).to(CUDA)
+        sm = head_size ** -0.5 / q_magnitude
+        for window in (0, 1, 100, 1000):
+            for count in split_counts:
+                splits[0] = count
+                out = kernels.paged_decode_attention(q, pool, tables, seq_lens, spec, sm, 0.6, 1.7,
+                                                     sliding_window=window)
+                ref = kernels.paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm, 0.6, 1.7,
+                                                               sliding_window=window)
+                torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype),
+                                           msg=lambda m: f"window {window}, |q| {q_magnitude}, {chosen}: {m}")
 
 
 @pytest.mark.parametrize("dtype,causal", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float16, True),
@@ -116,37 +187,6 @@ def test_context_paged_on_gpu(kernels, fmt, causal, placement, head_size, heads)
             causal, head_size ** -0.5, 0.45, 1.3)
     out = kernels.paged_context_attention(*args)
     ref = kernels.paged_context_attention_reference(*args)
-    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
-
-
-@pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4], GPU_FORMATS[5]])
-@pytest.mark.parametrize("block_n,warps,stages,splits,prefetch,words,f16", [
-    (16, 4, 4, 7, True, False, False), (32, 8, 3, 1, False, True, False), (128, 4, 2, 3, True, False, True),
-    (64, 2, 3, 16, False, True, True), (128, 4, 3, 5, False, True, False), (16, 8, 2, 2, False, True, True),
-    (64, 4, 2, 1, False, False, True)])
-@pytest.mark.parametrize("q_magnitude", [1.0, 1e6])
-@pytest.mark.parametrize("placement", PLACEMENTS)
-def test_decode_launch_configs_on_gpu(kernels, monkeypatch, fmt, block_n, warps, stages, splits, prefetch, words,
-                                      f16, q_magnitude, placement):
-    """Every kind of configuration the sweep may commit (tiles, warps, stages, splits, scales loaded ahead, 1-byte
-    codes read as words, float16 dot products), with q of ordinary size and far beyond float16's range."""
-    from minikv.kernels import launch
-    kv_cache_dtype, dtype = fmt
-    if q_magnitude > 1 and dtype != torch.bfloat16:
-        pytest.skip("only bfloat16 holds q this large")
-    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: launch.DecodeConfig(
-        16, block_n, splits, warps, stages, prefetch, words, f16))
-    lens = [1, 15, 16, 17, 200, 1000, 777]
-    spec = placed_spec(kv_cache_dtype, dtype, 8, 128, 16, placement)
-    tables, num_blocks = random_block_tables(lens, 16, device=CUDA)
-    pool = make_pool(spec, num_blocks, CUDA)
-    fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
-    # heads of very different sizes; sm_scale keeps the logits ordinary however large q is
-    q = (torch.randn(len(lens), 32, 128) * q_magnitude / torch.arange(1, 33)[None, :, None]).to(dtype).to(CUDA)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
-    sm = 128 ** -0.5 / q_magnitude
-    out = kernels.paged_decode_attention(q, pool, tables, seq_lens, spec, sm, 0.6, 1.7)
-    ref = kernels.paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm, 0.6, 1.7)
     torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
 
 
@@ -193,32 +233,10 @@ def test_context_paged_f16_dot_on_gpu(kernels, monkeypatch, kv_cache_dtype, caus
 
 
 @pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4], GPU_FORMATS[5]])
-@pytest.mark.parametrize("sliding_window", [1, 100, 512, 1000, 4096])
-@pytest.mark.parametrize("splits,words", [(1, False), (5, True), (16, False)])
-def test_decode_sliding_window_on_gpu(kernels, monkeypatch, fmt, sliding_window, splits, words):
-    """Windows shorter than, equal to and longer than the sequences, with split-K and both 1-byte readers."""
-    from minikv.kernels import launch
-    kv_cache_dtype, dtype = fmt
-    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: launch.DecodeConfig(
-        16, 64, splits, 4, 2, False, words, False))
-    lens = [1, 15, 16, 17, 200, 1000, 777]
-    spec = make_spec(kv_cache_dtype, dtype, 8, 128, 16)
-    tables, num_blocks = random_block_tables(lens, 16, device=CUDA)
-    pool = make_pool(spec, num_blocks, CUDA)
-    fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
-    q = torch.randn(len(lens), 32, 128).to(dtype).to(CUDA)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
-    out = kernels.paged_decode_attention(q, pool, tables, seq_lens, spec, 128 ** -0.5, 0.6, 1.7,
-                                         sliding_window=sliding_window)
-    ref = kernels.paged_decode_attention_reference(q, pool, tables, seq_lens, spec, 128 ** -0.5, 0.6, 1.7,
-                                                   sliding_window=sliding_window)
-    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
-
-
-@pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4], GPU_FORMATS[5]])
 @pytest.mark.parametrize("sliding_window", [1, 37, 260, 4096])
 def test_context_sliding_window_on_gpu(kernels, fmt, sliding_window):
-    """Paged (in the cache's format) and unfused context attention with a window, GQA 4:1, prefix-cache shapes."""
+    """Paged (in the cache's format) and unfused context attention with a window, GQA 4:1, prefix-cache shapes
+    (the window is a launch argument: every window shares one compiled kernel per format)."""
     kv_cache_dtype, dtype = fmt
     block_size, head_size, num_heads, kv_heads = 16, 128, 16, 4
     q_lens, kv_lens = [1, 100, 33, 300], [1, 260, 33, 300]
@@ -244,13 +262,14 @@ def test_context_sliding_window_on_gpu(kernels, fmt, sliding_window):
 
 @pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4]])
 @pytest.mark.parametrize("max_distance", [0, 128])
-@pytest.mark.parametrize("splits,words", [(1, False), (5, True)])
-def test_relative_bias_on_gpu(kernels, monkeypatch, fmt, max_distance, splits, words):
-    """T5's relative position bias in decode (split-K, both 1-byte readers) and paged and unfused context."""
+@pytest.mark.parametrize("splits,merge_in_kernel", [(1, False), (5, True), (3, False)])
+def test_relative_bias_on_gpu(kernels, monkeypatch, fmt, max_distance, splits, merge_in_kernel):
+    """T5's relative position bias in decode (split-K merged either way) and paged and unfused context."""
     from minikv.kernels import launch
     kv_cache_dtype, dtype = fmt
-    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: launch.DecodeConfig(
-        16, 64, splits, 4, 2, False, words, False))
+    original = launch.decode_config
+    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
+        original(*a, **k), num_splits=splits, merge_in_kernel=merge_in_kernel))
     lens, num_heads, kv_heads, head_size = [1, 17, 200, 777], 12, 12, 64
     spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, 16)
     tables, num_blocks = random_block_tables(lens, 16, device=CUDA)

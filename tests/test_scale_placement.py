@@ -110,12 +110,13 @@ def test_decode_block_placement_matches_reference(fmt, block_size, heads, head_s
                                **attention_tolerance(dtype))
 
 
-@pytest.mark.parametrize("prefetch,words", [(True, False), (False, True)])
-def test_decode_block_placement_split_paths(monkeypatch, prefetch, words):
-    """The GPU's split-K, scale-prefetch and word-load paths, forced in the interpreter."""
+@pytest.mark.parametrize("merge_in_kernel,f16", [(True, False), (False, True)])
+def test_decode_block_placement_split_paths(monkeypatch, merge_in_kernel, f16):
+    """The GPU's split-K paths (merged by the last program or by a second kernel) and float16 dot products,
+    forced in the interpreter."""
     original = launch.decode_config
     monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
-        original(*a, **k), num_splits=3, block_n=8, prefetch_scales=prefetch, word_loads=words))
+        original(*a, **k), num_splits=3, block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16))
     lens = [1, 17, 40]
     spec = make_spec("int8_per_token_head", torch.float16, 2, 32, 16, "block")
     tables, num_blocks = random_block_tables(lens, 16)

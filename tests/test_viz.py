@@ -82,7 +82,7 @@ def test_block_table_diagram_counts_shared_blocks():
     fig = _check(viz.block_table_diagram([[0, 1, 2], [0, 1, 3, -1], [4]], num_blocks=8))
     text = _texts(fig)
     assert "5 of 8 blocks used, 2 shared" in text
-    assert "rc=2" in text
+    assert "labelled with its reference count" in text and "\n2\n" in text
     fig = _check(viz.block_table_diagram(torch.tensor([[0, 1], [2, -1]]), num_blocks=3))
     with pytest.raises(ValueError, match="only 3 blocks"):
         viz.block_table_diagram({"a": [0, 5]}, num_blocks=3)

@@ -64,8 +64,8 @@ def test_fp8_row_as_16bit_counts_the_wrong_elements():
     fig = vcs.fp8_row_as_16bit(raw, fp8, read)
     assert isinstance(fig, Figure)
     assert "2 of 4 elements decoded wrong" in fig.axes[1].get_title()
-    element_boxes = [to_hex(p.get_facecolor()) for p in fig.axes[0].patches][8:]
-    assert element_boxes == [to_hex(RIGHT), to_hex(WRONG), to_hex(WRONG), to_hex(RIGHT)]
+    boxes = [to_hex(p.get_facecolor()) for p in fig.axes[0].patches]     # per line: 4 bytes, then 2 elements
+    assert boxes[4:6] + boxes[10:12] == [to_hex(RIGHT), to_hex(WRONG), to_hex(WRONG), to_hex(RIGHT)]
     with pytest.raises(ValueError, match="2 x head_size"):
         vcs.fp8_row_as_16bit(raw[:6], fp8, read)
 

@@ -83,7 +83,10 @@ def test_causal_chain_follows_one_request(prompts):
     assert chain.top_fixed[0][0] == chain.chosen_fixed and chain.top_buggy[0][0] == chain.chosen_buggy
     assert chain.text_fixed[:chain.diverging_step] == chain.text_buggy[:chain.diverging_step]
     fig = _check(viz_scale_wipe.causal_chain_figure(chain, "x46"))
-    assert "x46" in _texts(fig) and len(fig.axes) == 3
+    assert "x46" in _texts(fig) and len(fig.axes) == 4
+    assert chain.tokens_fixed[:chain.diverging_step] == chain.tokens_buggy[:chain.diverging_step]
+    assert chain.tokens_fixed[chain.diverging_step] != chain.tokens_buggy[chain.diverging_step]
+    assert f"they part at token {chain.diverging_step}" in _texts(fig)
     with pytest.raises(ValueError, match="owns its KV cache"):
         scale_wipe_trace.causal_chain(prompts, layer=2)
 

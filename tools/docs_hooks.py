@@ -18,6 +18,9 @@ import base64
 import io
 import json
 import logging
+import posixpath
+import re
+import shutil
 from pathlib import Path
 
 from mkdocs.plugins import event_priority
@@ -32,6 +35,7 @@ NOTEBOOKS = [
     ("03_kv_sharing_scale_wipe", "3. KV sharing and the scale wipe"),
     ("04_cross_attention_stride_doubling", "4. Cross-attention stride doubling"),
     ("05_gpu_performance", "5. GPU performance"),
+    ("06_catching_defects", "6. Catching defects like these"),
 ]
 # Docs pages that explain each notebook: the notebook's rendered page links back to them.
 NOTEBOOK_PAGES = {
@@ -43,6 +47,7 @@ NOTEBOOK_PAGES = {
                                            ("Defect B: cross stride and FP8 context read",
                                             "defects/cross-stride-fp8-context.md")],
     "05_gpu_performance": [("Results", "results.md"), ("Glossary (roofline, SDPA, scale placement)", "glossary.md")],
+    "06_catching_defects": [("Catching defects like these: minikv hunt", "hunt.md")],
 }
 NOTEBOOKS_SECTION = "Notebooks"
 API_SECTION = "API reference"
@@ -102,6 +107,8 @@ def _set_section(nav: list, title: str, entries: list) -> list:
 
 
 def on_config(config):
+    _EXTRA_FILES.clear()
+    _EXTRA_BYTES.clear()
     repo = _repo(config)
     notebooks = [{title: path} for title, path in existing_notebooks(repo)]
     api = [{Path(path).stem: path} for path in api_pages(repo)]
@@ -125,21 +132,142 @@ def on_files(files, config):
     return files
 
 
-def on_page_content(html, page, config, files):
-    """Prepend links to the docs pages that explain a notebook to its rendered page."""
+# ---- pages: generated diffs, notebook links, figures that open at full size, folded solutions ------------------
+
+# `<!-- code-diff: NAME -->` on a line of its own in a docs page becomes the unified diff HISTORICAL -> FIX of that
+# code site, generated from the source at build time (so the page can never show an outdated version).
+CODE_DIFF = re.compile(r"^<!-- code-diff: (?P<name>[\w-]+) -->$", re.MULTILINE)
+
+
+def code_site_diffs() -> dict[str, str]:
+    """{name: unified diff} of every HISTORICAL / FIX code site, from the code itself."""
+    from minikv import viz_cross_stride as vcs
+    from minikv.attention.cross import CrossAttentionImpl, CrossAttentionModule
+    from minikv.repro import scale_wipe
+    return {
+        "scale-wipe": scale_wipe.code_site_diff(),
+        "cross-stride-eager": vcs.code_site_diff(CrossAttentionModule.__init__),
+        "cross-stride-deferred": vcs.code_site_diff(CrossAttentionModule.create_weights),
+        "cross-fp8-context-read": vcs.code_site_diff(CrossAttentionImpl._context_read_layout),
+    }
+
+
+def on_page_markdown(markdown, page, config, files):
+    if "<!-- code-diff:" not in markdown:
+        return markdown
+    diffs = code_site_diffs()
+
+    def diff_block(match: re.Match) -> str:
+        name = match.group("name")
+        if name not in diffs:
+            log.warning(f"{page.file.src_uri}: unknown code-diff {name!r}; known: {sorted(diffs)}")
+            return match.group(0)
+        return f"```diff\n{diffs[name]}\n```"
+
+    return CODE_DIFF.sub(diff_block, markdown)
+
+
+# Repository files a notebook links to that are not pages of the site (a CSV, a results file): copied into the
+# site under repo/ so that the link works offline too. {site path: repository path}, filled while pages render.
+_EXTRA_FILES: dict[str, Path] = {}
+# Figures taken out of the rendered notebooks (inline base64 PNGs) into files, so they can open at full size.
+_EXTRA_BYTES: dict[str, bytes] = {}
+HREF = re.compile(r'href="(?P<href>[^"]*)"')
+
+
+def _rewrite_notebook_link(href: str, page, files, repo: Path) -> str:
+    """A relative link inside a notebook (written for the repository: `../docs/x.md`, `02_y.ipynb`) as a link to
+    the site's page, or to a copy of the repository file under repo/; unknown targets are a build warning."""
+    if not href or href.startswith(("#", "mailto:", "//")) or "://" in href:
+        return href
+    path, _, fragment = href.partition("#")
+    target = posixpath.normpath(posixpath.join("notebooks", path))
+    docs_path = target.removeprefix("docs/") if target.startswith("docs/") else target
+    site_file = files.get_file_from_path(docs_path)
+    suffix = f"#{fragment}" if fragment else ""
+    if site_file is not None:
+        return get_relative_url(site_file.url, page.url) + suffix
+    source = repo / target
+    if source.is_file():
+        dest = f"repo/{target}"
+        _EXTRA_FILES[dest] = source
+        return get_relative_url(dest, page.url) + suffix
+    log.warning(f"{page.file.src_uri}: link {href!r} points at {target}, which is neither a page nor a file")
+    return href
+
+
+def _solution_cell_ids(repo: Path, stem: str) -> list[str]:
+    cells = json.loads((repo / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
+    return [c["id"] for c in cells if "solution" in c.get("metadata", {}).get("tags", []) and "id" in c]
+
+
+def _notebook_page(html: str, page, files, repo: Path) -> str:
+    """Rewrite a rendered notebook: links to site pages, figures into files, solutions folded in <details>."""
+    from bs4 import BeautifulSoup
+
     stem = Path(page.file.src_uri).stem
-    if not page.file.src_uri.startswith("notebooks/") or stem not in NOTEBOOK_PAGES:
-        return html
-    links = []
-    for title, path in NOTEBOOK_PAGES[stem]:
-        target = files.get_file_from_path(path)
-        if target is None:
-            log.warning(f"notebook {stem}: back link to missing docs page {path}")
+    html = HREF.sub(lambda m: f'href="{_rewrite_notebook_link(m.group("href"), page, files, repo)}"', html)
+    soup = BeautifulSoup(html, "html.parser")
+    for n, img in enumerate(soup.find_all("img", src=re.compile(r"^data:image/png;base64,"))):
+        dest = f"figures/notebooks/{stem}-{n + 1:02d}.png"
+        _EXTRA_BYTES[dest] = base64.b64decode(img["src"].split(",", 1)[1])
+        img["src"] = get_relative_url(dest, page.url)
+        img["alt"] = f"Figure {n + 1} of notebook {stem}"
+    for cell_id in _solution_cell_ids(repo, stem):
+        cell = soup.find(id=f"cell-id={cell_id}")
+        if cell is None:
+            log.warning(f"notebook {stem}: solution cell {cell_id} not found in the rendered page")
             continue
-        links.append(f'<a href="{get_relative_url(target.url, page.url)}">{title}</a>')
-    note = ('<div class="admonition info minikv-backlinks"><p class="admonition-title">Explained in the docs</p>'
-            f"<p>{' · '.join(links)}</p></div>")
-    return note + html
+        outer = cell.parent if "jp-Cell" in (cell.parent.get("class") or []) else cell
+        details = soup.new_tag("details", attrs={"class": "minikv-solution"})
+        summary = soup.new_tag("summary")
+        summary.string = "Solution (click to unfold)"
+        outer.wrap(details)
+        details.insert(0, summary)
+    return str(soup)
+
+
+def _figures_open_full_size(html: str) -> str:
+    """Every content figure becomes a link to its PNG, so a click opens it at full size."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    for img in soup.find_all("img"):
+        src = img.get("src", "")
+        if not src.endswith(".png") or img.find_parent("a") is not None:
+            continue
+        link = soup.new_tag("a", attrs={"href": src, "class": "minikv-figure", "title": "Open at full size"})
+        img.wrap(link)
+    return str(soup)
+
+
+def on_page_content(html, page, config, files):
+    """Notebook pages: links back to the docs pages that explain them, links rewritten for the site, figures
+    as files, solutions folded. Every page: figures open at full size on click."""
+    repo = _repo(config)
+    stem = Path(page.file.src_uri).stem
+    if page.file.src_uri.startswith("notebooks/") and stem in NOTEBOOK_PAGES:
+        links = []
+        for title, path in NOTEBOOK_PAGES[stem]:
+            target = files.get_file_from_path(path)
+            if target is None:
+                log.warning(f"notebook {stem}: back link to missing docs page {path}")
+                continue
+            links.append(f'<a href="{get_relative_url(target.url, page.url)}">{title}</a>')
+        note = ('<div class="admonition info minikv-backlinks"><p class="admonition-title">Explained in the docs</p>'
+                f"<p>{' · '.join(links)}</p></div>")
+        html = note + _notebook_page(html, page, files, repo)
+    return _figures_open_full_size(html)
+
+
+def on_post_build(config):
+    site = Path(config.site_dir)
+    for dest, source in sorted(_EXTRA_FILES.items()):
+        (site / dest).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, site / dest)
+    for dest, data in sorted(_EXTRA_BYTES.items()):
+        (site / dest).parent.mkdir(parents=True, exist_ok=True)
+        (site / dest).write_bytes(data)
 
 
 # ---- figures --------------------------------------------------------------------------------------------------
@@ -154,11 +282,14 @@ NOTEBOOK_FIGURES = {
     "scale-wipe-wiped-reads": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.wiped_reads_figure("),
     "scale-wipe-heatmap": ("03_kv_sharing_scale_wipe", "viz.scale_heatmap("),
     "scale-wipe-causal-chain": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.causal_chain_figure("),
+    "scale-wipe-byte-map": ("03_kv_sharing_scale_wipe", "viz_scale_wipe.storage_byte_map("),
     "scale-wipe-requests": ("03_kv_sharing_scale_wipe", 'title="Buggy engine"'),
     "scale-wipe-prefix-caching": ("03_kv_sharing_scale_wipe", 'title="Buggy, prefix caching"'),
     "cross-byte-map": ("04_cross_attention_stride_doubling", "vcs.stride_byte_map("),
     "cross-fp8-row": ("04_cross_attention_stride_doubling", "vcs.fp8_row_as_16bit("),
     "cross-output-scatter": ("04_cross_attention_stride_doubling", "vcs.output_scatter("),
+    "cross-timeline": ("04_cross_attention_stride_doubling", "viz_cross_stride.cross_timeline_figure("),
+    "cross-causal-chain": ("04_cross_attention_stride_doubling", "viz_cross_stride.cross_causal_chain_figure("),
 }
 
 
@@ -177,9 +308,14 @@ def notebook_figure(repo: Path, stem: str, marker: str) -> bytes | None:
     return None
 
 
+def viz_dpi() -> int:
+    from minikv.viz import DPI
+    return DPI
+
+
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})   # no version stamp: stable bytes
+    fig.savefig(buffer, format="png", dpi=viz_dpi(), metadata={"Software": None})   # no version stamp: stable bytes
     return buffer.getvalue()
 
 
@@ -198,16 +334,13 @@ def _viz_figures() -> dict[str, bytes]:
 
     gemma4 = model_config("tiny-gemma4")      # the KV-sharing model (docs/concepts/kv-sharing.md)
     t5 = model_config("tiny-t5")              # the encoder-decoder (docs/concepts/cross-attention.md)
-    # One box per layer's pool: a KV-sharing layer points at its target's pool (the same tensor).
-    owners = {f"layer {i}" + (f" (shares layer {gemma4.kv_owner(i)})" if gemma4.kv_owner(i) != i else ""):
-              [gemma4.kv_owner(i)] for i in range(gemma4.num_layers)}
-    num_pools = len({gemma4.kv_owner(i) for i in range(gemma4.num_layers)})
     figures = {
         "formats-int8-row": viz.row_layout_diagram(layout("int8_per_token_head", gemma4.num_kv_heads,
                                                           gemma4.head_size),
                                                    title="int8_per_token_head: codes, then an inline fp32 scale"),
-        "sharing-layers": viz.block_table_diagram(owners, num_blocks=num_pools,
-                                                  title="Layer → pool"),
+        "sharing-layers": viz.layer_pool_diagram({i: gemma4.kv_owner(i) for i in range(gemma4.num_layers)},
+                                                 gemma4.layer_types,
+                                                 title="tiny-gemma4: the pool each layer reads and writes"),
         "cross-fp8-block": viz.row_layout_diagram(layout("fp8", t5.num_kv_heads, t5.head_size),
                                                   title="The fp8 cross pool as allocated: 1 byte per element"),
         "cross-16bit-block": viz.row_layout_diagram(layout("auto", t5.num_kv_heads, t5.head_size),

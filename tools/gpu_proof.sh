@@ -13,7 +13,7 @@ step() { echo "== $*"; }
 want() { [ -z "$SELECTED" ] || [[ " $SELECTED " == *" $1 "* ]]; }
 SELECTED="$*"
 
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -z "${WHEELS_INSTALLED:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="$PWD:/tmp/site"
@@ -29,8 +29,7 @@ PY
 if want tests; then
 step "GPU tests (make test-gpu)"
 # test_parity_gpu.py needs transformers: carry its wheels in .whl/ (the H200 has none, or an older one)
-timeout 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_engine.py \
-  tests/test_engine.py tests/test_engine_perlayer.py tests/test_parity_gpu.py 2>&1 | tee "$OUT/test-gpu.log" || status=1
+timeout 330 bash tools/gpu_test.sh "$OUT/test-gpu.log" || status=1
 fi
 
 if want repro; then
@@ -44,11 +43,11 @@ if want notebook; then
 step "notebook 05 (attention benchmark, outputs recorded here)"
 mkdir -p notebooks/data
 python3 -m jupytext --to ipynb notebooks/05_gpu_performance.py || status=1
-(cd notebooks && timeout 280 python3 - <<'PY') 2>&1 | tee "$OUT/notebook05.log" || status=1
+(cd notebooks && timeout 270 python3 - <<'PY') 2>&1 | tee "$OUT/notebook05.log" || status=1
 import nbformat, nbclient
 nb = nbformat.read("05_gpu_performance.ipynb", as_version=4)
 try:
-    nbclient.NotebookClient(nb, kernel_name="python3", timeout=270, resources={"metadata": {"path": "."}}).execute()
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=260, resources={"metadata": {"path": "."}}).execute()
 finally:
     nbformat.write(nb, "05_gpu_performance.ipynb")
 print("notebook 05 executed")

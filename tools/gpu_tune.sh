@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tuning run for the attention kernels on a CUDA machine (the lent H200), from the repo root:
 #   OUT=dir bash tools/gpu_tune.sh [tests] [sweep] [ncu]      (default: all three)
-# GPU kernel tests, the launch-configuration sweep (minikv.bench.attention_sweep) and an Nsight Compute profile
-# of the decode kernel per format at batch 64 / context 4096 with the sweep's best stage-A configuration.
+# GPU kernel tests, the launch-configuration sweep (minikv.bench.attention_sweep: the row placement's decode table
+# and the context tiles) and an Nsight Compute profile of the decode kernel per format at batch 64 / context 4096
+# with the engine's configurations.
 set -uo pipefail
 OUT=${OUT:-build/tune}
 mkdir -p "$OUT"
@@ -28,8 +29,8 @@ if want ncu; then
   echo "== ncu"
   timeout 100 /usr/local/cuda/bin/ncu --clock-control none --target-processes all -k regex:_decode_ \
     --launch-count 8 --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
-    --section Occupancy --csv --page details python3 tools/profile_decode.py "$OUT/best.json" \
+    --section Occupancy --csv --page details python3 tools/profile_decode.py run \
     > "$OUT/ncu_decode.csv" 2> "$OUT/ncu.err"
   echo "ncu exit $?"; tail -3 "$OUT/ncu.err"
-  python3 tools/profile_decode.py --summarize "$OUT/ncu_decode.csv" | tee "$OUT/ncu_summary.txt"
+  python3 tools/profile_decode.py summarize "$OUT/ncu_decode.csv" | tee "$OUT/ncu_summary.txt"
 fi

@@ -17,9 +17,9 @@ construction orders, modelled here by `CrossAttentionModule`, each with its own 
 
 B2, `cross-fp8-context-read` — what the fused context path is told about the cache (`_context_read_layout`):
   HISTORICAL: the fused context kernel reads the encoder K/V back from the paged cross cache but is given the
-  cache's data type only when `paged_context` is on; otherwise it reads fp8 bytes as 16-bit elements. The blocks
-  themselves are located from the pool's real bytes per block (and the V half from the pool's real K/V split);
-  only the addressing inside a half-block uses the 16-bit element size.
+  cache's data type only when `paged_context` is on; otherwise it reads fp8 bytes as 16-bit elements. In minikv's
+  model the blocks themselves are located from the pool's real bytes per block (and the V half from the pool's
+  real K/V split); only the addressing inside a half-block uses the 16-bit element size.
   UPSTREAM FIX ("fallback"): use the unfused path (K/V from the 16-bit workspace) for cross attention with a
   quantized cache unless `paged_context` is on, with a warning once per cross-attention layer; a float32 model
   has no fused context kernel upstream and takes the unfused path in every layer.
@@ -151,9 +151,9 @@ class ReadLayout(formats.CacheSpec):
 def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
     """HISTORICAL (cross-fp8-context-read): the pool's blocks, with their insides read as the model's elements.
 
-    Block and K/V-half offsets come from the pool (its real bytes per block), as upstream's kernel gets its block
-    pointers from the cache; slots and rows inside a half-block are addressed at the 16-bit element size the kernel
-    believes in."""
+    Block and K/V-half offsets come from the pool (its real bytes per block): minikv's assumption about the fused
+    kernel's block pointers (upstream says only that it read the FP8 pool as bf16); slots and rows inside a
+    half-block are addressed at the 16-bit element size the kernel believes in."""
     auto = KVLayout("auto", pool_layout.model_dtype, pool_layout.num_kv_heads, pool_layout.head_size,
                     pool_layout.block_size)
     fields = {f: getattr(auto, f) for f in formats.SPEC_FIELDS}

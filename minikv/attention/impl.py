@@ -19,7 +19,7 @@ regions must be set to 1.0 once before any kernel reads a slot nobody wrote. *Wh
   (`tensor.untyped_storage()`, whose Python object torch keeps unique per live storage): two views of one
   storage count once, two layers packed into one allocation are two regions, and an address that was freed and
   reused by a new allocation no longer matches the dead reference, so it is initialized again. An address that is
-  kept across sleep (vLLM's sleep mode) still matches: `release_scale_init` is how the runner says "the
+  kept across sleep (minikv's model of vLLM's sleep mode) still matches: `release_scale_init` is how the runner says "the
   contents were discarded, initialize again".
 """
 from __future__ import annotations

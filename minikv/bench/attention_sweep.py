@@ -1,6 +1,9 @@
 """`python -m minikv.bench.attention_sweep --out DIR`: sweep launch configurations of the attention kernels (GPU).
 
-Tuning aid behind the tables in kernels/launch.py. The shapes are those of `python -m minikv.bench attention`.
+Tuning aid behind the tables in kernels/launch.py: the decode launch table of the "row" placement's kernels
+(launch.ROW_DECODE_TUNED, kernels/decode_rows.py) and the context tiles. (The pipelined decode kernel of every other
+format is sized from the machine, launch.decode_config; tools/gpu_probe.py measures its candidates.) The shapes are
+those of `python -m minikv.bench attention`.
 
 1. Compiles every candidate configuration first, in parallel processes (Triton's on-disk cache is shared), so the
    timing loop never waits on the compiler.
@@ -29,9 +32,8 @@ import time
 
 import torch
 
-FORMATS = ("auto", "fp8", "fp8_per_token_head", "int8_per_token_head")
-FAMILY = {"auto": "16bit", "fp8": "fp8", "fp8_per_token_head": "per_token_head",
-          "int8_per_token_head": "per_token_head"}
+FORMATS = ("fp8_per_token_head", "int8_per_token_head")          # "row" placement: kernels/decode_rows.py
+FAMILY = {"fp8_per_token_head": "per_token_head", "int8_per_token_head": "per_token_head"}
 HQ, HKV, D, BS = 32, 8, 128, 16
 SHAPES_A = ((64, 4096), (16, 16384))
 BATCHES, CONTEXTS = (1, 16, 64, 256), (512, 4096, 16384)
@@ -55,7 +57,7 @@ def decode_candidates(fmt: str) -> list[tuple]:
 
 def _decode_problem(fmt, batch, ctx):
     from minikv.bench.attention import _fill_pool, layout_for
-    layout = layout_for(fmt)                 # a kv_cache_dtype, or one with "/block" (minikv.bench.placement_sweep)
+    layout = layout_for(fmt)
     num_blocks = batch * (ctx // BS)
     pool = torch.empty(num_blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
     _fill_pool(pool, layout)
@@ -78,7 +80,7 @@ def _pinned(name: str, cfg):
 
 
 def _pinned_decode(cfg):
-    return _pinned("decode_config", cfg)
+    return _pinned("row_decode_config", cfg)
 
 
 def _decode_call(problem):
@@ -88,8 +90,8 @@ def _decode_call(problem):
 
 
 def _cfg(block_n, warps, stages, prefetch, words, f16, splits):
-    from minikv.kernels.launch import DecodeConfig
-    return DecodeConfig(16, block_n, splits, warps, stages, prefetch, words, f16)
+    from minikv.kernels.launch import RowDecodeConfig
+    return RowDecodeConfig(16, block_n, splits, warps, stages, prefetch, words, f16)
 
 
 # ---- context ---------------------------------------------------------------------------------------------------

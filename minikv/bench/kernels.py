@@ -218,7 +218,7 @@ def _cpu_cases(quick: bool):
 
 
 PREFILL_SWEEP = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3)]
-DECODE_SWEEP = [(64, 4, 3), (128, 4, 3), (128, 8, 3), (32, 4, 4)]
+DECODE_SWEEP = [(64, 4, 3), (128, 4, 5), (128, 8, 3), (32, 4, 4)]
 
 
 def _fixed_config(config, *args, **kwargs):
@@ -250,8 +250,10 @@ def _sweeps() -> list[Row]:
                    lambda: _bench_prefill("cuda", bf16, 8, 4096, 32, 32, 128))
     rows += _sweep("fused prefill int8", "context_config", prefill,
                    lambda: _bench_prefill("cuda", bf16, 8, 4096, 32, 8, 128, kv_cache_dtype="int8_per_token_head"))
-    for fmt in ("auto", "int8_per_token_head", "fp8"):
-        decode = [launch.DecodeConfig(16, n, 1, w, st) for n, w, st in DECODE_SWEEP]
+    for fmt in ("auto", "fp8"):          # the pipelined kernel (row-placed per-token-head: kernels/decode_rows.py)
+        one_byte = fmt != "auto"
+        decode = [launch.DecodeConfig(16, n, 1, w, st, f16_dot=one_byte, convert_asm=one_byte)
+                  for n, w, st in DECODE_SWEEP]
         rows += _sweep(f"decode {fmt}", "decode_config", decode, lambda fmt=fmt: _bench_decode("cuda", fmt, bf16, 64,
                                                                                                 4096))
     return rows

@@ -12,13 +12,15 @@ Lifecycle (the shape of the real engines):
   4. warmup, in one of two shapes (`warmup=`):
      "dummy" (default, upstream's): one forward without attention metadata; owning layers run their cache update
        with slot -1 (nothing is written), sharing layers are not touched at all;
-     "capture": one decode-shaped forward *with* attention metadata through every layer, as CUDA-graph capture
-       does (all slots -1, dummy sequences of length 1 on block 0), so every impl is touched before any real step;
+     "capture": one decode-shaped forward *with* attention metadata through every layer (minikv's model of a
+       CUDA-graph capture run; upstream does not name its warmup shapes), all slots -1, dummy sequences of length
+       1 on block 0, so every impl is touched before any real step;
   then `execute(seqs, is_prefill)` per step: `prepare` builds the step's metadata, and the model's forward is
   called with a ForwardContext (metadata + binding table) as an argument; each attention op calls
   `ctx.attend(...)`, which runs its binding's impl over its binding's cache.
-`sleep(mode)`: "discard" is vLLM's shape (the arena's storage and address are kept, the pools' contents
-discarded: zeroed here); "free" drops the arena and `wake_up()` allocates a new one. `wake_up()` binds the
+`sleep(mode)`: "discard" keeps the arena's storage and address and discards the pools' contents (zeroed here):
+minikv's model of a sleep that wakes up at the same address, which upstream's text neither states nor excludes;
+"free" drops the arena and `wake_up()` allocates a new one. `wake_up()` binds the
 caches and warms up again; in the fixed engine every scale region is initialized again, in both modes.
 """
 from __future__ import annotations
@@ -218,8 +220,8 @@ class ModelRunner:
                 if isinstance(b.impl, AttentionImpl):
                     b.impl.forget_storage()
         if mode == "discard":
-            # vLLM's shape: the memory behind the same addresses is released and mapped again; minikv zeroes the
-            # pools (not the guard zones) to stand for "contents discarded".
+            # A same-address sleep (minikv's model): the memory behind the addresses is released and mapped again;
+            # minikv zeroes the pools (not the guard zones) to stand for "contents discarded".
             for name in self.arena.specs:
                 self.arena.pool(name).zero_()
         else:

@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections import deque
 
 from minikv.cache.blocks import BlockManager
-from minikv.config import check_int
 from minikv.engine.sequence import FINISH_REASONS, Sequence, SequenceStatus
 
 
 class Scheduler:
-    """Decides which sequences run in the next step and keeps the block managers in step with them."""
+    """Decides which sequences run in the next step and keeps the block managers in step with them.
+
+    `max_num_seqs` and `max_num_batched_tokens` come from a SchedulerConfig, which checked them."""
 
     def __init__(
         self,
@@ -29,8 +30,6 @@ class Scheduler:
         cross_block_manager: BlockManager | None = None,
         eos_token_id: int | None = None,
     ):
-        check_int("max_num_seqs", max_num_seqs)                      # the same check SchedulerConfig makes
-        check_int("max_num_batched_tokens", max_num_batched_tokens)
         if cross_block_manager is not None and cross_block_manager.enable_prefix_caching:
             raise ValueError("the cross pool's block manager must not use prefix caching")
         self.max_num_seqs = max_num_seqs

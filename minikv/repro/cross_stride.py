@@ -562,8 +562,13 @@ def quantities(m: Measurement) -> dict[str, dict]:
         "value": len(hist.wrong), "display": _of(hist.wrong, n),
         "statistic": "requests whose token ids differ from the auto-cache run with the historical context read"}
     first = [round(f, 2) for _, f, d in m.copies if 0 in d]
+    factors = [round(f, 2) for _, f, _ in m.copies]
+    # A range when the factors at which it differs are consecutive in the grid ("1.00x-1.78x"), else each of them.
+    contiguous = bool(first) and factors[factors.index(first[0]):factors.index(first[0]) + len(first)] == first
+    shown = ("never" if not first else f"{first[0]:.2f}x" if len(first) == 1 else
+             f"{first[0]:.2f}x-{first[-1]:.2f}x" if contiguous else ", ".join(f"{f:.2f}x" for f in first))
     q["identical_requests_first_copy_differs"] = {
-        "value": first, "display": "from " + (f"{min(first):.2f}x" if first else "never"),
+        "value": first, "display": shown,
         "statistic": "three identical requests, historical stride, sanitizer off: pool factors (1x..2x, one "
                      "block at a time) at which the first copy's token ids differ from the auto-cache run"}
     return q

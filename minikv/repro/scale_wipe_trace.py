@@ -11,6 +11,8 @@ through the step API (`LLM.step()`, its `StepTrace` events and the census of sca
   storage, one query head's attention weights over them (the fixed engine's query against both engines' keys, so
   only the keys differ), and the first generated token where the two engines disagree, with the top logits.
 * `prefix_sources` says, for each request that reused cached blocks, which earlier request wrote them.
+* `storage_map` says, right after the first step, which blocks of each storage belong to which request and which of
+  their rows lost their scales to which layer's late fill (the byte map of the storages, by request and layer).
 """
 from __future__ import annotations
 
@@ -126,6 +128,8 @@ class CausalChain:
     chosen_buggy: str
     text_fixed: str
     text_buggy: str
+    tokens_fixed: list[str] = field(default_factory=list)    # every generated token, as text, fixed engine
+    tokens_buggy: list[str] = field(default_factory=list)
 
 
 def _serve_recording(llm, prompts, max_tokens, layer: str, storage: str, request: int):
@@ -198,7 +202,8 @@ def causal_chain(prompts: list[str], request: int = 0, layer: int = 4, head: int
         return [(tok.decode([int(i)]), float(v)) for v, i in zip(values, indices)]
 
     return CausalChain(request, name, storage, head, kf, kb, weights[0], weights[1], step, top(lf[step]),
-                       top(lb[step]), tok.decode([sf[step]]), tok.decode([sb[step]]), tf, tb)
+                       top(lb[step]), tok.decode([sf[step]]), tok.decode([sb[step]]), tf, tb,
+                       [tok.decode([t]) for t in sf], [tok.decode([t]) for t in sb])
 
 
 def prefix_sources(step_outputs, block_size: int) -> dict[int, int]:
@@ -216,3 +221,48 @@ def prefix_sources(step_outputs, block_size: int) -> dict[int, int]:
             for b in table[cached:]:
                 owner_of_block[b] = rid
     return sources
+
+
+@dataclass
+class StorageMap:
+    """The KV storages after one step: per storage, its blocks in use by request and the rows whose scales a late
+    fill wiped. `storages`: [{"pool", "owner" (layer), "readers" (sharing layers), "wiped_by" (the layer whose late
+    fill wiped it, or None), "blocks": [(block, request, slots in use, slots wiped)]}]; `num_blocks` per pool;
+    `layout`: the storages' KVLayout (the same for all); `zoom`: (pool, block, request, [(slot, K wiped, V wiped)])
+    for the first block of the first wiped storage."""
+
+    step: int
+    storages: list[dict]
+    num_blocks: int
+    layout: object
+    zoom: tuple
+
+
+def storage_map(llm, out) -> StorageMap:
+    """What `out` (a StepOutput of `llm`, read right after that step) left in every KV storage."""
+    bs = llm.config.cache.block_size
+    owners = [n for n, a in llm.attention_layers.items() if a.kv_sharing_target is None]
+    fills = {f.layer: f for f in out.trace.scale_fills if f.overwritten}
+    storages, zoom = [], None
+    for owner in owners:
+        readers = [n for n, a in llm.attention_layers.items() if a.kv_sharing_target == owner]
+        wiper = next((n for n in readers if n in fills), None)
+        wiped = _wiped_slots(fills[wiper], bs) if wiper else set()
+        blocks = []
+        for rid in out.request_ids:
+            slots = out.block_slots(rid, bs)
+            for b in dict.fromkeys(s // bs for s in slots):
+                mine = [s for s in slots if s // bs == b]
+                blocks.append((b, rid, len(mine), len([s for s in mine if s in wiped])))
+        storages.append({"pool": f"kv.{owner}", "owner": layer_index(owner),
+                         "readers": [layer_index(n) for n in readers],
+                         "wiped_by": layer_index(wiper) if wiper else None, "blocks": blocks})
+        if wiper and zoom is None and blocks:
+            b, rid = blocks[0][0], blocks[0][1]
+            f = fills[wiper]
+            k, v = f.wiped_k_scales[b], f.wiped_v_scales[b]          # [block_size, heads]: the scales it replaced
+            rows = [(o, bool(((k[o] != 0) & (k[o] != 1)).any()), bool(((v[o] != 0) & (v[o] != 1)).any()))
+                    for o in range(bs)]
+            zoom = (f"kv.{owner}", b, rid, rows)
+    layout = llm.arena.layout(f"kv.{owners[0]}")
+    return StorageMap(out.step, storages, llm.arena.specs[f"kv.{owners[0]}"].num_blocks, layout, zoom)

@@ -1,0 +1,226 @@
+"""The adapter that runs a Scenario on `minikv.LLM` and records what the oracles check.
+
+It uses only the engine's public surface: `LLM(...)`, `add_request`/`step`/`has_unfinished`,
+`sleep`/`wake_up`, `StepOutput` (block tables, slot mappings), `llm.attention_layers` (which pool each layer
+reads, self or cross) and `llm.arena` (its byte storage, pool offsets and layouts). Per step it copies the
+arena's bytes before the step and diffs them after: every changed byte must lie in a row the step's slot
+mapping names (codes and inline scales of the named slots, K and V, every KV head); anything else, a guard
+zone included, is a stray write. Right after a request's prefill it keeps the bytes of every token position it
+wrote (codes and scales apart), for the first-versus-later check.
+
+The engine under test is `LLM(..., reintroduce=<the tuple given>)`, passed through unread; `instrument` (a
+callable) is applied to every engine built, which is how tests plant defects of their own. With a backend other
+than "torch", every kernel call also runs through its reference (shadow.py).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .record import KVRow, RequestResult, Run, StrayWrite
+from .scenario import Scenario, torch_dtype
+from .shadow import KernelShadow
+
+SCALE_BYTES = 4
+
+
+class MinikvEngine:
+    """Runs scenarios on minikv. `reintroduce` goes to every `LLM(...)` as given; `engine_checks` switches the
+    engine's own sanitizer and layout contract on (off by default: the hunter's oracles stand on their own);
+    `remember` keeps every Run, so several hunts over one engine pay once for a scenario (a run is deterministic)."""
+
+    def __init__(self, reintroduce=(), backend: str = "torch", instrument=None, engine_checks: bool = False,
+                 device: str = "cpu", remember: bool = False):
+        self.reintroduce = tuple(reintroduce)
+        self.backend = backend
+        self.instrument = instrument
+        self.engine_checks = engine_checks
+        self.device = device
+        self._runs: dict | None = {} if remember else None
+
+    def llm_kwargs(self, scenario: Scenario) -> dict:
+        kw = scenario.engine_kwargs()
+        kw.update(backend=self.backend, device=self.device, sanitize=self.engine_checks,
+                  check_layout=self.engine_checks, reintroduce=self.reintroduce)
+        return kw
+
+    def build(self, scenario: Scenario):
+        """(the engine for `scenario`, its KernelShadow or None)."""
+        import minikv
+        kw = self.llm_kwargs(scenario)
+        kw["dtype"] = torch_dtype(kw["dtype"])
+        llm = minikv.LLM(**kw)
+        if self.instrument is not None:
+            self.instrument(llm)
+        # Kernels other than the references run beside them (after the instrument: a planted kernel is checked too).
+        return llm, (KernelShadow(llm) if self.backend != "torch" else None)
+
+    def snippet(self, scenario: Scenario) -> str:
+        from .repro import snippet
+        return snippet(scenario, self.llm_kwargs(scenario), self.instrument)
+
+    # ---- one scenario -------------------------------------------------------------------------------------
+    def run(self, scenario: Scenario) -> Run:
+        if self._runs is not None:
+            if scenario.key() not in self._runs:
+                self._runs[scenario.key()] = self._run(scenario)
+            return self._runs[scenario.key()]
+        return self._run(scenario)
+
+    def _run(self, scenario: Scenario) -> Run:
+        run = Run(scenario)
+        try:
+            llm, shadow = self.build(scenario)
+        except (ValueError, TypeError) as err:            # the engine's own input checks: outside its domain
+            run.refused = _first_line(err)
+            return run
+        except Exception as err:  # noqa: BLE001  (an accepted configuration that cannot even start: a finding)
+            run.error, run.error_at = _describe(err), "building the engine"
+            return run
+        run.eos_id = llm.tokenizer.eos_id
+        try:
+            for wave, requests in enumerate(scenario.waves()):
+                if wave and scenario.sleep:
+                    llm.sleep(mode=scenario.sleep)
+                    llm.wake_up()
+                if not self._wave(llm, wave, requests, run):
+                    return run
+        except Exception as err:  # noqa: BLE001  (whatever an accepted configuration raises is a finding)
+            run.error, run.error_at = _describe(err), f"step {run.steps}"
+        if shadow is not None:
+            run.kernel_mismatches = list(shadow.mismatches)
+        return run
+
+    def _wave(self, llm, wave: int, requests, run: Run) -> bool:
+        import minikv
+        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
+        pending = list(order)
+        ids: dict[int, int] = {}                 # engine request id -> index in the wave
+        schedule: dict[int, list] = {i: [] for i in range(len(requests))}
+        results: dict[int, RequestResult] = {}
+        kv: dict[int, dict] = {}
+        step = 0
+        while pending or llm.has_unfinished():
+            while pending and requests[pending[0]].arrival <= step:
+                i = pending.pop(0)
+                r = requests[i]
+                try:
+                    rid = llm.add_request(r.prompt, minikv.SamplingParams(max_tokens=r.max_tokens))
+                except (ValueError, TypeError) as err:
+                    run.refused = f"request {i}: {_first_line(err)}"
+                    return False
+                ids[rid] = i
+            if not llm.has_unfinished():
+                step = requests[pending[0]].arrival          # nothing runs until the next arrival
+                continue
+            before = llm.arena.storage.clone()
+            out = llm.step()
+            run.steps += 1
+            run.stray_writes += self._stray(llm, out, before, run.steps - 1)
+            members = tuple((ids[rid], out.num_cached_tokens.get(rid, 0)) for rid in out.request_ids)
+            for rid in out.request_ids:
+                schedule[ids[rid]].append((out.phase, members))
+                if out.is_prefill and ids[rid] not in kv:
+                    kv[ids[rid]] = self._request_kv(llm, out, rid)
+            for done in out.finished:
+                i = ids[done.request_id]
+                r = requests[i]
+                results[i] = RequestResult(i, wave, r.prompt, r.max_tokens, tuple(done.token_ids),
+                                           done.finish_reason)
+            step += 1
+        for i in range(len(requests)):
+            res = results[i]
+            res.schedule, res.kv = tuple(schedule[i]), kv.get(i)
+            run.requests.append(res)
+        return True
+
+    # ---- bytes ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def _pool_kinds(llm) -> dict[str, str]:
+        """Pool name -> "self" or "cross": which slot mapping names its rows (from the engine's binding table)."""
+        return {b.pool: b.kind for b in llm.attention_layers.values()}
+
+    def _stray(self, llm, out, before: torch.Tensor, step: int) -> list[StrayWrite]:
+        arena = llm.arena
+        changed = before != arena.storage
+        if not bool(changed.any()):
+            return []
+        allowed = torch.zeros_like(changed)
+        kinds = self._pool_kinds(llm)
+        for name, start in arena.offsets.items():
+            mapping = out.cross_slot_mapping if kinds.get(name) == "cross" else out.slot_mapping
+            slots = [s for seq in mapping.values() for s in seq]
+            if slots:
+                allowed[start + _row_bytes(arena.layout(name), slots)] = True
+        stray = changed & ~allowed
+        found = []
+        for kind, name, lo, hi in arena.byte_map():
+            hits = stray[lo:hi].nonzero()
+            if hits.numel():
+                region = f"pool {name}" if kind == "pool" else f"guard after {name}"
+                found.append(StrayWrite(step, region, int(hits[0]), int(hits.numel())))
+        return found
+
+    @staticmethod
+    def _request_kv(llm, out, rid: int) -> dict[str, tuple[KVRow, ...]]:
+        arena, bs = llm.arena, llm.config.cache.block_size
+        storage = arena.storage
+        kinds = MinikvEngine._pool_kinds(llm)
+        rows = {}
+        for name, start in arena.offsets.items():
+            layout = arena.layout(name)
+            if kinds.get(name) == "cross":
+                table, n = out.cross_block_tables.get(rid), len(out.cross_slot_mapping.get(rid, ()))
+            else:
+                table, n = out.block_tables.get(rid), out.seq_lens.get(rid, 0)
+            if not table or not n:
+                continue
+            slots = [table[p // bs] * bs + p % bs for p in range(n)]
+            codes = storage[start + _row_bytes(layout, slots, scales=False)].reshape(n, -1).cpu().numpy()
+            scales = storage[start + _scale_bytes(layout, slots)].reshape(n, -1).cpu().numpy() \
+                if layout.has_inline_scales else None
+            per = [KVRow(codes[p].tobytes(), b"" if scales is None else scales[p].tobytes()) for p in range(n)]
+            rows[name] = tuple(per)
+        return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _strides(layout, where: str) -> tuple[int, int, int, int, int]:
+    """(base, per block, per K/V half, per slot, per head) of the layout's row (or scale) byte offsets, read off the
+    layout's own address methods (every address is linear in block, half, slot and head)."""
+    at = layout.row_offset if where == "row" else layout.scale_byte_offset
+    base = at(0, 0, 0, 0)
+    return (base, at(1, 0, 0, 0) - base, at(0, 1, 0, 0) - base, at(0, 0, 1, 0) - base,
+            at(0, 0, 0, 1) - base if layout.num_kv_heads > 1 else 0)
+
+
+def _offsets(layout, slots, where: str, width: int) -> torch.Tensor:
+    """Pool byte offsets of `width` bytes at each named slot's rows (or scales): K then V, every KV head."""
+    base, per_block, per_half, per_slot, per_head = _strides(layout, where)
+    s = torch.tensor(slots, dtype=torch.int64)
+    start = (base + (s // layout.block_size) * per_block + (s % layout.block_size) * per_slot)[:, None, None] \
+        + torch.tensor([0, per_half])[None, :, None] + (torch.arange(layout.num_kv_heads) * per_head)[None, None, :]
+    return (start.reshape(len(slots), -1, 1) + torch.arange(width)).reshape(-1)
+
+
+def _row_bytes(layout, slots, scales: bool = True) -> torch.Tensor:
+    """Pool byte offsets of the named slots' rows: codes of K and V for every KV head, then their scales."""
+    idx = _offsets(layout, slots, "row", layout.code_bytes)
+    if scales and layout.has_inline_scales:
+        idx = torch.cat([idx, _scale_bytes(layout, slots)])
+    return idx
+
+
+def _scale_bytes(layout, slots) -> torch.Tensor:
+    return _offsets(layout, slots, "scale", SCALE_BYTES)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _describe(err: BaseException) -> str:
+    # Type and message only: a file and line number would change the report with every unrelated edit.
+    return _first_line(err)

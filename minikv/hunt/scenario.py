@@ -1,0 +1,71 @@
+"""Scenario: one engine configuration and the requests it serves, the unit the hunter generates and shrinks.
+
+A scenario is plain data (frozen dataclasses of ints, strings and tuples), so that hypothesis can shrink it, the
+result cache can key on it, and `repro.snippet` can print it as a ready-to-run `minikv.LLM(...)` call.
+
+The requests run in *waves*: wave 0 is `requests`; with `repeat`, wave 1 submits the same requests again once
+wave 0 has finished (after `sleep`/`wake_up` when `sleep` names a mode). Inside a wave a request is added to
+the engine `arrival` steps after the wave's first step, so later arrivals join a running batch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+DTYPES = ("float16", "float32")
+SLEEP_MODES = ("discard", "free")
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str
+    max_tokens: int
+    arrival: int = 0             # engine steps after the wave's first step
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: str
+    kv_cache_dtype: str
+    dtype: str = "float32"       # activation dtype, by name (DTYPES)
+    requests: tuple[Request, ...] = ()
+    kv_scale_placement: str = "row"
+    block_size: int = 16
+    max_num_seqs: int = 1
+    enable_prefix_caching: bool = False
+    num_blocks: int | None = None          # None: the engine sizes the pool
+    cross_pool_blocks: int | None = None   # encoder-decoder models only; None: the engine sizes it
+    repeat: bool = False                   # submit the same requests again after they finished
+    sleep: str | None = None               # between the waves: None, "discard" or "free"
+    extra: dict = field(default_factory=dict, compare=False, hash=False)   # notes for the report, not a knob
+
+    def waves(self) -> list[tuple[Request, ...]]:
+        return [self.requests, self.requests] if self.repeat else [self.requests]
+
+    def engine_kwargs(self) -> dict:
+        """The `minikv.LLM` arguments of this configuration (the dtype as a name: `torch_dtype` converts)."""
+        kw = {"model": self.model, "kv_cache_dtype": self.kv_cache_dtype, "dtype": self.dtype,
+              "max_num_seqs": self.max_num_seqs, "block_size": self.block_size,
+              "enable_prefix_caching": self.enable_prefix_caching}
+        if self.kv_scale_placement != "row":
+            kw["kv_scale_placement"] = self.kv_scale_placement
+        if self.num_blocks is not None:
+            kw["num_blocks"] = self.num_blocks
+        if self.cross_pool_blocks is not None:
+            kw["cross_pool_blocks"] = self.cross_pool_blocks
+        return kw
+
+    def key(self) -> tuple:
+        """Identity for the result cache (everything that changes what runs)."""
+        return (self.model, self.kv_cache_dtype, self.dtype, self.requests, self.kv_scale_placement,
+                self.block_size, self.max_num_seqs, self.enable_prefix_caching, self.num_blocks,
+                self.cross_pool_blocks, self.repeat, self.sleep)
+
+
+def torch_dtype(name: str):
+    import torch
+    return {"float16": torch.float16, "float32": torch.float32}[name]
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return math.ceil(max(tokens, 1) / block_size)

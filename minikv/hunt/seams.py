@@ -1,0 +1,28 @@
+"""The one place the hunter reaches into an engine beyond its outputs: wrapping one of its kernel ops.
+
+`llm.kernel_ops` is the set of kernels every attention layer of an engine calls (one object, shared by all of
+them). `wrap_kernel_op(llm, "write_kv", make)` replaces its `write_kv` with `make(original)` for that engine
+only. The hunter uses it to run each kernel beside its reference (shadow.py); tests and notebook 06 use it to
+plant defects of their own. Nothing else in minikv.hunt touches engine internals.
+"""
+from __future__ import annotations
+
+KERNEL_OPS = ("write_kv", "decode", "context", "paged_context")
+
+
+def wrap_kernel_op(llm, name: str, make) -> None:
+    """Replace `llm.kernel_ops.<name>` by `make(<the current op>)`, for this engine's layers only."""
+    if name not in KERNEL_OPS:
+        raise ValueError(f"unknown kernel op {name!r}; the engine's kernel ops are {', '.join(KERNEL_OPS)}")
+    ops = llm.kernel_ops
+    # KernelOps is a frozen dataclass (nothing may rebind it by accident); this is the deliberate exception.
+    object.__setattr__(ops, name, make(getattr(ops, name)))
+
+
+def pool_of(llm, tensor) -> tuple[str, object] | None:
+    """(arena pool name, its KVLayout) of a cache tensor a kernel was given, or None if it is not an arena pool."""
+    for name in llm.arena.offsets:
+        pool = llm.arena.pool(name)
+        if pool.data_ptr() == tensor.data_ptr() and pool.numel() == tensor.numel():
+            return name, llm.arena.layout(name)
+    return None

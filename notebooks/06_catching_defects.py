@@ -1,0 +1,343 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Catching defects like these
+#
+# Notebooks 03 and 04 reproduce two KV-cache defects when they are told which one to bring back. Neither defect
+# was subtle once found, and both lived in production because the test that would have caught it was never run:
+#
+# - vLLM's scale wipe damaged the whole first batch an engine served, and only that batch. The fix's pull request
+#   verified it by comparing a request's KV bytes in the first batch with the same request's in a later batch;
+#   no test in the tree made that comparison before (issues
+#   [#50702](https://github.com/vllm-project/vllm/issues/50702) and
+#   [#50749](https://github.com/vllm-project/vllm/issues/50749) describe the symptoms).
+# - TensorRT-LLM's attention backend matrix skipped every FP8 cross-attention case behind a "no fp8 cross"
+#   filter. Pull request [#20958](https://github.com/NVIDIA/TensorRT-LLM/pull/20958) removed the filter, and 14
+#   of the cases it let in then failed on the fused context path; its reviewers also asked for a cross pool that
+#   holds the requests' blocks but fewer than twice that, and for the same request submitted twice.
+#
+# This notebook runs **the hunter**, `minikv.hunt`: a differential tester that searches engine configurations
+# with [hypothesis](https://hypothesis.readthedocs.io) and checks invariants a maintainer can write without
+# knowing either defect. It is told nothing but the `reintroduce=` tuple, which it passes to every
+# `minikv.LLM(...)` unread. We run it on the fixed engine, then on each defect; put what it prints next to
+# upstream's reports; look at the checks upstream's matrices lacked and what each costs; let it find a defect
+# planted here, which it was not written for; and point its oracles at another engine's outputs. The guide is
+# [docs/hunt.md](../docs/hunt.md); `minikv hunt` is the same search on the command line.
+#
+# Every hunt here is bounded by a number of scenarios, not seconds, so it runs the same scenarios in the same
+# order on every machine, and prints no timing. Measured times come from `results/hunt.json`.
+
+# %%
+# %matplotlib inline
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")       # no progress bars in recorded outputs
+
+import torch
+
+import minikv
+from minikv.hunt import KVRow, MinikvEngine, Request, RequestResult, Run, Scenario, hunt, oracles
+from minikv.hunt.figure import search_map
+from minikv.hunt.reference import TIE_MARGIN, DenseReference
+from minikv.hunt.scenario import blocks_for
+from minikv.hunt.seams import pool_of, wrap_kernel_op
+from minikv.hunt.strategies import cells, prompt_pool
+
+torch.manual_seed(0)
+torch.set_num_threads(1)            # tiny tensors: one thread is faster (hunt() uses one as well)
+REFERENCE = DenseReference()        # the dense references, cached across every hunt below
+RESULTS = json.loads(next(p for p in (Path("../results/hunt.json"), Path("results/hunt.json")) if p.exists())
+                     .read_text())     # measured by tools/hunt_results.py (section 7)
+
+for name, o in oracles.ORACLES.items():
+    print(f"{name:26} {'(needs the reference) ' if o.needs_reference else ''}{o.statement}")
+
+# %% [markdown]
+# ## 1. Invariants, not defects
+#
+# The six invariants above are what the hunter checks after every scenario. None mentions KV sharing, scales,
+# strides or context paths; each is something any paged-KV engine owes its users:
+#
+# - **runs**: a configuration the engine accepts does not raise.
+# - **writes-in-bounds**: the hunter copies the engine's whole KV arena (its pools and the guard zones between
+#   them) before each step and diffs it after. Every changed byte must lie in a row the step's slot mapping
+#   names: the codes and inline scales, K and V, of the slots the step was supposed to write.
+# - **kernels-match-references**: with the Triton backend, every kernel call is repeated through its
+#   pure-PyTorch reference on the same inputs (the default backend here *is* the references, so it is silent).
+# - **repeat-identical**: the same batch submitted again after the first one finished, and scheduled the same
+#   way, gives the same tokens, and right after prefill the same KV bytes, position by position.
+# - **schedule-invariant**: copies of one request give the same tokens whatever the batch geometry, pool size,
+#   prefix caching, preemption or arrival time.
+# - **matches-reference**: greedy tokens equal the model run densely, without the engine, with every K and V
+#   quantized and dequantized as the cache format stores them. A quantized cache is held to its own
+#   quantization error, computed another way; a divergence is excused only at a near tie, where the reference's
+#   logits for the two tokens are within `TIE_MARGIN` of each other.
+
+# %%
+print(f"TIE_MARGIN = {TIE_MARGIN} logit; the dense model's smallest margin over the prompt pool, every format "
+      f"and dtype: {RESULTS['quantities']['tie_min_margin']['display']}; its largest float16-vs-float32 logit "
+      f"difference: {RESULTS['quantities']['f16_f32_gap']['display']} (results/hunt.json)")
+
+# %% [markdown]
+# ## 2. The search
+#
+# Three choices pick different code paths through an engine: the model (another architecture, other attention
+# layers), the KV cache format (another layout, other element bytes) and the activation dtype (a float32 model
+# takes other context paths). The hunter stratifies on them: each **cell** of that matrix gets its own
+# hypothesis search, and the cells take turns in rounds of 1, 2, 4, ... examples each. The first example of
+# every cell is its plainest configuration, so the first round is the whole matrix at its defaults: nothing is
+# filtered out. Inside a cell, hypothesis draws everything else: `max_num_seqs`, block size, scale placement,
+# pool sizes down to the smallest the requests can run in, prefix caching, one to four requests (prompts from the
+# model's held-out set, lengths, arrival steps, repeats), a second submission of the same batch, and a
+# `sleep()`/`wake_up()` between the two. When an invariant fails, hypothesis shrinks the scenario to a minimal
+# one, and the hunter prints it as a ready-to-run `minikv.LLM(...)` call.
+
+# %%
+for i, cell in enumerate(cells()):
+    print(f"cell {i + 1:2}: {' x '.join(cell)}")
+
+# %% [markdown]
+# ## 3. The fixed engine comes out clean
+#
+# 24 scenarios: the first round (every cell at its plainest configuration), then the second round's first eight
+# (`minikv hunt` with its default budget runs many more; section 7). The engine adapter, `MinikvEngine`, is what
+# `hunt()` drives; `remember=True` keeps its runs, so the later hunts over the same engine pay once per scenario.
+
+# %%
+ENGINE = MinikvEngine(remember=True)              # the fixed engine: reintroduce=()
+clean = hunt(engine=ENGINE, max_scenarios=24, budget_s=None, reference=REFERENCE, progress=False)
+print(clean.text(portable=True))
+print(f"{clean.scenarios_run} scenarios, {clean.refused} refused by the engine, cells covered: "
+      f"{len({(s.model, s.kv_cache_dtype, s.dtype) for s in clean.tried})} of {len(cells())}")
+assert not clean.found and clean.refused == 0
+
+# %% [markdown]
+# ## 4. Each defect, reintroduced, found blind
+#
+# The same search, on engines that differ only in their `reintroduce=` tuple. The engine refuses a defect where its mechanism
+# cannot occur (`scale-wipe` on a model without KV sharing, the cross defects on a decoder-only model or with a
+# 16-bit cache); the hunter takes a refused configuration as outside the engine's domain and moves on, without
+# asking why.
+
+# %%
+engines, found = {}, {}
+for name in minikv.bugs.DEFECTS:
+    engines[name] = MinikvEngine(reintroduce=(name,), remember=True)
+    found[name] = hunt(engine=engines[name], max_scenarios=48, budget_s=None, reference=REFERENCE, progress=False)
+    print(f"===== reintroduce=({name!r},)")
+    print(found[name].text(portable=True))
+    print()
+assert all(r.found for r in found.values())
+
+# %% [markdown]
+# The map below shows what each hunt ran, in order: rows are cells, columns scenarios. On the fixed engine the
+# first round walks down the matrix. With a defect, the search follows exactly the same path (section 5), through
+# the cells the engine refuses for that defect (hollow), until the first scenario that breaks an invariant (the red
+# cross); hypothesis then spends a few runs shrinking it.
+
+# %%
+search_map({"fixed engine": clean, **{f"reintroduce=({n!r},)": r for n, r in found.items()}})
+
+# %% [markdown]
+# ## 5. Blind, in code and in behaviour
+#
+# The hunter's modules never name a defect, never import the registry, and only store, pass on or print the
+# tuple (`tests/test_hunt.py` checks both in their syntax trees). In behaviour: up to its finding, each hunt ran
+# exactly the scenarios the fixed engine's hunt ran, in the same order.
+
+# %%
+for name, report in found.items():
+    before = report.finding.scenarios_before
+    print(f"{name:24} first failure at scenario {before + 1:2}; the {before} before it are the fixed engine's "
+          f"first {before}: {report.tried[:before] == clean.tried[:before]}")
+
+# %% [markdown]
+# ## 6. Next to upstream's reports
+#
+# | defect | upstream reported | the hunter printed (above) |
+# |---|---|---|
+# | scale wipe (vLLM) | int8/fp8 per-token-head caches only; the first scheduled batch after start, exactly `max_num_seqs` requests, wrong in every run; later batches clean; 16-bit caches clean | a `tiny-gemma4` per-token-head cell; one request in the first batch leaves the dense reference |
+# | cross stride (TensorRT-LLM #19861) | FP8 cross pool addressed at 16-bit stride; fine with twice the blocks, an illegal memory access or silently wrong tokens below that | `tiny-t5` x `fp8`: the first step writes bytes of the first cross pool outside the rows its slot mapping names, at the engine's default pool size |
+# | FP8 context read (TensorRT-LLM #20958) | the fused context kernel read the FP8 cross pool as 16-bit; 14 backend-matrix cases off from the golden by about 1e5 | `tiny-t5` x `fp8` x `float16`: the first token already leaves the reference |
+#
+# Each shrunk reproduction is a plain minikv program. Run the one for the FP8 context read as printed, then with
+# the defect switched off:
+
+# %%
+import contextlib
+import io
+
+
+def printed(code):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "<reproduction>", "exec"), {})
+    return out.getvalue().strip()
+
+
+b2 = found["cross-fp8-context-read"].finding
+want = [list(REFERENCE.get(b2.scenario.model, b2.scenario.kv_cache_dtype, b2.scenario.dtype, r.prompt)
+             .token_ids[: r.max_tokens]) for r in b2.scenario.requests]
+as_found = printed(b2.snippet)
+fixed = printed(b2.snippet.replace("reintroduce=('cross-fp8-context-read',)", "reintroduce=()"))
+print(f"with the defect:  equals the reference: {as_found == str(want)}")
+print(f"without it:       {fixed}  equals the reference: {fixed == str(want)}")
+
+# %% [markdown]
+# ## 7. What upstream's test matrices lacked, and what each check costs
+#
+# **The first batch against a later one (vLLM).** The check the fix's author ran by hand: submit a batch, let it
+# finish, submit it again, compare tokens and KV bytes. Alone, it finds the scale wipe, and says where: the
+# scales, not the codes, of the shared pool differ between the two batches.
+
+# %%
+only_repeat = hunt(engine=engines["scale-wipe"], oracles=("repeat-identical",), max_scenarios=48, budget_s=None,
+                   reference=REFERENCE, progress=False)
+print(only_repeat.text(portable=True).split("reproduction:")[0])
+
+# %% [markdown]
+# **The "no fp8 cross" filter (TensorRT-LLM).** Take the cells where cross attention reads a quantized cache out
+# of the matrix, as the filter did. What is left cannot reach either cross defect: every remaining cell is
+# decoder-only or has a 16-bit cache, and the engine refuses the defects there.
+
+# %%
+def quantized_cross(cell):
+    model, fmt, _ = cell
+    return minikv.models.registry.model_config(model).is_encoder_decoder and fmt != "auto"
+
+
+filtered = [c for c in cells() if not quantized_cross(c)]
+print(f"cells after the filter: {len(filtered)} of {len(cells())}; with quantized cross attention: "
+      f"{sum(map(quantized_cross, filtered))}")
+try:
+    hunt(engine=engines["cross-fp8-context-read"], cells=filtered, max_scenarios=16, budget_s=None,
+         reference=REFERENCE, progress=False)
+except ValueError as err:
+    print("filtered matrix:", str(err).split(";")[0])
+print(f"unfiltered: found at scenario {found['cross-fp8-context-read'].finding.scenarios_before + 1} "
+      f"(cell {' x '.join(found['cross-fp8-context-read'].finding.cell)})")
+
+# %% [markdown]
+# **A pool that holds the blocks but fewer than twice (the reviewers' request).** A golden comparison sees the
+# cross stride only when the pool is smaller than twice the need, because below that the doubled addresses
+# overrun into live data; the byte diff sees it at every size. Four requests on `tiny-t5`, FP8, with the
+# historical stride:
+
+# %%
+four = tuple(Request(p, 2) for p in prompt_pool("tiny-t5")[:4])
+base = Scenario("tiny-t5", "fp8", "float16", requests=four, max_num_seqs=4, block_size=8)
+need = sum(blocks_for(len(r.prompt), 8) for r in four)
+b1_engine = MinikvEngine(reintroduce=("cross-stride",))
+for label, blocks in (("the need", need), ("1.5 x the need", need * 3 // 2), ("2 x the need", 2 * need),
+                      ("the engine's default", None)):
+    run = b1_engine.run(dataclasses.replace(base, cross_pool_blocks=blocks))
+    refs = {r.prompt: REFERENCE.get("tiny-t5", "fp8", "float16", r.prompt) for r in four}
+    outcome = {o: "fails" if oracles.ORACLES[o].check(run, refs) else "holds"
+               for o in ("matches-reference", "writes-in-bounds")}
+    print(f"cross pool = {label:22} ({'auto' if blocks is None else blocks:>4} blocks): "
+          f"matches-reference {outcome['matches-reference']}, writes-in-bounds {outcome['writes-in-bounds']}")
+
+# %% [markdown]
+# **What they cost.** Measured with `python tools/hunt_results.py` on the 2-core CPU this project is built on,
+# shared with other work at the time (the load is recorded), torch backend. Each check upstream lacked costs one
+# more engine run of a batch (the second submission), a byte copy and compare of the cache per step, or the matrix
+# cells the filter removed; the hunter spends seconds, not a GPU.
+
+# %%
+def table(t):
+    widths = [max(len(str(x)) for x in col) for col in zip(t["columns"], *t["rows"])]
+    lines = [" | ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in [t["columns"], *t["rows"]]]
+    return "\n".join([t["caption"], lines[0], "-+-".join("-" * w for w in widths), *lines[1:]])
+
+
+q = RESULTS["quantities"]
+print(f"fixed engine: {q['fixed_scenarios']['display']} clean within {q['budget']['display']}; "
+      f"{q['load_average']['display']}")
+for name in minikv.bugs.DEFECTS:
+    print(f"minikv hunt --reintroduce {name}: {q[name.replace('-', '_') + '_wall']['display']}")
+print()
+print(table(RESULTS["tables"]["defects"]))
+print()
+print(table(RESULTS["tables"]["upstream_checks"]))
+
+# %% [markdown]
+# ## 8. A defect it was not written for
+#
+# Plant a new one: a cache writer that stores the codes but never the scales of the engine's last KV pool. It is
+# planted by wrapping the engine's kernel ops (`llm.kernel_ops`, through `minikv.hunt.seams`), and handed to the
+# hunter as an `instrument` applied to every engine it builds. The hunter's code is unchanged.
+
+# %%
+def skip_scale_write_in_last_pool(llm):
+    last = list(llm.arena.offsets)[-1]
+
+    def make(write_kv):
+        def planted(key, value, pool, slot_mapping, spec, *args, **kwargs):
+            name, layout = pool_of(llm, pool)
+            if name != last or not layout.has_inline_scales:
+                return write_kv(key, value, pool, slot_mapping, spec, *args, **kwargs)
+            kept = [s.clone() for s in layout.scale_views(pool)]
+            write_kv(key, value, pool, slot_mapping, spec, *args, **kwargs)
+            for scales, old in zip(layout.scale_views(pool), kept):
+                scales.copy_(old)
+        return planted
+    wrap_kernel_op(llm, "write_kv", make)
+
+
+planted = hunt(instrument=skip_scale_write_in_last_pool, max_scenarios=48, budget_s=None, reference=REFERENCE,
+               progress=False)
+print(planted.text(portable=True))
+assert planted.found
+
+# %% [markdown]
+# ## 9. Pointing it at another engine
+#
+# The oracles read records, not engines (`minikv.hunt.record`): per request its token ids, how it was scheduled,
+# and its KV bytes right after prefill, position by position (codes and scales apart); per step the bytes changed
+# outside its slot mapping. An adapter for another engine fills them from that engine's outputs: token ids from
+# its request outputs, KV bytes by reading its cache tensors through its block tables, and a scenario runner that
+# maps each knob (`max_num_seqs`, block size, pool sizes, prefix caching) to its configuration. Here, two batches
+# of "another engine", written out by hand: the same request in the first and in a later batch, same tokens,
+# one scale different.
+
+# %%
+same_schedule = (("prefill", ((0, 0),)), ("decode", ((0, 0),)))
+first = RequestResult(index=0, wave=0, prompt="3 7 11 15", max_tokens=2, token_ids=(3, 9), finish_reason="length",
+                      schedule=same_schedule, kv={"layer.2": (KVRow(codes=b"\x10\x7f", scales=b"\x00\x00\x80\x3f"),)})
+later = dataclasses.replace(first, wave=1, kv={"layer.2": (KVRow(codes=b"\x10\x7f", scales=b"\x0a\xd7\xa3\x3b"),)})
+other = Run(Scenario("their-model", "int8_per_token_head"), requests=[first, later])
+for v in oracles.check(other, refs={}, names=["repeat-identical", "schedule-invariant"]):
+    print(f"{v.oracle}: {v.summary}")
+
+# %% [markdown]
+# Which invariants transfer: **runs**, **repeat-identical** and **schedule-invariant** need nothing but the
+# engine's own outputs; **writes-in-bounds** needs a snapshot of the cache memory before and after a step and the
+# step's slot mapping (an engine without guard zones still shows writes into other requests' blocks and other
+# layers' pools); **kernels-match-references** needs a reference implementation of each kernel; and
+# **matches-reference** needs a dense reference (for a Hugging Face model: `transformers` with K and V fake-quantized
+# as the cache stores them). docs/hunt.md has the adapter interface.
+#
+# ## 10. Exercises
+#
+# 1. Run `minikv hunt --reintroduce scale-wipe --oracle schedule-invariant`. Does the invariant find the wipe on its
+#    own? What would a scenario need for it to (think about which copy of a request runs in the first batch)?
+# 2. Plant `last_scale_to_wrong_slot` from `tests/test_hunt_planted.py` here and hunt it. Which two invariants
+#    fail, and why does the byte diff see it before any token goes wrong?
+# 3. Shrinking stops after `max_shrink_runs` runs. Hunt the scale wipe with `max_shrink_runs=0` and compare the
+#    reproduction with the one above.
