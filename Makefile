@@ -104,6 +104,8 @@ bench: $(STAMP)
 results: $(STAMP)
 	TQDM_DISABLE=1 $(VENV)/bin/minikv repro scale-wipe --results results/scale_wipe.json
 	TQDM_DISABLE=1 $(VENV)/bin/minikv repro cross-stride --results results/cross_stride.json
+	TQDM_DISABLE=1 $(VENV)/bin/minikv repro scale-wipe --model tiny-gemma4-e2b --formats int8_per_token_head \
+	  --results results/scale_wipe_e2b.json
 	$(PY) tools/render_results.py
 
 clean:

@@ -28,6 +28,7 @@ CONSTRUCTION_ORDERS = ("eager", "deferred")       # minikv.attention.cross: how 
 SLEEP_MODES = ("free", "discard")                 # LLM.sleep(mode)
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_SEED = 2**63 - 1
+KV_ARENAS = ("one", "per-pool")                  # minikv.cache.arena: KVArena, SeparateKVArena
 
 
 def check_int(name: str, value, low: int = 1, high: int | None = None, allow_none: bool = False) -> None:
@@ -83,6 +84,7 @@ class CacheConfig:
     cross_pool_blocks: int | None = None   # encoder-decoder only; None: sized automatically
     enable_prefix_caching: bool = False
     kv_scale_placement: str = "row"        # per-token-head scales: "row" (vLLM's) or "block" (minikv.cache.layout)
+    kv_arena: str = "one"                  # "one" allocation for every pool (KVArena) or "per-pool" (SeparateKVArena)
 
     def __post_init__(self):
         check_kv_cache_dtype(self.kv_cache_dtype)
@@ -91,6 +93,7 @@ class CacheConfig:
         check_int("cross_pool_blocks", self.cross_pool_blocks, allow_none=True)
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
         check_scale_placement(self.kv_scale_placement)
+        check_choice("kv_arena", self.kv_arena, KV_ARENAS)
 
 
 @dataclass(frozen=True)

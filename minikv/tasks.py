@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import zlib
 from itertools import pairwise
 
@@ -49,12 +50,13 @@ class WindowArithmeticTask:
     """
 
     name = "arithmetic-window"
-    model = "tiny-gemma4"
     default_max_tokens = 12
     min_prompt_tokens = 4              # [BOS] "a b"
     max_prompt_tokens = 96
 
-    def __init__(self, max_first: int = None, max_step: int = None, max_terms: int = None):
+    def __init__(self, max_first: int = None, max_step: int = None, max_terms: int = None,
+                 model: str = "tiny-gemma4"):
+        self.model = model
         self.max_first = WINDOW_MAX_FIRST if max_first is None else max_first
         self.max_step = WINDOW_MAX_STEP if max_step is None else max_step
         self.max_terms = WINDOW_MAX_TERMS if max_terms is None else max_terms
@@ -242,12 +244,94 @@ class SortDistinctTask:
         return text == self.expected(prompt, len(prompt))
 
 
-Task = WindowArithmeticTask | SortDistinctTask
-_TASKS = {"tiny-gemma4": WindowArithmeticTask, "tiny-t5": SortDistinctTask}
+class ContinuationTask:
+    """Arithmetic continuation for a checkpoint directory (a model trained elsewhere, with its own tokenizer), as
+    upstream's scale-wipe reproduction prompted gemma-4-E2B-it: the prompt is a window of an arithmetic sequence
+    ("3 7 11 15"), and a continuation is right when the integers it starts with continue the sequence, however
+    they are separated (" 19 23", ", 19, 23", "\n19\n23"); a last number cut short by max_tokens counts as a prefix.
+
+    `prompts()` draws from the same domain as tiny-gemma4's task (first term 0-999, step 1-99, 2-20 terms), keeps
+    only prompts the tokenizer writes back unchanged (decode(encode(p)) == p), and counts `num_tokens` in the
+    tokenizer's own tokens, BOS included. `for_checkpoint` picks this task or `SortDistinctTask` by what the
+    tokenizer can encode. Nothing is refused by `validate` beyond the prompt being a str: a user's model has no
+    documented domain."""
+
+    name = "arithmetic-continuation"
+    default_max_tokens = 12
+
+    def __init__(self, tokenizer, model: str = "checkpoint", encoder_decoder: bool = False):
+        self.tokenizer, self.model, self.encoder_decoder = tokenizer, model, encoder_decoder
+        self._window = WindowArithmeticTask(model=model)
+
+    def max_tokens(self, prompt: str) -> int:
+        return self.default_max_tokens
+
+    def num_tokens(self, prompt: str) -> int:
+        """Prompt tokens as the engine feeds them: BOS + the prompt (the encoder's input for T5: no BOS)."""
+        return len(self.tokenizer.encode(prompt)) + (0 if self.encoder_decoder else 1)
+
+    def round_trips(self, prompt: str) -> bool:
+        try:
+            return self.tokenizer.decode(self.tokenizer.encode(prompt)) == prompt
+        except (ValueError, KeyError):
+            return False
+
+    def prompts(self, n: int, seed: int = 0, num_tokens: int | None = None) -> list[str]:
+        _check_count(n)
+        rng = random.Random(f"{self.name}:{seed}:{num_tokens}")
+        out = []
+        for _ in range(20_000 * (n + 1)):
+            if len(out) == n:
+                return out
+            prompt = self._window.sample(rng, held_out=None)
+            if self.round_trips(prompt) and (num_tokens is None or self.num_tokens(prompt) == num_tokens):
+                out.append(prompt)
+        raise ValueError(f"could not build {n} arithmetic prompts of {num_tokens} tokens that {self.model}'s "
+                         f"tokenizer encodes and decodes unchanged")
+
+    def validate(self, prompt: str) -> str:
+        if not isinstance(prompt, str):
+            raise TypeError(f"a prompt is a str, got {type(prompt).__name__}")
+        return prompt
+
+    def expected_numbers(self, prompt: str, count: int) -> list[int]:
+        first, step, terms = self._window.validate(prompt)
+        last = first + (terms - 1) * step
+        return [last + step * (i + 1) for i in range(count)]
+
+    def check(self, prompt: str, text: str) -> bool:
+        """True when the integers `text` starts with continue the prompt's sequence (the last may be cut short,
+        when `text` ends in its digits); at least one number is needed."""
+        found = re.findall(r"\d+", text)
+        if not found or re.match(r"\D*", text).group(0).strip(" ,;\n\t") != "":
+            return False
+        want = [str(v) for v in self.expected_numbers(prompt, len(found))]
+        *whole, last = found
+        cut = text.rstrip() == text and text.endswith(last)
+        return whole == want[:-1] and (last == want[-1] or (cut and want[-1].startswith(last)))
+
+
+Task = WindowArithmeticTask | SortDistinctTask | ContinuationTask
+_TASKS = {"tiny-gemma4": WindowArithmeticTask, "tiny-t5": SortDistinctTask,
+          "tiny-gemma4-e2b": lambda: WindowArithmeticTask(model="tiny-gemma4-e2b")}
 
 
 def for_model(name: str) -> Task:
-    """The task model `name` was trained on."""
+    """The task of shipped model `name` (tiny-gemma4-e2b, with random weights, takes tiny-gemma4's prompts)."""
     if name not in _TASKS:
         raise ValueError(f"no task for model {name!r}; known models: {', '.join(_TASKS)}")
     return _TASKS[name]()
+
+
+def for_checkpoint(tokenizer, model: str = "checkpoint", encoder_decoder: bool = False) -> Task:
+    """The task for a checkpoint directory, adapted to its tokenizer: arithmetic continuation when the tokenizer
+    writes digits and spaces back unchanged, else tiny-t5's sort-distinct strings when it writes digits and
+    lowercase letters back; ValueError naming what the tokenizer cannot encode otherwise."""
+    task = ContinuationTask(tokenizer, model, encoder_decoder)
+    if task.round_trips("3 7 11 15 250 263"):
+        return task
+    sort = SortDistinctTask()
+    if task.round_trips(SORT_ALPHABET):
+        return sort
+    raise ValueError(f"{model}'s tokenizer cannot write back '3 7 11 15' (digits and spaces) nor {SORT_ALPHABET!r}: "
+                     f"no reproduction task fits it")

@@ -353,6 +353,84 @@ assert scale_wipe.census_counts(census_run) == {"harmless": 6, "warmup": 4, "lat
 assert census_run.texts == texts_buggy
 
 # %% [markdown]
+# ### Upstream's own topology: tiny-gemma4-e2b, 33 fills that wipe nothing and 2 that wipe
+#
+# The census above has minikv's shape, not upstream's (6 and 2 against 33 and 2), because tiny-gemma4 has 8 layers.
+# `tiny-gemma4-e2b` is shipped with gemma-4-E2B's published text config, with only the widths shrunk: 35 layers of
+# 4 sliding : 1 full, the last 20 sharing KV, so layers 15-34 read the storage of layer 13 (sliding) or layer 14
+# (full); 8 query heads over 1 KV head of size 256 (sliding) and 512 (full); window 512, per-layer inputs,
+# double-wide MLPs on the sharing layers, soft-capping. Its weights are random: which layers fill which storage,
+# and when, does not depend on weights, only on the topology and the warmup. A random model's answers are never
+# right, so a damaged request is one whose output differs from the fixed engine's; here that is shown after one
+# step, by the sharing layers' attention outputs (a request whose batch read no wiped scale computes exactly what
+# the fixed engine computes, bit for bit), because a random model's tokens can take a few steps to diverge.
+# `minikv repro scale-wipe --model tiny-gemma4-e2b` judges by the tokens of 12-token answers
+# (`results/scale_wipe_e2b.json`).
+
+# %%
+from minikv.models import registry  # noqa: E402
+
+E2B = scale_wipe.E2B_MODEL
+e2b_config = registry.CHECKPOINT_CONFIGS[E2B]
+for key in ("num_hidden_layers", "num_kv_shared_layers", "sliding_window", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "global_head_dim", "hidden_size_per_layer_input",
+            "use_double_wide_mlp", "final_logit_softcapping"):
+    print(f"{key:28s} {e2b_config[key]!s:>8s}   (gemma-4-E2B's)")
+for key, theirs in registry.E2B_SHRUNK.items():
+    print(f"{key:28s} {e2b_config[key]!s:>8s}   shrunk from {theirs:,}")
+print("layer types:", "".join("S" if t == "sliding_attention" else "F" for t in e2b_config["layer_types"]))
+
+# %%
+e2b_prompts = scale_wipe.make_prompts(8, model=E2B)
+e2b_runs = {buggy_run: scale_wipe.run_engine(FORMAT, 4, False, buggy_run, e2b_prompts, backend=BACKEND,
+                                             max_tokens=1, model=E2B, capture_attention=True)
+            for buggy_run in (False, True)}
+scale_wipe.compare(e2b_runs[False], e2b_runs[True])
+print(scale_wipe.format_census(e2b_runs[True]))
+assert scale_wipe.check_census(e2b_runs[True]) == [] and scale_wipe.check_census(e2b_runs[False]) == []
+assert scale_wipe.census_counts(e2b_runs[True]) == {"harmless": 33, "warmup": 15, "late_harmless": 18, "wiping": 2}
+e2b_damaged = scale_wipe.attention_damage(e2b_runs[False], e2b_runs[True])
+print("\nrequests whose step-0 attention outputs in the 20 sharing layers differ from the fixed engine's:",
+      ranges(e2b_damaged), "(the first batch); fixed engine's late fills:",
+      [f.layer for f in e2b_runs[False].fills if f.step >= 0] or "none")
+assert e2b_damaged == [0, 1, 2, 3]
+print("\nquantities of this pair (the ones results/scale_wipe_e2b.json holds):")
+print(scale_wipe.format_quantities([(e2b_runs[False], e2b_runs[True])]))
+
+# %% [markdown]
+# The count is upstream's because the layout is: 15 owning layers fill at warmup, and 20 sharing layers fill at
+# step 0, of which the first sharer of each shared storage (layer 15 for layer 13's, layer 19 for layer 14's) wipes
+# the scales the owner has just written, and the other 18 find only the 1.0s that wipe left. 15 + 18 = 33 fills
+# that wipe nothing, 2 that wipe. **Which layer made each fill is minikv's reading**: upstream gives the totals only.
+# The two counts of wiped scales are equal here (each storage holds one K and one V scale per prompt token of the
+# first batch, with one KV head in both) while upstream's differ (22,384 and 13,394); upstream does not say how it
+# counted, and minikv does not reproduce that difference.
+#
+# **Upstream's "(pre-write)".** Upstream tags its 33 harmless fills "(pre-write)". In minikv's reading only the 15
+# owners' fills come before a write; the 18 later sharers fill after the owner wrote the step's tokens, but after
+# the first sharer's wipe too, so they overwrite nothing. Can a warmup make all 33 precede the first write while
+# the same 2 still wipe? The table runs the census under three warmups (the same 8 requests; the dummy row is the
+# run above): upstream's dummy warmup, CUDA-graph capture's (every layer runs with metadata), and a hand-picked one
+# that touches exactly the 18 later sharers before the first step.
+
+# %%
+warmup_rows = scale_wipe.warmup_census(e2b_prompts, 4, backend=BACKEND, model=E2B, max_tokens=1,
+                                       damage="attention", runs=(e2b_runs[False], e2b_runs[True]))
+print(scale_wipe.format_warmup_census(warmup_rows, E2B))
+assert scale_wipe.check_warmup_census(warmup_rows, 4) == []
+picked = next(r for r in warmup_rows if r.case == "later sharers")
+assert len(picked.pre_write) == 33 and picked.wiping == [15, 19]
+
+# %% [markdown]
+# Only the hand-picked warmup gives a literal "33 (pre-write), 2 wiping". No engine's warmup has that shape: a
+# warmup forward runs every layer in order under one set of attention metadata, so either no sharer is touched
+# (dummy: the same 2 wipe, and 18 of the 33 come after a write) or every sharer is (capture: the first sharers
+# too, and nothing wipes). Touching the later sharers but not the first of each storage would take a warmup that
+# knows which sharer comes first. So minikv reads upstream's tag as describing what the 33 fills found, not when
+# they ran: a fill that finds only 1.0s and 0s cannot tell, from the storage's contents, whether it came before
+# any write or after the wipe.
+
+# %% [markdown]
 # The codes themselves survive the wipe. After step 0, the first batch's int8 codes in the shared storages are
 # byte-identical in the two engines; only the scales differ, and in the buggy engine every one of them is 1.0.
 
@@ -608,6 +686,37 @@ viz_scale_wipe.request_sources_grid([not task.check(p, t) for p, t in zip(long_p
 # blocks its twin (0-3) wrote in the first batch. Requests 4-7 (the second batch, no shared prefix with the first)
 # are fine.
 #
+
+# %% [markdown]
+# ### Prefix caching and the order of the copies: upstream's "exactly the first batch"
+#
+# Upstream reports exactly the first batch damaged with prefix caching on and off, for max_num_seqs 4, 6 and 8, on
+# "48 arithmetic-continuation prompts x 4 copies". minikv damages later copies too when they reuse wiped blocks.
+# Which order of the copies and which prompts give which outcome? The buggy engine, prefix caching on, 6 prompts x 4
+# copies (4 new tokens each), in two orders: the copies after the distinct prompts (p0 .. p5, p0 .. p5, ...) or next
+# to each other (p0, p0, p0, p0, p1, ...); with prompts of 12 tokens (no full 16-token block, so nothing is cached
+# before the answer fills the block) or of 40 (two full blocks).
+
+# %%
+prefix_runs = scale_wipe.prefix_caching_runs(max_num_seqs=(4, 6), backend=BACKEND)
+print(scale_wipe.format_prefix_runs(prefix_runs))
+assert scale_wipe.check_prefix_runs(prefix_runs) == []
+
+# %% [markdown]
+# * **No full block**: exactly the first batch, in both orders, for every max_num_seqs: a copy finds nothing of
+#   its twin's in the cache, because only full blocks are cached and the prompt does not fill one.
+# * **Full blocks, copies after the first batch**: every later copy of a first-batch prompt reuses its wiped
+#   blocks (with max_num_seqs 6 the first batch holds all 6 prompts, so all 24 requests are damaged).
+# * **Full blocks, copies next to each other**: exactly the first batch when max_num_seqs is a multiple of the 4
+#   copies (all copies of a prompt run in the same batch), not otherwise: at 6, prompt p1's last two copies run in
+#   the second batch and reuse p1's wiped blocks (requests 6 and 7).
+#
+# Upstream saw exactly the first batch at 4, 6 and 8 with prefix caching on. With full-block prompts that is
+# impossible in either order (6 is not a multiple of 4), so its 48 prompts most likely filled no full KV block
+# (prefix caching shares only full blocks; 16 tokens is vLLM's default block size, as minikv's): short arithmetic
+# windows. That is also why upstream could call the prefix-caching dependence spurious. minikv's claim stays its own: prefix caching carries the damage to later requests exactly
+# when they reuse full blocks written in the first batch.
+
 # %% [markdown]
 # ## 8. The fix, checked
 #

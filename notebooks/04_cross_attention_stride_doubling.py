@@ -392,6 +392,78 @@ viz_cross_stride.cross_causal_chain_figure(chain_b)
 # step reads the overwritten rows back, and the second token, and everything after it, goes wrong.
 
 # %% [markdown]
+# ### One allocation per pool, and what a GPU bounds checker sees
+#
+# Upstream's symptom was an illegal memory access on the GPU. minikv keeps every pool in one arena, so the
+# overrun above lands in a guard zone and then in the next pool: bytes of the same allocation. A GPU bounds
+# checker (`compute-sanitizer --tool memcheck`) sees nothing wrong there, since every byte touched belongs to a
+# live allocation. TensorRT-LLM's pool manager allocates each pool on its own; `LLM(kv_arena="per-pool")` does
+# the same (`minikv.cache.arena.SeparateKVArena`). On CPU each such allocation still carries its own guard after
+# the pool, sized for the farthest byte the doubled stride can reach: the Triton interpreter checks no bounds, so
+# an exact allocation would make the overrun a segfault or damage whatever the heap holds next. With the guard the
+# overrun has no neighbour to damage: caught with the sanitizer on, harmless with it off. `measure` ran both arenas
+# at 1.5x:
+
+# %%
+print(cross_stride.format_arena_runs(m.arenas, len(prompts)))
+assert cross_stride.check_arena_runs(m.arenas) == []
+
+# %% [markdown]
+# On a GPU a per-pool allocation is exactly the pool, and the overrun leaves it. The H200 run of
+# `tools/memcheck_cross_stride.py` (tiny-t5 in bf16, 3 requests, a cross pool of 1.5x the 3 blocks needed, the
+# arena's sanitizer off so that only memcheck looks) is kept in `results/gpu/fidelity/`. Its first run found no
+# error in either arena: the CUDA driver had packed the small pools back to back, so one pool's overrun landed in
+# the next allocation, which memcheck counts as valid, and the tokens came out silently wrong even with separate
+# pools. The second run adds `--padding 1048576` (1 MiB of unallocated memory after every allocation) and shows
+# upstream's symptom. From the logs:
+
+# %%
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+GPU_LOGS = Path("../results/gpu/fidelity")
+
+
+def memcheck_cases(log: Path) -> dict:
+    """{case: [memcheck's error count, the engine's RESULT line, the first error memcheck printed]}."""
+    cases, case = {}, None
+    lines = log.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("== compute-sanitizer"):
+            case = line.rsplit(": ", 1)[1]
+            cases[case] = [None, None, None]
+        elif case and line.startswith("RESULT "):
+            cases[case][1] = json.loads(line[len("RESULT "):])
+        elif case and "ERROR SUMMARY:" in line and cases[case][0] is None:
+            cases[case][0] = int(line.split("ERROR SUMMARY:")[1].split()[0])
+        elif case and "Invalid __global__" in line and cases[case][2] is None:
+            report = [lines[j].strip("= ").strip() for j in range(i, i + 5) if "by thread" not in lines[j]]
+            cases[case][2] = "\n  ".join(report)
+    return cases
+
+
+runs_logged = {name: memcheck_cases(GPU_LOGS / f"{name}_memcheck_cross_stride.log") for name in ("call1", "call2")}
+for name, label in (("call1", "without padding"), ("call2", "with --padding 1048576")):
+    print(f"memcheck {label}:")
+    for case, (errors, result, first) in runs_logged[name].items():
+        outcome = (f"CUDA error: {result['error'][:45]}" if result.get("error") else
+                   f"wrong requests {ranges(result['wrong_requests'])}")
+        print(f"  {case:27s} {errors:3d} errors   {outcome}")
+    print()
+print("memcheck's first report, per-pool-historical-1.5x:\n ", runs_logged["call2"]["per-pool-historical-1.5x"][2])
+errors = {run: {case: v[0] for case, v in cases.items()} for run, cases in runs_logged.items()}
+assert errors["call1"] == dict.fromkeys(errors["call1"], 0)
+assert errors["call2"]["per-pool-historical-1.5x"] > 0
+assert all(n == 0 for case, n in errors["call2"].items() if case != "per-pool-historical-1.5x")
+
+# %% [markdown]
+# In one arena memcheck reports nothing and two of the three requests come out wrong: silent damage to the
+# neighbouring pool. With a pool of its own (and padding after it) the first write past the pool's 16,384 bytes is
+# reported, in minikv's cache-write kernel, and the run stops with a CUDA launch failure: upstream's illegal memory
+# access. The fixed backend on the same pool, and the historical stride on a pool of twice the blocks needed, stay
+# in bounds: no report.
+
+# %% [markdown]
 # ## 4. The layout contract: fail at bind time, not at run time
 #
 # Upstream had no check that would catch this class of defect before it damaged memory. minikv adds one: when a

@@ -94,7 +94,8 @@ def test_engine_mode_without_bound_impl_is_a_clear_error():
 def test_unknown_model_lists_known_ones():
     with pytest.raises(ModelLoadError, match="known models: tiny-gemma4, tiny-t5"):
         registry.load_model("tiny-gpt")
-    assert registry.MODEL_NAMES == (GEMMA4, T5)
+    assert registry.MODEL_NAMES == (GEMMA4, T5, "tiny-gemma4-e2b")
+    assert registry.TRAINED_MODELS == (GEMMA4, T5)
     assert issubclass(ModelLoadError, RuntimeError)
     with pytest.raises(ModelLoadError):
         registry.model_config("nope")

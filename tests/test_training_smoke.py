@@ -21,7 +21,7 @@ def tiny_recipes(monkeypatch):
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("name", registry.MODEL_NAMES)
+@pytest.mark.parametrize("name", registry.TRAINED_MODELS)
 def test_a_few_training_steps_save_loadable_weights(name, tmp_path, tiny_recipes):
     metrics = train.train(name, steps=3, seed=3, out_dir=tmp_path, progress=False, evaluate=False)
     assert metrics["steps"] == 3 and math.isfinite(metrics["final_loss"]) and metrics["torch_threads"] == 1
@@ -42,6 +42,8 @@ def test_training_rejects_bad_arguments():
         train.train("tiny-t5", steps=0, progress=False)
     with pytest.raises(registry.ModelLoadError, match="unknown model"):
         train.train("tiny-gpt", steps=1, progress=False)
+    with pytest.raises(ValueError, match="random weights, not trained"):
+        train.train("tiny-gemma4-e2b", steps=1, progress=False)
 
 
 @pytest.mark.parametrize("fmt,rel_tol", [("int8_per_token_head", 0.5 / 127), ("fp8_per_token_head", 1 / 16)])

@@ -7,6 +7,9 @@ KVCacheOverrunError naming the pool just before the first damaged guard. Pools a
 allocation, so a kernel that runs past its pool lands in a guard zone or in the next pool, never outside the
 allocation: the tail guard is sized for the farthest address a pool can be reached at when it is addressed
 with the widest element size in use (`reach_elem_bytes`), which is what defect B1 does.
+
+`SeparateKVArena` (at the end of this file, `LLM(kv_arena="per-pool")`) gives every pool an allocation of its own
+instead, as TensorRT-LLM's pool manager does, so that a GPU bounds checker sees an overrun leave its pool.
 """
 from __future__ import annotations
 
@@ -136,3 +139,78 @@ class KVArena:
         """Drop the allocation (sleep); the arena is unusable afterwards."""
         self._pools.clear()
         self.storage = None
+
+
+class SeparateKVArena(KVArena):
+    """Every pool in an allocation of its own, as TensorRT-LLM's pool manager allocates its KV pools
+    (`LLM(kv_arena="per-pool")`); the same interface as KVArena (`pool`, `bind`, `check`, `damaged_guards`).
+
+    Inside one KVArena a kernel that runs past its pool lands in a guard zone and then in the next pool: silent
+    neighbour damage that no GPU bounds checker can see, since every byte it touches belongs to the one
+    allocation. Here there is no neighbour inside the allocation:
+
+    * on CUDA each allocation is exactly its pool's bytes (`guarded=False`, the default there), so an overrun leaves
+      the allocation, as upstream's cross pool overrun did, and `compute-sanitizer --tool memcheck` reports it
+      (run with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so that each pool is its own cudaMalloc and not a slice of the
+      caching allocator's segments). Without a checker the access is undefined (an illegal-address error, or a
+      write into whatever memory follows), which is why this mode is for a separate process, such as
+      tools/memcheck_cross_stride.py;
+    * on CPU each allocation is the pool followed by its own canary guard, sized like the one arena's tail guard for
+      the farthest byte the pool can be addressed at with the widest element (`guarded=True`, the default there).
+      The Triton interpreter checks no bounds, so an exact allocation would turn the overrun into a segfault or
+      into damage to whatever the heap holds next; with the guard every access stays inside the pool's own
+      allocation, the sanitizer still catches it, and with the sanitizer off it harms nothing (no neighbour).
+    """
+
+    allocation = "per-pool"
+
+    def __init__(self, specs: list[PoolSpec], device: torch.device | str = "cpu", guard_bytes: int = 4096,
+                 reach_elem_bytes: int | None = None, guarded: bool | None = None):
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must be unique: {names}")
+        if guard_bytes < ALIGN or guard_bytes % ALIGN:
+            raise ValueError(f"guard_bytes must be a positive multiple of {ALIGN}")
+        self.specs = {s.name: s for s in specs}
+        self.device = torch.device(device)
+        self.guarded = self.device.type == "cpu" if guarded is None else bool(guarded)
+        self._canary = torch.tensor(list(CANARY), dtype=torch.uint8, device=self.device)
+        self.storage = None                            # no single allocation: see `storages`
+        self.storages: dict[str, torch.Tensor] = {}    # pool name -> its allocation (pool bytes, then its guard)
+        self.guards = []                               # (pool, start, end) inside that pool's own allocation
+        self.offsets = {s.name: 0 for s in specs}      # each pool starts its own allocation
+        for s in specs:
+            tail = 0
+            if self.guarded:
+                widest = max(reach_elem_bytes or s.layout.elem_bytes, s.layout.elem_bytes)
+                tail = _round_up(s.nbytes * widest // s.layout.elem_bytes - s.nbytes + guard_bytes)
+            storage = torch.zeros(s.nbytes + tail, dtype=torch.uint8, device=self.device)
+            if tail:
+                storage[s.nbytes:].copy_(self._expected(s.nbytes, s.nbytes + tail))
+                self.guards.append((s.name, s.nbytes, s.nbytes + tail))
+            self.storages[s.name] = storage
+        self.nbytes = sum(t.numel() for t in self.storages.values())
+        self._pools = {s.name: self.storages[s.name][: s.nbytes].view(s.num_blocks, s.layout.block_bytes)
+                       for s in specs}
+
+    def damaged_guards(self) -> list[tuple[str, int, int, int, int]]:
+        """[(pool, guard start, guard end, first damaged offset, bytes damaged)], offsets in the pool's own
+        allocation."""
+        found = []
+        for name, start, end in self.guards:
+            bad = (self.storages[name][start:end] != self._expected(start, end)).nonzero()
+            if bad.numel():
+                found.append((name, start, end, start + int(bad[0]), int(bad.numel())))
+        return found
+
+    def byte_map(self) -> list[tuple[str, str, int, int]]:
+        """[(kind, name, start, end)] per pool and its guard, each in its own allocation's offsets."""
+        regions = []
+        for name, spec in self.specs.items():
+            regions.append(("pool", name, 0, spec.nbytes))
+            regions += [("guard", g[0], g[1], g[2]) for g in self.guards if g[0] == name]
+        return regions
+
+    def free(self) -> None:
+        self._pools.clear()
+        self.storages.clear()

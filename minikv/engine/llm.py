@@ -60,6 +60,9 @@ class EngineNeedsResetError(RuntimeError):
 def _check_model(model) -> str:
     """A shipped model name, or the path of a local checkpoint directory in transformers' format (a Gemma-4 or
     T5 `config.json` + `model.safetensors`, and a tokenizer: minikv's `minikv_tokenizer.json` or `tokenizer.json`)."""
+    if isinstance(model, str) and not model.strip():
+        raise ValueError(f"model must be a shipped model ({', '.join(registry.MODEL_NAMES)}) or the path of a "
+                         f"checkpoint directory, got {model!r} (an empty path would load the working directory)")
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model not in registry.MODEL_NAMES
                                           and ("/" in model or os.sep in model or Path(model).is_dir())):
         path = Path(model)
@@ -103,6 +106,8 @@ class LLM:
                             with metadata, as CUDA-graph capture does)
       reinit_scales_on_wake False: sleep() does not tell the fix's registry that the contents were discarded
                             (the scale-wipe reproduction's "nothing re-initializes" ablation)
+      kv_arena              "one" (every pool in one allocation with guard zones) or "per-pool" (an allocation per
+                            pool, as TensorRT-LLM's pool manager; on CUDA exactly the pool, for compute-sanitizer)
     """
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
@@ -112,7 +117,8 @@ class LLM:
                  num_blocks: int | None = None, dtype: torch.dtype | None = None,
                  max_num_batched_tokens: int = 4096, cross_context_path: str = "fused",
                  paged_context: bool = False, cross_construction: str = "eager",
-                 kv_scale_placement: str = "row", warmup: str = "dummy", reinit_scales_on_wake: bool = True):
+                 kv_scale_placement: str = "row", warmup: str = "dummy", reinit_scales_on_wake: bool = True,
+                 kv_arena: str = "one"):
         model = _check_model(model)
         # Every option is checked once, by the config objects, before any weights are read or memory allocated.
         config = EngineConfig(
@@ -122,7 +128,7 @@ class LLM:
             reinit_scales_on_wake=reinit_scales_on_wake,
             cache=CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                               cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
-                              kv_scale_placement=kv_scale_placement),
+                              kv_scale_placement=kv_scale_placement, kv_arena=kv_arena),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens))
         torch.manual_seed(seed)
         self.model_name = model

@@ -35,7 +35,7 @@ from minikv.attention.context import ForwardContext
 from minikv.attention.cross import CrossAttentionImpl, CrossBackendBuilder
 from minikv.attention.impl import AttentionImpl, ScaleFillCensus, release_scale_init
 from minikv.attention.metadata import AttentionMetadata, CrossMetadata
-from minikv.cache.arena import KVArena, PoolSpec
+from minikv.cache.arena import KVArena, PoolSpec, SeparateKVArena
 from minikv.cache.blocks import slot_of
 from minikv.cache.layout import KVLayout
 from minikv.config import EngineConfig
@@ -195,7 +195,8 @@ class ModelRunner:
         if self.arena is not None and not self.asleep:
             return
         if self.arena is None:
-            self.arena = KVArena(self.pool_specs(), self.device, reach_elem_bytes=self.dtype.itemsize)
+            arena = SeparateKVArena if self.config.cache.kv_arena == "per-pool" else KVArena
+            self.arena = arena(self.pool_specs(), self.device, reach_elem_bytes=self.dtype.itemsize)
         self._bind_caches()
         self.asleep = False
         self.warmup()

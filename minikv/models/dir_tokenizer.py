@@ -9,6 +9,12 @@ Two kinds, tried in this order:
 
 Both expose what the engine uses: `encode(text) -> ids` (no specials added), `decode(ids) -> text` (specials
 skipped), `pad_id`, `bos_id`, `eos_id`, `vocab_size`.
+
+Checked when loading, each failure a `TokenizerFileError` naming the file: the file parses and has the expected
+keys; a decoder-only model's config names its BOS and EOS ids; the tokenizer's ids fit the model's vocabulary
+(`vocab_size` in config.json): a character alphabet with more ids than the embedding has rows is refused here, not
+with an IndexError at generate. A Hugging Face tokenizer whose added tokens reach past the vocabulary is accepted
+(real checkpoints carry such unused entries), and encoding text into one of those ids raises a ValueError.
 """
 from __future__ import annotations
 
@@ -28,22 +34,36 @@ class TokenizerFileError(RuntimeError):
 class HFTokenizer:
     """A `tokenizers.Tokenizer` behind minikv's tokenizer interface."""
 
-    def __init__(self, path: str | Path, pad_id: int | None, bos_id: int | None, eos_id: int | None):
+    def __init__(self, path: str | Path, pad_id: int | None, bos_id: int | None, eos_id: int | None,
+                 model_vocab: int | None = None):
         try:
             from tokenizers import Tokenizer
         except ImportError:
             raise TokenizerFileError(f"{path} needs the `tokenizers` package: pip install tokenizers") from None
-        self._tok = Tokenizer.from_file(str(path))
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as err:         # tokenizers raises its own Exception subclass for unreadable files
+            raise TokenizerFileError(f"{path} is not a Hugging Face tokenizers file: {err}") from None
+        self.path, self.model_vocab = Path(path), model_vocab
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
 
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def base_vocab_size(self) -> int:
+        """The model vocabulary's part of the tokenizer (added tokens left out)."""
+        return self._tok.get_vocab_size(with_added_tokens=False)
+
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode takes a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=False).ids
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if self.model_vocab is not None and ids and max(ids) >= self.model_vocab:
+            raise ValueError(f"{self.path} encodes {text!r} with token id {max(ids)}, past the model's vocabulary "
+                             f"of {self.model_vocab} (config.json vocab_size)")
+        return ids
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
@@ -53,20 +73,65 @@ def _first(value):
     return value[0] if isinstance(value, list) else value
 
 
+def _model_config(path: Path) -> dict:
+    """The model's config (a multimodal Gemma-4's `text_config`), {} when the directory has no config.json."""
+    from minikv.models.hf_checkpoint import CONFIG_FILE, CheckpointError, read_json
+    if not (path / CONFIG_FILE).is_file():
+        return {}
+    try:
+        config = read_json(path / CONFIG_FILE, "the model's config")
+    except CheckpointError as err:
+        raise TokenizerFileError(str(err)) from None
+    text = config.get("text_config")
+    return {**text, "model_type": "gemma4_text"} if isinstance(text, dict) else config
+
+
+def _check_fits(tokenizer, size: int, file: Path, config: dict) -> None:
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and size > vocab:
+        raise TokenizerFileError(f"{file}: the tokenizer has {size} token ids but the model's vocabulary "
+                                 f"(config.json vocab_size) has only {vocab}; ids {vocab}..{size - 1} would index "
+                                 f"past the embedding. Use the tokenizer the model was trained with")
+
+
+def _check_char_spec(spec: dict, file: Path) -> CharTokenizer:
+    if spec.get("type") != "char" or not isinstance(spec.get("alphabet"), str) or not spec["alphabet"]:
+        raise TokenizerFileError(f'{file}: expected {{"type": "char", "alphabet": "..."}} with a non-empty '
+                                 f'alphabet, got {json.dumps(spec)[:200]}')
+    try:
+        return CharTokenizer(spec["alphabet"])
+    except ValueError as err:
+        raise TokenizerFileError(f"{file}: {err}") from None
+
+
 def load_tokenizer(path: str | Path):
     """The tokenizer stored in checkpoint directory `path` (see the module docstring for the file names)."""
+    from minikv.models.hf_checkpoint import CheckpointError, read_json
     path = Path(path)
     spec_file = path / MINIKV_TOKENIZER_FILE
-    if spec_file.is_file():
-        spec = json.loads(spec_file.read_text())
-        if spec.get("type") != "char" or not isinstance(spec.get("alphabet"), str):
-            raise TokenizerFileError(f'{spec_file}: expected {{"type": "char", "alphabet": "..."}}, got {spec}')
-        return CharTokenizer(spec["alphabet"])
-    if (path / HF_TOKENIZER_FILE).is_file():
-        config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
-        config = config.get("text_config") or config
-        return HFTokenizer(path / HF_TOKENIZER_FILE, config.get("pad_token_id"), config.get("bos_token_id"),
-                           _first(config.get("eos_token_id")))
+    config = _model_config(path)
+    if spec_file.exists():
+        try:
+            spec = read_json(spec_file, "minikv's character tokenizer")
+        except CheckpointError as err:
+            raise TokenizerFileError(str(err)) from None
+        tokenizer = _check_char_spec(spec, spec_file)
+        _check_fits(tokenizer, tokenizer.vocab_size, spec_file, config)
+        return tokenizer
+    hf_file = path / HF_TOKENIZER_FILE
+    if hf_file.exists():
+        ids = {k: _first(config.get(f"{k}_token_id")) for k in ("pad", "bos", "eos")}
+        for key, value in ids.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise TokenizerFileError(f"{path / 'config.json'}: {key}_token_id must be a token id (an integer "
+                                         f">= 0), got {value!r}")
+        if config.get("model_type") != "t5" and (ids["bos"] is None or ids["eos"] is None):
+            raise TokenizerFileError(f"{path / 'config.json'} names no bos_token_id / eos_token_id: a decoder-only "
+                                     f"model's prompts start with BOS, and generation stops at EOS")
+        vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
+        tokenizer = HFTokenizer(hf_file, ids["pad"], ids["bos"], ids["eos"], model_vocab=vocab)
+        _check_fits(tokenizer, tokenizer.base_vocab_size, hf_file, config)
+        return tokenizer
     raise TokenizerFileError(f"{path} has no tokenizer: add {MINIKV_TOKENIZER_FILE} (minikv's character "
                              f"tokenizer) or {HF_TOKENIZER_FILE} (Hugging Face tokenizers)")
 

@@ -464,9 +464,15 @@ class Gemma4TextModel(nn.Module):
             self.embed_tokens_per_layer = ScaledEmbedding(config.vocab_size_per_layer_input, n * p, p ** 0.5)
             self.per_layer_model_projection = nn.Linear(h, n * p, bias=False)
             self.per_layer_projection_norm = Gemma4RMSNorm(p, config.rms_norm_eps)
-        for t in set(config.layer_types):
-            inv = rope_inv_freq(config.rope_parameters[t], config.head_dim_of_type(t))
-            self.register_buffer(f"inv_freq_{t}", inv, persistent=False)
+        self.init_rope_buffers()
+
+    def init_rope_buffers(self) -> None:
+        """(Re)compute each layer type's RoPE inverse frequencies (not stored in checkpoints), in float32 on the
+        embedding's device; the checkpoint loader calls it after building the model on the meta device."""
+        device = self.embed_tokens.weight.device
+        for t in sorted(set(self.config.layer_types)):
+            inv = rope_inv_freq(self.config.rope_parameters[t], self.config.head_dim_of_type(t))
+            self.register_buffer(f"inv_freq_{t}", inv.to(device), persistent=False)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """[B, T, layers, P]: (normed projection of the embedding + per-layer token embedding) / sqrt(2)."""

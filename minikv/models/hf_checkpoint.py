@@ -12,6 +12,12 @@ transformers applies on top:
 * both: the LM head is tied to the embedding unless the checkpoint stores an `lm_head.weight` that differs
   from it (transformers decides the same way).
 
+Loading builds the model on PyTorch's meta device and takes the checkpoint's tensors as its parameters, cast
+once to the target dtype: no random initialization and no float32 copy of a bfloat16 checkpoint (a real
+gemma-4-E2B is 5.1 B parameters). Every file is checked before it is used: a config.json that is not a JSON object,
+sizes that are not positive integers, a digest, index or tokenizer file that does not parse or lacks its keys, an
+index naming a shard that is not there - each raises `CheckpointError` naming the file and what is wrong.
+
 transformers is never imported here; `tests/test_parity_*.py` check that both libraries read the same
 directory to the same logits.
 """
@@ -44,30 +50,127 @@ class CheckpointError(RuntimeError):
 
 
 def is_checkpoint_dir(path) -> bool:
+    """True when `path` (a non-empty str or a Path) is a directory holding a config.json."""
+    if isinstance(path, str) and not path.strip():
+        return False                    # "" would otherwise name the working directory
     return isinstance(path, (str, Path)) and (Path(path) / CONFIG_FILE).is_file()
+
+
+def read_json(file: Path, what: str) -> dict:
+    """A JSON object from `file`, or CheckpointError naming the file and what is wrong with it."""
+    try:
+        data = json.loads(file.read_text())
+    except OSError as err:
+        raise CheckpointError(f"cannot read {file} ({what}): {err}") from None
+    except ValueError as err:
+        raise CheckpointError(f"{file} ({what}) is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} ({what}) must hold a JSON object, got a {type(data).__name__}")
+    return data
+
+
+# The sizes a config.json must give as integers (absent keys take transformers' defaults); per model type:
+# (key, least allowed value).
+_SIZES = {
+    "gemma4_text": [("vocab_size", 1), ("hidden_size", 1), ("intermediate_size", 1), ("num_hidden_layers", 1),
+                    ("num_attention_heads", 1), ("num_key_value_heads", 1), ("head_dim", 1), ("global_head_dim", 1),
+                    ("num_global_key_value_heads", 1), ("sliding_window", 1), ("max_position_embeddings", 2),
+                    ("hidden_size_per_layer_input", 0), ("vocab_size_per_layer_input", 1),
+                    ("num_kv_shared_layers", 0)],
+    "t5": [("vocab_size", 1), ("d_model", 1), ("d_kv", 1), ("d_ff", 1), ("num_layers", 1),
+           ("num_decoder_layers", 1), ("num_heads", 1), ("relative_attention_num_buckets", 1),
+           ("relative_attention_max_distance", 1)],
+}
+_POSITIVE_FLOATS = {"gemma4_text": ("rms_norm_eps", "final_logit_softcapping"), "t5": ("layer_norm_epsilon",)}
+_OPTIONAL = {"num_global_key_value_heads", "final_logit_softcapping", "num_decoder_layers"}   # null allowed
+
+
+def check_config(config: dict, file: Path) -> None:
+    """Refuse sizes that are not integers of the allowed range (strings, floats, booleans, zero), naming the file
+    and the key; `model_type` "gemma4" is checked through its `text_config`."""
+    model_type = config.get("model_type")
+    if model_type == "gemma4":
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise CheckpointError(f"{file}: a model_type 'gemma4' config needs a `text_config` object, got "
+                                  f"{type(text).__name__}")
+        config, model_type, where = text, "gemma4_text", "text_config."
+    else:
+        where = ""
+    for key, low in _SIZES.get(model_type, []):
+        value = config.get(key)
+        if key not in config or (value is None and key in _OPTIONAL):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            need = "a positive integer" if low == 1 else f"an integer of at least {low}"
+            raise CheckpointError(f"{file}: {where}{key} must be {need}, got {value!r}")
+    for key in _POSITIVE_FLOATS.get(model_type, ()):
+        value = config.get(key)
+        if key not in config or (value is None and key in _OPTIONAL):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise CheckpointError(f"{file}: {where}{key} must be a positive number, got {value!r}")
+    for key in ("layer_types", "per_layer_config", "rope_parameters"):
+        value = config.get(key)
+        kind = list if key == "layer_types" else dict
+        if value is not None and not isinstance(value, kind):
+            raise CheckpointError(f"{file}: {where}{key} must be a JSON {'array' if kind is list else 'object'}, "
+                                  f"got {type(value).__name__}")
+    for layer, override in (config.get("per_layer_config") or {}).items():
+        if not (isinstance(layer, str) and layer.isdigit()) or not isinstance(override, dict):
+            raise CheckpointError(f"{file}: {where}per_layer_config maps layer indices to objects, got "
+                                  f"{layer!r}: {override!r}")
+        for key, value in override.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CheckpointError(f"{file}: {where}per_layer_config[{layer}].{key} must be a positive "
+                                      f"integer, got {value!r}")
 
 
 def read_config(path: str | Path) -> dict:
     file = Path(path) / CONFIG_FILE
     if not file.is_file():
         raise CheckpointError(f"{path} is not a checkpoint directory: it has no {CONFIG_FILE}")
-    try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{file} is not valid JSON: {err}") from None
+    config = read_json(file, "the model's config")
+    check_config(config, file)
+    return config
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a directory: model.safetensors, or every shard its index names (all present)."""
+    if (path / WEIGHTS_FILE).is_file():
+        return [path / WEIGHTS_FILE]
+    if not (path / INDEX_FILE).is_file():
+        raise CheckpointError(f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
+    index_file = path / INDEX_FILE
+    weight_map = read_json(index_file, "the index of the weight shards").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or \
+            not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise CheckpointError(f"{index_file}: expected a non-empty `weight_map` object mapping tensor names to "
+                              f"shard file names, got {weight_map!r:.200}")
+    files = [path / name for name in sorted(set(weight_map.values()))]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointError(f"{index_file} names shard(s) that are not in {path}: {', '.join(missing)}")
+    return files
+
+
+def read_digests(path: Path) -> dict[str, str]:
+    """{weights file name: SHA-256 of its tensors} from minikv_sha256.json ({} when the directory has none)."""
+    file = path / DIGEST_FILE
+    if not file.exists():
+        return {}
+    digests = read_json(file, "the SHA-256 of the weights")
+    if not all(isinstance(k, str) and isinstance(v, str) and len(v) == 64 for k, v in digests.items()):
+        raise CheckpointError(f"{file}: expected {{\"weights file name\": \"64 hex digits\"}}, got "
+                              f"{json.dumps(digests)[:200]}")
+    return digests
 
 
 def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory: one model.safetensors, or the shards its index names."""
     path = Path(path)
-    if (path / WEIGHTS_FILE).is_file():
-        files = [path / WEIGHTS_FILE]
-    elif (path / INDEX_FILE).is_file():
-        index = json.loads((path / INDEX_FILE).read_text())
-        files = [path / name for name in sorted(set(index["weight_map"].values()))]
-    else:
-        raise CheckpointError(f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
-    digests = json.loads((path / DIGEST_FILE).read_text()) if (path / DIGEST_FILE).is_file() else {}
+    files = weight_files(path)
+    digests = read_digests(path)
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         expected = digests.get(file.name)
@@ -139,6 +242,7 @@ def build_from_config(config: dict, tensors: dict[str, torch.Tensor], name: str 
 
 
 def _load_state(model: nn.Module, tensors: dict[str, torch.Tensor], name: str) -> None:
+    """Take `tensors` as the model's parameters and persistent buffers (the model may live on the meta device)."""
     wanted = {k: v for k, v in model.state_dict().items()}
     if getattr(model.config, "tie_word_embeddings", False) or getattr(model.config, "tie_lm_head", False):
         wanted.pop("lm_head.weight")
@@ -150,7 +254,13 @@ def _load_state(model: nn.Module, tensors: dict[str, torch.Tensor], name: str) -
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise CheckpointError(f"{name}: the weights do not match config.json: {shown}")
-    model.load_state_dict(tensors, strict=False)
+    model.load_state_dict(tensors, strict=False, assign=True)
+    if isinstance(model, Gemma4ForCausalLM):
+        model.model.init_rope_buffers()               # not stored: computed from the config, in float32
+        if model.config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+    elif model.config.tie_lm_head:
+        model.lm_head.weight = model.shared.weight
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
@@ -159,10 +269,11 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     CPU, bfloat16 on CUDA)."""
     path = Path(path)
     config, tensors = read_config(path), read_tensors(path)
-    model, tensors = build_from_config(config, tensors, name=path.name)
-    _load_state(model, {k: v.float() for k, v in tensors.items()}, path.name)
     if dtype is None:
         dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    with torch.device("meta"):                         # shapes only: the checkpoint supplies every value
+        model, tensors = build_from_config(config, tensors, name=path.name)
+    _load_state(model, {k: v.to(dtype) for k, v in tensors.items()}, path.name)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

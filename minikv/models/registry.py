@@ -1,9 +1,11 @@
 """Which models minikv ships, their configs and tokenizers, and loading their weights.
 
-The two shipped models are checkpoint directories in transformers' format inside the package
-(minikv/models/weights/NAME/: config.json, model.safetensors stored as float16, minikv_tokenizer.json, and
-training.json, the recipe and metrics of the run that produced them); `CHECKPOINT_CONFIGS` holds the config.json
-they are trained from.
+The shipped models are checkpoint directories in transformers' format inside the package
+(minikv/models/weights/NAME/: config.json, model.safetensors stored as float16, minikv_sha256.json,
+minikv_tokenizer.json, and training.json, the recipe and metrics of the run that produced them);
+`CHECKPOINT_CONFIGS` holds the config.json each is built from. Two are trained (`TRAINED_MODELS`: tiny-gemma4,
+tiny-t5); `tiny-gemma4-e2b`, gemma-4-E2B's topology in small, has random weights (`RANDOM_WEIGHT_MODELS`,
+`minikv.models.random_weights`, with random_init.json in place of training.json).
 
     model = load_model("tiny-gemma4")                  # float32 on CPU, bfloat16 on CUDA
     model = load_model("tiny-t5", device="cuda")
@@ -20,7 +22,7 @@ import torch
 from torch import nn
 
 from minikv.models import hf_checkpoint
-from minikv.models.dir_tokenizer import load_tokenizer
+from minikv.models.dir_tokenizer import TokenizerFileError, load_tokenizer
 from minikv.models.gemma4 import FULL, SLIDING, Gemma4Config, Gemma4ForCausalLM
 from minikv.models.t5 import T5Config, T5ForConditionalGeneration
 from minikv.models.tokenizer import CharTokenizer
@@ -34,7 +36,22 @@ STORAGE_DTYPE = torch.float16
 # task needs only the last two terms, and the full layers see everything.
 _DIGITS = " 0123456789"
 _REVERSE_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
-CHECKPOINT_ALPHABETS = {"tiny-gemma4": _DIGITS, "tiny-t5": _REVERSE_ALPHABET}
+CHECKPOINT_ALPHABETS = {"tiny-gemma4": _DIGITS, "tiny-t5": _REVERSE_ALPHABET, "tiny-gemma4-e2b": _DIGITS}
+# tiny-gemma4-e2b: gemma-4-E2B's published text config (google/gemma-4-E2B-it, config.json `text_config`, as
+# transformers' Gemma4TextConfig reads it) with only the widths shrunk: hidden size 1,536 -> 32, intermediate size
+# 6,144 -> 128 (the same 4x; double-wide on the 20 KV-sharing layers, as E2B's use_double_wide_mlp makes it),
+# vocabulary 262,144 -> the 14 ids of tiny-gemma4's character tokenizer (for the per-layer embeddings too), and the
+# context length 131,072 -> 128 positions (it sizes the KV pools). Everything that decides the topology is E2B's:
+# 35 layers of 4 sliding : 1 full, the last 20 sharing KV (so layers 15-34 read layer 13's sliding cache or layer
+# 14's full cache), sliding window 512, 8 query heads over 1 KV head, head size 256 on sliding and 512 on full
+# layers, proportional RoPE on full layers (25% of the pairs rotate, theta 1e6), per-layer inputs of width 256,
+# final logit soft-capping at 30. Its weights are random (`minikv.models.random_weights`): the census does not
+# depend on them.
+_E2B_LAYER_TYPES = ([SLIDING] * 4 + [FULL]) * 7
+# gemma-4-E2B's own values of the keys tiny-gemma4-e2b shrinks (every other key of its text config is E2B's).
+E2B_SHRUNK = {"hidden_size": 1536, "intermediate_size": 6144, "vocab_size": 262_144,
+              "vocab_size_per_layer_input": 262_144, "max_position_embeddings": 131_072}
+RANDOM_WEIGHT_MODELS = ("tiny-gemma4-e2b",)
 CHECKPOINT_CONFIGS = {
     "tiny-gemma4": {
         "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
@@ -56,7 +73,23 @@ CHECKPOINT_CONFIGS = {
         "dropout_rate": 0.0,
     },
 }
+CHECKPOINT_CONFIGS["tiny-gemma4-e2b"] = {
+    "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+    "vocab_size": CharTokenizer(_DIGITS).vocab_size, "hidden_size": 32, "intermediate_size": 128,
+    "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+    "global_head_dim": 512, "num_global_key_value_heads": None, "attention_k_eq_v": False,
+    "layer_types": _E2B_LAYER_TYPES, "sliding_window": 512, "num_kv_shared_layers": 20,
+    "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": CharTokenizer(_DIGITS).vocab_size,
+    "use_double_wide_mlp": True, "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 128,
+    "rope_parameters": {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
+                        FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1_000_000.0}},
+    "tie_word_embeddings": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    "enable_moe_block": False, "attention_bias": False, "use_bidirectional_attention": None,
+}
 MODEL_NAMES: tuple[str, ...] = tuple(CHECKPOINT_CONFIGS)
+TRAINED_MODELS: tuple[str, ...] = tuple(n for n in MODEL_NAMES if n not in RANDOM_WEIGHT_MODELS)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -70,7 +103,7 @@ def _check_name(name: str) -> None:
 
 
 def is_checkpoint_model(name) -> bool:
-    """True for the models shipped as transformers-format directories (tiny-gemma4, tiny-t5)."""
+    """True for the models shipped as transformers-format directories (`MODEL_NAMES`)."""
     return isinstance(name, str) and name in CHECKPOINT_CONFIGS
 
 
@@ -82,11 +115,16 @@ def model_config(name: str) -> Gemma4Config | T5Config:
 
 
 def get_tokenizer(name: str | Path) -> CharTokenizer:
+    """The tokenizer of a shipped model, or of a checkpoint directory (ModelLoadError naming the file when it
+    is missing, unreadable, or has more ids than the model's vocabulary)."""
     if is_checkpoint_model(name):
         return CharTokenizer(CHECKPOINT_ALPHABETS[name])
     if not hf_checkpoint.is_checkpoint_dir(name):
         _check_name(name)            # neither a shipped name nor a checkpoint directory: say which names exist
-    return load_tokenizer(name)
+    try:
+        return load_tokenizer(name)
+    except TokenizerFileError as err:
+        raise ModelLoadError(str(err)) from None
 
 
 def build_model(name: str) -> nn.Module:
@@ -104,7 +142,7 @@ def default_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
 
 
 def checkpoint_dir(name: str, weights_dir: str | Path | None = None) -> Path:
-    """The directory of a checkpoint model (tiny-gemma4, tiny-t5)."""
+    """The directory of a shipped checkpoint model (`MODEL_NAMES`)."""
     return Path(weights_dir or WEIGHTS_DIR) / name
 
 

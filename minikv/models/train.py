@@ -164,6 +164,9 @@ def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Pat
     Returns the metrics, which are also written into the JSON file beside the weights.
     """
     registry.model_config(name)                         # an unknown name: ModelLoadError listing the known ones
+    if name in registry.RANDOM_WEIGHT_MODELS:
+        raise ValueError(f"{name} is shipped with random weights, not trained (see minikv.models.random_weights); "
+                         f"rebuild it with `python -m minikv.models.random_weights {name}`")
     recipe = RECIPES[name]
     steps = recipe.steps if steps is None else steps
     if steps < 1:

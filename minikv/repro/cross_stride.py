@@ -1,5 +1,9 @@
 """`minikv repro cross-stride`: defects B1 (cross-stride) and B2 (cross-fp8-context-read) on tiny-t5.
 
+`--model DIR` runs the same on a T5 checkpoint directory in transformers' format (e.g. flan-t5-base, with its
+own tokenizer.json; prompts from `minikv.tasks.for_checkpoint`, which adapts them to the tokenizer). Every
+signature compares token ids with the auto-cache run, so it needs no right/wrong answers.
+
 tiny-t5 is a T5 (3 encoder + 3 decoder layers, so three cross-attention layers, each with its own cross pool). It
 runs here as a 16-bit model (float16 on CPU, bfloat16 on CUDA), as flan-t5-base did upstream: the historical
 cross backend addresses a 1-byte fp8 pool at the model's element size, 2 bytes. (A float32 model would address it
@@ -51,27 +55,61 @@ def model_dtype(device="cpu") -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float16
 
 
-def engine(kv_cache_dtype: str = "fp8", device="cpu", backend="triton", **kwargs):
-    """A tiny-t5 engine in the 16-bit model dtype; kwargs go to `minikv.LLM` (and may override `dtype`)."""
+def engine(kv_cache_dtype: str = "fp8", device="cpu", backend="triton", model: str = MODEL, **kwargs):
+    """A tiny-t5 (or `model`) engine in the 16-bit model dtype; kwargs go to `minikv.LLM` (and may override
+    `dtype`)."""
     import minikv
     kwargs.setdefault("dtype", model_dtype(device))
-    return minikv.LLM(model=MODEL, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend, **kwargs)
+    return minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend, **kwargs)
 
 
-def make_prompts(n: int = 6, seed: int = 0) -> list[str]:
+def task_of(model: str = MODEL):
+    """tiny-t5's task, or for a T5 checkpoint directory the task `minikv.tasks.for_checkpoint` fits to its
+    tokenizer."""
     import minikv
-    return minikv.tasks.for_model(MODEL).prompts(n, seed=seed)
+    from minikv.models import registry
+    if registry.is_checkpoint_model(model):
+        return minikv.tasks.for_model(model)
+    return minikv.tasks.for_checkpoint(registry.get_tokenizer(model), model=str(model), encoder_decoder=True)
+
+
+def make_prompts(n: int = 6, seed: int = 0, model: str = MODEL) -> list[str]:
+    return task_of(model).prompts(n, seed=seed)
 
 
 def _generate(llm, prompts):
     import minikv
-    task = minikv.tasks.for_model(MODEL)
+    task = task_of(llm.model_name)
     params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
     return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def reference_tokens(prompts, device="cpu", backend="triton") -> list[list[int]]:
-    return _generate(engine("auto", device, backend, max_num_seqs=len(prompts)), prompts)
+def reference_tokens(prompts, device="cpu", backend="triton", model: str = MODEL) -> list[list[int]]:
+    return _generate(engine("auto", device, backend, model, max_num_seqs=len(prompts)), prompts)
+
+
+AUTO_REFERENCE = "the auto-cache run"
+SPLIT_REFERENCE = ("buggy runs: the buggy engine on a pool of 3x the blocks needed, where nothing overruns; fixed "
+                   "runs: the fixed fp8 engine on an automatically sized pool (an fp8 cache itself changes this "
+                   "model's tokens, so no run equals the auto-cache run)")
+
+
+def references(prompts, need: int, device="cpu", backend="triton", model: str = MODEL) -> tuple[list, list, str]:
+    """(token ids a buggy B1 run is compared with, those a fixed run is compared with, what they are).
+
+    Upstream's reference is the default (16-bit) cache run, which the fixed fp8 engine equals on a trained model
+    (tiny-t5, and flan-t5-base upstream): one reference. A model whose fp8 rounding alone moves its greedy tokens
+    (random weights have near-tied logits) gets two: a buggy run is compared with the same buggy engine on a pool of
+    3x the blocks needed, where the doubled stride stays inside the pool (so a smaller pool's difference is the
+    overrun's doing), and a fixed run with the fixed fp8 engine on the automatically sized pool (its answers do not
+    depend on the pool's size)."""
+    auto = reference_tokens(prompts, device, backend, model)
+    fp8 = _generate(engine("fp8", device, backend, model, max_num_seqs=len(prompts)), prompts)
+    if fp8 == auto:
+        return auto, auto, AUTO_REFERENCE
+    ample = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=3 * need,
+                   check_layout=False, reintroduce=("cross-stride",))
+    return _generate(ample, prompts), fp8, SPLIT_REFERENCE
 
 
 @dataclass
@@ -86,11 +124,12 @@ class PoolRun:
 
 
 def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize: bool, device="cpu",
-             backend="triton") -> PoolRun:
+             backend="triton", model: str = MODEL, **engine_kwargs) -> PoolRun:
     import minikv
     blocks = max(1, math.floor(factor * need))
-    llm = engine("fp8", device, backend, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=sanitize,
-                 check_layout=False, reintroduce=("cross-stride",) if buggy else ())
+    llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=blocks,
+                 sanitize=sanitize, check_layout=False, reintroduce=("cross-stride",) if buggy else (),
+                 **engine_kwargs)
     try:
         tokens = _generate(llm, prompts)
     except minikv.KVCacheOverrunError as err:
@@ -105,26 +144,27 @@ def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize
                    wrong)
 
 
-def identical_requests(prompt: str, device="cpu", backend="torch") -> list[tuple[int, float, list[int]]]:
+def identical_requests(prompt: str, device="cpu", backend="torch",
+                       model: str = MODEL) -> list[tuple[int, float, list[int]]]:
     """Three copies of one request, buggy, sanitizer off, on cross pools from 1x to 2x the blocks they need:
-    [(blocks, factor, indices of the copies whose token ids differ from the auto-cache run)]."""
+    [(blocks, factor, indices of the copies whose token ids differ from the reference run)] (`references`)."""
     prompts = [prompt] * 3
-    reference = reference_tokens(prompts, device, backend)
-    need = engine("fp8", device, backend).cross_blocks_needed(prompts)
+    need = engine("fp8", device, backend, model).cross_blocks_needed(prompts)
+    reference = references(prompts, need, device, backend, model)[0]
     rows = []
     for blocks in range(need, 2 * need + 1):
-        llm = engine("fp8", device, backend, max_num_seqs=3, cross_pool_blocks=blocks, sanitize=False,
+        llm = engine("fp8", device, backend, model, max_num_seqs=3, cross_pool_blocks=blocks, sanitize=False,
                      check_layout=False, reintroduce=("cross-stride",))
         tokens = _generate(llm, prompts)
         rows.append((blocks, blocks / need, [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]))
     return rows
 
 
-def bind_time_check(device="cpu") -> str:
+def bind_time_check(device="cpu", model: str = MODEL) -> str:
     """With the layout contract on, the buggy cross backend must fail when it is bound to its pool."""
     import minikv
     try:
-        engine("fp8", device, reintroduce=("cross-stride",))
+        engine("fp8", device, model=model, reintroduce=("cross-stride",))
     except minikv.KVLayoutMismatchError as err:
         return str(err)
     return ""
@@ -165,21 +205,21 @@ def relative_error(got: torch.Tensor, exact: torch.Tensor) -> float:
     return err if math.isfinite(err) else float("inf")
 
 
-def run_context(prompts, reference, version: str, device="cpu", backend="triton") -> ContextRun:
+def run_context(prompts, reference, version: str, device="cpu", backend="triton", model: str = MODEL) -> ContextRun:
     """Drive the engine step by step, capturing every cross layer's q, k, v and output, and compare each step's
     output with exact attention; record how far into the pool the fused context read reaches."""
     import minikv
     kwargs = {"historical": dict(reintroduce=("cross-fp8-context-read",)),
               "fallback": dict(cross_context_path="fallback"),
               "taught-fused": dict(cross_context_path="fused")}[version]
-    llm = engine("fp8", device, backend, max_num_seqs=len(prompts), **kwargs)
+    llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), **kwargs)
     encoder_kv: dict = {}
     errors = {True: [0.0], False: [0.0]}
     paths = set()
     extent = [0]
     samples = []
 
-    task = minikv.tasks.for_model(MODEL)
+    task = task_of(model)
     ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
     results = {}
     while llm.has_unfinished():
@@ -226,7 +266,10 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
                       tokens == reference, extent[0], cross_pool.numel(), wrong, samples)
 
 
-def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[ContextRun]) -> list[str]:
+def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[ContextRun],
+                     token_ids_checked: bool = True) -> list[str]:
+    """The signatures that did NOT hold. `token_ids_checked=False` (a model whose fp8 rounding moves its tokens):
+    the fallback and taught context paths are judged by their attention-output errors alone."""
     problems = []
     for r in pool_runs:
         tag = f"{'buggy' if r.buggy else 'fixed'} {r.factor}x ({r.blocks} blocks) sanitize={r.sanitize}"
@@ -251,7 +294,7 @@ def check_signatures(pool_runs: list[PoolRun], bind_error: str, ctx_runs: list[C
         problems.append(f"historical context read reached byte {hist.read_end} of a {hist.pool_bytes}-byte pool")
     for name in ("fallback", "taught-fused"):
         r = by.get(name)
-        if r and not (r.context_error < 0.2 and r.decode_error < 0.2 and r.tokens_equal_auto):
+        if r and not (r.context_error < 0.2 and r.decode_error < 0.2 and (r.tokens_equal_auto or not token_ids_checked)):
             problems.append(f"{name}: context {r.context_error:.3g}, decode {r.decode_error:.3g}, tokens equal "
                             f"auto: {r.tokens_equal_auto}")
     return problems
@@ -265,10 +308,10 @@ class Overrun:
     lands_in: str            # the region holding the block's last byte: the pool itself, "guard after X", or a pool
 
 
-def overrun_facts(factor: float, need: int, device="cpu") -> list[Overrun]:
+def overrun_facts(factor: float, need: int, device="cpu", model: str = MODEL) -> list[Overrun]:
     """For a cross pool of floor(factor * need) blocks: per cross layer, how far past its pool the historical
     layout puts the end of block need - 1 (the highest block the requests hold), and what lies there."""
-    llm = engine("fp8", device, "torch", cross_pool_blocks=max(1, math.floor(factor * need)),
+    llm = engine("fp8", device, "torch", model, cross_pool_blocks=max(1, math.floor(factor * need)),
                  reintroduce=("cross-stride",), check_layout=False)
     arena = llm.arena
     facts = []
@@ -283,16 +326,17 @@ def overrun_facts(factor: float, need: int, device="cpu") -> list[Overrun]:
     return facts
 
 
-def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu", backend="torch") -> dict:
+def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu", backend="torch",
+                     model: str = MODEL) -> dict:
     """Serve `prompts` on a buggy engine (historical stride, sanitizer off) with a cross pool of
     floor(factor * need) blocks and return one panel of `minikv.viz_cross_stride.stride_byte_map`: the arena's
     regions, every cross layer's blocks in use at the doubled stride per request, the requests' self-attention
     blocks, and the requests whose token ids differ from `reference`."""
     import minikv
     blocks = max(1, math.floor(factor * need))
-    llm = engine("fp8", device, backend, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=False,
+    llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=False,
                  check_layout=False, reintroduce=("cross-stride",))
-    task = minikv.tasks.for_model(MODEL)
+    task = task_of(model)
     ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
     cross_tables, self_tables, done = {}, {}, {}
     while llm.has_unfinished():
@@ -339,6 +383,48 @@ def fp8_row_read(llm, pool: str, slot: int = 0, head: int = 0, kv: int = 0):
     read_start = int(row_byte_offsets(read, torch.tensor([slot]), kv)[0, head])
     raw = flat[read_start:read_start + 2 * layout.head_size].clone()
     return raw, fp8_values, raw.view(layout.model_dtype).float()
+
+
+ARENAS = {"one": "every pool in one allocation (minikv's KVArena)",
+          "per-pool": "an allocation per pool (SeparateKVArena; TensorRT-LLM's pool manager)"}
+
+
+def arena_runs(prompts, reference, need: int, factor: float = 1.5, device="cpu", backend="torch",
+               model: str = MODEL) -> list[tuple[str, PoolRun]]:
+    """The historical stride on a pool of `factor` x the blocks needed, in each arena shape, sanitizer on and off:
+    [(arena, run)]. In one arena the overrun runs through the guard into the next pool (caught, or silently wrong
+    tokens); with an allocation per pool there is no neighbour inside the allocation: on CPU the pool's own guard
+    takes the overrun (caught, or harmless), on a GPU the access leaves the allocation, for compute-sanitizer to
+    report (tools/memcheck_cross_stride.py)."""
+    return [(arena, run_pool(prompts, reference, factor, need, True, sanitize, device, backend, model,
+                             kv_arena=arena)) for arena in ARENAS for sanitize in (True, False)]
+
+
+def arena_rows(runs: list[tuple[str, PoolRun]], n: int) -> list[list]:
+    return [[arena, "on" if r.sanitize else "off", r.blocks,
+             r.outcome + (f" ({_of(r.wrong, n)})" if r.outcome == "wrong tokens" else "")] for arena, r in runs]
+
+
+ARENA_COLUMNS = ["arena", "sanitizer", "cross pool blocks", "historical stride"]
+
+
+def format_arena_runs(runs: list[tuple[str, PoolRun]], n: int) -> str:
+    table = [ARENA_COLUMNS] + arena_rows(runs, n)
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(ARENA_COLUMNS))]
+    lines = ["  ".join(f"{c!s:{w}}" for c, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def check_arena_runs(runs: list[tuple[str, PoolRun]]) -> list[str]:
+    """One arena: caught with the sanitizer on, wrong tokens without it; per pool (CPU, guarded): caught, and
+    harmless without the sanitizer (the overrun stays in the pool's own guard)."""
+    problems = []
+    for arena, r in runs:
+        want = "overrun caught" if r.sanitize else ("wrong tokens" if arena == "one" else "correct, guard hit")
+        if r.outcome != want:
+            problems.append(f"{arena} arena, sanitizer {'on' if r.sanitize else 'off'}: {r.outcome}, expected {want}")
+    return problems
 
 
 def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
@@ -401,22 +487,31 @@ class Measurement:
     overruns: dict[float, list[Overrun]]
     device: str = "cpu"
     backend: str = "torch"
+    model: str = MODEL
+    reference: str = AUTO_REFERENCE          # what the runs' token ids are compared with (`references`)
+    arenas: list = field(default_factory=list)   # `arena_runs` at 1.5x (CPU only: see measure)
 
 
-def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = False) -> Measurement:
-    """Run every B1 and B2 case of the repro (about 10 s on CPU with the torch backend)."""
-    prompts = make_prompts(requests)
-    need = engine("fp8", device, backend).cross_blocks_needed(prompts)
-    reference = reference_tokens(prompts, device, backend)
+def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = False,
+            model: str = MODEL) -> Measurement:
+    """Run every B1 and B2 case of the repro (about 10 s on CPU with the torch backend, on tiny-t5)."""
+    prompts = make_prompts(requests, model=model)
+    need = engine("fp8", device, backend, model).cross_blocks_needed(prompts)
+    auto, fixed_fp8, reference_kind = references(prompts, need, device, backend, model)
     cases = [(f, b, s) for f in FACTORS for b in (True, False) for s in (True, False)]
-    pool_runs = [run_pool(prompts, reference, f, need, b, s, device, backend)
+    pool_runs = [run_pool(prompts, auto if b else fixed_fp8, f, need, b, s, device, backend, model)
                  for f, b, s in tqdm(cases, desc="cross-pool sizes", disable=not progress)]
-    bind_error = bind_time_check(device)
-    ctx_runs = [run_context(prompts, reference, v, device, backend)
+    bind_error = bind_time_check(device, model)
+    ctx_runs = [run_context(prompts, fixed_fp8, v, device, backend, model)
                 for v in tqdm(VERSIONS, desc="context paths", disable=not progress)]
-    copies = identical_requests(make_prompts(1, seed=2)[0], device, backend)
-    overruns = {f: overrun_facts(f, need, device) for f in (1.0, 1.5, 2.0)}
-    return Measurement(prompts, need, pool_runs, bind_error, ctx_runs, copies, overruns, str(device), backend)
+    copies = identical_requests(make_prompts(1, seed=2, model=model)[0], device, backend, model)
+    overruns = {f: overrun_facts(f, need, device, model) for f in (1.0, 1.5, 2.0)}
+    # The per-pool arena allocates each pool exactly on a GPU, where the historical overrun then leaves the
+    # allocation: that case runs only under compute-sanitizer, in its own process (tools/memcheck_cross_stride.py).
+    arenas = arena_runs(prompts, auto, need, 1.5, device, backend, model) if torch.device(device).type == "cpu" \
+        else []
+    return Measurement(prompts, need, pool_runs, bind_error, ctx_runs, copies, overruns, str(device), backend,
+                       str(model), reference_kind, arenas)
 
 
 def quantities(m: Measurement) -> dict[str, dict]:
@@ -503,13 +598,20 @@ def tables(m: Measurement) -> dict[str, dict]:
                        "from the auto-cache run",
             "columns": ["blocks", "pool factor", "copies differing"],
             "rows": [[b, f"{f:.2f}x", ", ".join(map(str, d)) or "none"] for b, f, d in m.copies]}
-    return {"b1_pool_sizes": b1, "b2_context_read": b2, "b1_overrun_reach": over, "identical_requests": same}
+    out = {"b1_pool_sizes": b1, "b2_context_read": b2, "b1_overrun_reach": over, "identical_requests": same}
+    if m.arenas:
+        out["b1_arena_allocation"] = {
+            "caption": f"B1 at 1.5x the {m.need} blocks needed, historical stride, by how the pools are allocated "
+                       "(CPU: a per-pool allocation carries its own guard; on a GPU it is exact, see results/gpu/"
+                       "fidelity/ for compute-sanitizer's report)",
+            "columns": ARENA_COLUMNS, "rows": arena_rows(m.arenas, n)}
+    return out
 
 
 def results_dict(m: Measurement, command: str = RESULTS_COMMAND) -> dict:
     """The results file (RESULTS_SCHEMA.md): name, command, model, the notebook that prints it, quantities,
     tables."""
-    return {"name": "cross_stride", "command": command, "model": MODEL, "notebook": NOTEBOOK,
+    return {"name": "cross_stride", "command": command, "model": m.model, "notebook": NOTEBOOK,
             "quantities": quantities(m), "tables": tables(m)}
 
 
@@ -523,6 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     from minikv.cli import UsageParser, positive_int
     p = UsageParser(prog="minikv repro cross-stride", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=MODEL,
+                   help=f"{MODEL} (the default) or the path of a T5 checkpoint directory (config.json, "
+                        "safetensors, tokenizer)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default=None, choices=("triton", "torch"),
                    help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
@@ -534,13 +639,23 @@ def main(argv: list[str] | None = None) -> int:
     args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
 
     start = time.perf_counter()
-    m = measure(args.requests, args.device, args.backend, progress=True)
+    m = measure(args.requests, args.device, args.backend, progress=True, model=args.model)
+    print(f"model: {m.model}; token ids are compared with {m.reference}")
     print(format_tables(m.need, m.pool_runs, m.bind_error, m.ctx_runs))
-    problems = check_signatures(m.pool_runs, m.bind_error, m.ctx_runs)
+    problems = check_signatures(m.pool_runs, m.bind_error, m.ctx_runs, m.reference == AUTO_REFERENCE)
+    if m.model == MODEL and m.reference != AUTO_REFERENCE:
+        problems.append(f"{MODEL}: the fixed fp8 engine's token ids differ from the auto-cache run")
     print("\nthree identical requests, B1 reintroduced, sanitizer off: copies whose token ids differ from auto")
     print("  " + "; ".join(f"{b} blocks ({f:.2f}x): {', '.join(map(str, d)) or 'none'}" for b, f, d in m.copies))
-    if not any(0 in d for _, f, d in m.copies if f < 2) or any(d for _, f, d in m.copies if f >= 2):
+    # upstream's "first request differs" symptom was seen on a trained model; on one whose tokens move with fp8
+    # rounding alone (random weights) the table is shown, not checked
+    strict = m.reference == AUTO_REFERENCE
+    if strict and (not any(0 in d for _, f, d in m.copies if f < 2) or any(d for _, f, d in m.copies if f >= 2)):
         problems.append("identical requests: the first copy never differed below 2x, or a copy differed at 2x")
+    if m.arenas:
+        print("\nB1 at 1.5x by how the pools are allocated (historical stride):")
+        print(format_arena_runs(m.arenas, len(m.prompts)))
+        problems += check_arena_runs(m.arenas)
     print(f"\n{len(m.prompts)} requests, {len(m.pool_runs)} pool runs + {len(m.ctx_runs)} context runs on "
           f"{args.device}/{args.backend}, {time.perf_counter() - start:.0f} s")
     if args.results:
@@ -552,5 +667,6 @@ def main(argv: list[str] | None = None) -> int:
         for line in problems:
             print(f"  - {line}")
         return 1
-    print("All signatures reproduced; every fixed run equals the auto-cache run.")
+    print("All signatures reproduced; every fixed run equals "
+          + ("the auto-cache run." if m.reference == AUTO_REFERENCE else "the fixed fp8 engine's answers."))
     return 0

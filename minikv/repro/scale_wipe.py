@@ -1,8 +1,15 @@
 """`minikv repro scale-wipe`: defect A, buggy and fixed, over max_num_seqs x prefix caching x cache format.
 
+`--model` picks what runs: tiny-gemma4 (the default: trained, 8 layers, two sharers per shared storage),
+tiny-gemma4-e2b (gemma-4-E2B's 35-layer topology with random weights: upstream's census, 33 harmless fills and 2
+that wipe), or a checkpoint directory in transformers' format (a Gemma-4 text model with its own tokenizer, e.g.
+gemma-4-E2B-it; prompts from `minikv.tasks.for_checkpoint`, which adapts them to the tokenizer).
+
 For every configuration a fixed engine and a buggy engine (`reintroduce=("scale-wipe",)`) serve the same
 requests. A request is *damaged* when the buggy engine's answer is wrong by the task's check and differs from
-the fixed engine's. After the first forward step, the K/V of the first batch's prompt are read back from the
+the fixed engine's; for a model whose answers cannot be judged right (random weights, or a checkpoint directory
+whose fixed engine does not answer every prompt right) it is damaged when its token ids differ from the fixed
+engine's (`Run.judge`: "task" or "fixed run"). After the first forward step, the K/V of the first batch's prompt are read back from the
 KV-sharing targets' pools of both engines: the ratio of their magnitudes is the measured inflation, compared
 with 1 / (the true scale the fixed engine stored).
 
@@ -12,7 +19,11 @@ through the prefix cache is minikv's own observation, upstream called the prefix
 later batches stay clean, the fills that wipe written scales are late fills of KV-sharing layers, the inflation
 equals 1 / true scale, a 16-bit cache is untouched by the switch, and every fixed run has zero damaged requests.
 
-Then three smaller tables:
+Then smaller tables:
+* the census per warmup shape, minikv's reading of upstream's "(pre-write)" tag: which fills come before the
+  first write to their storage, which come after it and find nothing left to wipe, which wipe;
+* prefix caching and request order: which order of the copies and which prompt lengths give "exactly the first
+  batch" (upstream's report) and which carry the damage to copies that reuse wiped blocks;
 * warmup shape: the same buggy engine with a capture-shaped warmup (every layer run with attention metadata)
   damages nothing;
 * sleep / wake_up: in both sleep modes the fixed engine initializes every scale region again; with nothing
@@ -38,6 +49,7 @@ from minikv.kernels.formats import PER_TOKEN_HEAD_KV_CACHE_DTYPES
 from minikv.repro.common import dequantized_rows, ranges, stored_scales
 
 MODEL = "tiny-gemma4"     # Gemma-4 topology: layers 4 and 6 read layer 2's cache, 5 and 7 read layer 3's
+E2B_MODEL = "tiny-gemma4-e2b"   # gemma-4-E2B's: layers 15-34 read layer 13's (sliding) or 14's (full) cache
 FORMATS = PER_TOKEN_HEAD_KV_CACHE_DTYPES                # int8 and fp8 per-token-head: the formats with inline scales
 NOTEBOOK = "notebooks/03_kv_sharing_scale_wipe.ipynb"    # walks through the same measurement, printing the same figures
 
@@ -60,6 +72,12 @@ class Run:
     fills: list[Fill] = field(default_factory=list)       # the engine's census, in the order the fills happened
     sharing: dict[int, int] = field(default_factory=dict)  # KV-sharing layer -> the layer whose storage it reads
     layer_types: tuple[str, ...] = ()                      # "sliding" / "full" per layer
+    model: str = MODEL
+    judge: str = "task"        # damaged = "task": wrong and differs from the fixed run; "fixed run": differs;
+                               # "auto" (checkpoint directories): "task" if the fixed run answers all right
+    token_ids: list[list[int]] = field(default_factory=list)
+    # with `capture_attention`: per request, its prefill step's attention outputs in every KV-sharing layer
+    sharer_outputs: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -87,27 +105,79 @@ def census_fills(llm) -> list[Fill]:
             for f in llm.census.fills]
 
 
-def make_prompts(num_requests: int, copies: int = 2, seed: int = 0) -> list[str]:
-    """Upstream's shape in small: distinct prompts, then the same list again (copies of each)."""
+def task_of(model: str = MODEL):
+    """The prompts and the right/wrong check for `model`: its own task for a shipped model; for a checkpoint
+    directory, the task `minikv.tasks.for_checkpoint` fits to its tokenizer."""
     import minikv
-    task = minikv.tasks.for_model(MODEL)
-    distinct = task.prompts(max(1, num_requests // copies), seed=seed)
+    from minikv.models import registry
+    if registry.is_checkpoint_model(model):
+        return minikv.tasks.for_model(model)
+    return minikv.tasks.for_checkpoint(registry.get_tokenizer(model), model=str(model))
+
+
+def judge_of(model: str = MODEL) -> str:
+    """How a damaged request is recognized on `model` (`Run.judge`)."""
+    from minikv.models import registry
+    if registry.is_checkpoint_model(model):
+        return "fixed run" if model in registry.RANDOM_WEIGHT_MODELS else "task"
+    return "auto"
+
+
+def default_ignore_eos(model: str = MODEL) -> bool:
+    """A random-weight model may end any answer at once: its runs generate every token (ignore EOS)."""
+    from minikv.models import registry
+    return model in registry.RANDOM_WEIGHT_MODELS
+
+
+def engine_blocks(model: str, prompts: list[str], max_num_seqs: int, max_tokens: int) -> int | None:
+    """KV blocks for a checkpoint directory's runs: enough for every request at once (a real checkpoint's
+    context length, gemma-4-E2B's 131,072, would otherwise size each pool for max_num_seqs full-length
+    requests: gigabytes). None for a shipped model: its default, so its figures stay as recorded."""
+    from minikv.models import registry
+    if registry.is_checkpoint_model(model):
+        return None
+    longest = max(len(registry.get_tokenizer(model).encode(p)) for p in prompts) + 1 + max_tokens
+    return (len(prompts) + max_num_seqs) * -(-longest // 16)
+
+
+def make_prompts(num_requests: int, copies: int = 2, seed: int = 0, model: str = MODEL) -> list[str]:
+    """Upstream's shape in small: distinct prompts, then the same list again (copies of each)."""
+    distinct = task_of(model).prompts(max(1, num_requests // copies), seed=seed)
     return list(itertools.islice(itertools.cycle(distinct), num_requests))
 
 
 def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, buggy: bool, prompts: list[str],
-               device: str = "cpu", backend: str = "triton", max_tokens: int = 12) -> Run:
+               device: str = "cpu", backend: str = "triton", max_tokens: int = 12, *, model: str = MODEL,
+               ignore_eos: bool | None = None, warmup: str = "dummy", touch_before_start: tuple[int, ...] = (),
+               capture_attention: bool = False) -> Run:
+    """Serve `prompts` on one engine and record its census, answers and (per-token-head formats) the first
+    batch's K/V in the shared storages right after step 0. `touch_before_start`: layers whose attention impl is
+    touched (builds its scale views) after the warmup and before the first step, as a warmup that ran exactly
+    those layers would have (the "(pre-write)" experiment, `warmup_census`). `capture_attention`: keep each
+    request's prefill-step attention outputs in the KV-sharing layers (`Run.sharer_outputs`, `attention_damage`)."""
     import minikv
-    task = minikv.tasks.for_model(MODEL)
-    llm = minikv.LLM(model=MODEL, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+    task = task_of(model)
+    ignore_eos = default_ignore_eos(model) if ignore_eos is None else ignore_eos
+    llm = minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                      enable_prefix_caching=prefix_caching, device=device, backend=backend,
-                     reintroduce=("scale-wipe",) if buggy else ())
+                     reintroduce=("scale-wipe",) if buggy else (), warmup=warmup,
+                     num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
+    for name, a in llm.attention_layers.items():
+        if layer_index(name) in touch_before_start:
+            a.impl.scale_views(a.kv_cache)
     layout = llm.kv_layout
     captured: dict = {}
-    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=max_tokens)) for p in prompts]
-    results = {}
+    params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    ids = [llm.add_request(p, params) for p in prompts]
+    results, outputs = {}, {}
+    sharers = {n for n, a in llm.attention_layers.items() if a.kv_sharing_target is not None}
     while llm.has_unfinished():
-        out = llm.step()
+        out = llm.step(capture=capture_attention)
+        if capture_attention and out.is_prefill:
+            lens = [len(out.slot_mapping[rid]) for rid in out.request_ids]
+            per_layer = [e.tensors["out"].split(lens) for e in out.trace.events if e.layer in sharers]
+            for i, rid in enumerate(out.request_ids):
+                outputs[rid] = torch.cat([chunks[i].flatten() for chunks in per_layer])
         if out.step == 0 and layout.has_inline_scales:
             # Right after the very first forward step: read the first batch's rows back from the pools the
             # KV-sharing layers read (their targets' pools).
@@ -115,8 +185,8 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
             slots = [s for rid in out.request_ids for s in out.block_slots(rid, layout.block_size)]
             for name in sorted(sharing):
                 pool = llm.arena.pool(name)
-                k, v = dequantized_rows(layout, pool, slots)
-                ks, vs = stored_scales(layout, pool, slots)
+                k, v = dequantized_rows(llm.arena.layout(name), pool, slots)
+                ks, vs = stored_scales(llm.arena.layout(name), pool, slots)
                 captured[name] = (k, v, ks, vs)
         results.update({r.request_id: r for r in out.finished})
     outs = [results[i] for i in ids]
@@ -125,7 +195,9 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
     return Run(kv_cache_dtype, max_num_seqs, prefix_caching, buggy, texts,
                [task.check(p, t) for p, t in zip(prompts, texts)], len(census.harmless),
                [(f.layer, f.overwritten) for f in census.wiping], captured, fills=census_fills(llm),
-               sharing=dict(llm.model_config.kv_sharing), layer_types=layer_types(llm))
+               sharing=dict(llm.model_config.kv_sharing), layer_types=layer_types(llm), model=str(model),
+               judge=judge_of(model), token_ids=[o.token_ids for o in outs],
+               sharer_outputs=[outputs[i] for i in ids] if capture_attention else [])
 
 
 def layer_types(llm) -> tuple[str, ...]:
@@ -133,11 +205,26 @@ def layer_types(llm) -> tuple[str, ...]:
     return tuple(t.split("_")[0] for t in getattr(llm.model_config, "layer_types", ()))
 
 
+def damaged_against(ids: list[list[int]], fixed_ids: list[list[int]], right: list[bool], judge: str) -> list[int]:
+    """Requests whose token ids differ from the fixed run's and, when judged by the task, are wrong."""
+    return [i for i, (a, b, ok) in enumerate(zip(ids, fixed_ids, right)) if a != b and (judge != "task" or not ok)]
+
+
+def attention_damage(fixed: Run, buggy: Run) -> list[int]:
+    """Requests whose prefill-step attention outputs in the KV-sharing layers differ from the fixed engine's (both
+    runs with `capture_attention`). A request whose batch read no wiped scale computes exactly what the fixed engine
+    computes, bit for bit, so any difference is the wipe's; this shows the damage of a random-weight model after
+    one step, where its tokens may take several steps to diverge."""
+    return [i for i, (a, b) in enumerate(zip(buggy.sharer_outputs, fixed.sharer_outputs)) if not torch.equal(a, b)]
+
+
 def compare(fixed: Run, buggy: Run) -> None:
     """Fill in the buggy run's damage and inflation, measured against the fixed run."""
-    buggy.damaged = [i for i, (t, f, ok) in enumerate(zip(buggy.texts, fixed.texts, buggy.right))
-                     if t != f and not ok]
-    fixed.damaged = [i for i, ok in enumerate(fixed.right) if not ok]
+    if buggy.judge == "auto":
+        buggy.judge = fixed.judge = "task" if all(fixed.right) else "fixed run"
+    buggy.damaged = damaged_against(buggy.token_ids or buggy.texts, fixed.token_ids or fixed.texts, buggy.right,
+                                    buggy.judge)
+    fixed.damaged = [i for i, ok in enumerate(fixed.right) if not ok] if fixed.judge == "task" else []
     ratios_k, ratios_v, errors = [], [], []
     for name, (kb, vb, _, _) in buggy.first_batch_kv.items():
         kf, vf, ksf, _ = fixed.first_batch_kv[name]
@@ -198,10 +285,21 @@ def census_counts(run: Run) -> dict[str, int]:
 
 
 def _fill_text(fills: list[Fill]) -> str:
+    """'layer 6 step 0: 0'; several fills at one step that overwrote the same count: 'layers 16-18, 20 step 0: 0
+    each'."""
     if not fills:
         return "-"
-    return ", ".join(f"layer {f.layer} " + ("warmup" if f.step < 0 else f"step {f.step}") + f": {f.overwritten:,}"
-                     for f in fills)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for f in fills:
+        groups.setdefault((f.step, f.overwritten), []).append(f.layer)
+    parts = []
+    for (step, overwritten), layers in groups.items():
+        when = "warmup" if step < 0 else f"step {step}"
+        if len(layers) == 1:
+            parts.append(f"layer {layers[0]} {when}: {overwritten:,}")
+        else:
+            parts.append(f"layers {ranges(layers)} {when}: {overwritten:,} each")
+    return ", ".join(parts)
 
 
 def census_rows(run: Run) -> list[list]:
@@ -230,7 +328,7 @@ def format_census(run: Run) -> str:
     up = UPSTREAM_CENSUS
     ours = f"{n['wiping']} late fills wiped {wiped} written scales" if wiped else "no fill wiped a written scale"
     lines += ["",
-              (f"minikv   ({MODEL}): {n['harmless']} fills wiped nothing ({n['warmup']} warmup fills of the owning "
+              (f"minikv   ({run.model}): {n['harmless']} fills wiped nothing ({n['warmup']} warmup fills of the owning "
                f"layers + {n['late_harmless']} late fills of later sharers); {ours}"),
               (f"upstream (gemma-4-E2B-it): {up['harmless']} fills wiped nothing; {up['wiping']} late fills wiped "
                f"{up['wiped'][0]:,} and {up['wiped'][1]:,} written scales")]
@@ -302,8 +400,9 @@ def format_table(pairs: list[tuple[Run, Run]], clean16) -> str:
     if clean16 is not None:
         fixed, buggy = clean16
         same = "identical outputs" if fixed.texts == buggy.texts else "OUTPUTS DIFFER"
+        compare(fixed, buggy)
         lines.append(f"{'auto (16/32-bit)':22s} {buggy.max_num_seqs:4d} {'off':>6s} {'buggy':7s} "
-                     f"{ranges([i for i, ok in enumerate(buggy.right) if not ok]):18s} {'-':>8s} {'-':>8s}  "
+                     f"{ranges(buggy.damaged):18s} {'-':>8s} {'-':>8s}  "
                      f"no inline scales: {same} to the fixed engine")
     return "\n".join(lines)
 
@@ -322,9 +421,15 @@ def code_site_diff(context: int = 3) -> str:
 
 # ---- one number per quantity: what README, docs and notebook 03 quote, from one computation ------------------
 HEADLINE = ("int8_per_token_head", 4, False)    # (format, max_num_seqs, prefix caching) the quantities are taken at
-INFLATION_STATISTIC = ("median over the first batch's (token, kv head) {part} rows in the shared storages (layers 2 "
-                       "and 3) of |{part}_buggy| / |{part}_fixed| (vector norms) right after step 0; "
+INFLATION_STATISTIC = ("median over the first batch's (token, kv head) {part} rows in the shared storages ({storages}) "
+                       "of |{part}_buggy| / |{part}_fixed| (vector norms) right after step 0; "
                        "int8_per_token_head, max_num_seqs=4, prefix caching off")
+
+
+def shared_storages(run: Run) -> str:
+    """'layers 2 and 3': the storages KV-sharing layers read."""
+    owners = sorted(set(run.sharing.values()))
+    return "layer" + ("s " if len(owners) > 1 else " ") + " and ".join(map(str, owners))
 
 
 def times(factor: float) -> str:
@@ -341,22 +446,28 @@ def headline_pair(pairs: list[tuple[Run, Run]]) -> tuple[Run, Run]:
 
 
 def quantities(pairs: list[tuple[Run, Run]]) -> dict[str, dict]:
-    """{name: {"value", "display", "statistic"}} of the single figures quoted in prose, from the HEADLINE pair."""
+    """{name: {"value", "display", "statistic"}} of the single figures quoted in prose, from the HEADLINE pair.
+    A model judged by the fixed run (random weights) has no `damaged_requests` quantity: which of its requests
+    came out with other tokens is in the damage table, and notebook 03 shows the damage after one step instead
+    (`attention_damage`); every other quantity is fixed by step 0 alone."""
     _, buggy = headline_pair(pairs)
     counts = census_counts(buggy)
     wiped = [f.overwritten for f in buggy.fills if f.overwritten]
     law = buggy.inflation_error
-    return {
+    where = shared_storages(buggy)
+    how = ("answered wrongly and differently from the fixed engine" if buggy.judge == "task" else
+           "answered with other token ids than the fixed engine (random weights: no answer is right)")
+    out = {
         "k_inflation": {"value": round(buggy.k_inflation, 1), "display": times(buggy.k_inflation),
-                        "statistic": INFLATION_STATISTIC.format(part="K")},
+                        "statistic": INFLATION_STATISTIC.format(part="K", storages=where)},
         "v_inflation": {"value": round(buggy.v_inflation, 1), "display": times(buggy.v_inflation),
-                        "statistic": INFLATION_STATISTIC.format(part="V")},
+                        "statistic": INFLATION_STATISTIC.format(part="V", storages=where)},
         "inflation_vs_true_scale": {
             "value": float(f"{law:.1g}"), "display": "< 1e-4" if law < 1e-4 else f"{law:.0e}",
             "statistic": "max over the same K rows of |(|K_buggy| / |K_fixed|) x true scale - 1|"},
         "damaged_requests": {"value": buggy.damaged, "display": ranges(buggy.damaged),
-                             "statistic": "requests (of 24) the buggy engine answered wrongly and differently from "
-                                          "the fixed engine; int8_per_token_head, max_num_seqs=4"},
+                             "statistic": f"requests (of {len(buggy.texts)}) the buggy engine {how}; "
+                                          "int8_per_token_head, max_num_seqs=4"},
         "harmless_fills": {"value": counts["harmless"], "display": str(counts["harmless"]),
                            "statistic": "scale fills of the buggy engine that overwrote no written scale"},
         "wiping_fills": {"value": counts["wiping"], "display": str(counts["wiping"]),
@@ -364,6 +475,9 @@ def quantities(pairs: list[tuple[Run, Run]]) -> dict[str, dict]:
         "wiped_scales": {"value": wiped, "display": " and ".join(f"{n:,}" for n in wiped) or "none",
                          "statistic": "written scales (K and V) each wiping fill overwrote"},
     }
+    if buggy.judge != "task":
+        del out["damaged_requests"]
+    return out
 
 
 def damage_rows(pairs: list[tuple[Run, Run]], clean16=None) -> list[list]:
@@ -376,8 +490,9 @@ def damage_rows(pairs: list[tuple[Run, Run]], clean16=None) -> list[list]:
     if clean16 is not None:
         fixed, buggy = clean16
         same = fixed.texts == buggy.texts
+        compare(fixed, buggy)
         rows.append(["auto", buggy.max_num_seqs, "off",
-                     "none" if same else "OUTPUTS DIFFER", ranges([i for i, ok in enumerate(fixed.right) if not ok]),
+                     "none" if same else "OUTPUTS DIFFER", ranges(fixed.damaged),
                      "-", "-", len(buggy.fills), 0])
     return rows
 
@@ -398,26 +513,30 @@ def upstream_rows(pairs: list[tuple[Run, Run]]) -> list[list]:
             ["V inflation (= 1 / true scale)", q["v_inflation"]["display"], times(UPSTREAM_INFLATION["V"])]]
 
 
-def results(pairs: list[tuple[Run, Run]], clean16, command: str) -> dict:
-    """The results file's content (RESULTS_SCHEMA: name, command, model, quantities, tables)."""
+def results(pairs: list[tuple[Run, Run]], clean16, command: str, name: str = "scale_wipe",
+            extra_tables: dict | None = None) -> dict:
+    """The results file's content (RESULTS_SCHEMA: name, command, model, quantities, tables); `extra_tables`
+    (the warmup-shape census, the prefix-caching orders) are added after the standard ones."""
     _, buggy = headline_pair(pairs)
+    n = len(buggy.texts)
     return {
-        "name": "scale_wipe",
+        "name": name,
         "command": command,
-        "model": MODEL,
+        "model": buggy.model,
         "notebook": NOTEBOOK,
         "quantities": quantities(pairs),
         "tables": {
-            "damage": {"caption": "Damaged requests per configuration (24 requests: 12 prompts x 2), buggy and "
-                                  "fixed engines; inflation: median per (token, kv head) row of the first batch",
+            "damage": {"caption": f"Damaged requests per configuration ({n} requests: {n // 2} prompts x 2), buggy "
+                                  "and fixed engines; inflation: median per (token, kv head) row of the first batch",
                        "columns": DAMAGE_COLUMNS, "rows": damage_rows(pairs, clean16)},
             "census": {"caption": f"Scale fills per storage, buggy engine ({buggy.kv_cache_dtype}, max_num_seqs="
                                   f"{buggy.max_num_seqs}); each fill: layer, when, written scales overwritten",
                        "columns": CENSUS_COLUMNS, "rows": census_rows(buggy)},
             "census_vs_upstream": {"caption": "minikv's census and inflation next to upstream's (gemma-4-E2B-it, "
                                               "vLLM; vllm-project/vllm#50702, #50749)",
-                                   "columns": ["quantity", f"minikv ({MODEL})", "upstream (gemma-4-E2B-it)"],
+                                   "columns": ["quantity", f"minikv ({buggy.model})", "upstream (gemma-4-E2B-it)"],
                                    "rows": upstream_rows(pairs)},
+            **(extra_tables or {}),
         },
     }
 
@@ -427,18 +546,17 @@ def format_quantities(pairs: list[tuple[Run, Run]]) -> str:
     return "\n".join(f"{name:24s} {q['display']:14s} {q['statistic']}" for name, q in quantities(pairs).items())
 
 
-def warmup_shape_runs(prompts, max_num_seqs: int, device="cpu", backend="torch") -> dict[str, list[int]]:
+def warmup_shape_runs(prompts, max_num_seqs: int, device="cpu", backend="torch", *, model: str = MODEL,
+                      max_tokens: int = 12) -> dict[str, list[int]]:
     """{warmup shape: damaged requests of the buggy engine} (damage judged against a fixed dummy-warmup engine)."""
-    import minikv
-    fixed = run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device, backend)
+    fixed = run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device, backend, max_tokens,
+                       model=model)
     out = {}
     for shape in ("dummy", "capture"):
-        llm = minikv.LLM(model=MODEL, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
-                         device=device, backend=backend, reintroduce=("scale-wipe",), warmup=shape)
-        texts = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=12), use_tqdm=False)]
-        task = minikv.tasks.for_model(MODEL)
-        out[shape] = [i for i, (p, t, f) in enumerate(zip(prompts, texts, fixed.texts))
-                      if t != f and not task.check(p, t)]
+        buggy = run_engine("int8_per_token_head", max_num_seqs, False, True, prompts, device, backend, max_tokens,
+                           model=model, warmup=shape)
+        compare(fixed, buggy)
+        out[shape] = buggy.damaged
     return out
 
 
@@ -450,20 +568,17 @@ class ArrivalRun:
     damaged: list[int]
 
 
-def arrival_run(prompts, max_num_seqs: int, seed: int, device="cpu", backend="torch",
-                max_tokens: int = 12) -> ArrivalRun:
-    """The buggy engine driven step by step while requests arrive over several steps (0 to max_num_seqs of them
-    before each step, seeded), as a server sees them: the damaged set is the first scheduled batch, whatever it
-    holds."""
+def _arrivals(prompts, max_num_seqs: int, seed: int, buggy: bool, device, backend, max_tokens, model):
+    """Drive one engine while requests arrive over several steps; (token ids, texts, arrivals, first batch)."""
     import random
 
     import minikv
     rng = random.Random(seed)
-    task = minikv.tasks.for_model(MODEL)
-    llm = minikv.LLM(model=MODEL, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
-                     device=device, backend=backend, reintroduce=("scale-wipe",))
-    params = minikv.SamplingParams(max_tokens=max_tokens)
-    pending, index_of, texts, arrivals, first = list(range(len(prompts))), {}, {}, [], None
+    llm = minikv.LLM(model=model, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
+                     device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else (),
+                     num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
+    params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
+    pending, index_of, done, arrivals, first = list(range(len(prompts))), {}, {}, [], None
     while pending or llm.has_unfinished():
         k = rng.randint(0, max_num_seqs)
         if not llm.has_unfinished():
@@ -475,9 +590,208 @@ def arrival_run(prompts, max_num_seqs: int, seed: int, device="cpu", backend="to
         out = llm.step()
         if first is None:
             first = sorted(index_of[r] for r in out.request_ids)
-        texts.update({index_of[r.request_id]: r.text for r in out.finished})
-    damaged = [i for i in range(len(prompts)) if not task.check(prompts[i], texts[i])]
+        done.update({index_of[r.request_id]: r for r in out.finished})
+    outs = [done[i] for i in range(len(prompts))]
+    return [o.token_ids for o in outs], [o.text for o in outs], arrivals, first
+
+
+def arrival_run(prompts, max_num_seqs: int, seed: int, device="cpu", backend="torch",
+                max_tokens: int = 12, *, model: str = MODEL) -> ArrivalRun:
+    """The buggy engine driven step by step while requests arrive over several steps (0 to max_num_seqs of them
+    before each step, seeded), as a server sees them: the damaged set is the first scheduled batch, whatever it
+    holds. (A model judged by the fixed run: a fixed engine fed the same arrivals is the reference.)"""
+    ids, texts, arrivals, first = _arrivals(prompts, max_num_seqs, seed, True, device, backend, max_tokens, model)
+    task = task_of(model)
+    if judge_of(model) == "task":
+        damaged = [i for i in range(len(prompts)) if not task.check(prompts[i], texts[i])]
+    else:
+        fixed_ids = _arrivals(prompts, max_num_seqs, seed, False, device, backend, max_tokens, model)[0]
+        damaged = damaged_against(ids, fixed_ids, [False] * len(ids), "fixed run")
     return ArrivalRun(seed, arrivals, first, damaged)
+
+
+# ---- minikv's reading of upstream's "(pre-write)" tag -----------------------------------------------------------
+# Upstream's census says its 33 harmless fills happened "(pre-write)". minikv sorts each fill by when it happened
+# relative to the first write into its storage: warmup fills come before any write (nothing is written at warmup);
+# a KV-sharing layer's fill at step 0 comes after its owner wrote the step's tokens there (the owner runs first).
+# The first sharer of each storage wipes those scales; every later sharer finds only the 1.0s that wipe left, so it
+# overwrites nothing: harmless, but after a write. A census that sorts fills by what they overwrote cannot tell
+# those from fills before any write. The cases below show which warmup would make the tag literally true.
+WARMUP_CASES = {
+    "dummy": "upstream's shape (minikv's default): no attention metadata; owners fill, sharers are not run",
+    "capture": "CUDA-graph capture: one forward with attention metadata through every layer",
+    "later sharers": "hand-picked: the dummy warmup plus every sharer except the first of each storage touched "
+                     "before the first step (no engine's warmup has this shape)",
+}
+
+
+@dataclass
+class WarmupCensus:
+    case: str
+    pre_write: list[int]            # layers whose fill came before the first write to its storage
+    post_write_harmless: list[int]  # layers whose fill came after that write and overwrote nothing
+    wiping: list[int]               # layers whose fill overwrote written scales
+    damaged: list[int]
+
+
+def later_sharers(run: Run) -> tuple[int, ...]:
+    """Every KV-sharing layer except the first sharer of each storage."""
+    first = {min(layer for layer, s in run.sharing.items() if s == owner) for owner in set(run.sharing.values())}
+    return tuple(sorted(set(run.sharing) - first))
+
+
+def warmup_census(prompts, max_num_seqs: int = 4, device="cpu", backend="torch", *, model: str = MODEL,
+                  max_tokens: int = 12, damage: str = "tokens", runs: tuple[Run, Run] | None = None
+                  ) -> list[WarmupCensus]:
+    """The buggy engine's census and damage under each of `WARMUP_CASES` (int8_per_token_head, no prefix
+    caching), damage judged against one fixed engine: by the answers (`damage="tokens"`, `compare`), or by the
+    prefill step's attention outputs in the sharing layers (`damage="attention"`, `attention_damage`). `runs`:
+    an existing (fixed, buggy) pair of these prompts and settings, used for the fixed engine and the dummy row."""
+    capture = damage == "attention"
+    fixed = runs[0] if runs else run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device,
+                                            backend, max_tokens, model=model, capture_attention=capture)
+    out = []
+    for case in WARMUP_CASES:
+        kw = {"warmup": "capture"} if case == "capture" else {}
+        if case == "later sharers":
+            kw["touch_before_start"] = later_sharers(fixed)
+        if runs and case == "dummy":
+            buggy = runs[1]
+        else:
+            buggy = run_engine("int8_per_token_head", max_num_seqs, False, True, prompts, device, backend,
+                               max_tokens, model=model, capture_attention=capture, **kw)
+        compare(fixed, buggy)
+        if capture:
+            buggy.damaged = attention_damage(fixed, buggy)
+        out.append(WarmupCensus(case, [f.layer for f in buggy.fills if f.step < 0 and not f.overwritten],
+                                [f.layer for f in buggy.fills if f.step >= 0 and not f.overwritten],
+                                [f.layer for f in buggy.fills if f.overwritten], buggy.damaged))
+    return out
+
+
+WARMUP_COLUMNS = ["warmup", "fills before the first write", "later fills, nothing left to wipe",
+                  "fills that wiped (layers)", "damaged requests"]
+
+
+def warmup_census_rows(rows: list[WarmupCensus]) -> list[list]:
+    return [[r.case, len(r.pre_write), len(r.post_write_harmless),
+             f"{len(r.wiping)} ({', '.join(map(str, r.wiping)) or '-'})", ranges(r.damaged)] for r in rows]
+
+
+def format_warmup_census(rows: list[WarmupCensus], model: str = MODEL) -> str:
+    table = [WARMUP_COLUMNS] + warmup_census_rows(rows)
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(WARMUP_COLUMNS))]
+    lines = ["  ".join(f"{c!s:{w}s}" for c, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "-" * len(lines[0]))
+    lines += [f"  {case}: {why}" for case, why in WARMUP_CASES.items()]
+    return "\n".join(lines)
+
+
+def check_warmup_census(rows: list[WarmupCensus], max_num_seqs: int) -> list[str]:
+    """dummy: the same 2 wipe after the owners' pre-write fills; capture: nothing wipes; later sharers: every
+    harmless fill before the first write and still the same 2 wiping fills and the same damage."""
+    by = {r.case: r for r in rows}
+    problems = []
+    dummy, capture, picked = by["dummy"], by["capture"], by["later sharers"]
+    if len(dummy.wiping) != 2 or dummy.damaged != list(range(max_num_seqs)):
+        problems.append(f"dummy warmup: wiping fills {dummy.wiping}, damaged {ranges(dummy.damaged)}")
+    if capture.wiping or capture.damaged or capture.post_write_harmless:
+        problems.append(f"capture warmup: wiping {capture.wiping}, late harmless {capture.post_write_harmless}, "
+                        f"damaged {ranges(capture.damaged)}")
+    if picked.wiping != dummy.wiping or picked.post_write_harmless or picked.damaged != dummy.damaged or \
+            len(picked.pre_write) != len(dummy.pre_write) + len(dummy.post_write_harmless):
+        problems.append(f"later-sharers warmup: pre-write {len(picked.pre_write)}, late harmless "
+                        f"{picked.post_write_harmless}, wiping {picked.wiping}, damaged {ranges(picked.damaged)}")
+    return problems
+
+
+# ---- prefix caching and the order of the copies ------------------------------------------------------------------
+PREFIX_ORDERS = {"after": "copies after the distinct prompts (p0 .. pN, p0 .. pN, ...)",
+                 "adjacent": "copies next to each other (p0, p0, p0, p0, p1, ...)"}
+PREFIX_PROMPTS = {"no full block": 12, "full blocks": 40}     # prompt tokens with BOS; blocks hold 16
+
+
+@dataclass
+class PrefixRun:
+    order: str
+    prompt_set: str
+    max_num_seqs: int
+    damaged: list[int]
+
+    @property
+    def first_batch_only(self) -> bool:
+        return self.damaged == list(range(self.max_num_seqs))
+
+
+def prefix_prompts(order: str, prompt_set: str, distinct: int = 6, copies: int = 4, model: str = MODEL,
+                   seed: int = 0) -> list[str]:
+    """`distinct` prompts of `PREFIX_PROMPTS[prompt_set]` tokens (BOS included), `copies` of each, in `order`."""
+    base = task_of(model).prompts(distinct, seed=seed, num_tokens=PREFIX_PROMPTS[prompt_set])
+    if order == "after":
+        return base * copies
+    return [p for p in base for _ in range(copies)]
+
+
+def prefix_caching_runs(max_num_seqs=(4, 6, 8), device="cpu", backend="torch", *, model: str = MODEL,
+                        max_tokens: int = 4, distinct: int = 6, copies: int = 4) -> list[PrefixRun]:
+    """The buggy engine with prefix caching on, int8_per_token_head, for each order x prompt set x
+    max_num_seqs: which requests come out damaged (against a fixed engine with the same settings). A model judged
+    by the fixed run (random weights) is judged by its prefill-step attention outputs (`attention_damage`): a copy
+    that reuses wiped blocks attends over them at its own prefill, while its 4 tokens may not differ yet."""
+    out, checked = [], {}
+    by_task = judge_of(model) == "task"
+    capture = judge_of(model) == "fixed run"
+    for order, prompt_set, seqs in itertools.product(PREFIX_ORDERS, PREFIX_PROMPTS, max_num_seqs):
+        prompts = prefix_prompts(order, prompt_set, distinct, copies, model)
+        # A model judged by its task needs one fixed run per prompt set, to show the fix answers every copy right
+        # (then a wrong buggy answer differs from the fixed one); otherwise each buggy run gets its own fixed run.
+        fixed = checked.get(prompt_set) if by_task else None
+        if fixed is None:
+            fixed = run_engine("int8_per_token_head", seqs, True, False, prompts, device, backend, max_tokens,
+                               model=model, capture_attention=capture)
+            checked[prompt_set] = fixed
+        buggy = run_engine("int8_per_token_head", seqs, True, True, prompts, device, backend, max_tokens,
+                           model=model, capture_attention=capture)
+        if by_task:
+            buggy.damaged = [i for i, ok in enumerate(buggy.right) if not ok]
+            fixed.damaged = [i for i, ok in enumerate(fixed.right) if not ok]
+        else:
+            compare(fixed, buggy)
+            if capture:
+                buggy.damaged = attention_damage(fixed, buggy)
+        if fixed.damaged:
+            raise AssertionError(f"fixed engine damaged {ranges(fixed.damaged)} ({order}, {prompt_set}, {seqs})")
+        out.append(PrefixRun(order, prompt_set, seqs, buggy.damaged))
+    return out
+
+
+PREFIX_COLUMNS = ["copies", "prompts", "max_num_seqs", "damaged (buggy, prefix caching on)", "exactly the first batch"]
+
+
+def prefix_rows(runs: list[PrefixRun]) -> list[list]:
+    return [[r.order, f"{r.prompt_set} ({PREFIX_PROMPTS[r.prompt_set]} tokens)", r.max_num_seqs, ranges(r.damaged),
+             "yes" if r.first_batch_only else "no"] for r in runs]
+
+
+def format_prefix_runs(runs: list[PrefixRun]) -> str:
+    table = [PREFIX_COLUMNS] + prefix_rows(runs)
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(PREFIX_COLUMNS))]
+    lines = ["  ".join(f"{c!s:{w}s}" for c, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def check_prefix_runs(runs: list[PrefixRun], copies: int = 4) -> list[str]:
+    """Prompts without a full block: exactly the first batch in every order; with full blocks, copies after the
+    first batch reuse its wiped blocks, and adjacent copies stay inside it only when max_num_seqs is a multiple of
+    the copy count."""
+    problems = []
+    for r in runs:
+        expect = r.prompt_set == "no full block" or (r.order == "adjacent" and r.max_num_seqs % copies == 0)
+        if r.first_batch_only != expect or not set(range(r.max_num_seqs)) <= set(r.damaged):
+            problems.append(f"prefix caching, {r.order}, {r.prompt_set}, max_num_seqs={r.max_num_seqs}: damaged "
+                            f"{ranges(r.damaged)}")
+    return problems
 
 
 def format_arrivals(runs: list[ArrivalRun]) -> str:
@@ -500,13 +814,16 @@ class WakeRun:
 
 
 def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: bool = False,
-                   reinit: bool = True, device="cpu", backend="torch") -> WakeRun:
+                   reinit: bool = True, device="cpu", backend="torch", model: str = MODEL, max_tokens: int = 12,
+                   reference: list[list[int]] | None = None) -> WakeRun:
+    """Serve `prompts`, sleep, wake up, serve them again; damaged after the wake: wrong by the task's check, or
+    (a model judged by the fixed run) token ids other than `reference`, a fixed engine's first serving."""
     import minikv
-    task = minikv.tasks.for_model(MODEL)
-    llm = minikv.LLM(model=MODEL, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
+    task = task_of(model)
+    llm = minikv.LLM(model=model, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                      device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else (),
-                     reinit_scales_on_wake=reinit)
-    params = minikv.SamplingParams(max_tokens=12)
+                     reinit_scales_on_wake=reinit, num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
+    params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
     llm.generate(prompts, params, use_tqdm=False)
     storage, fills = llm.arena.storage.untyped_storage(), len(llm.census.fills)
     address = storage.data_ptr()
@@ -517,14 +834,23 @@ def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: 
         if a.kv_sharing_target is None:
             k, v = a.layout.scale_views(a.kv_cache)
             stale += int((k != 1).sum() + (v != 1).sum())
-    texts = [o.text for o in llm.generate(prompts, params, use_tqdm=False)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
     now = llm.arena.storage.untyped_storage()
+    if reference is None:
+        damaged = [i for i, (p, o) in enumerate(zip(prompts, outs)) if not task.check(p, o.text)]
+    else:
+        damaged = [i for i, (o, r) in enumerate(zip(outs, reference)) if o.token_ids != r]
     return WakeRun(label, mode, now is storage and now.data_ptr() == address, len(llm.census.fills) - fills, stale,
-                   [i for i, (p, t) in enumerate(zip(prompts, texts)) if not task.check(p, t)])
+                   damaged)
 
 
-def wake_runs(prompts, max_num_seqs: int, device="cpu", backend="torch") -> list[WakeRun]:
-    kw = {"device": device, "backend": backend}
+def wake_runs(prompts, max_num_seqs: int, device="cpu", backend="torch", *, model: str = MODEL,
+              max_tokens: int = 12) -> list[WakeRun]:
+    reference = None
+    if judge_of(model) != "task":
+        reference = run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device, backend,
+                               max_tokens, model=model).token_ids
+    kw = {"device": device, "backend": backend, "model": model, "max_tokens": max_tokens, "reference": reference}
     return [sleep_wake_run("fixed", "discard", prompts, max_num_seqs, **kw),
             sleep_wake_run("fixed", "free", prompts, max_num_seqs, **kw),
             sleep_wake_run("nothing re-initializes", "discard", prompts, max_num_seqs, reinit=False, **kw),
@@ -576,6 +902,9 @@ def main(argv: list[str] | None = None) -> int:
     from minikv.cli import UsageParser, positive_int
     p = UsageParser(prog="minikv repro scale-wipe", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=MODEL,
+                   help=f"a shipped model ({MODEL}: trained; {E2B_MODEL}: gemma-4-E2B's topology, random weights) "
+                        "or the path of a Gemma-4 checkpoint directory (config.json, safetensors, tokenizer)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default=None, choices=("triton", "torch"),
                    help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
@@ -584,60 +913,108 @@ def main(argv: list[str] | None = None) -> int:
                                                                       "12 prompts); upstream used 192 (48 x 4)")
     p.add_argument("--max-num-seqs", type=positive_int, nargs="+", default=[4, 6, 8])
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    p.add_argument("--max-tokens", type=int, default=12, help="new tokens per request (default 12)")
+    p.add_argument("--damage", default="tokens", choices=("tokens", "attention"),
+                   help="how a damaged request is recognized: by its answer (tokens, the default), or by its prefill "
+                        "step's attention outputs in the KV-sharing layers differing from the fixed engine's "
+                        "(attention: for random weights, whose tokens may take many steps to diverge)")
+    p.add_argument("--skip-extras", action="store_true",
+                   help="only the main grid and the census (not the warmup, prefix-caching, sleep, unwritten-slot "
+                        "and arrival tables)")
     p.add_argument("--results", default=None, metavar="PATH",
-                   help="write the measured quantities and tables as JSON (results/scale_wipe.json)")
+                   help="write the measured quantities and tables as JSON (results/scale_wipe.json; the file's stem "
+                        "is its name)")
     args = p.parse_args(argv)
     args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
     if args.requests < 2 * max(args.max_num_seqs):
         p.error(f"--requests {args.requests} is too few for --max-num-seqs {max(args.max_num_seqs)}: need at least "
                 f"{2 * max(args.max_num_seqs)}, so that a batch after the first exists")
+    model = args.model
 
     start = time.perf_counter()
-    prompts = make_prompts(args.requests, copies=2)
+    prompts = make_prompts(args.requests, copies=2, model=model)
     configs = list(itertools.product(args.formats, args.max_num_seqs, (False, True)))
+    kw = {"max_tokens": args.max_tokens, "model": model}
+    by_attention = args.damage == "attention"
     pairs = []
     for fmt, seqs, pc in tqdm(configs, desc="scale-wipe configurations"):
-        fixed = run_engine(fmt, seqs, pc, False, prompts, args.device, args.backend)
-        buggy = run_engine(fmt, seqs, pc, True, prompts, args.device, args.backend)
+        fixed = run_engine(fmt, seqs, pc, False, prompts, args.device, args.backend, capture_attention=by_attention,
+                           **kw)
+        buggy = run_engine(fmt, seqs, pc, True, prompts, args.device, args.backend, capture_attention=by_attention,
+                           **kw)
         compare(fixed, buggy)
+        if by_attention:
+            by_tokens, buggy.damaged = buggy.damaged, attention_damage(fixed, buggy)
+            tqdm.write(f"{fmt} max_num_seqs={seqs} prefix caching {'on' if pc else 'off'}: attention outputs differ "
+                       f"for requests {ranges(buggy.damaged)}; token ids differ for {ranges(by_tokens)}")
         pairs.append((fixed, buggy))
     seqs = min(args.max_num_seqs)
-    clean16 = (run_engine("auto", seqs, False, False, prompts, args.device, args.backend),
-               run_engine("auto", seqs, False, True, prompts, args.device, args.backend))
+    clean16 = (run_engine("auto", seqs, False, False, prompts, args.device, args.backend, **kw),
+               run_engine("auto", seqs, False, True, prompts, args.device, args.backend, **kw))
+    print(f"model: {model}; a damaged request: "
+          + ("prefill-step attention outputs in the KV-sharing layers other than the fixed engine's" if by_attention
+             else "wrong by the task's check and different from the fixed engine's answer"
+             if pairs[0][1].judge == "task"
+             else "token ids other than the fixed engine's (its answers cannot be judged right or wrong)"))
     print(format_table(pairs, clean16))
     problems = check_signatures(pairs, clean16)
+    headline = None
     if HEADLINE[0] in args.formats and HEADLINE[1] in args.max_num_seqs:
         _, headline = headline_pair(pairs)
-        print(f"\nscale-fill census ({headline.kv_cache_dtype}, max_num_seqs={headline.max_num_seqs}, buggy engine):")
+        print(f"\nscale-fill census ({headline.kv_cache_dtype}, max_num_seqs={headline.max_num_seqs}, buggy engine; "
+              f"which layer made each fill is minikv's reading, upstream gives only the totals):")
         print(format_census(headline))
         print("\nquantities (one number each; the statistic named):")
         print(format_quantities(pairs))
-        if args.results:
-            import sys
-            command = "minikv repro scale-wipe " + " ".join(sys.argv[1:] if argv is None else argv)
-            with open(args.results, "w") as fh:
-                json.dump(results(pairs, clean16, command.strip()), fh, indent=2)
-                fh.write("\n")
-            print(f"results written to {args.results}")
     elif args.results:
         raise SystemExit(f"--results needs the headline configuration {HEADLINE[:2]} among the runs")
 
-    from minikv.repro import unwritten_slots
-    few = prompts[: 2 * seqs]
-    warmups = warmup_shape_runs(few, seqs, args.device, args.backend)
-    print(f"\nwarmup shape (int8_per_token_head, max_num_seqs={seqs}, buggy engine): damaged requests "
-          f"with the dummy warmup: {ranges(warmups['dummy'])}; with the capture-shaped warmup: "
-          f"{ranges(warmups['capture'])}")
-    wakes = wake_runs(few, seqs, args.device, args.backend)
-    print("\nsleep / wake_up (int8_per_token_head; first batch after the wake-up):")
-    print(format_wake_table(wakes))
-    unwritten = unwritten_slots.run(("torch", "triton"), device=args.device)
-    print("\nwho reads a scale slot nobody wrote (output compared with the 1.0-fill output):")
-    print(unwritten_slots.format_table(unwritten))
-    arrivals = [arrival_run(few, seqs, seed, args.device, args.backend) for seed in range(4)]
-    print(f"\narrival timing (buggy engine, max_num_seqs={seqs}, requests arrive 0-{seqs} per step, seeded):")
-    print(format_arrivals(arrivals))
-    problems += check_extra_signatures(warmups, seqs, wakes, unwritten, arrivals)
+    extra_tables = {}
+    if not args.skip_extras:
+        from minikv.repro import unwritten_slots
+        few = prompts[: 2 * seqs]
+        census_rows_ = warmup_census(few, seqs, args.device, args.backend, **kw)
+        print(f"\nwarmup shape and the census (int8_per_token_head, max_num_seqs={seqs}, buggy engine); upstream "
+              f"tags its {UPSTREAM_CENSUS['harmless']} harmless fills '(pre-write)':")
+        print(format_warmup_census(census_rows_, model))
+        problems += check_warmup_census(census_rows_, seqs)
+        warmups = {r.case: r.damaged for r in census_rows_}
+        extra_tables["warmup_census"] = {
+            "caption": f"The buggy engine's scale fills per warmup shape ({model}, int8_per_token_head, "
+                       f"max_num_seqs={seqs}): before the first write into their storage, after it with nothing "
+                       "left to wipe, or wiping (minikv's reading of upstream's '(pre-write)')",
+            "columns": WARMUP_COLUMNS, "rows": warmup_census_rows(census_rows_)}
+        prefix = prefix_caching_runs(device=args.device, backend=args.backend, model=model)
+        print("\nprefix caching on, buggy engine: 6 prompts x 4 copies (upstream: 48 x 4), by the order of the copies "
+              "and the prompts' length (blocks of 16 tokens):")
+        print(format_prefix_runs(prefix))
+        problems += check_prefix_runs(prefix)
+        how = ("prefill-step attention outputs of the sharing layers other than the fixed engine's"
+               if judge_of(model) == "fixed run" else "wrong answers")
+        extra_tables["prefix_caching_orders"] = {
+            "caption": f"Damaged requests ({how}) with prefix caching on ({model}, int8_per_token_head, 6 prompts "
+                       "x 4 copies, 4 new tokens): copies after the distinct prompts or next to each other; prompts "
+                       "without a full 16-token block or with two",
+            "columns": PREFIX_COLUMNS, "rows": prefix_rows(prefix)}
+        wakes = wake_runs(few, seqs, args.device, args.backend, **kw)
+        print("\nsleep / wake_up (int8_per_token_head; first batch after the wake-up):")
+        print(format_wake_table(wakes))
+        unwritten = unwritten_slots.run(("torch", "triton"), device=args.device)
+        print("\nwho reads a scale slot nobody wrote (output compared with the 1.0-fill output):")
+        print(unwritten_slots.format_table(unwritten))
+        arrivals = [arrival_run(few, seqs, seed, args.device, args.backend, **kw) for seed in range(4)]
+        print(f"\narrival timing (buggy engine, max_num_seqs={seqs}, requests arrive 0-{seqs} per step, seeded):")
+        print(format_arrivals(arrivals))
+        problems += check_extra_signatures(warmups, seqs, wakes, unwritten, arrivals)
+    if args.results:
+        import sys
+        from pathlib import Path
+        command = "minikv repro scale-wipe " + " ".join(sys.argv[1:] if argv is None else argv)
+        with open(args.results, "w") as fh:
+            json.dump(results(pairs, clean16, command.strip(), name=Path(args.results).stem,
+                              extra_tables=extra_tables), fh, indent=2)
+            fh.write("\n")
+        print(f"results written to {args.results}")
     print(f"\n{len(configs)} configurations x (buggy, fixed), {len(prompts)} requests each, "
           f"on {args.device}/{args.backend}, {time.perf_counter() - start:.0f} s")
     if problems:
