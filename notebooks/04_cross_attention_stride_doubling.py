@@ -547,12 +547,16 @@ for version in ("fallback", "taught-fused"):
 vcs.output_scatter({f"{r.version} ({r.path})": r.samples for r in m.ctx_runs})
 
 # %%
-# What the historical fused kernel is told, with paged context off and on:
+# What the historical fused kernel is told, with paged context off and on: the context step's trace records the
+# layout each cross layer's read addressed the pool with.
 for paged in (False, True):
-    impl = cross_layers(one_engine(reintroduce=("cross-fp8-context-read",), paged_context=paged))[0].impl
-    told = impl._context_read_layout()
+    llm = one_engine(reintroduce=("cross-fp8-context-read",), paged_context=paged)
+    llm.add_request(prompts[0], params_for(prompts[:1])[0])
+    context_step = llm.step()
+    event = next(e for e in context_step.trace.events if e.kind == "cross" and e.context_path == "fused")
+    told = event.read_layout
     print(f"historical, paged_context={paged!s:5s}: the fused kernel reads the pool as {told.describe()}")
-    assert (told == impl.layout) == paged
+    assert (told == llm.attention_layers[event.layer].layout) == paged
 
 # %% [markdown]
 # The historical fused path is wrong at the context step only: its outputs scatter far off the diagonal, by

@@ -26,10 +26,13 @@ MAX_EXTRA_BLOCKS = 6                      # pool sizes: the smallest that works,
 
 
 def cells(models=None, kv_cache_dtypes=None, dtypes=None) -> list[tuple[str, str, str]]:
-    """Every (model, KV cache format, activation dtype), 16-bit first (what production engines serve in)."""
+    """Every (model, KV cache format, activation dtype), 16-bit first (what production engines serve in).
+
+    The default models are the trained ones: the prompt pool is made of prompts the model answers right, which a
+    random-weight model (tiny-gemma4-e2b) does not; pass `models=` to hunt over it anyway."""
     from minikv.config import KV_CACHE_DTYPES
-    from minikv.models.registry import MODEL_NAMES
-    return [(m, f, d) for m in (models or MODEL_NAMES) for f in (kv_cache_dtypes or KV_CACHE_DTYPES)
+    from minikv.models.registry import TRAINED_MODELS
+    return [(m, f, d) for m in (models or TRAINED_MODELS) for f in (kv_cache_dtypes or KV_CACHE_DTYPES)
             for d in (dtypes or DTYPES)]
 
 
