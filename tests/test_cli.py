@@ -27,14 +27,14 @@ def test_bugs_lists_every_defect(capsys):
 
 
 def test_repro_scale_wipe_passes(capsys):
-    assert main(["repro", "scale-wipe", "--max-num-seqs", "4", "6", "--requests", "16"]) == 0
-    assert "All upstream signatures reproduced" in capsys.readouterr().out
-
-
-def test_repro_cross_stride_passes(capsys):
-    assert main(["repro", "cross-stride"]) == 0
+    # The smallest grid the command takes (its whole grid and extra tables: notebook 03 and test_scale_wipe.py).
+    assert main(["repro", "scale-wipe", "--max-num-seqs", "4", "--requests", "8", "--formats", "int8_per_token_head",
+                 "--skip-extras"]) == 0
     out = capsys.readouterr().out
-    assert "overrun caught" in out and "All signatures reproduced" in out
+    assert "All upstream signatures reproduced" in out and "int8_per_token_head" in out
+
+
+# `minikv repro cross-stride` runs in test_cross_stride.py (its results file, written through the command).
 
 
 def test_version_and_bench_help(capsys):

@@ -11,6 +11,7 @@ import torch
 
 import minikv
 from minikv.attention.cross import B1_SITES, CrossAttentionModule, CrossBackendBuilder, QuantConfig
+from minikv.cli import main
 from minikv.repro import cross_stride
 
 TASK = minikv.tasks.for_model(cross_stride.MODEL)
@@ -218,10 +219,14 @@ def test_historical_context_read_stays_inside_the_pool(prompts, reference):
     assert hist.context_error > 0.5 and hist.decode_error < 0.2
 
 
-def test_results_file_has_the_schema_and_one_display_per_quantity(tmp_path):
-    m = cross_stride.measure(requests=6)
-    path = tmp_path / "cross_stride.json"
-    cross_stride.write_results(m, path)
+def test_the_command_passes_and_its_results_file_has_the_schema_and_one_display_per_quantity(tmp_path, capsys,
+                                                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    path = tmp_path / "results" / "cross_stride.json"
+    assert main(["repro", "cross-stride", "--results", "results/cross_stride.json"]) == 0
+    out = capsys.readouterr().out
+    assert "overrun caught" in out and "All signatures reproduced" in out
     import json
     data = json.loads(path.read_text())
     assert set(data) == {"name", "command", "model", "notebook", "quantities", "tables"}
@@ -237,7 +242,6 @@ def test_results_file_has_the_schema_and_one_display_per_quantity(tmp_path):
     assert q["b1_wrong_requests_2x"]["display"] == "0 of 6" and q["b1_wrong_requests_1x"]["value"] > 0
     assert q["b2_context_error"]["value"] > 0.5 and q["b2_wrong_requests"]["value"] > 0
     assert q["b2_context_error_taught_fused"]["display"] == q["b2_context_error_fallback"]["display"] == "< 0.001"
-    assert not cross_stride.check_signatures(m.pool_runs, m.bind_error, m.ctx_runs)
 
 
 def test_committed_results_displays_appear_in_notebook_04():

@@ -1,5 +1,10 @@
 """Engine-level tests: the same tokens whatever the backend, prefix caching, preemption, sleep/wake_up; bad input
-rejected with clear errors before anything runs; the arena's canaries intact after every run."""
+rejected with clear errors before anything runs; the arena's canaries intact after every run.
+
+The first test runs the Triton kernels (in the interpreter on a CPU) against the torch backend in every KV cache
+format; the scheduler, block manager and arena properties after it run on the torch backend, the same engine
+Python at a fraction of the interpreter's cost (the kernels' own block-table tests: test_kernels_decode.py and
+test_kernels_context.py)."""
 from __future__ import annotations
 
 import pytest
@@ -21,6 +26,7 @@ def prompts():
 
 def run(prompts, **kw):
     kw.setdefault("model", GEMMA4)
+    kw.setdefault("backend", "torch")
     llm = minikv.LLM(**kw)
     outs = llm.generate(prompts, greedy(), use_tqdm=False)
     llm.arena.check()                                   # canaries intact after every run
@@ -62,7 +68,7 @@ def test_identical_prompts_give_identical_outputs(prompts):
 
 
 def test_sleep_wake_up_gives_identical_outputs(prompts):
-    llm = minikv.LLM(model=GEMMA4, kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
+    llm = minikv.LLM(model=GEMMA4, kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
     before = [o.token_ids for o in llm.generate(prompts, greedy(), use_tqdm=False)]
     old = llm.arena
     llm.sleep()
@@ -77,7 +83,7 @@ def test_sleep_wake_up_gives_identical_outputs(prompts):
 
 
 def test_temperature_sampling_is_seeded(prompts):
-    llm = minikv.LLM(model=GEMMA4, max_num_seqs=4)
+    llm = minikv.LLM(model=GEMMA4, max_num_seqs=4, backend="torch")
     p = minikv.SamplingParams(max_tokens=8, temperature=1.0, seed=7)
     a = [o.token_ids for o in llm.generate(prompts[:3], p, use_tqdm=False)]
     b = [o.token_ids for o in llm.generate(prompts[:3], p, use_tqdm=False)]
@@ -87,7 +93,7 @@ def test_temperature_sampling_is_seeded(prompts):
 def test_encoder_decoder_generates_right_answers():
     task = minikv.tasks.for_model("tiny-t5")
     prompts = task.prompts(4, seed=1)
-    llm = minikv.LLM(model="tiny-t5", kv_cache_dtype="fp8", max_num_seqs=4)
+    llm = minikv.LLM(model="tiny-t5", kv_cache_dtype="fp8", max_num_seqs=4, backend="torch")
     outs = llm.generate(prompts, [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts],
                         use_tqdm=False)
     llm.arena.check()
@@ -96,7 +102,7 @@ def test_encoder_decoder_generates_right_answers():
 
 # ---- bad input: a clear error, nothing half-done ------------------------------------------------------------------
 def test_bad_input_is_rejected_clearly(prompts):
-    llm = minikv.LLM(model=GEMMA4, max_num_seqs=2)
+    llm = minikv.LLM(model=GEMMA4, max_num_seqs=2, backend="torch")
     with pytest.raises(ValueError, match="empty prompt"):
         llm.generate([prompts[0], ""], greedy(), use_tqdm=False)
     with pytest.raises(ValueError, match="outside tiny-gemma4's domain.*at most 95 characters"):
@@ -125,7 +131,7 @@ def test_bad_engine_arguments():
 
 
 def test_pool_too_small_for_one_request_is_an_error_not_a_hang(prompts):
-    llm = minikv.LLM(model=GEMMA4, num_blocks=1, max_num_seqs=2)
+    llm = minikv.LLM(model=GEMMA4, num_blocks=1, max_num_seqs=2, backend="torch")
     with pytest.raises(ValueError, match="blocks"):
         llm.generate(prompts[:2], greedy(12), use_tqdm=False)
 

@@ -101,6 +101,33 @@ def test_malformed_results_file_is_a_clear_error(tmp_path):
         render_results.render_repo(repo)
 
 
+CI_LOG = """$ bash tools/time_fresh_clone.sh
+commit abc1234, 2026-12-02T02:00Z, 2 CPUs, load average before: 0.10
+....
+3 passed, 1 skipped in 300.50s (0:05:00)
+4 passed in 60.00s (0:01:00)
+4 passed in 90.00s (0:01:30)
+\tElapsed (wall clock) time (h:mm:ss or m:ss): 9:30.50
+exit status 0, load average after: 1.90
+"""
+
+
+def test_test_time_comes_from_the_timed_fresh_clone_run(tmp_path):
+    log = tmp_path / render_results.CI_RUN
+    log.parent.mkdir(parents=True)
+    log.write_text(CI_LOG)
+    q = render_results.load_test_time(tmp_path)["quantities"]
+    assert [q[k]["display"] for k in ("wall", "pytest", "nbval_first", "nbval_second", "setup")] == \
+        ["9.5 minutes", "5.0 minutes", "1.0 minutes", "1.5 minutes", "2.0 minutes"]
+    assert q["pytest_counts"]["display"] == "3 passed, 1 skipped" and q["load_average"]["value"] == 0.10
+    log.write_text(CI_LOG.replace("exit status 0", "exit status 2"))
+    with pytest.raises(render_results.ResultsError, match="failed .exit status 2."):
+        render_results.load_test_time(tmp_path)
+    log.write_text(CI_LOG.replace("4 passed in 90.00s (0:01:30)\n", ""))
+    with pytest.raises(render_results.ResultsError, match="found 2 summaries"):
+        render_results.load_test_time(tmp_path)
+
+
 # ---- the repository -------------------------------------------------------------------------------------------
 
 def _repo_results() -> dict[str, dict]:
@@ -264,10 +291,6 @@ NOT_MEASURED = {
     # targets and tolerances: goals and bounds, not results
     "1.7x": "issue 15's target", "1.8x": "issue 15's target", "1%": "the GPU parity test's tolerance",
     "1.10x": "issue 15's anchor, vLLM's reported end-to-end figure",
-    # README's test-time section belongs to issue 24 (craft), which measures and states it
-    "2 minutes": "make test's second nbval pass (issue 24)", "16.6 minutes": "make test (issue 24)",
-    "1.5 min": "make setup (issue 24)", "12.5 min": "the pytest suite (issue 24)",
-    "1.3 min": "nbval, first pass (issue 24)", "1.4 min": "nbval, second pass (issue 24)",
 }
 
 

@@ -111,16 +111,17 @@ def test_quantities_come_from_the_headline_run():
 
 def test_sixteen_bit_cache_is_untouched_by_the_switch():
     prompts = scale_wipe.make_prompts(6)
-    _, clean = generate(prompts, kv_cache_dtype="auto", max_num_seqs=4)
-    llm, buggy = generate(prompts, kv_cache_dtype="auto", max_num_seqs=4, reintroduce=("scale-wipe",))
+    _, clean = generate(prompts, kv_cache_dtype="auto", max_num_seqs=4, backend="torch")
+    llm, buggy = generate(prompts, kv_cache_dtype="auto", max_num_seqs=4, backend="torch",
+                          reintroduce=("scale-wipe",))
     assert buggy == clean
     assert not llm.census.fills
 
 
 def test_measured_inflation_equals_one_over_the_true_scale():
     prompts = scale_wipe.make_prompts(8)
-    fixed = scale_wipe.run_engine("int8_per_token_head", 4, False, False, prompts, max_tokens=2)
-    buggy = scale_wipe.run_engine("int8_per_token_head", 4, False, True, prompts, max_tokens=2)
+    fixed = scale_wipe.run_engine("int8_per_token_head", 4, False, False, prompts, backend="torch", max_tokens=2)
+    buggy = scale_wipe.run_engine("int8_per_token_head", 4, False, True, prompts, backend="torch", max_tokens=2)
     scale_wipe.compare(fixed, buggy)
     assert buggy.k_inflation > 5 and buggy.v_inflation > 1
     assert buggy.inflation_error < 1e-4
@@ -181,8 +182,8 @@ def test_first_and_later_batch_kv_bytes_identical(fmt):
     # (a different batch composition could change the last bits of a matmul, which is not what is tested here).
     prompts = minikv.tasks.for_model("tiny-gemma4").prompts(8, seed=4)
     x = prompts[0]
-    first = kv_bytes_after_prefill(prompts, x, kv_cache_dtype=fmt, max_num_seqs=4)
-    later = kv_bytes_after_prefill(prompts[4:] + prompts[:4], x, kv_cache_dtype=fmt, max_num_seqs=4)
+    first = kv_bytes_after_prefill(prompts, x, kv_cache_dtype=fmt, max_num_seqs=4, backend="torch")
+    later = kv_bytes_after_prefill(prompts[4:] + prompts[:4], x, kv_cache_dtype=fmt, max_num_seqs=4, backend="torch")
     assert first.keys() == later.keys() and first
     for name in first:
         assert torch.equal(first[name], later[name]), name

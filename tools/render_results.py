@@ -28,7 +28,8 @@ The sources, each turned into the same shape {"name", "command", "quantities", "
   `gpu_decode_step.csv`; the targets come from `minikv.bench.attention.targets`, the function the benchmark prints
   them with;
 * `models`: the shipped models' evaluations, `minikv/models/weights/*/training.json`;
-* `cpu_speed`: `python -m minikv.bench engine`'s output, `results/cpu/bench_engine.log`.
+* `cpu_speed`: `python -m minikv.bench engine`'s output, `results/cpu/bench_engine.log`;
+* `test_time`: CI's job timed from a fresh clone, `results/cpu/ci_run.log` (`bash tools/time_fresh_clone.sh`).
 
 Rendering is idempotent: a second run changes nothing. A name that no source defines is an error that names the
 file, the line and the names that do exist.
@@ -479,10 +480,53 @@ def load_cpu_speed(repo: Path) -> dict | None:
             "header": header, "_source": "`results/cpu/bench_engine.log`, printed by `python -m minikv.bench engine`"}
 
 
+CI_RUN = Path("results/cpu/ci_run.log")
+_PYTEST_SUMMARY = re.compile(r"^(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<s>[\d.]+)s\b", re.MULTILINE)
+_ELAPSED = re.compile(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)")
+
+
+def _minutes(seconds: float, statistic: str) -> dict:
+    return {"value": seconds, "display": f"{seconds / 60:.1f} minutes", "statistic": statistic}
+
+
+def load_test_time(repo: Path) -> dict | None:
+    """CI's job from a fresh clone: the whole wall time, and the pytest suite's and both nbval passes' own times."""
+    path = repo / CI_RUN
+    if not path.exists():
+        return None
+    text = path.read_text()
+    runs = list(_PYTEST_SUMMARY.finditer(text))
+    elapsed = _ELAPSED.search(text)
+    status = re.search(r"^exit status (\d+)", text, re.MULTILINE)
+    if len(runs) != 3 or not elapsed or not status:
+        raise ResultsError(f"{path}: expected three pytest summaries (the suite, two nbval passes), /usr/bin/time's "
+                           f"elapsed line and the exit status; found {len(runs)} summaries")
+    if status.group(1) != "0":
+        raise ResultsError(f"{path}: the timed run failed (exit status {status.group(1)}); time a passing run")
+    h, m, sec = elapsed.groups()
+    wall = int(h or 0) * 3600 + int(m) * 60 + float(sec)
+    suite, first, second = (float(r.group("s")) for r in runs)
+    q = {"wall": _minutes(wall, "wall time of `bash .ci/run` in a fresh clone, setup included"),
+         "pytest": _minutes(suite, "the pytest suite's own time (two workers)"),
+         "nbval_first": _minutes(first, "nbval, first float environment"),
+         "nbval_second": _minutes(second, "nbval, second float environment"),
+         "setup": _minutes(wall - suite - first - second, "the rest: clone's .venv, installs, pytest start-up"),
+         "pytest_counts": {"value": runs[0].group("counts"), "display": runs[0].group("counts"),
+                           "statistic": "the pytest suite's outcome counts"}}
+    load = re.search(r"load average before: ([\d.]+)", text)
+    if load:
+        q["load_average"] = {"value": float(load.group(1)), "display": load.group(1),
+                             "statistic": "the machine's 1-minute load average when the run started"}
+    header = text.splitlines()[1] if text.startswith("$") else text.splitlines()[0]
+    return {"name": "test_time", "command": "bash tools/time_fresh_clone.sh", "quantities": q, "tables": {},
+            "header": header, "_source": "`results/cpu/ci_run.log`, written by `bash tools/time_fresh_clone.sh`"}
+
+
 def load_sources(repo: Path = REPO) -> dict[str, dict]:
     """Every results source of the repository: results/*.json, then the derived ones whose files exist."""
     out = load_results(repo / "results")
-    for loader in (load_scale_wipe_cuda, load_cross_stride_cuda, load_gpu, load_models, load_cpu_speed):
+    for loader in (load_scale_wipe_cuda, load_cross_stride_cuda, load_gpu, load_models, load_cpu_speed,
+                   load_test_time):
         data = loader(repo)
         if data is not None:
             out[data["name"]] = data
