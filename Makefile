@@ -28,11 +28,15 @@ KERNEL        := python3
 
 setup: $(STAMP)
 
+# --no-compile: Python compiles a module's bytecode when it is first imported; compiling every file of torch,
+# JupyterLab and the rest at install time instead took about 45 s of a fresh setup's 110 on the 2-core machine.
+PIP    := $(VENV)/bin/pip install --quiet --no-compile
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet $(TORCH)
-	$(VENV)/bin/pip install --quiet -e ".[dev,notebooks,docs]"
-	$(VENV)/bin/pip install --quiet playwright   # driver only; the browser test uses Debian's /usr/bin/chromium
+	$(PIP) $(TORCH)
+	$(PIP) -e ".[dev,notebooks,docs]"
+	$(PIP) playwright   # driver only; the browser test uses Debian's /usr/bin/chromium
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -48,10 +52,12 @@ TEST_ENV := TQDM_DISABLE=1 OMP_NUM_THREADS=1
 # between those, as they do between a learner's laptop, a CI runner and the machine that recorded the outputs, so
 # an output that depends on them fails here rather than for a user (README, "Notebook outputs must be portable").
 # The second pass covers every notebook: each of 01-04 prints results of float computation, and 05 costs seconds;
-# both passes together take about 3-4 minutes of the 15 the whole target may take on a slow 2-core machine.
+# both passes together take about 3 minutes of the 10 the whole target may take from a fresh clone (README).
 OTHER_CPU_KERNELS := $(if $(filter default,$(ATEN_CPU_CAPABILITY)),\
 	env -u ATEN_CPU_CAPABILITY,ATEN_CPU_CAPABILITY=default)
-SECOND_FLOAT_ENV  := $(OTHER_CPU_KERNELS) OMP_NUM_THREADS=2
+# OMP_WAIT_POLICY=PASSIVE: an OpenMP thread with no work sleeps instead of spinning. Two workers of two threads each
+# on two cores otherwise spin against each other (the pass took 151 s that way, 100 s with it); results are the same.
+SECOND_FLOAT_ENV  := $(OTHER_CPU_KERNELS) OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE
 
 # Two pytest workers (pytest-xdist), one per core of the 2-core machines this runs on; a test file stays on one
 # worker (--dist loadfile), so its module-scoped engines are built once, and a notebook's cells run in one kernel.

@@ -366,7 +366,7 @@ def site_browser(tmp_path_factory):
     import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
-    site = _docs_build_module().build_site(tmp_path_factory.mktemp("site"))
+    site = _docs_build_module().build_site(tmp_path_factory)
 
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, *args):
@@ -424,7 +424,7 @@ def site_on_disk(tmp_path_factory):
         pytest.skip("no browser: /usr/bin/chromium is missing (install Debian's chromium: "
                     "apt-get install -y chromium); the docs browser test needs it")
     pytest.importorskip("playwright.sync_api", reason="the `playwright` pip package is not installed")
-    site = _docs_build_module().build_site(tmp_path_factory.mktemp("site"))
+    site = _docs_build_module().build_site(tmp_path_factory)
     browser = _acquire_chromium()
     try:
         yield site.resolve(), browser

@@ -12,6 +12,7 @@ tests/test_browser_lab.py opens the same pages in Chromium. One build serves eve
 """
 from __future__ import annotations
 
+import fcntl
 import html
 import json
 import os
@@ -40,27 +41,31 @@ PAGE_NOTEBOOK = {"concepts/paged-kv-cache": "01_paged_kv_cache", "concepts/kv-ca
                  "defects/cross-stride-fp8-context": "04_cross_attention_stride_doubling"}
 
 
-_BUILT: dict[str, Path] = {}       # one build per test session, shared with tests/test_browser_lab.py
-
-
-def build_site(site: Path) -> Path:
-    """`mkdocs build --strict` into `site` (skips when the docs extras are missing); also used by the browser test.
-    A second call in the same session returns the first build."""
+def build_site(tmp_path_factory) -> Path:
+    """`mkdocs build --strict` once per test run (skips when the docs extras are missing); also used by the browser
+    test. The pytest-xdist workers of one run share the build: the first builds it under a lock in the run's
+    common temporary directory, the others wait and read it. Tests only read the site."""
     for module in ("mkdocs", "material", "mkdocs_jupyter", "mkdocstrings", "mkdocstrings_handlers.python"):
         pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[docs]')")
-    if "site" in _BUILT:
-        return _BUILT["site"]
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-    _BUILT["site"] = site
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                       # gw0/, gw1/ ... sit side by side in one directory per run
+    site, built = root / "docs-site", root / "docs-site.built"
+    with open(root / "docs-site.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.exists():
+            env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+            result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                                    cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+            assert result.returncode == 0, \
+                f"mkdocs build --strict failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+            built.touch()
     return site
 
 
 @pytest.fixture(scope="module")
 def built_site(tmp_path_factory):
-    return build_site(tmp_path_factory.mktemp("site"))
+    return build_site(tmp_path_factory)
 
 
 class _PageParser(HTMLParser):
