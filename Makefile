@@ -28,9 +28,10 @@ KERNEL        := python3
 
 setup: $(STAMP)
 
-# --no-compile: Python compiles a module's bytecode when it is first imported; compiling every file of torch,
-# JupyterLab and the rest at install time instead took about 45 s of a fresh setup's 110 on the 2-core machine.
-PIP    := $(VENV)/bin/pip install --quiet --no-compile
+# pip compiles every installed file's bytecode (about 45 s of a fresh setup). Left on: where PYTHONDONTWRITEBYTECODE
+# is set (as on the CI machines) a module not compiled at install is compiled again at every import, in every test
+# worker and notebook kernel, which cost more than it saved.
+PIP    := $(VENV)/bin/pip install --quiet
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

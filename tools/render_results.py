@@ -471,13 +471,20 @@ def load_cpu_speed(repo: Path) -> dict | None:
                                       "statistic": "triton / torch process CPU time"}
     if not q:
         raise ResultsError(f"{path}: no `python -m minikv.bench engine` result lines found")
-    load = re.search(r"load average: ([\d.]+)", text)
+    return _log_source("cpu_speed", "python -m minikv.bench engine", text, q, r"load average:",
+                       "the machine's 1-minute load average right after the run",
+                       "`results/cpu/bench_engine.log`, printed by `python -m minikv.bench engine`")
+
+
+def _log_source(name: str, command: str, text: str, q: dict, load_label: str, load_statistic: str,
+                source: str) -> dict:
+    """A source read from a command's log: its quantities, the machine's load average where the log names it, and
+    the log's first line after the command as its header."""
+    load = re.search(load_label + r" ([\d.]+)", text)
     if load:
-        q["load_average"] = {"value": float(load.group(1)), "display": load.group(1),
-                             "statistic": "the machine's 1-minute load average right after the run"}
+        q["load_average"] = {"value": float(load.group(1)), "display": load.group(1), "statistic": load_statistic}
     header = text.splitlines()[1] if text.startswith("$") else text.splitlines()[0]
-    return {"name": "cpu_speed", "command": "python -m minikv.bench engine", "quantities": q, "tables": {},
-            "header": header, "_source": "`results/cpu/bench_engine.log`, printed by `python -m minikv.bench engine`"}
+    return {"name": name, "command": command, "quantities": q, "tables": {}, "header": header, "_source": source}
 
 
 CI_RUN = Path("results/cpu/ci_run.log")
@@ -513,13 +520,9 @@ def load_test_time(repo: Path) -> dict | None:
          "setup": _minutes(wall - suite - first - second, "the rest: clone's .venv, installs, pytest start-up"),
          "pytest_counts": {"value": runs[0].group("counts"), "display": runs[0].group("counts"),
                            "statistic": "the pytest suite's outcome counts"}}
-    load = re.search(r"load average before: ([\d.]+)", text)
-    if load:
-        q["load_average"] = {"value": float(load.group(1)), "display": load.group(1),
-                             "statistic": "the machine's 1-minute load average when the run started"}
-    header = text.splitlines()[1] if text.startswith("$") else text.splitlines()[0]
-    return {"name": "test_time", "command": "bash tools/time_fresh_clone.sh", "quantities": q, "tables": {},
-            "header": header, "_source": "`results/cpu/ci_run.log`, written by `bash tools/time_fresh_clone.sh`"}
+    return _log_source("test_time", "bash tools/time_fresh_clone.sh", text, q, r"load average before:",
+                       "the machine's 1-minute load average when the run started",
+                       "`results/cpu/ci_run.log`, written by `bash tools/time_fresh_clone.sh`")
 
 
 def load_sources(repo: Path = REPO) -> dict[str, dict]:

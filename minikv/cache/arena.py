@@ -50,17 +50,22 @@ def _round_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+def _checked_specs(specs: list[PoolSpec], guard_bytes: int) -> dict[str, PoolSpec]:
+    """The pools by name, after the checks both arena kinds make on their arguments."""
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pool names must be unique: {names}")
+    if guard_bytes < ALIGN or guard_bytes % ALIGN:
+        raise ValueError(f"guard_bytes must be a positive multiple of {ALIGN}")
+    return {s.name: s for s in specs}
+
+
 class KVArena:
     """One uint8 tensor holding named pools with canary-filled guard zones between them."""
 
     def __init__(self, specs: list[PoolSpec], device: torch.device | str = "cpu", guard_bytes: int = 4096,
                  reach_elem_bytes: int | None = None):
-        names = [s.name for s in specs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"pool names must be unique: {names}")
-        if guard_bytes < ALIGN or guard_bytes % ALIGN:
-            raise ValueError(f"guard_bytes must be a positive multiple of {ALIGN}")
-        self.specs = {s.name: s for s in specs}
+        self.specs = _checked_specs(specs, guard_bytes)
         self.device = torch.device(device)
         self.guards: list[tuple[str, int, int]] = []   # (name of the pool before it, start, end)
         self.offsets: dict[str, int] = {}
@@ -166,12 +171,7 @@ class SeparateKVArena(KVArena):
 
     def __init__(self, specs: list[PoolSpec], device: torch.device | str = "cpu", guard_bytes: int = 4096,
                  reach_elem_bytes: int | None = None, guarded: bool | None = None):
-        names = [s.name for s in specs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"pool names must be unique: {names}")
-        if guard_bytes < ALIGN or guard_bytes % ALIGN:
-            raise ValueError(f"guard_bytes must be a positive multiple of {ALIGN}")
-        self.specs = {s.name: s for s in specs}
+        self.specs = _checked_specs(specs, guard_bytes)
         self.device = torch.device(device)
         self.guarded = self.device.type == "cpu" if guarded is None else bool(guarded)
         self._canary = torch.tensor(list(CANARY), dtype=torch.uint8, device=self.device)

@@ -18,18 +18,10 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from minikv.cli import whole_number
     from .oracles import ORACLES
+    _count = whole_number(0)
     p.add_argument("--budget", type=_positive_float, default=60.0, metavar="SECONDS",
                    help="stop searching after this many seconds (default 60; shrinking a failure comes on top)")
     p.add_argument("--seed", type=_count, default=0, metavar="N",
