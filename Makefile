@@ -15,7 +15,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-done
-# torch is pinned exactly and installed first: a range would let pip pick a newer, multi-GB CUDA build.
+# torch is pinned exactly: a range would let pip pick a newer, multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
 NOTEBOOKS     := $(sort $(wildcard notebooks/*.ipynb))
@@ -28,16 +28,15 @@ KERNEL        := python3
 
 setup: $(STAMP)
 
-# pip compiles every installed file's bytecode (about 45 s of a fresh setup). Left on: where PYTHONDONTWRITEBYTECODE
-# is set (as on the CI machines) a module not compiled at install is compiled again at every import, in every test
-# worker and notebook kernel, which cost more than it saved.
-PIP    := $(VENV)/bin/pip install --quiet
-
+# One pip run for everything (playwright: the driver only; the browser test uses Debian's /usr/bin/chromium), then
+# the bytecode compiled on every core: pip compiles file by file on one, which was 45 s of a fresh setup. The
+# bytecode is needed: where PYTHONDONTWRITEBYTECODE is set (as on the CI machines) a module not compiled now would
+# be compiled again at every import, in every test worker and notebook kernel. compileall's status is ignored,
+# as pip ignores it: a few packages ship files for other Python versions (torch's py312_intrinsics.py).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) $(TORCH)
-	$(PIP) -e ".[dev,notebooks,docs]"
-	$(PIP) playwright   # driver only; the browser test uses Debian's /usr/bin/chromium
+	$(VENV)/bin/pip install --quiet --no-compile $(TORCH) -e ".[dev,notebooks,docs]" playwright
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $(STAMP)
 
 run: $(STAMP)
