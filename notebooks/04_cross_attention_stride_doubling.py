@@ -421,7 +421,11 @@ assert cross_stride.check_arena_runs(m.arenas) == []
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-GPU_LOGS = Path("../results/gpu/fidelity")
+# The repository's results/ folder, wherever the notebook runs: beside notebooks/, the current folder, or the
+# checkout minikv is installed from (a copy of this notebook opened elsewhere).
+REPO = next(p for p in (Path(".."), Path("."), Path(minikv.__file__).resolve().parents[1])
+            if (p / "results" / "gpu").is_dir())
+GPU_LOGS = REPO / "results" / "gpu" / "fidelity"
 
 
 def memcheck_cases(log: Path) -> dict:

@@ -62,8 +62,10 @@ from minikv.hunt.strategies import cells, prompt_pool
 torch.manual_seed(0)
 torch.set_num_threads(1)            # tiny tensors: one thread is faster (hunt() uses one as well)
 REFERENCE = DenseReference()        # the dense references, cached across every hunt below
-RESULTS = json.loads(next(p for p in (Path("../results/hunt.json"), Path("results/hunt.json")) if p.exists())
-                     .read_text())     # measured by tools/hunt_results.py (section 7)
+# measured by tools/hunt_results.py (section 7); found beside notebooks/, here, or in minikv's checkout
+RESULTS = json.loads(next(p for p in (Path("../results/hunt.json"), Path("results/hunt.json"),
+                                      Path(minikv.__file__).resolve().parents[1] / "results" / "hunt.json")
+                          if p.exists()).read_text())
 
 for name, o in oracles.ORACLES.items():
     print(f"{name:26} {'(needs the reference) ' if o.needs_reference else ''}{o.statement}")

@@ -33,6 +33,15 @@ def _seed_everything():
     yield
 
 
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test, restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def sample_cases(seed: int, n: int, *axes) -> list[tuple]:
     """n deterministic points of the product of `axes` in which every value of every axis appears.
 

@@ -193,12 +193,17 @@ class Lab:
                 self.api(f"/api/sessions/{session['id']}", method="DELETE")
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def _require_browser(test: str) -> None:
+    """Skip, saying what to install, unless Debian's Chromium and the playwright driver are both here."""
     if not CHROMIUM.exists():
         pytest.skip("no browser: /usr/bin/chromium is missing (install Debian's chromium: "
-                    "apt-get install -y chromium); the JupyterLab browser test needs it")
+                    f"apt-get install -y chromium); the {test} needs it")
     pytest.importorskip("playwright.sync_api", reason="the `playwright` pip package is not installed")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    _require_browser("JupyterLab browser test")
     pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
     session = Lab(tmp_path_factory.mktemp("jupyterlab"))
     try:
@@ -358,10 +363,7 @@ def _docs_build_module():
 @pytest.fixture(scope="module")
 def site_browser(tmp_path_factory):
     """(base URL of the built site served on 127.0.0.1, a headless Chromium)."""
-    if not CHROMIUM.exists():
-        pytest.skip("no browser: /usr/bin/chromium is missing (install Debian's chromium: "
-                    "apt-get install -y chromium); the docs browser test needs it")
-    pytest.importorskip("playwright.sync_api", reason="the `playwright` pip package is not installed")
+    _require_browser("docs browser test")
     import functools
     import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -420,10 +422,7 @@ IMAGES_JS = """() => [...document.querySelectorAll('img')].map(i => ({src: i.get
 @pytest.fixture(scope="module")
 def site_on_disk(tmp_path_factory):
     """(the built site's folder, a headless Chromium); the site is the one tests/test_docs_build.py built."""
-    if not CHROMIUM.exists():
-        pytest.skip("no browser: /usr/bin/chromium is missing (install Debian's chromium: "
-                    "apt-get install -y chromium); the docs browser test needs it")
-    pytest.importorskip("playwright.sync_api", reason="the `playwright` pip package is not installed")
+    _require_browser("docs browser test")
     site = _docs_build_module().build_site(tmp_path_factory)
     browser = _acquire_chromium()
     try:

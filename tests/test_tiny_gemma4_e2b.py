@@ -37,11 +37,8 @@ SHRUNK = {"vocab_size": 262_144, "vocab_size_per_layer_input": 262_144, "hidden_
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """Tiny matmuls: one thread is faster, and the dense references run like the engine's tests."""
 
 
 def test_config_is_e2bs_with_only_the_widths_shrunk():

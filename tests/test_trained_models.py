@@ -18,11 +18,8 @@ QUICK_N = 50
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """Tiny matmuls: one thread is faster, and the dense references run like the engine's tests."""
 
 
 # ---- the directories ---------------------------------------------------------------------------------------------
