@@ -132,7 +132,7 @@ def gpu_main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minikv.cli import UsageParser, model_arg, positive_int
+    from minikv.argtypes import UsageParser, model_arg, positive_int
     from minikv.config import BACKENDS, KV_CACHE_DTYPES as FORMATS
     p = UsageParser(prog="minikv bench engine", description=__doc__)
     model_arg(p)

@@ -19,7 +19,7 @@ def _positive_float(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from minikv.cli import whole_number
+    from minikv.argtypes import whole_number
     from .oracles import ORACLES
     _count = whole_number(0)
     p.add_argument("--budget", type=_positive_float, default=60.0, metavar="SECONDS",

@@ -622,7 +622,7 @@ def write_results(m: Measurement, path, command: str = RESULTS_COMMAND) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minikv.cli import UsageParser, positive_int
+    from minikv.argtypes import UsageParser, positive_int
     p = UsageParser(prog="minikv repro cross-stride", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL,

@@ -899,7 +899,7 @@ def check_extra_signatures(warmups: dict[str, list[int]], max_num_seqs: int, wak
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minikv.cli import UsageParser, positive_int
+    from minikv.argtypes import UsageParser, positive_int
     p = UsageParser(prog="minikv repro scale-wipe", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL,

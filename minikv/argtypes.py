@@ -1,0 +1,39 @@
+"""Command-line argument helpers shared by `minikv` and the subcommands that parse their own options.
+
+The reproductions (`minikv repro ...`), the benchmarks and the hunter each build their own parser; they take these
+from here rather than from `minikv.cli`, which imports them (a module below the command line, so no import circle).
+"""
+from __future__ import annotations
+
+import argparse
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (with a pointer to --help) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def whole_number(minimum: int):
+    """argparse type: a whole number of at least `minimum`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+positive_int = whole_number(1)
+
+
+def model_arg(parser: argparse.ArgumentParser, default: str = "tiny-gemma4") -> None:
+    """--model: a shipped model name or a checkpoint directory (checked by minikv.LLM, as LLM(model=...) is)."""
+    from minikv.models.registry import MODEL_NAMES
+    parser.add_argument("--model", default=default, metavar="NAME|PATH",
+                        help=f"a shipped model ({', '.join(MODEL_NAMES)}) or the path of a checkpoint directory "
+                             f"in transformers' format (default {default})")
