@@ -307,7 +307,8 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
 def context_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                 cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float,
                                 validate: bool = True, sliding_window: int = 0,
-                                rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+                                rel_bias: torch.Tensor | None = None, config=None) -> torch.Tensor:
+    """context_attention in fp32 torch, one sequence at a time (`config` is accepted and ignored)."""
     if validate:
         _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
         _check_window(sliding_window, causal, rel_bias, q)
@@ -398,7 +399,8 @@ def paged_context_attention_reference(q: torch.Tensor, pool: torch.Tensor, block
                                       cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, spec, causal: bool,
                                       sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                                       validate: bool = True, sliding_window: int = 0,
-                                      rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+                                      rel_bias: torch.Tensor | None = None, config=None) -> torch.Tensor:
+    """context_attention in fp32 torch, one sequence at a time (`config` is accepted and ignored)."""
     if validate:
         _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal, k_scale, v_scale)
         _check_window(sliding_window, causal, rel_bias, q)

@@ -458,8 +458,10 @@ def paged_decode_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_
                                      seq_lens: torch.Tensor, spec, sm_scale: float, k_scale: float = 1.0,
                                      v_scale: float = 1.0, out: torch.Tensor | None = None,
                                      validate: bool = True, sliding_window: int = 0,
-                                     rel_bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The same attention in fp32 torch, one sequence at a time, K/V gathered from the pool's bytes."""
+                                     rel_bias: torch.Tensor | None = None,
+                                     config=None) -> torch.Tensor:
+    """The same attention in fp32 torch, one sequence at a time, K/V gathered from the pool's bytes (`config`, the
+    kernel's launch configuration, is accepted and ignored)."""
     if validate:
         _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
         _check_window(sliding_window)
