@@ -107,9 +107,10 @@ def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms
 
 
 def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
-                  device: torch.device, fmt: int | None = None, placement: int = formats.ROW) -> DecodeConfig:
+                  device: torch.device, fmt: int | None = None, placement: int = formats.ROW,
+                  sms: int | None = None) -> DecodeConfig:
     """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
-    cache's format code; `placement`: where its scales sit."""
+    cache's format code; `placement`: where its scales sit; `sms`: the GPU's SM count (None: the device's)."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         # row_window off: the interpreter keeps its one summation order (recorded CPU outputs stay as they are);
@@ -117,7 +118,7 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1, row_window=False)
     block_g = max(16, _pow2(group))
     block_n = max(16, min(DECODE_MAX_TOKENS, DECODE_TILE_BYTES // (head_size * elem_bytes)))
-    splits = decode_splits(batch, num_kv_heads, max_len, block_n, num_sms(device.index or 0))
+    splits = decode_splits(batch, num_kv_heads, max_len, block_n, sms or num_sms(device.index or 0))
     one_byte = elem_bytes == 1
     return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4,
                         num_stages=DECODE_STAGES[elem_bytes], f16_dot=one_byte, convert_asm=one_byte)
