@@ -86,18 +86,22 @@ def decode_launch(layout, batch: int, ctx: int) -> dict:
             "stages": cfg.num_stages}
 
 
-def decode_case(fmt: str, batch: int, ctx: int) -> dict:
-    from minikv.kernels.decode_attention import paged_decode_attention
-    dtype = torch.bfloat16
-    layout = layout_for(fmt, dtype)
+def decode_problem(fmt: str, batch: int, ctx: int):
+    """(layout, pool, tables, lens, q, out) of one decode case: the pool filled, blocks in shuffled order."""
+    layout = layout_for(fmt, torch.bfloat16)
     blocks_per_seq = ctx // BS
     num_blocks = batch * blocks_per_seq
     pool = torch.empty(num_blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
     _fill_pool(pool, layout)
     tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, blocks_per_seq)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, HQ, D, dtype=dtype, device="cuda")
-    out = torch.empty_like(q)
+    q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device="cuda")
+    return layout, pool, tables, lens, q, torch.empty_like(q)
+
+
+def decode_case(fmt: str, batch: int, ctx: int) -> dict:
+    from minikv.kernels.decode_attention import paged_decode_attention
+    layout, pool, tables, lens, q, out = decode_problem(fmt, batch, ctx)
     sm = D ** -0.5
     ms, how = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, spec=layout, sm_scale=sm, out=out,
                                                       validate=False))
