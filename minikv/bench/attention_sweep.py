@@ -42,8 +42,8 @@ SHORT = [(32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (64, 8, 3), (128, 8, 3
 
 def decode_candidates(fmt: str) -> list[tuple]:
     """(block_n, warps, stages, row_window) per format."""
-    return [(n, w, st, window) for n, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 4, 5))
-            for window in (True, False) if not (n == 128 and st > 4 and w == 8)]
+    return [(n, w, st, window) for n, w, st in itertools.product((64, 128), (4, 8), (3, 4, 5))
+            for window in (True, False)]
 
 
 def _decode_problem(fmt, batch, ctx):
@@ -184,18 +184,18 @@ class _Writer:
         self.f.flush()
 
 
-def sweep_decode(out_dir: str, top: int = 3) -> dict:
+def sweep_decode(out_dir: str, top: int = 3, quick: bool = False) -> dict:
     from minikv.bench.attention import sdpa_decode_ms
     keys = ["stage", "format", "batch", "context", "block_n", "warps", "stages", "row_window", "splits", "us",
             "sdpa_us", "error"]
     w = _Writer(os.path.join(out_dir, "decode_sweep.csv"), keys)
     score = {fmt: {} for fmt in FORMATS}           # candidate -> sum of log(best time) over the stage-A shapes
-    for batch, ctx in SHAPES_A:
+    for batch, ctx in SHAPES_A[:1] if quick else SHAPES_A:
         for fmt in FORMATS:
             problem = _decode_problem(fmt, batch, ctx)
             for cand in decode_candidates(fmt):
                 best = math.inf
-                for splits in (1, 2, 4, 8):
+                for splits in (1, 2) if quick else (1, 2, 4, 8):
                     r = dict(stage="A", format=fmt, batch=batch, context=ctx, block_n=cand[0], warps=cand[1],
                              stages=cand[2], row_window=cand[3], splits=splits)
                     try:
@@ -211,6 +211,8 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
         print(f"stage A {batch}x{ctx} done", flush=True)
     finalists = {fmt: sorted(s, key=s.get)[:top] for fmt, s in score.items()}
     print("finalists:", json.dumps({f: [list(c) for c in cs] for f, cs in finalists.items()}), flush=True)
+    if quick:
+        return {fmt: [list(c) for c in cs] for fmt, cs in finalists.items()}
     best = {}
     for batch in BATCHES:
         for ctx in CONTEXTS:
@@ -274,6 +276,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=max(1, min(16, (os.cpu_count() or 2) - 1)))
     p.add_argument("--skip", nargs="*", default=[], choices=["compile", "decode", "context"])
     p.add_argument("--only", default="", help="context problems whose name contains this (e.g. 'fused')")
+    p.add_argument("--quick", action="store_true", help="decode: stage A at batch 64 / context 4096 only, splits 1-2")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("the sweep needs a CUDA GPU")
@@ -283,7 +286,7 @@ def main(argv=None) -> int:
         precompile(args.workers, "decode" not in args.skip, "context" not in args.skip, args.only)
     best = {}
     if "decode" not in args.skip:
-        best["decode"] = sweep_decode(args.out)
+        best["decode"] = sweep_decode(args.out, quick=args.quick)
     if "context" not in args.skip:
         best["context"] = {k: v for k, v in sweep_context(args.out, args.only).items()}
     with open(os.path.join(args.out, "best.json"), "w") as f:
