@@ -94,6 +94,40 @@ def _e4m3_to_f16(codes, PURE: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_to_f16_finite(codes, PURE: tl.constexpr):
+    """_e4m3_to_f16, with the NaN codes (x111 1111) read as 448 (x111 1110): for ROW_WINDOW's stray columns, which
+    hold other bytes (a scale's) that q's zeros must cancel, so none may be a NaN. Valid codes convert exactly.
+    Per four codes: low seven bits + 1 carries into bit 7 only for the NaN codes, whose bit 0 is then cleared."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t, w;
+        .reg .b16 lo, hi;
+        and.b32 t, $2, 0x7F7F7F7F;
+        add.u32 t, t, 0x01010101;
+        and.b32 t, t, 0x80808080;
+        shr.u32 t, t, 7;
+        xor.b32 w, $2, t;
+        mov.b32 {lo, hi}, w;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        cvt.rn.f16x2.e4m3x2 $1, hi;
+        }""",
+        constraints="=r,=r,r", args=[codes], dtype=tl.float16, is_pure=PURE, pack=4)
+
+
+@triton.jit
+def _window_codes_to(codes, FMT: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr, PURE: tl.constexpr,
+                     in_row):
+    """ROW_WINDOW's K tiles as the dot's operand type, with the columns outside the row (`in_row` False) unable to
+    poison a score: int8 codes are always finite; e4m3 ones finite through _e4m3_to_f16_finite (GPU), else zeroed."""
+    if ASM and dtype == tl.float16 and FMT != INT8_PTH:
+        return _e4m3_to_f16_finite(codes, PURE)
+    elif FMT != INT8_PTH:
+        return tl.where(in_row[None, :], _codes_to(codes, FMT, dtype, ASM, PURE), 0.0)
+    else:
+        return _codes_to(codes, FMT, dtype, ASM, PURE)
+
+
+@triton.jit
 def _codes_to(codes, FMT: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr, PURE: tl.constexpr):
     """A tile of cache elements as the dot products' operand type (codes stay codes: scales are applied later).
 
@@ -193,14 +227,12 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
         rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
         if ROW_WINDOW:
             window_rows = tl.multiple_of(tl.where(valid, rows - phase, 0), 16)
-            k = _codes_to(tl.load(codes_ptr + window_rows[:, None] + d[None, :], mask=valid[:, None], other=0.0),
-                          FMT, q.dtype, CONVERT_ASM, K_PURE)
-            k_tail = _codes_to(tl.load(codes_ptr + window_rows[:, None] + HEAD_SIZE + e[None, :],
-                                       mask=valid[:, None], other=0.0), FMT, q.dtype, CONVERT_ASM, K_PURE)
-            if FMT != INT8_PTH:
-                # columns outside the row hold other bytes (a neighbour's scale, say), which can be e4m3 NaNs
-                k = tl.where(main_code[None, :], k, 0.0)
-                k_tail = tl.where(tail_code[None, :], k_tail, 0.0)
+            # columns outside the row hold other bytes (a neighbour's scale, say), which can be e4m3 NaNs
+            k = _window_codes_to(tl.load(codes_ptr + window_rows[:, None] + d[None, :], mask=valid[:, None],
+                                         other=0.0), FMT, q.dtype, CONVERT_ASM, K_PURE, main_code)
+            k_tail = _window_codes_to(tl.load(codes_ptr + window_rows[:, None] + HEAD_SIZE + e[None, :],
+                                              mask=valid[:, None], other=0.0), FMT, q.dtype, CONVERT_ASM, K_PURE,
+                                      tail_code)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             s = tl.dot(q_tail, tl.trans(k_tail), s, input_precision=DOT_PRECISION) * s_scale
         else:
@@ -445,7 +477,8 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         SCALE_ALIGN=scale_alignment(spec), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
         SCALED_F16=scaled_f16, CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure,
         V_PURE=cfg.v_pure,
-        HAS_BIAS=rel_bias is not None, ROW_WINDOW=cfg.row_window and row_window_applies(pool, spec),
+        HAS_BIAS=rel_bias is not None, ROW_WINDOW=cfg.row_window and row_window_applies(pool, spec)
+        and (INTERPRETED or q.dtype != torch.float32),       # a float32 q on a GPU: tiles too large for it
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
     if split and not cfg.merge_in_kernel:
