@@ -130,6 +130,12 @@ class EngineConfig:
     # False models a registry keyed by (data_ptr, nbytes) alone, which cannot tell a same-address wake from no
     # sleep at all (the scale-wipe reproduction's "nothing re-initializes" row).
     reinit_scales_on_wake: bool = True
+    enforce_eager: bool | None = None       # True: no CUDA graphs; None: graphs on CUDA (triton backend), not CPU
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether decode steps run through CUDA graphs (minikv.engine.cuda_graph)."""
+        return not self.enforce_eager and self.device.type == "cuda" and self.backend == "triton"
 
     def __post_init__(self):
         if not isinstance(self.cache, CacheConfig):
@@ -143,6 +149,8 @@ class EngineConfig:
         object.__setattr__(self, "reintroduce", tuple(sorted(bugs.validate(self.reintroduce))))
         for name in ("sanitize", "check_layout", "paged_context", "reinit_scales_on_wake"):
             check_bool(name, getattr(self, name))
+        if self.enforce_eager is not None:
+            check_bool("enforce_eager", self.enforce_eager)
         check_int("seed", self.seed, low=0, high=MAX_SEED)
         check_choice("warmup", self.warmup, WARMUP_SHAPES)
         check_choice("cross_context_path", self.cross_context_path, CROSS_CONTEXT_PATHS)

@@ -108,6 +108,8 @@ class LLM:
                             (the scale-wipe reproduction's "nothing re-initializes" ablation)
       kv_arena              "one" (every pool in one allocation with guard zones) or "per-pool" (an allocation per
                             pool, as TensorRT-LLM's pool manager; on CUDA exactly the pool, for compute-sanitizer)
+      enforce_eager         True: no CUDA graphs; None (default): decode steps replay CUDA graphs on CUDA with the
+                            triton backend (minikv.engine.cuda_graph), eager on CPU
     """
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
@@ -118,14 +120,14 @@ class LLM:
                  max_num_batched_tokens: int = 4096, cross_context_path: str = "fused",
                  paged_context: bool = False, cross_construction: str = "eager",
                  kv_scale_placement: str = "row", warmup: str = "dummy", reinit_scales_on_wake: bool = True,
-                 kv_arena: str = "one"):
+                 kv_arena: str = "one", enforce_eager: bool | None = None):
         model = _check_model(model)
         # Every option is checked once, by the config objects, before any weights are read or memory allocated.
         config = EngineConfig(
             model=None, device=device, dtype=dtype, backend=backend, reintroduce=reintroduce, sanitize=sanitize,
             check_layout=check_layout, seed=seed, warmup=warmup, cross_context_path=cross_context_path,
             paged_context=paged_context, cross_construction=cross_construction,
-            reinit_scales_on_wake=reinit_scales_on_wake,
+            reinit_scales_on_wake=reinit_scales_on_wake, enforce_eager=enforce_eager,
             cache=CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                               cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
                               kv_scale_placement=kv_scale_placement, kv_arena=kv_arena),
@@ -294,7 +296,8 @@ class LLM:
             if s.finish_reason is not None:
                 finished.append(self._output(s))
         trace = StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
-                          guard_check="passed" if self.config.sanitize else "off")
+                          guard_check="passed" if self.config.sanitize else "off", cuda_graph=ctx.cuda_graph,
+                          graph_batch=ctx.graph_batch)
         return StepOutput(step=ctx.step, phase="prefill" if is_prefill else "decode",
                           request_ids=tuple(s.request_id for s in batch),
                           sampled={s.request_id: t for s, t in zip(batch, tokens)},
