@@ -146,8 +146,8 @@ def _log_row(log, r) -> None:
 
 
 def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, new_tokens: int = 16,
-             log=print, long_context: int = 0, long_formats=("auto", "int8_per_token_head", "fp8_per_token_head")
-             ) -> list[dict]:
+             log=print, long_context: int = 0, long_formats=("auto", "int8_per_token_head", "fp8_per_token_head"),
+             csv_path=None) -> list[dict]:
     """Decode speed per format on a fresh E2B-like checkpoint; one dict per (format, batch, context, mode)
     (x_auto: speed over auto's at the same batch, context and mode)."""
     import torch
@@ -163,6 +163,8 @@ def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 20
             r = gpu_decode_speed(path, fmt, b, ctx, new_tokens, enforce_eager=eager)
             rows.append(r)
             _log_row(log, r)
+            if csv_path:                      # after every run: a time limit keeps what finished
+                write_csv(rows, csv_path)
     for r in rows:
         base = next((x for x in rows if x["format"] == "auto" and (x["batch"], x["context"], x["mode"])
                      == (r["batch"], r["context"], r["mode"])), None)
@@ -205,6 +207,14 @@ def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
     return out
 
 
+def write_csv(rows: list[dict], path) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
 def format_targets(rows: list[dict]) -> list[str]:
     from minikv.bench.attention import format_ratio
     return [f"{'met   ' if v >= g else 'MISSED'} {format_ratio(v):>7s} (target {g:.2f}x)  {w}"
@@ -214,7 +224,7 @@ def format_targets(rows: list[dict]) -> list[str]:
 def gpu_main(args) -> int:
     log = lambda line: print(line, flush=True)  # noqa: E731
     rows = gpu_rows(args.kv_cache_dtypes, args.batch, args.context, args.new_tokens, log=log,
-                    long_context=args.long_context, long_formats=args.long_formats)
+                    long_context=args.long_context, long_formats=args.long_formats, csv_path=args.csv)
     b1 = {r["mode"]: r for r in rows if int(r["batch"]) == 1}
     if b1:
         log("batch 1, bf16: time per output token " + ", ".join(f"{m} {r['decode_ms_per_step']:.2f} ms"
@@ -223,11 +233,7 @@ def gpu_main(args) -> int:
     for line in format_targets(rows):
         log(line)
     if args.csv:
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(rows, args.csv)
         print(f"wrote {args.csv}")
     return 0
 
