@@ -30,10 +30,10 @@ class _Seq(SimpleNamespace):
 def test_padding_rows_use_only_the_reserved_block():
     seqs = [_Seq(token_ids=[5, 6, 7], block_table=[3]), _Seq(token_ids=list(range(9)), block_table=[1, 4, 2])]
     batch = pad_decode_batch(seqs, 4, width=5, block_size=4, dummy_block=9)
-    assert batch.input_ids == [7, 8, 0, 0] and batch.positions == [2, 8, 0, 0]
-    assert batch.slots == [3 * 4 + 2, 2 * 4 + 0, 36, 36]          # padding: slot 0 of block 9
-    assert batch.seq_lens == [3, 9, 1, 1]
-    assert batch.block_tables == [[3, 0, 0, 0, 0], [1, 4, 2, 0, 0], [9, 0, 0, 0, 0], [9, 0, 0, 0, 0]]
+    assert batch.input_ids.tolist() == [7, 8, 0, 0] and batch.positions.tolist() == [2, 8, 0, 0]
+    assert batch.slots.tolist() == [3 * 4 + 2, 2 * 4 + 0, 36, 36]          # padding: slot 0 of block 9
+    assert batch.seq_lens.tolist() == [3, 9, 1, 1]
+    assert batch.block_tables.tolist() == [[3, 0, 0, 0, 0], [1, 4, 2, 0, 0], [9, 0, 0, 0, 0], [9, 0, 0, 0, 0]]
     with pytest.raises(ValueError, match="does not fit"):
         pad_decode_batch(seqs, 4, width=2, block_size=4, dummy_block=9)
 

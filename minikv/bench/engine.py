@@ -24,7 +24,10 @@ The targets, each a ratio within the run, are printed met/MISSED last.
 """
 from __future__ import annotations
 
+import cProfile
 import csv
+import io
+import pstats
 import sys
 import tempfile
 import time
@@ -94,7 +97,7 @@ def _replay_ms(llm, batch: int, reps: int = 20) -> float | None:
 
 
 def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_tokens: int,
-                     enforce_eager: bool | None = None) -> dict:
+                     enforce_eager: bool | None = None, profile=None) -> dict:
     """Decode tokens/s of the engine on the checkpoint at `path`: `batch` prompts of `context` tokens."""
     import random
 
@@ -113,7 +116,11 @@ def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_to
     decode_seconds, decode_tokens, prefill_seconds, prefill_tokens, modes = 0.0, 0, 0.0, 0, set()
     while llm.has_unfinished():
         start = time.perf_counter()
+        if profile is not None and decode_tokens:           # steady decode steps only
+            profile.enable()
         out = llm.step()
+        if profile is not None:
+            profile.disable()
         took = time.perf_counter() - start            # the sampled ids are on the host: the step is done
         if out.phase == "decode":
             if out.trace.cuda_graph == "captured":     # this step also recorded the graph: not a steady step
@@ -147,7 +154,7 @@ def _log_row(log, r) -> None:
 
 def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, new_tokens: int = 16,
              log=print, long_context: int = 0, long_formats=("auto", "int8_per_token_head", "fp8_per_token_head"),
-             csv_path=None) -> list[dict]:
+             csv_path=None, extras: bool = True, profile: bool = False) -> list[dict]:
     """Decode speed per format on a fresh E2B-like checkpoint; one dict per (format, batch, context, mode)
     (x_auto: speed over auto's at the same batch, context and mode)."""
     import torch
@@ -158,9 +165,15 @@ def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 20
         e2b_like_checkpoint(path, max_position_embeddings=max(4096, long_context + new_tokens + 16))
         runs = [(fmt, batch, context, None) for fmt in kv_cache_dtypes]
         runs += [("auto", batch, context, True), ("auto", 1, context, None), ("auto", 1, context, True)]
+        runs = runs if extras else runs[:len(kv_cache_dtypes)]
         runs += [(fmt, batch, long_context, None) for fmt in long_formats if long_context]
-        for fmt, b, ctx, eager in runs:
-            r = gpu_decode_speed(path, fmt, b, ctx, new_tokens, enforce_eager=eager)
+        for i, (fmt, b, ctx, eager) in enumerate(runs):
+            prof = cProfile.Profile() if profile and i == 0 else None
+            r = gpu_decode_speed(path, fmt, b, ctx, new_tokens, enforce_eager=eager, profile=prof)
+            if prof is not None:
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+                log(f"host profile of {fmt}'s steady decode steps (cProfile, by own time):\n{text.getvalue()}")
             rows.append(r)
             _log_row(log, r)
             if csv_path:                      # after every run: a time limit keeps what finished
@@ -224,7 +237,8 @@ def format_targets(rows: list[dict]) -> list[str]:
 def gpu_main(args) -> int:
     log = lambda line: print(line, flush=True)  # noqa: E731
     rows = gpu_rows(args.kv_cache_dtypes, args.batch, args.context, args.new_tokens, log=log,
-                    long_context=args.long_context, long_formats=args.long_formats, csv_path=args.csv)
+                    long_context=args.long_context, long_formats=args.long_formats, csv_path=args.csv,
+                    extras=not args.no_extras, profile=args.profile)
     b1 = {r["mode"]: r for r in rows if int(r["batch"]) == 1}
     if b1:
         log("batch 1, bf16: time per output token " + ", ".join(f"{m} {r['decode_ms_per_step']:.2f} ms"
@@ -257,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-context", type=int, default=8192, help="GPU: formats again at this context (0: not)")
     p.add_argument("--long-formats", nargs="+", default=["auto", "int8_per_token_head", "fp8_per_token_head"],
                    choices=FORMATS, help="GPU: the formats measured at --long-context")
+    p.add_argument("--no-extras", action="store_true", help="GPU: no eager and batch-1 runs")
+    p.add_argument("--profile", action="store_true", help="GPU: cProfile the first format's decode steps")
     p.add_argument("--csv", default=None, help="GPU: write the rows here")
     args = p.parse_args(argv)
     if args.device.startswith("cuda"):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from minikv.attention.context import ForwardContext
@@ -49,23 +50,29 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int | None:
 
 @dataclass(frozen=True)
 class DecodeBatch:
-    """One decode step's inputs as host lists, padded to `bucket` rows (`pad_decode_batch`)."""
+    """One decode step's inputs on the host, padded to `bucket` rows (`pad_decode_batch`): int64 arrays [bucket]
+    and int32 block tables [bucket, width] (numpy: filling a wide table row by row from Python lists would cost
+    more host time than the step's kernels)."""
 
     bucket: int
     num_real: int
-    input_ids: list[int]
-    positions: list[int]
-    slots: list[int]
-    seq_lens: list[int]
-    block_tables: list[list[int]]          # every row `width` long
-    encoder_lens: list[int] | None = None
-    cross_block_tables: list[list[int]] | None = None
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    seq_lens: np.ndarray
+    block_tables: np.ndarray
+    encoder_lens: np.ndarray | None = None
+    cross_block_tables: np.ndarray | None = None
 
 
-def _row(table, width: int, what: str) -> list[int]:
-    if len(table) > width:
-        raise ValueError(f"a {what} of {len(table)} blocks does not fit the graphs' {width}-block tables")
-    return list(table) + [0] * (width - len(table))
+def _tables(tables, bucket: int, width: int, pad_block: int, what: str) -> np.ndarray:
+    out = np.zeros((bucket, width), dtype=np.int32)
+    for i, table in enumerate(tables):
+        if len(table) > width:
+            raise ValueError(f"a {what} of {len(table)} blocks does not fit the graphs' {width}-block tables")
+        out[i, :len(table)] = table
+    out[len(tables):, 0] = pad_block
+    return out
 
 
 def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block: int,
@@ -78,16 +85,19 @@ def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block
         raise ValueError(f"{n} sequences do not fit a bucket of {bucket}")
     pad = bucket - n
     last = [len(s) - 1 for s in seqs]
+
+    def column(values, fill):
+        return np.array(values + [fill] * pad, dtype=np.int64)
     batch = dict(
-        input_ids=[s.token_ids[p] for s, p in zip(seqs, last)] + [0] * pad,
-        positions=last + [0] * pad,
-        slots=[slot_of(s.block_table, p, block_size) for s, p in zip(seqs, last)] + [dummy_block * block_size] * pad,
-        seq_lens=[len(s) for s in seqs] + [1] * pad,
-        block_tables=[_row(s.block_table, width, "block table") for s in seqs] + [_row([dummy_block], width, "")] * pad)
+        input_ids=column([s.token_ids[p] for s, p in zip(seqs, last)], 0),
+        positions=column(last, 0),
+        slots=column([slot_of(s.block_table, p, block_size) for s, p in zip(seqs, last)], dummy_block * block_size),
+        seq_lens=column([len(s) for s in seqs], 1),
+        block_tables=_tables([s.block_table for s in seqs], bucket, width, dummy_block, "block table"))
     if cross_width:
-        batch["encoder_lens"] = [len(s.encoder_token_ids) for s in seqs] + [1] * pad
-        batch["cross_block_tables"] = ([_row(s.cross_block_table, cross_width, "cross block table") for s in seqs]
-                                       + [_row([0], cross_width, "")] * pad)
+        batch["encoder_lens"] = column([len(s.encoder_token_ids) for s in seqs], 1)
+        batch["cross_block_tables"] = _tables([s.cross_block_table for s in seqs], bucket, cross_width, 0,
+                                              "cross block table")
     return DecodeBatch(bucket, n, **batch)
 
 
@@ -199,14 +209,10 @@ class DecodeGraphs:
     def _load(self, batch: DecodeBatch) -> dict[str, torch.Tensor]:
         """Copy the padded batch into the static buffers; return the bucket's views of them."""
         buf, b = self._buffers(), batch.bucket
-        host = {"input_ids": (batch.input_ids, torch.long), "positions": (batch.positions, torch.long),
-                "slots": (batch.slots, torch.int64), "seq_lens": (batch.seq_lens, torch.int32),
-                "block_tables": (batch.block_tables, torch.int32)}
-        if self.cross_width:
-            host["encoder_lens"] = (batch.encoder_lens, torch.int32)
-            host["cross_block_tables"] = (batch.cross_block_tables, torch.int32)
-        for name, (values, dtype) in host.items():
-            buf[name][:b].copy_(torch.tensor(values, dtype=dtype), non_blocking=True)
+        names = ["input_ids", "positions", "slots", "seq_lens", "block_tables"]
+        names += ["encoder_lens", "cross_block_tables"] if self.cross_width else []
+        for name in names:
+            buf[name][:b].copy_(torch.from_numpy(getattr(batch, name)))
         return {name: t[: b + 1] if name == "query_start_loc" else t[:b] for name, t in buf.items()}
 
     def _metadata(self, views: dict[str, torch.Tensor]) -> AttentionMetadata:
