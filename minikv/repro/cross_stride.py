@@ -103,12 +103,13 @@ def references(prompts, need: int, device="cpu", backend="triton", model: str = 
     3x the blocks needed, where the doubled stride stays inside the pool (so a smaller pool's difference is the
     overrun's doing), and a fixed run with the fixed fp8 engine on the automatically sized pool (its answers do not
     depend on the pool's size)."""
+    import minikv
     auto = reference_tokens(prompts, device, backend, model)
     fp8 = _generate(engine("fp8", device, backend, model, max_num_seqs=len(prompts)), prompts)
     if fp8 == auto:
         return auto, auto, AUTO_REFERENCE
     ample = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=3 * need,
-                   check_layout=False, reintroduce=("cross-stride",))
+                   repro=minikv.ReproConfig(check_layout=False), reintroduce=("cross-stride",))
     return _generate(ample, prompts), fp8, SPLIT_REFERENCE
 
 
@@ -124,12 +125,12 @@ class PoolRun:
 
 
 def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize: bool, device="cpu",
-             backend="triton", model: str = MODEL, **engine_kwargs) -> PoolRun:
+             backend="triton", model: str = MODEL, kv_arena: str = "one") -> PoolRun:
     import minikv
     blocks = max(1, math.floor(factor * need))
     llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=blocks,
-                 sanitize=sanitize, check_layout=False, reintroduce=("cross-stride",) if buggy else (),
-                 **engine_kwargs)
+                 sanitize=sanitize, reintroduce=("cross-stride",) if buggy else (),
+                 repro=minikv.ReproConfig(check_layout=False, kv_arena=kv_arena))
     try:
         tokens = _generate(llm, prompts)
     except minikv.KVCacheOverrunError as err:
@@ -148,13 +149,14 @@ def identical_requests(prompt: str, device="cpu", backend="torch",
                        model: str = MODEL) -> list[tuple[int, float, list[int]]]:
     """Three copies of one request, buggy, sanitizer off, on cross pools from 1x to 2x the blocks they need:
     [(blocks, factor, indices of the copies whose token ids differ from the reference run)] (`references`)."""
+    import minikv
     prompts = [prompt] * 3
     need = engine("fp8", device, backend, model).cross_blocks_needed(prompts)
     reference = references(prompts, need, device, backend, model)[0]
     rows = []
     for blocks in range(need, 2 * need + 1):
         llm = engine("fp8", device, backend, model, max_num_seqs=3, cross_pool_blocks=blocks, sanitize=False,
-                     check_layout=False, reintroduce=("cross-stride",))
+                     repro=minikv.ReproConfig(check_layout=False), reintroduce=("cross-stride",))
         tokens = _generate(llm, prompts)
         rows.append((blocks, blocks / need, [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]))
     return rows
@@ -210,8 +212,8 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
     output with exact attention; record how far into the pool the fused context read reaches."""
     import minikv
     kwargs = {"historical": dict(reintroduce=("cross-fp8-context-read",)),
-              "fallback": dict(cross_context_path="fallback"),
-              "taught-fused": dict(cross_context_path="fused")}[version]
+              "fallback": dict(repro=minikv.ReproConfig(cross_context_path="fallback")),
+              "taught-fused": dict(repro=minikv.ReproConfig(cross_context_path="fused"))}[version]
     llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), **kwargs)
     encoder_kv: dict = {}
     errors = {True: [0.0], False: [0.0]}
@@ -311,8 +313,9 @@ class Overrun:
 def overrun_facts(factor: float, need: int, device="cpu", model: str = MODEL) -> list[Overrun]:
     """For a cross pool of floor(factor * need) blocks: per cross layer, how far past its pool the historical
     layout puts the end of block need - 1 (the highest block the requests hold), and what lies there."""
+    import minikv
     llm = engine("fp8", device, "torch", model, cross_pool_blocks=max(1, math.floor(factor * need)),
-                 reintroduce=("cross-stride",), check_layout=False)
+                 reintroduce=("cross-stride",), repro=minikv.ReproConfig(check_layout=False))
     arena = llm.arena
     facts = []
     for a in [a for a in llm.attention_layers.values() if a.kind == "cross"]:
@@ -335,7 +338,7 @@ def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu",
     import minikv
     blocks = max(1, math.floor(factor * need))
     llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=False,
-                 check_layout=False, reintroduce=("cross-stride",))
+                 repro=minikv.ReproConfig(check_layout=False), reintroduce=("cross-stride",))
     task = task_of(model)
     ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
     cross_tables, self_tables, done = {}, {}, {}

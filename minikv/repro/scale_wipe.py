@@ -160,7 +160,7 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
     ignore_eos = default_ignore_eos(model) if ignore_eos is None else ignore_eos
     llm = minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                      enable_prefix_caching=prefix_caching, device=device, backend=backend,
-                     reintroduce=("scale-wipe",) if buggy else (), warmup=warmup,
+                     reintroduce=("scale-wipe",) if buggy else (), repro=minikv.ReproConfig(warmup=warmup),
                      num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
     for name, a in llm.attention_layers.items():
         if layer_index(name) in touch_before_start:
@@ -546,20 +546,6 @@ def format_quantities(pairs: list[tuple[Run, Run]]) -> str:
     return "\n".join(f"{name:24s} {q['display']:14s} {q['statistic']}" for name, q in quantities(pairs).items())
 
 
-def warmup_shape_runs(prompts, max_num_seqs: int, device="cpu", backend="torch", *, model: str = MODEL,
-                      max_tokens: int = 12) -> dict[str, list[int]]:
-    """{warmup shape: damaged requests of the buggy engine} (damage judged against a fixed dummy-warmup engine)."""
-    fixed = run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device, backend, max_tokens,
-                       model=model)
-    out = {}
-    for shape in ("dummy", "capture"):
-        buggy = run_engine("int8_per_token_head", max_num_seqs, False, True, prompts, device, backend, max_tokens,
-                           model=model, warmup=shape)
-        compare(fixed, buggy)
-        out[shape] = buggy.damaged
-    return out
-
-
 @dataclass
 class ArrivalRun:
     seed: int
@@ -822,7 +808,7 @@ def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: 
     task = task_of(model)
     llm = minikv.LLM(model=model, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                      device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else (),
-                     reinit_scales_on_wake=reinit, num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
+                     repro=minikv.ReproConfig(reinit_scales_on_wake=reinit), num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
     params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
     llm.generate(prompts, params, use_tqdm=False)
     storage, fills = llm.arena.storage.untyped_storage(), len(llm.census.fills)
