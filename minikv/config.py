@@ -22,7 +22,7 @@ from minikv.kernels.formats import (  # noqa: F401  (re-exported)
 )
 
 if TYPE_CHECKING:                       # the model configs live with their models
-    from minikv.models.gemma4 import Gemma4Config
+    from minikv.models.gemma4_config import Gemma4Config
     from minikv.models.t5 import T5Config
 
 # The choices of the engine's string options (the one list of each).

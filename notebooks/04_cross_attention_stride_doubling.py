@@ -412,7 +412,7 @@ assert cross_stride.check_arena_runs(m.arenas) == []
 # %% [markdown]
 # On a GPU a per-pool allocation is exactly the pool, and the overrun leaves it. The H200 run of
 # `tools/memcheck_cross_stride.py` (tiny-t5 in bf16, 3 requests, a cross pool of 1.5x the 3 blocks needed, the
-# arena's sanitizer off so that only memcheck looks) is kept in `results/gpu/fidelity/`. Its first run found no
+# arena's sanitizer off so that only memcheck looks) is kept in `results/gpu/memcheck/`. Its first run found no
 # error in either arena: the CUDA driver had packed the small pools back to back, so one pool's overrun landed in
 # the next allocation, which memcheck counts as valid, and the tokens came out silently wrong even with separate
 # pools. The second run adds `--padding 1048576` (1 MiB of unallocated memory after every allocation) and shows
@@ -426,7 +426,7 @@ from pathlib import Path  # noqa: E402
 # checkout minikv is installed from (a copy of this notebook opened elsewhere).
 REPO = next(p for p in (Path(".."), Path("."), Path(minikv.__file__).resolve().parents[1])
             if (p / "results" / "gpu").is_dir())
-GPU_LOGS = REPO / "results" / "gpu" / "fidelity"
+GPU_LOGS = REPO / "results" / "gpu" / "memcheck"
 
 
 def memcheck_cases(log: Path) -> dict:
@@ -447,19 +447,19 @@ def memcheck_cases(log: Path) -> dict:
     return cases
 
 
-runs_logged = {name: memcheck_cases(GPU_LOGS / f"{name}_memcheck_cross_stride.log") for name in ("call1", "call2")}
-for name, label in (("call1", "without padding"), ("call2", "with --padding 1048576")):
+runs_logged = {name: memcheck_cases(GPU_LOGS / f"{name}.log") for name in ("no-padding", "padding-1MiB")}
+for name, label in (("no-padding", "without padding"), ("padding-1MiB", "with --padding 1048576")):
     print(f"memcheck {label}:")
     for case, (errors, result, first) in runs_logged[name].items():
         outcome = (f"CUDA error: {result['error'][:45]}" if result.get("error") else
                    f"wrong requests {ranges(result['wrong_requests'])}")
         print(f"  {case:27s} {errors:3d} errors   {outcome}")
     print()
-print("memcheck's first report, per-pool-historical-1.5x:\n ", runs_logged["call2"]["per-pool-historical-1.5x"][2])
+print("memcheck's first report, per-pool-historical-1.5x:\n ", runs_logged["padding-1MiB"]["per-pool-historical-1.5x"][2])
 errors = {run: {case: v[0] for case, v in cases.items()} for run, cases in runs_logged.items()}
-assert errors["call1"] == dict.fromkeys(errors["call1"], 0)
-assert errors["call2"]["per-pool-historical-1.5x"] > 0
-assert all(n == 0 for case, n in errors["call2"].items() if case != "per-pool-historical-1.5x")
+assert errors["no-padding"] == dict.fromkeys(errors["no-padding"], 0)
+assert errors["padding-1MiB"]["per-pool-historical-1.5x"] > 0
+assert all(n == 0 for case, n in errors["padding-1MiB"].items() if case != "per-pool-historical-1.5x")
 
 # %% [markdown]
 # In one arena memcheck reports nothing and two of the three requests come out wrong: silent damage to the

@@ -262,7 +262,8 @@ class LLM:
 
         `capture=True` also keeps a copy of every attention layer's q, k, v and output in its trace event
         (`CacheEvent.tensors`): for measuring attention error; it costs memory, so it is off by default."""
-        check_bool("capture", capture)
+        if not isinstance(capture, bool):
+            raise TypeError(f"capture must be True or False, got {type(capture).__name__} {capture!r}")
         with self._exclusive():
             return self._step(capture)
 

@@ -236,7 +236,7 @@ def tables(m: Measurement) -> dict[str, dict]:
         out["b1_arena_allocation"] = {
             "caption": f"B1 at 1.5x the {m.need} blocks needed, historical stride, by how the pools are allocated "
                        "(CPU: a per-pool allocation carries its own guard; on a GPU it is exact, see results/gpu/"
-                       "fidelity/ for compute-sanitizer's report)",
+                       "memcheck/ for compute-sanitizer's report)",
             "columns": ARENA_COLUMNS, "rows": arena_rows(m.arenas, n)}
     return out
 
