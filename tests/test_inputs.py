@@ -1,7 +1,7 @@
 """The input matrix: misuse of LLM(...), of the engine's methods and of the `minikv` command, each case refused with
 an error that names the argument and what is allowed (or made to work), and a usage error of the command is one
 line with exit status 2. (Malformed checkpoint files are tested with the checkpoint loader; the generate() and
-SamplingParams matrices are in test_engine_v2.py.)"""
+SamplingParams matrices are in test_engine_step_api.py.)"""
 from __future__ import annotations
 
 import shutil

@@ -1,4 +1,4 @@
-"""Engine v2: the step API, per-engine state across threads, calls that fail leave nothing behind, and every
+"""The engine's step API, per-engine state across threads, calls that fail leave nothing behind, and every
 input class of generate() and SamplingParams rejected at the boundary with its exact error type (LLM(...) and the
 other methods: test_inputs.py; backend="torch": the kernel is not the point)."""
 from __future__ import annotations
