@@ -1,14 +1,19 @@
 """The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt.
 
-A usage error (a bad argument, a prompt the model cannot take) prints one line, `minikv ...: error: ...`, and exits
-with status 2, for argparse's own checks and for the engine's (`ValueError`, `TypeError`, `MemoryError`) alike;
-anything else is a bug and keeps its traceback. The reproductions and benchmarks parse their own options with
-`UsageParser`, so their usage errors look the same.
+Every error ends as one line on stderr, `minikv: error: MESSAGE (hint: WHAT TO DO)`, and an exit status: 2 for bad
+input (an argument, a checkpoint directory or a prompt minikv cannot take: argparse's own checks, minikv's
+`BadInputError`s and its boundary checks' ValueError/TypeError/MemoryError), 1 for a found defect or failed check
+(a hunt's finding, a reproduction whose signatures do not hold, the sanitizer's `KVCacheOverrunError`), 3 for an
+engine fault (anything else: a fault in minikv). `--traceback` anywhere on the command line, or MINIKV_TRACEBACK=1,
+prints the traceback too. The reproductions, benchmarks and the hunter parse their own options with `UsageParser`,
+so their usage errors look the same.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
 from minikv.argtypes import UsageParser, model_arg, positive_int
 from minikv.config import BACKENDS, KV_CACHE_DTYPES
@@ -74,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     from minikv.models.registry import MODEL_NAMES
     p = UsageParser(prog="minikv", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"minikv {minikv.__version__}")
+    p.add_argument("--traceback", action="store_true",
+                   help="on an error, print the traceback before the one-line message (anywhere on the command "
+                        "line; or set MINIKV_TRACEBACK=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="the main job: kernels vs references per format, then both models generate")
@@ -140,15 +148,56 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
+def describe_error(err: BaseException) -> tuple[int, str]:
+    """(exit status, the one line after `minikv: error: `) for an exception a command raised.
+
+    minikv's own errors (`minikv.MinikvError`) carry their status and hint. ValueError, TypeError and MemoryError
+    come from minikv's boundary checks of an argument (bad input, 2); OSError from a file the command was told to
+    read or write (2). Anything else is a fault of minikv itself (3)."""
+    from minikv.kernels.errors import BAD_INPUT, ENGINE_FAULT, MinikvError
+    if isinstance(err, MinikvError):
+        status, hint = err.exit_status, err.hint
+    elif isinstance(err, (ValueError, TypeError, MemoryError, OSError)):
+        status, hint = BAD_INPUT, None
+    else:
+        return ENGINE_FAULT, (f"internal error, {type(err).__name__}: {_one_line(err)} (a fault in minikv: run again "
+                              f"with --traceback and report it)")
+    return status, _one_line(err) + (f" (hint: {' '.join(hint.split())})" if hint else "")
+
+
+def _wants_traceback(argv: list[str]) -> tuple[bool, list[str]]:
+    """--traceback anywhere on the command line (taken out before parsing: the subcommands that parse their own
+    options never see it), or MINIKV_TRACEBACK=1 in the environment."""
+    wanted = os.environ.get("MINIKV_TRACEBACK", "").strip() not in ("", "0")
+    if "--traceback" in argv:
+        end = argv.index("--") if "--" in argv else len(argv)
+        if "--traceback" in argv[:end]:
+            wanted = True
+            argv = [a for i, a in enumerate(argv) if not (a == "--traceback" and i < end)]
+    return wanted, argv
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; return its exit status (0, or 1 for a found defect or failed check). An error exits through
+    SystemExit with its status after one line on stderr: `minikv: error: MESSAGE (hint: WHAT TO DO)`."""
+    show_traceback, argv = _wants_traceback(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, MemoryError) as err:
-        # Raised by minikv's boundary checks for bad input; the message says what to do.
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted\n")
+    except Exception as err:  # noqa: BLE001  (every error ends as one line and a documented status)
+        status, message = describe_error(err)
+        if show_traceback:
+            traceback.print_exc()
+        sys.stdout.flush()
+        parser.exit(status, f"{parser.prog}: error: {message}\n")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minikv.kernels.errors import BadInputError
 from minikv.models.layers import Attention, check_token_inputs
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -55,7 +56,7 @@ _DEFAULT_ROPE = {
 }
 
 
-class Gemma4ConfigError(ValueError):
+class Gemma4ConfigError(BadInputError, ValueError):
     """A gemma4_text config that minikv cannot run (unsupported option or inconsistent values)."""
 
 
