@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from minikv.argtypes import whole_number
     from .oracles import ORACLES
     _count = whole_number(0)
+    p.add_argument("--model", default=None, metavar="NAME|PATH",
+                   help="hunt over this model only: a shipped model or a checkpoint directory in transformers' format "
+                        "(its prompts come from its own tokenizer, its cells from its config, its dense reference "
+                        "from the same weights); default: the trained models tiny-gemma4 and tiny-t5")
     p.add_argument("--budget", type=_positive_float, default=60.0, metavar="SECONDS",
                    help="stop searching after this many seconds (default 60; shrinking a failure comes on top)")
     p.add_argument("--seed", type=_count, default=0, metavar="N",
@@ -42,7 +46,8 @@ def run(args) -> int:
               "pip install hypothesis (a dependency of minikv; missing only after a --no-deps install)")
         return 2
     from .search import hunt
-    report = hunt(reintroduce=tuple(getattr(args, "reintroduce", ()) or ()), backend=args.backend, seed=args.seed,
+    report = hunt(model=args.model, reintroduce=tuple(getattr(args, "reintroduce", ()) or ()), backend=args.backend,
+                  seed=args.seed,
                   budget_s=args.budget, max_scenarios=args.max_scenarios or None, oracles=args.oracle)
     print(report.text())
     return 1 if report.found else 0

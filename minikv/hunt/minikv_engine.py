@@ -18,6 +18,8 @@ import functools
 
 import torch
 
+from minikv.kernels.errors import BadInputError
+
 from .record import KVRow, RequestResult, Run, StrayWrite
 from .scenario import Scenario, torch_dtype
 from .shadow import KernelShadow
@@ -72,7 +74,7 @@ class MinikvEngine:
         run = Run(scenario)
         try:
             llm, shadow = self.build(scenario)
-        except (ValueError, TypeError) as err:            # the engine's own input checks: outside its domain
+        except (ValueError, TypeError, BadInputError) as err:   # the engine's own input checks: outside its domain
             run.refused = _first_line(err)
             return run
         except Exception as err:  # noqa: BLE001  (an accepted configuration that cannot even start: a finding)

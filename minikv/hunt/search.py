@@ -28,6 +28,7 @@ from .minikv_engine import MinikvEngine
 from .oracles import Violation
 from .reference import DenseReference
 from .scenario import Scenario
+from .strategies import cell_label
 from .strategies import cells as all_cells
 from .strategies import scenarios
 
@@ -107,7 +108,7 @@ class HuntReport:
                     f"{refused}, no invariant failed (stopped by the {self.stopped_by} limit)")
         f = self.finding
         when = "" if portable else f" after {f.seconds_to_find:.1f} s"
-        lines = [f"FOUND in cell {' x '.join(f.cell)}: scenario {f.scenarios_before + 1}{when}, shrunk in "
+        lines = [f"FOUND in cell {cell_label(f.cell)}: scenario {f.scenarios_before + 1}{when}, shrunk in "
                  f"{f.shrink_runs} runs"]
         for v in f.violations:
             lines.append(f"  invariant {v.oracle}: {oracle_module.ORACLES[v.oracle].statement}")
@@ -119,9 +120,10 @@ class HuntReport:
         return "\n".join(lines)
 
 
-def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch", seed: int = 0,
+def hunt(engine=None, *, model=None, reintroduce=(), instrument=None, backend: str = "torch", seed: int = 0,
          budget_s: float | None = 60.0, max_scenarios: int | None = None, max_shrink_runs: int = 40,
-         oracles=None, cells=None, reference=None, progress: bool = True, threads: int | None = 1) -> HuntReport:
+         oracles=None, cells=None, reference=None, progress: bool | None = None,
+         threads: int | None = 1) -> HuntReport:
     """Search engine configurations for a violated invariant.
 
     engine          what to drive (an object with `run(scenario)` and `snippet(scenario)`); default
@@ -132,7 +134,11 @@ def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch"
     budget_s, max_scenarios  stop the search after this many seconds / runs (None: no limit of that kind)
     max_shrink_runs runs spent shrinking a failure
     oracles         names from `minikv.hunt.oracles.ORACLES` (default all)
-    cells           (model, kv_cache_dtype, dtype) triples (default `strategies.cells()`)
+    model           one model to hunt over: a shipped model's name or a checkpoint directory (transformers'
+                    format); its cells are every KV cache format in both activation dtypes, its prompts come from
+                    its own tokenizer and its dense reference from the same weights. Default: the trained models
+    cells           (model, kv_cache_dtype, dtype) triples (default `strategies.cells()`, or `model`'s)
+    progress        a progress bar on stderr (None: only when stderr is a terminal)
     threads         torch's intra-op threads while hunting (restored after; None: leave as set). The engines are
                     tiny: more threads only add hand-offs, and on a busy machine they wait for each other
     """
@@ -142,6 +148,11 @@ def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch"
         unknown = sorted(set(oracles) - set(oracle_module.ORACLES))
         if unknown:
             raise ValueError(f"unknown oracle(s) {unknown}; known: {', '.join(oracle_module.ORACLES)}")
+    if model is not None:
+        if cells is not None:
+            raise ValueError("give model= or cells=, not both (cells name their models)")
+        model = check_model(model)
+        cells = all_cells(models=[model])
     engine = engine or MinikvEngine(reintroduce, backend=backend, instrument=instrument)
     search = _Search(engine, reference or DenseReference(), oracles, budget_s, max_scenarios, max_shrink_runs,
                      progress)
@@ -152,6 +163,31 @@ def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch"
         return search.run(cells or all_cells(), seed)
     finally:
         torch.set_num_threads(before)
+
+
+def check_model(model) -> str:
+    """A model the hunter can take, as the string its cells name: a shipped model's name, or a checkpoint
+    directory's path (absolute, so a printed reproduction runs from anywhere). The directory is loaded once here,
+    so that a bad checkpoint is refused with the loader's error (ModelLoadError) before the search starts."""
+    import os
+    from pathlib import Path
+
+    from minikv.models import registry
+
+    from .strategies import prompt_pool
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a shipped model's name or a checkpoint directory, got {type(model).__name__}")
+    name = os.fspath(model)
+    if not registry.is_checkpoint_model(name):
+        path = Path(name)
+        if not path.is_dir():
+            raise ValueError(f"model {name!r} is neither a shipped model ({', '.join(registry.MODEL_NAMES)}) nor an "
+                             f"existing checkpoint directory")
+        name = str(path.resolve())
+        registry.get_tokenizer(name)
+        registry.load_model(name)
+    prompt_pool(name)
+    return name
 
 
 class _Search:
@@ -165,7 +201,7 @@ class _Search:
         self.tried: list[Scenario] = []
         self.refused_tried: list[Scenario] = []
         self.bar = tqdm(total=max_scenarios, desc="hunt", unit="scenario", leave=False,
-                        **({} if progress else {"disable": True}))
+                        disable=None if progress is None else not progress)   # None: off unless a terminal
 
     def _elapsed(self) -> float:
         return time.monotonic() - self.start

@@ -12,6 +12,9 @@ requests, the shortest prompt), so a failure shrinks to a minimal reproduction.
 """
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from hypothesis import strategies as st
 
 from .reference import MAX_TOKENS
@@ -22,6 +25,7 @@ PROMPT_POOL = 12                          # held-out prompts per model, shortest
 MAX_REQUESTS = 4
 MAX_ARRIVAL = 3                           # steps after a wave's first step
 MAX_NUM_SEQS = 4
+MAX_PROMPT_TOKENS = 40                    # a checkpoint's prompts (its own tokens)
 MAX_EXTRA_BLOCKS = 6                      # pool sizes: the smallest that works, plus up to this many blocks
 
 
@@ -29,25 +33,98 @@ def cells(models=None, kv_cache_dtypes=None, dtypes=None) -> list[tuple[str, str
     """Every (model, KV cache format, activation dtype), 16-bit first (what production engines serve in).
 
     The default models are the trained ones: the prompt pool is made of prompts the model answers right, which a
-    random-weight model (tiny-gemma4-e2b) does not; pass `models=` to hunt over it anyway."""
+    random-weight model (tiny-gemma4-e2b) does not; pass `models=` to hunt over it anyway, or over checkpoint
+    directories (their prompts come from their own tokenizers: `prompt_pool`)."""
     from minikv.config import KV_CACHE_DTYPES
     from minikv.models.registry import TRAINED_MODELS
     return [(m, f, d) for m in (models or TRAINED_MODELS) for f in (kv_cache_dtypes or KV_CACHE_DTYPES)
             for d in (dtypes or DTYPES)]
 
 
-def prompt_pool(model: str) -> list[str]:
-    """The model task's held-out prompts (it answers them right), shortest first."""
+def is_shipped(model: str) -> bool:
+    """A model minikv ships (with a task that knows its prompts), as opposed to a checkpoint directory."""
+    from minikv.models import registry
+    return registry.is_checkpoint_model(model)
+
+
+def model_label(model: str) -> str:
+    """How reports and figures name a model: a shipped model's name, a checkpoint directory's last component."""
+    return model if is_shipped(model) else (Path(model).name or str(model))
+
+
+def cell_label(cell) -> str:
+    return " x ".join((model_label(cell[0]), *cell[1:]))
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(model: str):
+    from minikv.models import registry
+    return registry.get_tokenizer(model)
+
+
+@functools.lru_cache(maxsize=None)
+def prompt_pool(model: str) -> tuple[str, ...]:
+    """The prompts a cell's requests are drawn from, shortest first.
+
+    A shipped model: its task's held-out prompts (it answers them right). A checkpoint directory: prompts made with
+    its own tokenizer (`checkpoint_prompts`)."""
+    if not is_shipped(model):
+        return tuple(sorted(checkpoint_prompts(model), key=lambda p: (len(p), p)))
     from minikv import tasks
-    return sorted(tasks.for_model(model).prompts(n=PROMPT_POOL, seed=0), key=lambda p: (len(p), p))
+    return tuple(sorted(tasks.for_model(model).prompts(n=PROMPT_POOL, seed=0), key=lambda p: (len(p), p)))
+
+
+def _round_trips(tok, text: str) -> bool:
+    try:
+        return bool(text.strip()) and tok.decode(tok.encode(text)) == text
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def checkpoint_prompts(model: str, n: int = PROMPT_POOL, seed: int = 0) -> list[str]:
+    """Prompts for a checkpoint directory, from its own tokenizer: the arithmetic-continuation (or sort) task's
+    prompts where the tokenizer writes them back unchanged (`minikv.tasks.for_checkpoint`), otherwise token
+    sequences that round-trip (random ids of its vocabulary, decoded, kept when encoding the text and decoding
+    again gives the text back). Either way a prompt, as text, gives the engine and the reference the same tokens.
+    At most MAX_PROMPT_TOKENS tokens each, so that every prompt fits the model's positions with room to generate."""
+    import random
+
+    from minikv import tasks
+    tok = _tokenizer(model)
+    out: list[str] = []
+    try:
+        task = tasks.for_checkpoint(tok, model=model_label(model), encoder_decoder=model_is_encoder_decoder(model))
+        candidates = task.prompts(n=4 * n, seed=seed)
+    except ValueError:
+        candidates = []
+    for p in candidates:
+        if len(out) < n and p not in out and _round_trips(tok, p) and len(tok.encode(p)) <= MAX_PROMPT_TOKENS:
+            out.append(p)
+    rng = random.Random(f"round-trip:{model_label(model)}:{seed}")
+    specials = {tok.pad_id, tok.bos_id, tok.eos_id}
+    vocab = min(tok.vocab_size, getattr(tok, "model_vocab", None) or tok.vocab_size)
+    ids = [i for i in range(vocab) if i not in specials]
+    for _ in range(200 * n):
+        if len(out) >= n or not ids:
+            break
+        text = tok.decode(rng.choices(ids, k=rng.randint(2, MAX_PROMPT_TOKENS)))
+        if text not in out and _round_trips(tok, text) and len(tok.encode(text)) <= MAX_PROMPT_TOKENS:
+            out.append(text)
+    if not out:
+        raise ValueError(f"{model}: its tokenizer writes back no prompt unchanged (neither the arithmetic or sort "
+                         f"tasks' prompts nor random token sequences), so the engine and the reference would not "
+                         f"see the same tokens")
+    return out
 
 
 def longer_window(model: str, prompt: str, extra_terms: int) -> str:
     """For the arithmetic model: the same sequence with more terms, so two prompts share a prefix (what prefix
     caching reuses). Other models' prompts are returned unchanged."""
     from minikv import tasks
+    if extra_terms == 0 or not is_shipped(model):
+        return prompt
     task = tasks.for_model(model)
-    if extra_terms == 0 or not hasattr(task, "prompt_text"):
+    if not hasattr(task, "prompt_text"):
         return prompt
     first, step, terms = task.validate(prompt)
     for k in range(extra_terms, 0, -1):
@@ -62,16 +139,18 @@ def longer_window(model: str, prompt: str, extra_terms: int) -> str:
 
 def _tokens(model: str, prompt: str) -> tuple[int, int]:
     """(decoder prompt tokens, encoder tokens) of a prompt."""
-    from minikv.models import registry
-    n = len(registry.get_tokenizer(model).encode(prompt))
+    n = len(_tokenizer(model).encode(prompt))
     if model_is_encoder_decoder(model):
         return 1, n                        # the decoder starts from its start token
     return 1 + n, 0                        # BOS + the prompt
 
 
+@functools.lru_cache(maxsize=None)
 def model_is_encoder_decoder(model: str) -> bool:
-    from minikv.models import registry
-    return bool(registry.model_config(model).is_encoder_decoder)
+    from minikv.models import hf_checkpoint, registry
+    if is_shipped(model):
+        return bool(registry.model_config(model).is_encoder_decoder)
+    return hf_checkpoint.read_config(model).get("model_type") == "t5"
 
 
 @st.composite
