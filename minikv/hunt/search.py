@@ -190,6 +190,16 @@ def check_model(model) -> str:
     return name
 
 
+def _snippet(engine, scenario, violations) -> str:
+    """The engine's reproduction of a finding: one that checks the violations, where the adapter can write one."""
+    import inspect
+    try:
+        takes = len(inspect.signature(engine.snippet).parameters) >= 2
+    except (TypeError, ValueError):
+        takes = False
+    return engine.snippet(scenario, violations) if takes else engine.snippet(scenario)
+
+
 class _Search:
     def __init__(self, engine, reference, oracle_names, budget_s, max_scenarios, max_shrink_runs, progress):
         self.engine, self.reference, self.oracle_names = engine, reference, oracle_names
@@ -287,7 +297,8 @@ class _Search:
         finding = None
         if violated is not None:
             runs_before, seconds = self.found_at
-            finding = Finding(violated.scenario, violated.violations, self.engine.snippet(violated.scenario), cell,
+            finding = Finding(violated.scenario, violated.violations,
+                              _snippet(self.engine, violated.scenario, violated.violations), cell,
                               runs_before, seconds, self.shrink_runs)
         return HuntReport(finding, self.runs, self.refused, rounds, list(cells), self._elapsed(), stopped,
                           self.refusals, self.tried, self.refused_tried)
