@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import traceback
 
@@ -51,11 +52,78 @@ def _cmd_train(args) -> int:
     return 0
 
 
+# What kind of model each defect's mechanism needs, and a shipped model that has it.
+MODEL_KIND_NEEDED = {
+    "scale-wipe": ("decoder-only", "a decoder-only model with KV-sharing layers (num_kv_shared_layers > 0 in its "
+                                   "config.json), such as tiny-gemma4"),
+    "cross-stride": ("encoder-decoder", "an encoder-decoder model with cross attention (a T5), such as tiny-t5"),
+    "cross-fp8-context-read": ("encoder-decoder", "an encoder-decoder model with cross attention (a T5), such as "
+                                                  "tiny-t5"),
+}
+REPRODUCTIONS = {  # name: (module, the defects it reproduces, what it shows)
+    "scale-wipe": ("minikv.repro.scale_wipe", ("scale-wipe",),
+                   "vLLM's scale wipe: KV-sharing layers wipe the inline KV scales of the whole first batch"),
+    "cross-stride": ("minikv.repro.cross_stride", ("cross-stride", "cross-fp8-context-read"),
+                     "TensorRT-LLM's FP8 cross attention: the doubled cross-pool stride, then the fused context "
+                     "read of the FP8 pool as 16-bit"),
+}
+
+
+def model_kind(model: str) -> str:
+    """"encoder-decoder", "decoder-only" (with KV-sharing layers) or "decoder-only without KV sharing", read from a
+    shipped model's config or a checkpoint directory's config.json (ModelLoadError for a directory that has none)."""
+    from minikv.models import hf_checkpoint, registry
+    if registry.is_checkpoint_model(model):
+        config = registry.CHECKPOINT_CONFIGS[model]
+    elif hf_checkpoint.is_checkpoint_dir(model):
+        try:
+            config = hf_checkpoint.read_config(model)
+        except hf_checkpoint.CheckpointError as err:
+            raise registry.ModelLoadError(str(err), hint=err.hint) from None
+        config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    else:
+        return "unknown"                         # LLM(...) says what is wrong with it
+    if config.get("model_type") == "t5" or config.get("is_encoder_decoder"):
+        return "encoder-decoder"
+    return "decoder-only" if (config.get("num_kv_shared_layers") or 0) > 0 else "decoder-only without KV sharing"
+
+
+def _check_model_kind(defects, model: str, what: str) -> None:
+    """Refuse, before anything runs, a defect whose mechanism the model cannot have, saying which kind it needs."""
+    kind = model_kind(model)
+    if kind == "unknown":
+        return
+    for name in defects:
+        needed, description = MODEL_KIND_NEEDED[name]
+        if kind != needed:
+            raise ValueError(f"{what} {name} needs {description}; {model} is "
+                             f"{'an' if kind[0] in 'ae' else 'a'} {kind} model")
+
+
+def _option(rest: list[str], name: str) -> str | None:
+    """The value of option `name` in a subcommand's own arguments (`--name VALUE` or `--name=VALUE`), or None."""
+    for i, arg in enumerate(rest):
+        if arg == name and i + 1 < len(rest):
+            return rest[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def _cmd_repro(args) -> int:
     import importlib
-    module = importlib.import_module({"scale-wipe": "minikv.repro.scale_wipe",
-                                      "cross-stride": "minikv.repro.cross_stride"}[args.defect])
-    return module.main(args.rest)
+    if args.defect is None:
+        print("usage: minikv repro DEFECT [options]: reproduce a historical defect on a buggy and a fixed engine "
+              "and check its upstream signatures (exit 0: all reproduced). The reproductions:")
+        for name, (_, defects, what) in REPRODUCTIONS.items():
+            print(f"  {name:14} {what} (the defects {', '.join(defects)} of `minikv bugs`)")
+            print(f"  {'':14} needs {MODEL_KIND_NEEDED[name][1]}; its options: minikv repro {name} --help")
+        return 0
+    module, defects, _ = REPRODUCTIONS[args.defect]
+    model = _option(args.rest, "--model")
+    if model is not None:
+        _check_model_kind(defects[:1], model, f"minikv repro {args.defect}: the reproduction of")
+    return importlib.import_module(module).main(args.rest)
 
 
 def _cmd_bench(args) -> int:
@@ -65,13 +133,158 @@ def _cmd_bench(args) -> int:
 
 def _cmd_hunt(args) -> int:
     from minikv.hunt import cli as hunt_cli
-    return hunt_cli.run(args)
+    command = "minikv " + shlex.join(args.argv)
+    if args.every_defect:
+        if args.reintroduce:
+            raise ValueError("--every-defect hunts the fixed engine and then every defect in turn: leave out "
+                             "--reintroduce")
+        return _hunt_every_defect(args, command)
+    if args.reintroduce and args.model:
+        _check_model_kind(args.reintroduce, args.model, "--reintroduce")
+    label = ("the fixed engine" if not args.reintroduce
+             else "with " + ", ".join(args.reintroduce) + " reintroduced")
+    return hunt_cli.run(args, label=label, command=command)
+
+
+# The check each upstream test matrix lacked, run alone: (what it is, the defect it would have caught, the invariant).
+UPSTREAM_CHECKS = (("first batch vs a later one (vLLM)", "scale-wipe", "repeat-identical"),
+                   ("dense reference alone, pools down to the need (TensorRT-LLM's golden)", "cross-stride",
+                    "matches-reference"))
+
+
+def _hunt_every_defect(args, command: str) -> int:
+    """`minikv hunt --every-defect`: the fixed engine, then each registered defect (each where the model has the
+    mechanism), then the checks upstream's test matrices lacked, one at a time, and the near-tie calibration; one
+    line each, and with --results the file results/hunt.json is (quantities and tables for the docs, and every
+    hunt's own report). Exit 0 when the fixed engine is clean and every defect the model can have is found."""
+    import os
+
+    from minikv.bugs import DEFECTS
+    from minikv.hunt import cli as hunt_cli
+    from minikv.hunt import hunt
+    from minikv.hunt.reference import DenseReference, calibrate
+    from minikv.hunt.strategies import cell_label, prompt_pool
+    hunt_cli.check_outputs(args)
+    load = os.getloadavg()[0]
+    reference = DenseReference()
+    common = dict(model=args.model, backend=args.backend, seed=args.seed, budget_s=args.budget,
+                  max_scenarios=args.max_scenarios or None, oracles=args.oracle, reference=reference)
+    reports = {"the fixed engine": hunt(**common)}
+    fixed = reports["the fixed engine"]
+    print(f"the fixed engine: {fixed.text().splitlines()[0]}")
+    ok = not fixed.found
+    rows, quantities, skipped = [], {}, []
+    for name in DEFECTS:
+        try:
+            report = hunt(reintroduce=(name,), **common)
+        except ValueError as err:                   # every cell refused: the model cannot have this defect
+            if "refused every scenario" not in str(err):
+                raise
+            skipped.append(name)
+            print(f"{name}: not applicable: {str(err).split('its first refusal: ')[-1]}")
+            continue
+        reports[f"with {name} reintroduced"] = report
+        f = report.finding
+        ok = ok and f is not None
+        if f is None:
+            print(f"{name}: NOT FOUND: {report.text()}")
+            rows.append([name, "-", "-", "-", "-", "-", f"{report.seconds:.0f} s"])
+        else:
+            invariants = ", ".join(dict.fromkeys(v.oracle for v in f.violations))
+            print(f"{name}: found by {invariants} in cell {cell_label(f.cell)} at scenario {f.scenarios_before + 1} "
+                  f"({f.seconds_to_find:.1f} s), shrunk in {f.shrink_runs} runs")
+            rows.append([name, invariants, cell_label(f.cell), str(f.scenarios_before + 1),
+                         f"{f.seconds_to_find:.1f} s", str(f.shrink_runs), f"{report.seconds:.0f} s"])
+        quantities[f"{name.replace('-', '_')}_wall"] = {
+            "value": round(report.seconds, 1), "display": f"{report.seconds:.0f} s",
+            "statistic": f"seconds `minikv hunt --reintroduce {name}` spent searching and shrinking (in-process, "
+                         f"after start-up), {args.backend} backend"}
+    checks = []
+    for title, name, oracle in UPSTREAM_CHECKS:
+        if name in skipped:
+            continue
+        report = hunt(reintroduce=(name,), **{**common, "oracles": (oracle,)})
+        reports[f"with {name} reintroduced, {oracle} alone"] = report
+        f = report.finding
+        print(f"{title}: {name} {'found' if f else 'not found'} by {oracle} alone"
+              + (f" at scenario {f.scenarios_before + 1} ({f.seconds_to_find:.1f} s)" if f else ""))
+        checks.append([title, name, oracle, "found" if f else "not found",
+                       str(f.scenarios_before + 1) if f else "-", f"{f.seconds_to_find:.1f} s" if f else "-"])
+    margin, gap = calibrate(reference, fixed.cells, prompt_pool)
+    print(f"near ties: the dense model picks every reference token by at least {margin:.2f} logits; its float16 "
+          f"and float32 runs differ by up to {gap:.2f} logits")
+    budget = f"budget {args.budget:g} s" + (f", at most {args.max_scenarios} scenarios" if args.max_scenarios else "")
+    quantities.update({
+        "fixed_scenarios": {"value": fixed.scenarios_run, "display": f"{fixed.scenarios_run} scenarios",
+                            "statistic": f"scenarios `minikv hunt --budget {args.budget:g}` ran on the fixed engine, "
+                                         f"all clean" if not fixed.found else "scenarios run on the fixed engine"},
+        "budget": {"value": args.budget, "display": f"{args.budget:g} s",
+                   "statistic": "the --budget of every hunt measured here"},
+        "load_average": {"value": round(load, 1), "display": f"load average {load:.1f}",
+                         "statistic": f"1-minute load average of the {os.cpu_count()}-core machine when the "
+                                      f"measurement started (shared with other sessions)"},
+        "tie_min_margin": {"value": round(margin, 2), "display": f"{margin:.1f} logits",
+                           "statistic": "smallest margin by which the dense model picks a reference token, over the "
+                                        "prompt pool, every KV format, float16 and float32"},
+        "f16_f32_gap": {"value": round(gap, 2), "display": f"{gap:.1f} logits",
+                        "statistic": "largest logit difference between the dense model's float16 and float32 runs "
+                                     "of the same reference (same tokens so far), same pool and formats"},
+    })
+    if args.results:
+        models = sorted({c[0] for c in fixed.cells}, key=lambda m: [c[0] for c in fixed.cells].index(m))
+        hunt_cli.write_json(args.results, {
+            "name": "hunt", "command": command, "model": ", ".join(cell_label((m,)) for m in models),
+            "notebook": "notebooks/06_catching_defects.ipynb", "quantities": quantities,
+            "tables": {
+                "defects": {"caption": f"Each historical defect found blind by `minikv hunt` ({args.backend} backend, "
+                                       f"{budget}, seed {args.seed}; {os.cpu_count()}-core CPU at load average "
+                                       f"{load:.1f})",
+                            "columns": ["defect", "invariant", "cell", "scenario", "to the finding", "shrink runs",
+                                        "hunt time"],
+                            "rows": rows},
+                "upstream_checks": {"caption": "The check each upstream test matrix lacked, run alone",
+                                    "columns": ["check", "defect", "invariant", "outcome", "scenario",
+                                                "to the finding"],
+                                    "rows": checks}},
+            "hunts": {label: hunt_cli.results_data(r, command, label) for label, r in reports.items()}})
+        print(f"results written to {args.results}")
+    if args.plot:
+        hunt_cli.save_plot(args.plot, reports)
+        print(f"search map written to {args.plot}")
+    return 0 if ok else 1
 
 
 def _cmd_bugs(args) -> int:
     from minikv import bugs
     print(bugs.table())
     return 0
+
+
+HUNT_DESCRIPTION = """\
+Search engine configurations for a violated KV-cache invariant, the way a differential tester does: hypothesis
+draws scenarios, each runs on the engine, six invariants are checked, and a failure is shrunk to a minimal scenario
+printed as a program that, run as printed, shows the failure (expected beside seen) and exits 1.
+Exit status: 0 nothing found within the budget, 1 an invariant failed, 2 bad input."""
+HUNT_WORDS = """\
+words in the output:
+  scenario     one engine configuration (max_num_seqs, block size, pool sizes, prefix caching, ...) and the
+               requests it serves; the unit the hunter draws, runs, checks and shrinks
+  cell         one (model, KV cache format, activation dtype) of the matrix: each cell gets its own search, and
+               the cells take turns in rounds of 1, 2, 4, ... scenarios
+  invariant    what must hold for every scenario (runs, writes-in-bounds, kernels-match-references,
+               repeat-identical, schedule-invariant, matches-reference: docs/hunt.md)
+  refused by the engine
+               a scenario the engine will not build (its own input checks raise ValueError, e.g. a defect switched
+               on where its mechanism cannot occur): outside its domain, not a failure
+  wave         the requests of a scenario are submitted in waves: wave 0 first, and, when the scenario repeats,
+               wave 1 the same requests again once wave 0 has finished
+  near tie     a divergence from the dense reference where its logits for the two tokens are within 1 logit:
+               excused, since computing in another order may swap them
+  shrunk       the smallest failing scenario hypothesis reached from the first failing one
+  reproduction a Python program of the shrunk scenario that checks the invariant itself
+with --model DIR (a checkpoint directory in transformers' format), the prompts come from its own tokenizer, the
+cells from what its config has (every KV cache format, both activation dtypes), and the dense reference from the
+same weights."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,9 +332,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "the shipped weights are never overwritten)")
     t.set_defaults(func=_cmd_train)
 
-    r = sub.add_parser("repro", help="reproduce a historical defect, buggy and fixed, and check its signatures")
-    r.add_argument("defect", choices=("scale-wipe", "cross-stride"))
-    r.add_argument("rest", nargs=argparse.REMAINDER)
+    r = sub.add_parser("repro", help="reproduce a historical defect, buggy and fixed, and check its signatures "
+                                     "(without a defect: list them)",
+                       description="Reproduce a historical defect on a buggy and a fixed engine and check the "
+                                   "signatures upstream reported (exit 0: all reproduced, 1: one is missing). "
+                                   "scale-wipe needs a decoder-only model with KV-sharing layers; cross-stride (with "
+                                   "the FP8 context read) an encoder-decoder model. `minikv repro DEFECT --help` "
+                                   "lists a reproduction's own options.")
+    r.add_argument("defect", nargs="?", default=None, choices=tuple(REPRODUCTIONS), metavar="DEFECT",
+                   help="which reproduction: " + ", ".join(REPRODUCTIONS) + " (leave out to list them)")
+    r.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="the reproduction's own options")
     r.set_defaults(func=_cmd_repro)
 
     from minikv.bench import DESCRIPTIONS
@@ -139,8 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     from minikv.bugs import DEFECTS
     from minikv.hunt.cli import add_arguments as hunt_arguments
     h = sub.add_parser("hunt", help="search engine configurations for violated KV-cache invariants "
-                                    "(exit 0: clean, 1: found, 2: usage error)")
+                                    "(exit 0: clean, 1: found, 2: usage error)",
+                       description=HUNT_DESCRIPTION, epilog=HUNT_WORDS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     hunt_arguments(h)
+    h.add_argument("--every-defect", action="store_true",
+                   help="hunt the fixed engine, then each historical defect in turn (where the model has its "
+                        "mechanism), then the checks upstream's test matrices lacked, one at a time; with --results, "
+                        "the measurement results/hunt.json holds (exit 0: clean, and every defect found)")
     h.add_argument("--reintroduce", nargs="+", default=[], choices=tuple(DEFECTS), metavar="NAME",
                    help="run the hunt on an engine with these historical defects switched back on: "
                         + ", ".join(DEFECTS))
@@ -188,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     show_traceback, argv = _wants_traceback(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -92,10 +92,42 @@ class HuntReport:
     refusals: dict = field(default_factory=dict)   # cell -> the engine's first refusal message
     tried: list = field(default_factory=list)      # every scenario run, in order (Scenario objects)
     refused_scenarios: list = field(default_factory=list)   # those the engine refused, in order
+    outcomes: list = field(default_factory=list)   # per scenario tried: "passed", "refused" or "failed"
+    settings: dict = field(default_factory=dict)   # how the hunt was run (seed, limits, oracles, backend)
 
     @property
     def found(self) -> bool:
         return self.finding is not None
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready data: how the hunt was run, every scenario tried (in order, with its cell and
+        outcome; those after the first failure were spent shrinking it), the finding with its shrunk scenario and
+        reproduction, and the timings."""
+        import dataclasses
+
+        def scenario(s: Scenario) -> dict:
+            d = dataclasses.asdict(s)
+            d.pop("extra", None)
+            return d
+        finding = None
+        if self.finding is not None:
+            f = self.finding
+            finding = {"cell": list(f.cell), "cell_label": cell_label(f.cell),
+                       "scenario_number": f.scenarios_before + 1, "seconds_to_find": round(f.seconds_to_find, 3),
+                       "shrink_runs": f.shrink_runs,
+                       "invariants": [{"invariant": v.oracle, "statement": oracle_module.ORACLES[v.oracle].statement,
+                                       "summary": v.summary, "seen": v.detail} for v in f.violations],
+                       "shrunk_scenario": scenario(f.scenario), "reproduction": f.snippet}
+        first = self.finding.scenarios_before if self.finding else len(self.tried)
+        tried = [{"number": i + 1, "cell": cell_label((s.model, s.kv_cache_dtype, s.dtype)),
+                  "outcome": outcome if i <= first else f"{outcome} (shrinking)", "scenario": scenario(s)}
+                 for i, (s, outcome) in enumerate(zip(self.tried, self.outcomes))]
+        return {"outcome": "found" if self.found else "clean", "stopped_by": self.stopped_by,
+                "settings": dict(self.settings), "cells": [cell_label(c) for c in self.cells],
+                "scenarios_run": self.scenarios_run, "refused": self.refused, "rounds": self.rounds,
+                "seconds": round(self.seconds, 3),
+                "refusals": {cell_label(c): msg for c, msg in self.refusals.items()},
+                "finding": finding, "scenarios": tried}
 
     def text(self, portable: bool = False) -> str:
         """The report as the CLI prints it. `portable=True` keeps only what every machine prints alike: no
@@ -153,6 +185,9 @@ def hunt(engine=None, *, model=None, reintroduce=(), instrument=None, backend: s
             raise ValueError("give model= or cells=, not both (cells name their models)")
         model = check_model(model)
         cells = all_cells(models=[model])
+    settings = {"seed": seed, "budget_s": budget_s, "max_scenarios": max_scenarios,
+                "max_shrink_runs": max_shrink_runs, "oracles": list(oracles or oracle_module.ORACLES),
+                "backend": backend if engine is None else type(engine).__name__}
     engine = engine or MinikvEngine(reintroduce, backend=backend, instrument=instrument)
     search = _Search(engine, reference or DenseReference(), oracles, budget_s, max_scenarios, max_shrink_runs,
                      progress)
@@ -160,7 +195,9 @@ def hunt(engine=None, *, model=None, reintroduce=(), instrument=None, backend: s
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return search.run(cells or all_cells(), seed)
+        report = search.run(cells or all_cells(), seed)
+        report.settings = settings
+        return report
     finally:
         torch.set_num_threads(before)
 
@@ -210,6 +247,7 @@ class _Search:
         self.refusals: dict = {}
         self.tried: list[Scenario] = []
         self.refused_tried: list[Scenario] = []
+        self.outcomes: list[str] = []
         self.bar = tqdm(total=max_scenarios, desc="hunt", unit="scenario", leave=False,
                         disable=None if progress is None else not progress)   # None: off unless a terminal
 
@@ -257,6 +295,7 @@ class _Search:
         if found and self.found_at is None:
             self.found_at = (self.runs - 1, self._elapsed())
         self.results[key] = found
+        self.outcomes.append("refused" if run.refused else "failed" if found else "passed")
         return found
 
     def _search_cell(self, cell, examples: int, seed: int) -> _Violated | None:
@@ -301,4 +340,4 @@ class _Search:
                               _snippet(self.engine, violated.scenario, violated.violations), cell,
                               runs_before, seconds, self.shrink_runs)
         return HuntReport(finding, self.runs, self.refused, rounds, list(cells), self._elapsed(), stopped,
-                          self.refusals, self.tried, self.refused_tried)
+                          self.refusals, self.tried, self.refused_tried, self.outcomes)
