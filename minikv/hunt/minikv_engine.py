@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from minikv.config import ReproConfig
 from minikv.kernels.errors import BadInputError
 
 from .record import KVRow, RequestResult, Run, StrayWrite
@@ -45,7 +46,7 @@ class MinikvEngine:
     def llm_kwargs(self, scenario: Scenario) -> dict:
         kw = scenario.engine_kwargs()
         kw.update(backend=self.backend, device=self.device, sanitize=self.engine_checks or self.sanitize,
-                  check_layout=self.engine_checks, reintroduce=self.reintroduce)
+                  repro=ReproConfig(check_layout=self.engine_checks), reintroduce=self.reintroduce)
         return kw
 
     def build(self, scenario: Scenario):

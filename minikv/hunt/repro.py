@@ -15,6 +15,8 @@ with status 1 when the invariant fails (0 when it holds, as on a fixed engine):
 """
 from __future__ import annotations
 
+import dataclasses
+
 from .scenario import Scenario
 
 _SERVE = '''
@@ -42,7 +44,14 @@ TOKEN_ORACLES = ("matches-reference", "schedule-invariant", "repeat-identical")
 def _kwargs(kw: dict) -> str:
     parts = []
     for name, value in kw.items():
-        text = f"torch.{value}" if name == "dtype" else repr(value)
+        if name == "repro":              # a ReproConfig: spelled with the switches that differ from the default
+            changed = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                       if getattr(value, f.name) != f.default}
+            if not changed:
+                continue
+            text = "minikv.ReproConfig(" + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + ")"
+        else:
+            text = f"torch.{value}" if name == "dtype" else repr(value)
         parts.append(f"{name}={text}")
     lines, line = [], "llm = minikv.LLM("
     for p in parts:
