@@ -25,13 +25,34 @@ def _cmd_demo(args) -> int:
     return demo.main(device=args.device)
 
 
+def unknown_only(tokenizer, prompt: str) -> str | None:
+    """The unknown token a prompt encodes to when it encodes to nothing else (a Hugging Face tokenizer's `[UNK]`
+    for text it has no tokens for), else None."""
+    inner = getattr(tokenizer, "_tok", None)           # minikv.models.dir_tokenizer.HFTokenizer's tokenizers object
+    unk = getattr(getattr(inner, "model", None), "unk_token", None)
+    unk_id = inner.token_to_id(unk) if unk is not None else None
+    if unk_id is None:
+        return None
+    ids = tokenizer.encode(prompt)
+    return unk if ids and all(i == unk_id for i in ids) else None
+
+
 def _cmd_generate(args) -> int:
     import minikv
     llm = minikv.LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, device=args.device,
                      backend=args.backend, max_num_seqs=args.max_num_seqs)
+    for prompt in args.prompts:
+        unk = unknown_only(llm.tokenizer, prompt)
+        if unk is not None:
+            raise ValueError(f"prompt {prompt!r} encodes to the unknown token {unk!r} only: {args.model}'s tokenizer "
+                             f"has no token for its characters, so the model would see nothing of it")
     params = minikv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    for out in llm.generate(args.prompts, params):
-        print(f"{out.prompt!r} -> {out.text!r}  [{out.finish_reason}]")
+    for out in llm.generate(args.prompts, params, use_tqdm=sys.stderr.isatty()):
+        if args.ids:
+            prompt_ids = llm.tokenizer.encode(out.prompt)
+            print(f"{out.prompt!r} {prompt_ids} -> {list(out.token_ids)}  [{out.finish_reason}]")
+        else:
+            print(f"{out.prompt!r} -> {out.text!r}  [{out.finish_reason}]")
     return 0
 
 
@@ -287,6 +308,12 @@ cells from what its config has (every KV cache format, both activation dtypes), 
 same weights."""
 
 
+def demo_doc() -> str:
+    """`minikv demo --help`'s description: the demo module's own docstring, so it says what the demo does today."""
+    from minikv import demo
+    return " ".join(demo.__doc__.split("\n\n")[0].split())
+
+
 def build_parser() -> argparse.ArgumentParser:
     import minikv
     from minikv.models.registry import MODEL_NAMES
@@ -297,7 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "line; or set MINIKV_TRACEBACK=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="the main job: kernels vs references per format, then both models generate")
+    d = sub.add_parser("demo", help="the main job: the kernels against their references per KV cache format, then "
+                                    "each defect reproduced and fixed in a few lines (exit 1 if one is not as "
+                                    "expected)",
+                       description=demo_doc())
     d.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
     d.set_defaults(func=_cmd_demo)
 
@@ -308,9 +338,15 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--backend", default="triton", choices=BACKENDS)
         sp.add_argument("--max-num-seqs", type=positive_int, default=8)
 
-    g = sub.add_parser("generate", help="generate continuations for prompts")
+    g = sub.add_parser("generate", help="generate continuations for prompts (greedy unless --temperature)",
+                       description="Generate a continuation for each prompt and print it as `'prompt' -> 'text'  "
+                                   "[finish reason]`; with --ids, the token ids instead of the text.")
     engine_args(g)
-    g.add_argument("prompts", nargs="+")
+    g.add_argument("prompts", nargs="+", help="the prompts (a shipped model takes only prompts of its task's "
+                                              "domain; a checkpoint directory takes any text its tokenizer encodes)")
+    g.add_argument("--ids", action="store_true",
+                   help="print the prompt's and the continuation's token ids instead of the text (a random-weight "
+                        "model's text is often unreadable)")
     g.add_argument("--max-tokens", type=positive_int, default=12)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
