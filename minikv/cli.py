@@ -102,6 +102,9 @@ def model_kind(model: str) -> str:
         except hf_checkpoint.CheckpointError as err:
             raise registry.ModelLoadError(str(err), hint=err.hint) from None
         config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    elif os.path.isdir(model):
+        raise ValueError(f"{model!r} is not a checkpoint directory: it has no config.json (expected transformers' "
+                         f"config.json + model.safetensors of a Gemma-4 or T5 model)")
     else:
         return "unknown"                         # LLM(...) says what is wrong with it
     if config.get("model_type") == "t5" or config.get("is_encoder_decoder"):

@@ -34,15 +34,22 @@ def _config(path, **changes):
 
 
 def _no_tokenizer(path):
-    (path / "minikv_tokenizer.json").unlink()
+    for name in ("minikv_tokenizer.json", "tokenizer.json", "tokenizer_config.json"):
+        (path / name).unlink(missing_ok=True)
 
 
 def _truncated(path):
-    data = (path / "model.safetensors").read_bytes()
-    (path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    file = sorted(path.glob("*.safetensors"))[0]
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
 
 
 def _broken_index(path):
+    """A shard index naming a shard that is not there (a sharded directory loses a shard; a single-file one gets
+    an index in place of its weights)."""
+    if (path / INDEX_FILE).exists():
+        sorted(path.glob("model-*.safetensors"))[-1].unlink()
+        return
     (path / "model.safetensors").unlink()
     (path / INDEX_FILE).write_text(json.dumps({"weight_map": {"model.embed_tokens.weight":
                                                               "model-00001-of-00002.safetensors"}}))
@@ -57,12 +64,12 @@ BAD_CHECKPOINTS = [
     ("no tokenizer", _no_tokenizer, "has no tokenizer"),
     ("model_type llama", lambda p: _config(p, model_type="llama"), "model_type 'llama' is not supported"),
     ("model_type gpt2", lambda p: _config(p, model_type="gpt2"), "model_type 'gpt2' is not supported"),
-    ("truncated safetensors", _truncated, "model.safetensors"),
+    ("truncated safetensors", _truncated, ".safetensors"),
     ("negative num_hidden_layers", lambda p: _config(p, num_hidden_layers=-2),
      "num_hidden_layers must be a positive integer, got -2"),
     ("heads that do not divide", lambda p: _config(p, num_attention_heads=3, num_key_value_heads=2),
      "3 query heads are not a multiple of 2 KV heads"),
-    ("broken shard index", _broken_index, "model-00001-of-00002.safetensors"),
+    ("broken shard index", _broken_index, "names shard(s) that are not in"),
     ("bad JSON", _bad_json, "is not valid JSON"),
     ("no config.json", lambda p: (p / "config.json").unlink(), "has no config.json"),
 ]
@@ -144,3 +151,24 @@ def test_traceback_on_request(valid_dir, tmp_path, capsys, monkeypatch, how):
     err = capsys.readouterr().err
     assert info.value.code == 2 and "Traceback (most recent call last)" in err
     assert err.strip().splitlines()[-1].startswith("minikv: error: ")
+
+
+def test_a_prompt_of_unknown_tokens_only_is_refused(valid_dir, tmp_path, capsys):
+    tokenizers = pytest.importorskip("tokenizers")
+    path = shutil.copytree(valid_dir, tmp_path / "checkpoint")
+    (path / "minikv_tokenizer.json").unlink()
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "[UNK]": 3, "hello": 4, "world": 5}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    _config(path, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    err = _one_line(capsys, ["generate", "--backend", "torch", "--model", str(path), "bonjour"], 2)
+    assert "encodes to the unknown token '[UNK]' only" in err
+    assert main(["generate", "--backend", "torch", "--model", str(path), "--max-tokens", "1", "hello"]) == 0
+
+
+def test_repro_without_a_defect_lists_them(capsys):
+    assert main(["repro"]) == 0
+    out = capsys.readouterr().out
+    assert "scale-wipe" in out and "cross-stride" in out and "required" not in out and "rest" not in out
+    assert "decoder-only model with KV-sharing layers" in out and "encoder-decoder model" in out

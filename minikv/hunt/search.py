@@ -209,7 +209,7 @@ def check_model(model) -> str:
     import os
     from pathlib import Path
 
-    from minikv.models import registry
+    from minikv.models import hf_checkpoint, registry
 
     from .strategies import prompt_pool
     if not isinstance(model, (str, os.PathLike)):
@@ -220,6 +220,9 @@ def check_model(model) -> str:
         if not path.is_dir():
             raise ValueError(f"model {name!r} is neither a shipped model ({', '.join(registry.MODEL_NAMES)}) nor an "
                              f"existing checkpoint directory")
+        if not hf_checkpoint.is_checkpoint_dir(path):
+            raise ValueError(f"{name!r} is not a checkpoint directory: it has no config.json (expected "
+                             f"transformers' config.json + model.safetensors of a Gemma-4 or T5 model)")
         name = str(path.resolve())
         registry.get_tokenizer(name)
         registry.load_model(name)
