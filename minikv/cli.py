@@ -212,15 +212,15 @@ def _hunt_every_defect(args, command: str) -> int:
         ok = ok and f is not None
         if f is None:
             print(f"{name}: NOT FOUND: {report.text()}")
-            rows.append([name, "-", "-", "-", "-", "-", f"{report.seconds:.0f} s"])
+            rows.append([name, "-", "-", "-", "-", "-", f"{report.seconds:.1f} s"])
         else:
             invariants = ", ".join(dict.fromkeys(v.oracle for v in f.violations))
             print(f"{name}: found by {invariants} in cell {cell_label(f.cell)} at scenario {f.scenarios_before + 1} "
                   f"({f.seconds_to_find:.1f} s), shrunk in {f.shrink_runs} runs")
             rows.append([name, invariants, cell_label(f.cell), str(f.scenarios_before + 1),
-                         f"{f.seconds_to_find:.1f} s", str(f.shrink_runs), f"{report.seconds:.0f} s"])
+                         f"{f.seconds_to_find:.1f} s", str(f.shrink_runs), f"{report.seconds:.1f} s"])
         quantities[f"{name.replace('-', '_')}_wall"] = {
-            "value": round(report.seconds, 1), "display": f"{report.seconds:.0f} s",
+            "value": round(report.seconds, 1), "display": f"{report.seconds:.1f} s",
             "statistic": f"seconds `minikv hunt --reintroduce {name}` spent searching and shrinking (in-process, "
                          f"after start-up), {args.backend} backend"}
     checks = []
@@ -270,7 +270,10 @@ def _hunt_every_defect(args, command: str) -> int:
                                     "columns": ["check", "defect", "invariant", "outcome", "scenario",
                                                 "to the finding"],
                                     "rows": checks}},
-            "hunts": {label: hunt_cli.results_data(r, command, label) for label, r in reports.items()}})
+            # each hunt's report, less its list of scenarios (thousands; the same seed tries them again, and
+            # `minikv hunt --results` for one hunt lists them)
+            "hunts": {label: {k: v for k, v in hunt_cli.results_data(r, command, label).items() if k != "scenarios"}
+                      for label, r in reports.items()}})
         print(f"results written to {args.results}")
     if args.plot:
         hunt_cli.save_plot(args.plot, reports)

@@ -161,11 +161,93 @@ def requests(draw, model: str):
     return Request(prompt, max_tokens=draw(st.integers(1, MAX_TOKENS)), arrival=draw(st.integers(0, MAX_ARRIVAL)))
 
 
+SUFFIX_TOKENS = 6                         # a shared-prefix request's own tokens after the prefix, at most
+
+
+@functools.lru_cache(maxsize=None)
+def _max_positions(model: str) -> int:
+    from minikv.models import hf_checkpoint
+    config = hf_checkpoint.read_config(model)
+    config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 1 << 16
+
+
+def prefix_lengths(model: str, block_size: int) -> list[int]:
+    """Shared-prefix lengths, in the engine's tokens (BOS included), for a decoder-only checkpoint at `block_size`:
+    ending inside the first block, at its boundary, just past it, at the second boundary and past it, inside the
+    third block; those the model's positions leave room for (the request's own tokens and MAX_TOKENS after)."""
+    room = _max_positions(model) - SUFFIX_TOKENS - MAX_TOKENS - 1
+    return [k for k in (block_size - 1, block_size, block_size + 1, 2 * block_size, 2 * block_size + 1,
+                        3 * block_size - 1) if k <= room]
+
+
+@functools.lru_cache(maxsize=None)
+def _prefix_source(model: str) -> tuple[int, ...]:
+    """Token ids of the checkpoint's prompt pool, one after the other: where shared prefixes are cut from."""
+    tok = _tokenizer(model)
+    return tuple(tok.encode(" ".join(prompt_pool(model))))
+
+
+@functools.lru_cache(maxsize=None)
+def shared_prefix_prompts(model: str, prefix_tokens: int, n: int) -> tuple[str, ...] | None:
+    """`n` prompts of a decoder-only checkpoint whose tokens share exactly their first `prefix_tokens` (BOS
+    included: the engine's prefix cache sees BOS + the prompt) and then differ; each round-trips token for token
+    (encoding its text gives those very ids). None when the tokenizer gives no such set."""
+    tok = _tokenizer(model)
+    source = _prefix_source(model)
+    k = prefix_tokens - 1
+    if k < 1 or len(source) < k:
+        return None
+    prefix, out, seen = list(source[:k]), [], set()
+    for candidate in prompt_pool(model):
+        own = tok.encode(" " + candidate)[:SUFFIX_TOKENS]
+        ids = prefix + own
+        if not own or own[0] in seen:
+            continue                          # the requests must part right after the prefix
+        text = tok.decode(ids)
+        try:
+            same = tok.encode(text) == ids
+        except (ValueError, KeyError):
+            same = False
+        if same:
+            out.append(text)
+            seen.add(own[0])
+        if len(out) == n:
+            return tuple(out)
+    return None
+
+
+@st.composite
+def prefix_requests(draw, model: str, block_size: int):
+    """Two to MAX_REQUESTS requests sharing a prefix of one of `prefix_lengths` (what prefix caching reuses, a
+    block at a time), or None when the checkpoint's tokenizer gives no such set."""
+    lengths = prefix_lengths(model, block_size)
+    if not lengths:
+        return None
+    shared = draw(st.sampled_from(lengths))
+    n = draw(st.integers(2, MAX_REQUESTS))
+    prompts = shared_prefix_prompts(model, shared, n)
+    if prompts is None:
+        return None
+    return tuple(Request(p, max_tokens=draw(st.integers(1, MAX_TOKENS)), arrival=draw(st.integers(0, MAX_ARRIVAL)))
+                 for p in prompts)
+
+
 @st.composite
 def scenarios(draw, cell: tuple[str, str, str]):
     model, kv_cache_dtype, dtype = cell
-    reqs = tuple(draw(st.lists(requests(model), min_size=1, max_size=MAX_REQUESTS)))
-    block_size = draw(st.sampled_from(BLOCK_SIZES))
+    if is_shipped(model) or model_is_encoder_decoder(model):
+        reqs = tuple(draw(st.lists(requests(model), min_size=1, max_size=MAX_REQUESTS)))
+        block_size = draw(st.sampled_from(BLOCK_SIZES))
+    else:
+        # A decoder-only checkpoint's prompts are free: besides requests drawn from the pool, sets that share a
+        # prefix ending inside a block, at a block boundary or several blocks in (prefix caching is drawn below,
+        # on or off). The block size comes first, since the prefix lengths are counted in blocks.
+        block_size = draw(st.sampled_from(BLOCK_SIZES))
+        reqs = draw(prefix_requests(model, block_size)) if draw(st.booleans()) else None
+        if reqs is None:
+            reqs = tuple(draw(st.lists(requests(model), min_size=1, max_size=MAX_REQUESTS)))
     per_token_head = kv_cache_dtype.endswith("_per_token_head")
     placement = draw(st.sampled_from(("row", "block"))) if per_token_head else "row"
     repeat = draw(st.booleans())
