@@ -408,7 +408,7 @@ print(f"its reproduction, run as printed: exit status {status}")
 try:
     hunt(model=MY_MODEL, reintroduce=("cross-stride",), max_scenarios=8, budget_s=None, progress=False)
 except ValueError as err:
-    print("cross-stride:", str(err).split("; its first refusal: ")[0])
+    print("refused:", str(err).split("its first refusal: ")[-1])
 search_map({"my-gemma4, the fixed engine": mine, "my-gemma4, scale-wipe reintroduced": my_wipe})
 
 # %% [markdown]
