@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from minikv.bench.timing import Timing, time_ms
+from minikv.bench.timing import Timing, format_ratio, time_ms  # noqa: F401 (format_ratio: re-exported)
 
 FORMATS = ("auto", "fp8", "fp8_per_token_head", "int8_per_token_head", "fp8_per_token_head/block",
            "int8_per_token_head/block")
@@ -288,12 +288,6 @@ def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
         out.append(("causal context attention TFLOP/s vs SDPA, paged bf16 (fused), batch 8, length 4096",
                     prefill["self causal, paged bf16 (fused)"] / sdpa, 0.75))
     return out
-
-
-def format_ratio(value: float) -> str:
-    """A ratio to three decimals, rounded down (toward the target it is compared with from below), so a printed
-    ratio reaches its target only when the measured one does: never "MISSED 0.700x (target 0.70x)"."""
-    return f"{math.floor(value * 1000) / 1000:.3f}x"
 
 
 def format_targets(rows: list[dict]) -> list[str]:

@@ -229,7 +229,7 @@ def write_csv(rows: list[dict], path) -> None:
 
 
 def format_targets(rows: list[dict]) -> list[str]:
-    from minikv.bench.attention import format_ratio
+    from minikv.bench.timing import format_ratio
     return [f"{'met   ' if v >= g else 'MISSED'} {format_ratio(v):>7s} (target {g:.2f}x)  {w}"
             for w, v, g in targets(rows)]
 

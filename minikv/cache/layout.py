@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 import torch
 
 from minikv.kernels import addressing, formats
+from minikv.kernels.errors import CheckFailedError
 
 SCALE_BYTES = formats.SCALE_BYTES
 
 
-class KVLayoutMismatchError(RuntimeError):
+class KVLayoutMismatchError(CheckFailedError, RuntimeError):
     """A backend was bound to a pool whose layout differs from the backend's own."""
 
 
@@ -97,11 +98,6 @@ class KVLayout:
     def code_bytes(self) -> int:
         """Bytes of one row's codes (elements)."""
         return self.head_size * self.elem_bytes
-
-    @property
-    def scale_region_bytes(self) -> int:
-        """"block" placement: bytes of one half's scale region (padded so the next half stays 16-byte aligned)."""
-        return self.kv_bytes - self.block_size * self.slot_bytes
 
     def pool_bytes(self, num_blocks: int) -> int:
         return num_blocks * self.block_bytes
