@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from minikv.cache.blocks import slot_of
 from minikv.config import ReproConfig
 from minikv.kernels.errors import BadInputError
 
@@ -236,7 +237,7 @@ class MinikvEngine:
                 table, n = out.block_tables.get(rid), out.seq_lens.get(rid, 0)
             if not table or not n:
                 continue
-            slots = [table[p // bs] * bs + p % bs for p in range(n)]
+            slots = [slot_of(table, p, bs) for p in range(n)]
             codes = storage[start + _row_bytes(layout, slots, scales=False)].reshape(n, -1).cpu().numpy()
             scales = storage[start + _scale_bytes(layout, slots)].reshape(n, -1).cpu().numpy() \
                 if layout.has_inline_scales else None
