@@ -186,7 +186,7 @@ def _hunt_every_defect(args, command: str) -> int:
     from minikv.bugs import DEFECTS
     from minikv.hunt import cli as hunt_cli
     from minikv.hunt import hunt
-    from minikv.hunt.reference import DenseReference, calibrate
+    from minikv.hunt.reference import LOGIT_TOLERANCE, DenseReference, calibrate
     from minikv.hunt.strategies import cell_label, prompt_pool
     hunt_cli.check_outputs(args)
     load = os.getloadavg()[0]
@@ -272,6 +272,13 @@ def _hunt_every_defect(args, command: str) -> int:
                                     "rows": checks}},
             # each hunt's report, less its list of scenarios (thousands; the same seed tries them again, and
             # `minikv hunt --results` for one hunt lists them)
+            "calibration": {
+                "statistic": "largest deviation of the fixed engine's logits from the dense reference's (same "
+                             "context; |difference| over the row's largest |logit|), per cell, over every scenario "
+                             "of the fixed engine's hunt, beside minikv.hunt.reference.LOGIT_TOLERANCE",
+                "largest_logit_deviation": {cell_label(c): float(f"{d:.3g}")
+                                            for c, d in fixed.logit_deviation.items()},
+                "tolerance": {f"{k[0]} x {k[1]}": v for k, v in LOGIT_TOLERANCE.items()}},
             "hunts": {label: {k: v for k, v in hunt_cli.results_data(r, command, label).items() if k != "scenarios"}
                       for label, r in reports.items()}})
         print(f"results written to {args.results}")

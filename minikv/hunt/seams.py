@@ -1,4 +1,5 @@
-"""The one place the hunter reaches into an engine beyond its outputs: wrapping one of its kernel ops.
+"""The places the hunter reaches into an engine beyond its outputs: wrapping one of its kernel ops, and reading the
+logits its sampler is given.
 
 `llm.kernel_ops` is the set of kernels every attention layer of an engine calls (one object, shared by all of
 them). `wrap_kernel_op(llm, "write_kv", make)` replaces its `write_kv` with `make(original)` for that engine
@@ -26,3 +27,21 @@ def pool_of(llm, tensor) -> tuple[str, object] | None:
         if pool.data_ptr() == tensor.data_ptr() and pool.numel() == tensor.numel():
             return name, llm.arena.layout(name)
     return None
+
+
+def record_logits(llm, store: dict) -> bool:
+    """Keep, for every request, the logits row the engine's sampler gets at each of its steps: `store[request id]`
+    becomes a list of float32 CPU rows, one per sampled token (what `matches-reference` compares with the dense
+    model's). Wraps `llm.runner.sample` for this engine only; returns False (nothing recorded) when the engine has
+    no such sampler."""
+    runner = getattr(llm, "runner", None)
+    sample = getattr(runner, "sample", None)
+    if sample is None:
+        return False
+
+    def recording(logits, seqs, *args, **kwargs):
+        for row, seq in zip(logits, seqs):
+            store.setdefault(seq.request_id, []).append(row.detach().float().cpu())
+        return sample(logits, seqs, *args, **kwargs)
+    runner.sample = recording
+    return True
