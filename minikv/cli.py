@@ -330,7 +330,12 @@ def demo_doc() -> str:
 def build_parser() -> argparse.ArgumentParser:
     import minikv
     from minikv.models.registry import MODEL_NAMES
-    p = UsageParser(prog="minikv", description=__doc__.splitlines()[0])
+    p = UsageParser(prog="minikv", description=__doc__.splitlines()[0],
+                    epilog="Every error is one line, `minikv: error: MESSAGE (hint: WHAT TO DO)`. Exit status: 0 "
+                           "done; 1 a found defect or failed check (a hunt's finding, a reproduction whose "
+                           "signatures do not hold, the sanitizer catching an overrun); 2 bad input (an argument, "
+                           "a checkpoint directory or a prompt minikv cannot take); 3 an engine fault (a fault in "
+                           "minikv itself: run again with --traceback and report it).")
     p.add_argument("--version", action="version", version=f"minikv {minikv.__version__}")
     p.add_argument("--traceback", action="store_true",
                    help="on an error, print the traceback before the one-line message (anywhere on the command "
