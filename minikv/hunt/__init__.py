@@ -23,7 +23,7 @@ from .scenario import Request, Scenario
 
 # hypothesis is imported only with the search itself, so `import minikv.hunt` (and the CLI's parser) work without it.
 _LAZY = {"hunt": "search", "HuntReport": "search", "Finding": "search", "MinikvEngine": "minikv_engine",
-         "replay": "repro"}
+         "replay": "minikv_engine"}
 
 
 def __getattr__(name):

@@ -302,3 +302,28 @@ def _first_line(err: BaseException) -> str:
 def _describe(err: BaseException) -> str:
     # Type and message only: a file and line number would change the report with every unrelated edit.
     return _first_line(err)
+
+
+def replay(scenario: Scenario, oracles, reintroduce=(), backend: str = "torch", instrument=None) -> int:
+    """Run `scenario` through minikv's adapter and check the named oracles; print what each expected beside what
+    was seen. Returns 1 when one fails, 0 when all hold (a reproduction's exit status)."""
+    from . import oracles as oracle_module
+    from .reference import DenseReference
+    run = MinikvEngine(reintroduce, backend=backend, instrument=instrument).run(scenario)
+    if run.refused:
+        print(f"the engine refused the configuration: {run.refused}")
+        return 2
+    reference = DenseReference()
+    refs = {}
+    if any(oracle_module.ORACLES[n].needs_reference for n in oracles) and not run.error:
+        refs = {r.prompt: reference.get(scenario.model, scenario.kv_cache_dtype, scenario.dtype, r.prompt,
+                                        r.max_tokens) for r in scenario.requests}
+    found = oracle_module.check(run, refs, oracles)
+    for name in oracles:
+        mine = [v for v in found if v.oracle == name]
+        print(f"{name}: expected: {oracle_module.ORACLES[name].statement}")
+        if not mine:
+            print(f"{name}: seen:     it holds")
+        for v in mine:
+            print(f"{name}: seen:     {v.summary}" + (f" ({v.detail})" if v.detail else ""))
+    return 1 if found else 0
