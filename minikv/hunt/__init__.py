@@ -11,8 +11,8 @@ The hunter knows invariants, not defects. It generates configurations with hypot
 on the engine (minikv_engine.py, or another engine's adapter with the same `run(scenario) -> Run`), checks the
 oracles (oracles.py) against the run's records (record.py) and a dense reference (reference.py), and shrinks a
 failure to a minimal scenario printed as a ready-to-run `minikv.LLM(...)` reproduction that checks the invariant
-itself and exits 1 (repro.py; `replay` runs a scenario through the adapter and oracles). figure.py draws the
-search map.
+itself and exits 1 (repro.py; `replay`, in minikv_engine.py, runs a scenario through the adapter and oracles).
+figure.py draws the search map.
 `minikv hunt` is its command line (cli.py); docs/hunt.md is the guide.
 """
 from __future__ import annotations
