@@ -125,7 +125,7 @@ def _run_snippet(code: str) -> tuple[int, str]:
 
 # (checkpoint, defect or None, scenarios at most): the fixed engine comes out clean, and each defect the
 # architecture has is found.
-WALK_HUNTS = [("gemma4", None, 24), ("gemma4", "scale-wipe", 40), ("t5", None, 24), ("t5", "cross-stride", 24),
+WALK_HUNTS = [("gemma4", None, 16), ("gemma4", "scale-wipe", 40), ("t5", None, 16), ("t5", "cross-stride", 24),
               ("t5", "cross-fp8-context-read", 24)]
 
 
