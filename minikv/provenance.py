@@ -166,7 +166,7 @@ def reference(defect: str) -> str:
     text = f"{fix.short} ({state})"
     if defect == "scale-wipe":
         return (f"{text}, after the closed {prs[0].short}; issues "
-                f"{' and '.join('#%d' % s.number for s in issues)} (upstream now says they are a different failure)")
+                f"{' and '.join('#%d' % s.number for s in issues)} (upstream now says their primary failures are another defect)")
     return f"{text}, closing issue #{issues[0].number}"
 
 
