@@ -146,7 +146,8 @@ def box_markdown(defect: str) -> str:
              f"(states as of {CHECKED}; dates and states the sources do not give are \"not recorded\")", "",
              "| date | step | state | what it said (minikv's summary) |", "|---|---|---|---|"]
     for s in steps:
-        title = f" \"{s.title}\"" if s.title else ""
+        # Brackets escaped: "[#19861][fix]" would otherwise be read as a Markdown reference link.
+        title = f" \"{s.title.replace('[', chr(92) + '[').replace(']', chr(92) + ']')}\"" if s.title else ""
         lines.append(f"| {_cell(s.date)} | {s.kind} [{s.short}]({s.url}){title} | {_cell(s.state)} | {s.said} |")
     heading, related = RELATED.get(defect, ("", ()))
     if related:
