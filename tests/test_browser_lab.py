@@ -484,3 +484,22 @@ def test_following_links_from_disk_catches_a_missing_file(site_on_disk, tmp_path
             _open_from_disk(tab, (tmp_path / "missing.html").as_uri())
     finally:
         tab.close()
+
+
+def test_search_works_from_disk(site_on_disk):
+    """mkdocs-material's offline plugin embeds the search index, so searching works from file://, where a browser
+    refuses to fetch search_index.json and the search box would say "Initializing search" for good."""
+    site, browser = site_on_disk
+    tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        tab.goto((site / "index.html").as_uri(), wait_until="load")
+        tab.locator("label.md-search__icon, label[for='__search']").first.click()
+        tab.locator("input.md-search__input").fill("scale wipe")
+        tab.wait_for_function("() => document.querySelectorAll('.md-search-result__item').length > 0",
+                              timeout=30_000)
+        meta = tab.locator(".md-search-result__meta").inner_text()
+        links = tab.evaluate("() => [...document.querySelectorAll('.md-search-result__item a')].map(a => a.href)")
+    finally:
+        tab.close()
+    assert "Initializing" not in meta, meta
+    assert any("defects/scale-wipe.html" in link for link in links), links

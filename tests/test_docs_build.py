@@ -332,3 +332,30 @@ def test_build_time_figures_are_deterministic():
     spec.loader.exec_module(hooks)
     first, second = hooks._viz_figures(), hooks._viz_figures()
     assert first.keys() == second.keys() and all(first[name] == second[name] for name in first)
+
+
+def test_search_index_is_embedded_for_file_urls(built_site):
+    """The offline plugin's search_index.js, loaded by every page: search then works from file:// (the browser
+    test types a query into it)."""
+    assert (built_site / "search" / "search_index.js").is_file()
+    assert "search/search_index.js" in page_file(built_site, "").read_text()
+
+
+def test_home_lists_every_notebook_and_the_nav_puts_them_early(built_site):
+    links = parse_page(built_site, "").links
+    stems = sorted(p.stem for p in (REPO / "notebooks").glob("0*.ipynb"))
+    missing = [s for s in stems if not any(link.endswith(f"notebooks/{s}.html") for link in links)]
+    assert not missing, f"the docs home does not link {missing}"
+    import yaml
+    nav = [next(iter(item)) for item in yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]]
+    assert nav.index("Notebooks") < nav.index("Concepts"), f"nav order: {nav}"
+
+
+def test_defect_pages_open_with_the_provenance_box(built_site):
+    from minikv import provenance
+    for page, name in (("defects/scale-wipe", "scale-wipe"), ("defects/cross-stride-fp8-context", "cross-stride")):
+        html = page_file(built_site, page).read_text()
+        box = html.split('<p class="admonition-title">What upstream said, and when</p>', 1)
+        assert len(box) == 2 and html.index("admonition-title") < html.find("<h2"), f"{page}: no box at the top"
+        for step in provenance.TIMELINES[name]:
+            assert step.url in box[1].split("</div>", 1)[0] or step.url in box[1], (page, step.url)

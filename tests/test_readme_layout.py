@@ -71,3 +71,14 @@ def test_every_shipped_checkpoint_is_named():
 
 def test_readme_links_the_layout():
     assert "docs/architecture.md" in (ROOT / "README.md").read_text(), "README.md does not link docs/architecture.md"
+
+
+def test_readme_is_a_front_door():
+    """At most 150 lines; the detail lives on the pages it links."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150, f"README.md has {len(text.splitlines())} lines (at most 150)"
+    for page in ("docs/architecture.md", "docs/results.md", "docs/checkpoints.md", "docs/hunt.md", "CONTRIBUTING.md"):
+        assert f"]({page})" in text, f"README.md does not link {page}"
+        assert (ROOT / page).is_file(), page
+    for command in ("make setup", "make run", "make test"):
+        assert command in text, f"README.md does not name `{command}`"
