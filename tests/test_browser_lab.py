@@ -493,8 +493,9 @@ def test_search_works_from_disk(site_on_disk):
     tab = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         tab.goto((site / "index.html").as_uri(), wait_until="load")
-        tab.locator("label.md-search__icon, label[for='__search']").first.click()
-        tab.locator("input.md-search__input").fill("scale wipe")
+        query = tab.locator("input.md-search__input")      # in the header at this width
+        query.click()
+        query.fill("scale wipe")
         tab.wait_for_function("() => document.querySelectorAll('.md-search-result__item').length > 0",
                               timeout=30_000)
         meta = tab.locator(".md-search-result__meta").inner_text()
