@@ -240,8 +240,8 @@ def compare(fixed: Run, buggy: Run) -> None:
         buggy.inflation_error = float(torch.cat(errors).max())
 
 
-# Upstream's census on gemma-4-E2B-it (the vLLM fix's description; vllm-project/vllm#50702, #50749): fills that wiped
-# nothing, and the written scales each late wiping fill overwrote. It does not break the harmless fills down further.
+# Upstream's census on gemma-4-E2B-it (the description of vLLM pull request #51061, minikv/provenance.py): fills that
+# wiped nothing, and the written scales each late wiping fill overwrote. It does not break the harmless fills down further.
 UPSTREAM_CENSUS = {"harmless": 33, "wiping": 2, "wiped": (22_384, 13_394)}
 UPSTREAM_INFLATION = {"K": 221, "V": 24}
 
@@ -533,7 +533,7 @@ def results(pairs: list[tuple[Run, Run]], clean16, command: str, name: str = "sc
                                   f"{buggy.max_num_seqs}); each fill: layer, when, written scales overwritten",
                        "columns": CENSUS_COLUMNS, "rows": census_rows(buggy)},
             "census_vs_upstream": {"caption": "minikv's census and inflation next to upstream's (gemma-4-E2B-it, "
-                                              "vLLM; vllm-project/vllm#50702, #50749)",
+                                              "from vLLM pull request #51061)",
                                    "columns": ["quantity", f"minikv ({buggy.model})", "upstream (gemma-4-E2B-it)"],
                                    "rows": upstream_rows(pairs)},
             **(extra_tables or {}),
