@@ -36,9 +36,9 @@
 # with [hypothesis](https://hypothesis.readthedocs.io) and checks invariants a maintainer can write without
 # knowing either defect. It is told nothing but the `reintroduce=` tuple, which it passes to every
 # `minikv.LLM(...)` unread. We run it on the fixed engine, then on each defect; put what it prints next to
-# upstream's reports; look at the checks upstream's matrices lacked and what each costs; let it find a defect
-# planted here, which it was not written for; and point its oracles at another engine's outputs. The guide is
-# [docs/hunt.md](../docs/hunt.md); `minikv hunt` is the same search on the command line.
+# upstream's reports; look at the checks upstream's matrices lacked (as minikv reads them) and what each costs;
+# let it find a defect planted here, which it was not written for; and point its oracles at another engine's
+# outputs. The guide is [docs/hunt.md](../docs/hunt.md); `minikv hunt` is the same search on the command line.
 #
 # Every hunt here is bounded by a number of scenarios, not seconds, so it runs the same scenarios in the same
 # order on every machine, and prints no timing. Measured times come from `results/hunt.json`.
@@ -207,8 +207,11 @@ print(f"without it:       {fixed}  equals the reference: {fixed == str(want)}")
 # %% [markdown]
 # ## 7. What upstream's test matrices lacked, and what each check costs
 #
-# **The first batch against a later one (vLLM).** The check the fix's author ran by hand: submit a batch, let it
-# finish, submit it again, compare tokens and KV bytes. Alone, it finds the scale wipe, and says where: the
+# For TensorRT-LLM the missing cases are on record (the filter the fix removed, the cases its reviewers asked
+# for); for vLLM the missing check is minikv's reading.
+#
+# **The first batch against a later one (vLLM).** The comparison the fix's evidence reports: submit a batch, let
+# it finish, submit it again, compare tokens and KV bytes. Alone, it finds the scale wipe, and says where: the
 # scales, not the codes, of the shared pool differ between the two batches.
 
 # %%
