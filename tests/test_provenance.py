@@ -42,20 +42,47 @@ def test_only_numbers_the_data_file_records_are_cited(path):
     assert not unknown, f"{path.name} cites {sorted(unknown)}, which minikv/provenance.py does not record"
 
 
-@pytest.mark.parametrize("path", PROSE, ids=_ids)
-def test_no_page_states_another_state(path):
-    """A sentence naming a pull request calls it merged, closed or open only as the data file records it."""
+# A state word right after a pull request's number ("#51061 (closed)", "#51091, open as of ...").
+STATED = re.compile(r"#(\d{4,6})\b[^.;#\n]{0,40}?\b(merged|closed|open)\b")
+
+
+def wrong_states(text: str) -> list[str]:
+    """Each pull request called merged, closed or open other than the data file records it (link targets and
+    line breaks removed first, so "[#51061](https://...) (closed)" reads as "#51061 (closed)")."""
+    flat = re.sub(r"\]\([^)]*\)", "]", re.sub(r"\s*\n\s*#?\s*", " ", text))
     wrong = []
-    for sentence in _sentences(path.read_text()):
+    for m in STATED.finditer(flat):
+        try:
+            recorded = provenance.step(int(m.group(1)), "pull request")
+        except KeyError:
+            continue
+        state = (recorded.state or "").split()
+        if not state or m.group(2) != state[0]:
+            wrong.append(f"#{m.group(1)} called {m.group(2)}, recorded {recorded.state!r}: {m.group(0)}")
+    for sentence in _sentences(text):
         for number in {int(n) for n in re.findall(r"#(\d{4,6})\b", sentence)}:
             try:
                 recorded = provenance.step(number, "pull request")
             except KeyError:
                 continue
-            state = recorded.state or ""
-            if re.search(r"\bmerged\b", sentence) and "merged" not in state and "not merged" not in sentence:
+            if re.search(r"\bmerged\b", sentence) and "merged" not in (recorded.state or "") \
+                    and "not merged" not in sentence and "merge state" not in sentence:
                 wrong.append(f"#{number} called merged: {sentence[:160]}")
+    return wrong
+
+
+@pytest.mark.parametrize("path", PROSE, ids=_ids)
+def test_no_page_states_another_state(path):
+    """A pull request is called merged, closed or open only as the data file records it."""
+    wrong = wrong_states(path.read_text())
     assert not wrong, f"{path.name}:\n" + "\n".join(wrong)
+
+
+def test_the_state_check_can_fail():
+    assert wrong_states("The fix, [#51091](https://github.com/vllm-project/vllm/pull/51091) (closed), ...")
+    assert wrong_states("Pull request #51061 was merged in August.")
+    assert wrong_states("TensorRT-LLM #20958, merged")          # its merge state is not recorded
+    assert not wrong_states("[#51091](https://x.y/51091), open as of 2026-12-02, after #51061 (closed).")
 
 
 REVISED = [
