@@ -66,7 +66,9 @@ WORKERS ?= 2
 XDIST   := -n $(WORKERS) --dist loadfile
 MARKS   ?= not slow
 
+# lint-imports first: the layer contracts in pyproject.toml (no upward import, no import loop), in a second.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(TEST_ENV) MPLBACKEND=Agg $(PY) -m pytest -q $(XDIST) -m "$(MARKS)" --durations=30 tests
 ifneq ($(NOTEBOOKS),)
 	$(TEST_ENV) $(PY) -m pytest -q $(XDIST) -p no:cacheprovider $(NBVAL_FLAGS) $(NOTEBOOKS)

@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "LLM": ("minikv.engine.llm", "LLM"),
+    "ReproConfig": ("minikv.config", "ReproConfig"),
     "SamplingParams": ("minikv.engine.sequence", "SamplingParams"),
     "RequestOutput": ("minikv.engine.sequence", "RequestOutput"),
     "KVCacheOverrunError": ("minikv.cache.arena", "KVCacheOverrunError"),
@@ -30,5 +31,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'minikv' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "KVCacheOverrunError", "KVLayoutMismatchError",
+__all__ = ["LLM", "ReproConfig", "SamplingParams", "RequestOutput", "KVCacheOverrunError", "KVLayoutMismatchError",
            "KVLayout", "KVArena", "tasks", "bugs", "viz"]

@@ -13,11 +13,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from minikv import bugs
-from minikv.kernels.formats import BLOCK_SIZES, KV_CACHE_DTYPES, check_block_size  # noqa: F401  (re-exported)
-from minikv.kernels.formats import check_kv_cache_dtype, check_scale_placement
+from minikv.kernels.formats import (  # noqa: F401  (re-exported)
+    BLOCK_SIZES,
+    KV_CACHE_DTYPES,
+    check_block_size,
+    check_kv_cache_dtype,
+    check_scale_placement,
+)
 
 if TYPE_CHECKING:                       # the model configs live with their models
-    from minikv.models.gemma4 import Gemma4Config
+    from minikv.models.gemma4_config import Gemma4Config
     from minikv.models.t5 import T5Config
 
 # The choices of the engine's string options (the one list of each).
@@ -84,7 +89,6 @@ class CacheConfig:
     cross_pool_blocks: int | None = None   # encoder-decoder only; None: sized automatically
     enable_prefix_caching: bool = False
     kv_scale_placement: str = "row"        # per-token-head scales: "row" (vLLM's) or "block" (minikv.cache.layout)
-    kv_arena: str = "one"                  # "one" allocation for every pool (KVArena) or "per-pool" (SeparateKVArena)
 
     def __post_init__(self):
         check_kv_cache_dtype(self.kv_cache_dtype)
@@ -93,7 +97,6 @@ class CacheConfig:
         check_int("cross_pool_blocks", self.cross_pool_blocks, allow_none=True)
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
         check_scale_placement(self.kv_scale_placement)
-        check_choice("kv_arena", self.kv_arena, KV_ARENAS)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,44 @@ class SchedulerConfig:
     def __post_init__(self):
         check_int("max_num_seqs", self.max_num_seqs)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class ReproConfig:
+    """The switches the reproductions turn, each an engine variant upstream had or a shape it ran in. The
+    defaults are the engine as shipped; `LLM(..., repro=ReproConfig(...))` changes them. (Which defects are
+    switched back on, `reintroduce`, and the guard check, `sanitize`, are LLM arguments of their own.)
+
+      check_layout          check each backend's layout against its pool's when binding (KVLayoutMismatchError)
+      warmup                "dummy": upstream's warmup, one forward without attention metadata; "capture": every
+                            layer runs with metadata, as a CUDA-graph capture run does (notebook 03)
+      reinit_scales_on_wake False: sleep() does not tell the fix's registry that the contents were discarded
+                            (the scale-wipe reproduction's "nothing re-initializes" ablation)
+      kv_arena              "one": every pool in one allocation with guard zones between them; "per-pool": an
+                            allocation per pool, as TensorRT-LLM's pool manager (on CUDA exactly the pool, for
+                            compute-sanitizer)
+      cross_context_path    encoder-decoder only: "fused" (the cross context step reads K/V back from the paged
+                            cache) or "fallback" (from the 16-bit workspace), defect B2's two paths (notebook 04)
+      paged_context         encoder-decoder only: upstream's "paged context FMHA" switch
+      cross_construction    encoder-decoder only: "eager" (a cross layer gets its backend at construction) or
+                            "deferred" (later, from the pool), the two orders of defect B1
+    """
+
+    check_layout: bool = True
+    warmup: str = "dummy"                   # WARMUP_SHAPES
+    reinit_scales_on_wake: bool = True
+    kv_arena: str = "one"                   # KV_ARENAS
+    cross_context_path: str = "fused"       # CROSS_CONTEXT_PATHS
+    paged_context: bool = False
+    cross_construction: str = "eager"       # CONSTRUCTION_ORDERS
+
+    def __post_init__(self):
+        for name in ("check_layout", "paged_context", "reinit_scales_on_wake"):
+            check_bool(name, getattr(self, name))
+        check_choice("warmup", self.warmup, WARMUP_SHAPES)
+        check_choice("kv_arena", self.kv_arena, KV_ARENAS)
+        check_choice("cross_context_path", self.cross_context_path, CROSS_CONTEXT_PATHS)
+        check_choice("cross_construction", self.cross_construction, CONSTRUCTION_ORDERS)
 
 
 @dataclass(frozen=True)
@@ -120,16 +161,8 @@ class EngineConfig:
     backend: str = "triton"                 # "triton" or "torch"
     reintroduce: tuple[str, ...] = ()       # minikv.bugs.DEFECTS names; stored sorted
     sanitize: bool = True                   # check the arena's guard canaries after every step
-    check_layout: bool = True               # check backend layout against pool layout at bind time
     seed: int = 0
-    warmup: str = "dummy"                   # WARMUP_SHAPES
-    cross_context_path: str = "fused"       # CROSS_CONTEXT_PATHS (encoder-decoder only)
-    paged_context: bool = False             # upstream's "paged context FMHA" switch (encoder-decoder only)
-    cross_construction: str = "eager"       # CONSTRUCTION_ORDERS (encoder-decoder only)
-    # sleep() forgets that the pools' scale regions were initialized, so wake_up() fills them again (the fix).
-    # False models a registry keyed by (data_ptr, nbytes) alone, which cannot tell a same-address wake from no
-    # sleep at all (the scale-wipe reproduction's "nothing re-initializes" row).
-    reinit_scales_on_wake: bool = True
+    repro: ReproConfig = ReproConfig()      # the reproductions' switches (the shipped engine: the defaults)
 
     def __post_init__(self):
         if not isinstance(self.cache, CacheConfig):
@@ -141,12 +174,10 @@ class EngineConfig:
             raise TypeError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {self.dtype!r}")
         check_choice("backend", self.backend, BACKENDS)
         object.__setattr__(self, "reintroduce", tuple(sorted(bugs.validate(self.reintroduce))))
-        for name in ("sanitize", "check_layout", "paged_context", "reinit_scales_on_wake"):
-            check_bool(name, getattr(self, name))
+        if not isinstance(self.repro, ReproConfig):
+            raise TypeError(f"repro must be a minikv.ReproConfig, got {type(self.repro).__name__} {self.repro!r}")
+        check_bool("sanitize", self.sanitize)
         check_int("seed", self.seed, low=0, high=MAX_SEED)
-        check_choice("warmup", self.warmup, WARMUP_SHAPES)
-        check_choice("cross_context_path", self.cross_context_path, CROSS_CONTEXT_PATHS)
-        check_choice("cross_construction", self.cross_construction, CONSTRUCTION_ORDERS)
         if self.model is not None:
             self._check_model_options()
 
@@ -158,11 +189,11 @@ class EngineConfig:
         """Options that mean nothing for this model are refused, not ignored, saying why."""
         mc, defects = self.model, set(self.reintroduce)
         if not mc.is_encoder_decoder:
-            default = EngineConfig.__dataclass_fields__
+            default = ReproConfig.__dataclass_fields__
             for name in ("cross_context_path", "paged_context", "cross_construction"):
-                if getattr(self, name) != default[name].default:
-                    raise ValueError(f"{name} applies to encoder-decoder models (cross attention); {mc.name} is "
-                                     f"decoder-only: leave it at its default")
+                if getattr(self.repro, name) != default[name].default:
+                    raise ValueError(f"ReproConfig.{name} applies to encoder-decoder models (cross attention); "
+                                     f"{mc.name} is decoder-only: leave it at its default")
             if self.cache.cross_pool_blocks is not None:
                 raise ValueError(f"cross_pool_blocks applies to encoder-decoder models (the cross pool); {mc.name} "
                                  f"is decoder-only: leave it None")

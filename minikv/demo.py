@@ -1,6 +1,6 @@
 """The main job (`make run` / `minikv demo`): the kernels against their references per cache format, then each
 defect of the walkthrough reproduced and fixed in a few lines, through the public API only (`minikv.LLM` with
-`reintroduce=...`, `sanitize=...`, `check_layout=...`, and `minikv.tasks` to judge the answers).
+`reintroduce=...`, `sanitize=...`, `repro=minikv.ReproConfig(check_layout=...)`, and `minikv.tasks` to judge the answers).
 
 Deterministic: fixed seeds, and only token ids, text, counts and differences rounded to the precision of the claim
 are printed. The story at the end fits one terminal screen and names the notebook that explains each defect."""
@@ -165,11 +165,11 @@ def cross_stride_story(device: torch.device, backend: str, n: int = 6, pool_fact
     except minikv.KVLayoutMismatchError as e:
         lines.append(f"B1 buggy, layout contract on:  {type(e).__name__} at bind, before anything runs")
     try:
-        _generate(engine(**b1, check_layout=False), task, prompts)
+        _generate(engine(**b1, repro=minikv.ReproConfig(check_layout=False)), task, prompts)
         lines.append("B1 buggy, sanitizer on:        no overrun (unexpected)")
     except minikv.KVCacheOverrunError as e:
         lines.append(f"B1 buggy, sanitizer on:        {type(e).__name__}: guard zone after {e.pool!r} written")
-    silent = _generate(engine(**b1, check_layout=False, sanitize=False), task, prompts)
+    silent = _generate(engine(**b1, repro=minikv.ReproConfig(check_layout=False), sanitize=False), task, prompts)
     wrong = [i for i, (o, r) in enumerate(zip(silent, reference)) if o.token_ids != r]
     lines += [f"B1 buggy, sanitizer off:       requests {_ranges(wrong)} of {n} wrong, silently",
               "   why: the cross backend was built without the quantization config, so it addresses the 1-byte",

@@ -833,13 +833,13 @@ assert again_buggy == texts_fixed[:4]
 
 # %% [markdown]
 # **Same code, different warmup.** Upstream's fix says the wipe happens "when warmup didn't exercise" the sharing
-# layers. minikv's `warmup="capture"` runs every layer with attention metadata (minikv models it on a CUDA-graph
+# layers. minikv's `ReproConfig(warmup="capture")` runs every layer with attention metadata (minikv models it on a CUDA-graph
 # capture run, which executes every layer; the upstream text does not name the warmup shapes that hide the
 # defect). It gives the sharing impls their first touch before anything is written, so the historical code wipes
 # nothing.
 
 # %%
-capture = engine(buggy=True, warmup="capture")
+capture = engine(buggy=True, repro=minikv.ReproConfig(warmup="capture"))
 texts_capture = [o.text for o in capture.generate(prompts[:8], params, use_tqdm=False)]
 show_census(capture, "buggy engine, capture-shaped warmup")
 assert not capture.census.wiping and texts_capture == texts_fixed[:8]

@@ -275,7 +275,8 @@ assert [o.lands_in for o in m.overruns[1.5]] == cross_names[1:] + [self_names[0]
 # after each step and raises `KVCacheOverrunError`, naming the pool just before the first damaged guard.
 
 # %%
-buggy_15x = one_engine(cross_pool_blocks=math.floor(1.5 * need), reintroduce=("cross-stride",), check_layout=False)
+buggy_15x = one_engine(cross_pool_blocks=math.floor(1.5 * need), reintroduce=("cross-stride",),
+                       repro=minikv.ReproConfig(check_layout=False))
 try:
     serve(buggy_15x, prompts)
     raise AssertionError("the overrun was not caught")
@@ -341,7 +342,7 @@ from minikv.repro import cross_stride_trace
 
 timelines = {}
 for buggy_run in (True, False):
-    llm = one_engine(cross_pool_blocks=math.floor(1.5 * need), sanitize=False, check_layout=False,
+    llm = one_engine(cross_pool_blocks=math.floor(1.5 * need), sanitize=False, repro=minikv.ReproConfig(check_layout=False),
                      reintroduce=("cross-stride",) if buggy_run else ())
     timelines[buggy_run], _ = cross_stride_trace.trace_run(
         llm, prompts, reference, title=f"1.5x pool, {'historical' if buggy_run else 'fixed'} stride")
@@ -400,7 +401,7 @@ viz_cross_stride.cross_causal_chain_figure(chain_b)
 # Upstream's symptom was an illegal memory access on the GPU. minikv keeps every pool in one arena, so the
 # overrun above lands in a guard zone and then in the next pool: bytes of the same allocation. A GPU bounds
 # checker (`compute-sanitizer --tool memcheck`) sees nothing wrong there, since every byte touched belongs to a
-# live allocation. TensorRT-LLM's pool manager allocates each pool on its own; `LLM(kv_arena="per-pool")` does
+# live allocation. TensorRT-LLM's pool manager allocates each pool on its own; `LLM(repro=ReproConfig(kv_arena="per-pool"))` does
 # the same (`minikv.cache.arena.SeparateKVArena`). On CPU each such allocation still carries its own guard after
 # the pool, sized for the farthest byte the doubled stride can reach: the Triton interpreter checks no bounds, so
 # an exact allocation would make the overrun a segfault or damage whatever the heap holds next. With the guard the
@@ -414,7 +415,7 @@ assert cross_stride.check_arena_runs(m.arenas) == []
 # %% [markdown]
 # On a GPU a per-pool allocation is exactly the pool, and the overrun leaves it. The H200 run of
 # `tools/memcheck_cross_stride.py` (tiny-t5 in bf16, 3 requests, a cross pool of 1.5x the 3 blocks needed, the
-# arena's sanitizer off so that only memcheck looks) is kept in `results/gpu/fidelity/`. Its first run found no
+# arena's sanitizer off so that only memcheck looks) is kept in `results/gpu/memcheck/`. Its first run found no
 # error in either arena: the CUDA driver had packed the small pools back to back, so one pool's overrun landed in
 # the next allocation, which memcheck counts as valid, and the tokens came out silently wrong even with separate
 # pools. The second run adds `--padding 1048576` (1 MiB of unallocated memory after every allocation) and shows
@@ -428,7 +429,7 @@ from pathlib import Path  # noqa: E402
 # checkout minikv is installed from (a copy of this notebook opened elsewhere).
 REPO = next(p for p in (Path(".."), Path("."), Path(minikv.__file__).resolve().parents[1])
             if (p / "results" / "gpu").is_dir())
-GPU_LOGS = REPO / "results" / "gpu" / "fidelity"
+GPU_LOGS = REPO / "results" / "gpu" / "memcheck"
 
 
 def memcheck_cases(log: Path) -> dict:
@@ -449,19 +450,19 @@ def memcheck_cases(log: Path) -> dict:
     return cases
 
 
-runs_logged = {name: memcheck_cases(GPU_LOGS / f"{name}_memcheck_cross_stride.log") for name in ("call1", "call2")}
-for name, label in (("call1", "without padding"), ("call2", "with --padding 1048576")):
+runs_logged = {name: memcheck_cases(GPU_LOGS / f"{name}.log") for name in ("no-padding", "padding-1MiB")}
+for name, label in (("no-padding", "without padding"), ("padding-1MiB", "with --padding 1048576")):
     print(f"memcheck {label}:")
     for case, (errors, result, first) in runs_logged[name].items():
         outcome = (f"CUDA error: {result['error'][:45]}" if result.get("error") else
                    f"wrong requests {ranges(result['wrong_requests'])}")
         print(f"  {case:27s} {errors:3d} errors   {outcome}")
     print()
-print("memcheck's first report, per-pool-historical-1.5x:\n ", runs_logged["call2"]["per-pool-historical-1.5x"][2])
+print("memcheck's first report, per-pool-historical-1.5x:\n ", runs_logged["padding-1MiB"]["per-pool-historical-1.5x"][2])
 errors = {run: {case: v[0] for case, v in cases.items()} for run, cases in runs_logged.items()}
-assert errors["call1"] == dict.fromkeys(errors["call1"], 0)
-assert errors["call2"]["per-pool-historical-1.5x"] > 0
-assert all(n == 0 for case, n in errors["call2"].items() if case != "per-pool-historical-1.5x")
+assert errors["no-padding"] == dict.fromkeys(errors["no-padding"], 0)
+assert errors["padding-1MiB"]["per-pool-historical-1.5x"] > 0
+assert all(n == 0 for case, n in errors["padding-1MiB"].items() if case != "per-pool-historical-1.5x")
 
 # %% [markdown]
 # In one arena memcheck reports nothing and two of the three requests come out wrong: silent damage to the
@@ -476,7 +477,7 @@ assert all(n == 0 for case, n in errors["call2"].items() if case != "per-pool-hi
 # The upstream texts name no check that would catch this class of defect before it damages memory (the fix adds a
 # test that pins the quant-config handoff). minikv adds one: when a
 # backend is bound to its pool, the pool's `KVLayout` and the backend's must be identical
-# (`KVLayout.check_compatible`). With `check_layout=True`, the default, the buggy engine cannot even be built.
+# (`KVLayout.check_compatible`). With `ReproConfig(check_layout=True)`, the default, the buggy engine cannot even be built.
 
 # %%
 print(m.bind_error)
@@ -558,7 +559,7 @@ vcs.output_scatter({f"{r.version} ({r.path})": r.samples for r in m.ctx_runs})
 # What the historical fused kernel is told, with paged context off and on: the context step's trace records the
 # layout each cross layer's read addressed the pool with.
 for paged in (False, True):
-    llm = one_engine(reintroduce=("cross-fp8-context-read",), paged_context=paged)
+    llm = one_engine(reintroduce=("cross-fp8-context-read",), repro=minikv.ReproConfig(paged_context=paged))
     llm.add_request(prompts[0], params_for(prompts[:1])[0])
     context_step = llm.step()
     event = next(e for e in context_step.trace.events if e.kind == "cross" and e.context_path == "fused")
@@ -606,7 +607,7 @@ alone = fixed6.generate(prompts[0], params_for([prompts[0]]), use_tqdm=False)[0]
 assert together[0] == together[1] == together[2] == alone == reference[0]
 print(f"\nfixed fp8 == auto for all {len(prompts)} requests, every answer right; three identical requests and a "
       f"repeat agree: {fixed6.tokenizer.decode(alone)!r}")
-deferred = one_engine(cross_construction="deferred")
+deferred = one_engine(repro=minikv.ReproConfig(cross_construction="deferred"))
 assert all(a.impl.layout.elem_bytes == 1 for a in cross_layers(deferred))
 print("the deferred construction order gets the fp8 layout too")
 print("\nall signatures reproduced")
@@ -669,7 +670,7 @@ need3 = one_engine().cross_blocks_needed(prompts3)
 
 def buggy_float32(factor):
     llm = one_engine(dtype=torch.float32, max_num_seqs=3, cross_pool_blocks=math.floor(factor * need3),
-                     reintroduce=("cross-stride",), check_layout=False)
+                     reintroduce=("cross-stride",), repro=minikv.ReproConfig(check_layout=False))
     try:
         return "correct" if [o.token_ids for o in serve(llm, prompts3)] == ref3 else "wrong tokens"
     except minikv.KVCacheOverrunError:
@@ -693,14 +694,14 @@ print("answer:", f"{first_safe:g}x;", {f"{f:g}x": "correct" if o == "correct" el
                                        for f, o in float32_outcomes.items()})
 
 # %% [markdown]
-# **Exercise 2: paged context on.** Reintroduce B2 but build the engine with `paged_context=True`. How many of the
+# **Exercise 2: paged context on.** Reintroduce B2 but build the engine with `repro=ReproConfig(paged_context=True)`. How many of the
 # six requests come out with token ids different from the `auto` cache?
 
 # %% tags=["exercise"]
 my_answer_2 = None      # your answer: a number of requests
 
 # %% tags=["check"]
-paged = one_engine(reintroduce=("cross-fp8-context-read",), paged_context=True)
+paged = one_engine(reintroduce=("cross-fp8-context-read",), repro=minikv.ReproConfig(paged_context=True))
 paged_wrong = [i for i, (o, r) in enumerate(zip(serve(paged, prompts), reference)) if o.token_ids != r]
 check("Exercise 2", my_answer_2, len(paged_wrong))
 

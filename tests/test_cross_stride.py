@@ -66,7 +66,8 @@ def test_a_float32_model_needs_four_times_the_blocks():
     outcomes = {}
     for factor in (2.0, 3.99, 4.0):
         blocks = math.floor(factor * need)
-        llm = cross_stride.engine("fp8", backend="torch", dtype=torch.float32, max_num_seqs=3, check_layout=False,
+        llm = cross_stride.engine("fp8", backend="torch", dtype=torch.float32, max_num_seqs=3,
+                                  repro=minikv.ReproConfig(check_layout=False),
                                   cross_pool_blocks=blocks, reintroduce=("cross-stride",))
         try:
             outcomes[factor] = cross_stride._generate(llm, prompts) == reference
@@ -98,9 +99,10 @@ def test_cross_backend_layout_in_both_construction_orders(order):
     fixed = CrossBackendBuilder("fp8", torch.float16, 16, historical=False).build(order, 2, 32)
     buggy = CrossBackendBuilder("fp8", torch.float16, 16, historical=True).build(order, 2, 32)
     assert fixed.elem_bytes == 1 and buggy.elem_bytes == 2
-    llm = cross_stride.engine("fp8", cross_construction=order, max_num_seqs=2, backend="torch")
+    llm = cross_stride.engine("fp8", repro=minikv.ReproConfig(cross_construction=order), max_num_seqs=2,
+                              backend="torch")
     # The engine bound its cross backends with the layout contract on: their layouts equal the fp8 pools'.
-    assert llm.config.check_layout
+    assert llm.config.repro.check_layout
     assert all(llm.arena.layout(n).elem_bytes == 1 for n in llm.arena.offsets if n.startswith("cross."))
     assert all(a.impl.layout.elem_bytes == 1 for a in cross_layers(llm))
 
@@ -134,27 +136,33 @@ def test_unquantized_cache_is_16_bit_in_both_orders_and_versions(order, historic
 def cross_fallback_warnings(caplog, **kw):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="minikv.attention.cross"):
-        llm = cross_stride.engine(max_num_seqs=2, backend="torch", cross_context_path="fallback", **kw)
-        llm.generate(cross_stride.make_prompts(2), minikv.SamplingParams(max_tokens=3), use_tqdm=False)
-    return llm, [r for r in caplog.records if "falls back to the unfused path" in r.getMessage()]
+        llm = cross_stride.engine(max_num_seqs=2, backend="torch",
+                                  repro=minikv.ReproConfig(cross_context_path="fallback"), **kw)
+        for p in cross_stride.make_prompts(2):
+            llm.add_request(p, minikv.SamplingParams(max_tokens=3))
+        prefill = llm.step()                      # the context step: its trace says which path each layer took
+        while llm.has_unfinished():
+            llm.step()
+    paths = [e.context_path for e in prefill.trace.events if e.kind == "cross"]
+    return llm, paths, [r for r in caplog.records if "falls back to the unfused path" in r.getMessage()]
 
 
 def test_fallback_warns_once_per_cross_layer_and_not_for_a_16_bit_cache(caplog):
-    llm, records = cross_fallback_warnings(caplog, kv_cache_dtype="fp8")
+    llm, paths, records = cross_fallback_warnings(caplog, kv_cache_dtype="fp8")
     layers = [a.layer_name for a in cross_layers(llm)]
     assert len(layers) >= 2
     assert sorted(r.getMessage().split(":")[0] for r in records) == sorted(layers)
-    assert all(a.impl.last_context_path == "unfused" for a in cross_layers(llm))
-    llm, records = cross_fallback_warnings(caplog, kv_cache_dtype="auto")
+    assert paths == ["unfused"] * len(layers)
+    llm, paths, records = cross_fallback_warnings(caplog, kv_cache_dtype="auto")
     assert records == []
-    assert all(a.impl.last_context_path == "fused" for a in cross_layers(llm))
+    assert paths == ["fused"] * len(layers)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_float32_model_takes_the_unfused_path_in_every_layer(caplog, kv_cache_dtype):
-    llm, _ = cross_fallback_warnings(caplog, kv_cache_dtype=kv_cache_dtype, dtype=torch.float32)
+    llm, paths, _ = cross_fallback_warnings(caplog, kv_cache_dtype=kv_cache_dtype, dtype=torch.float32)
     assert llm.config.dtype == torch.float32
-    assert [a.impl.last_context_path for a in cross_layers(llm)] == ["unfused"] * len(cross_layers(llm))
+    assert paths == ["unfused"] * len(cross_layers(llm))
 
 
 def test_layout_contract_rejects_the_historical_backend_at_bind():

@@ -245,8 +245,10 @@ def test_api_pages_come_from_docstrings(built_site):
     cache_page = (built_site / "api" / "minikv.cache.html").read_text()
     assert 'id="minikv.cache.layout.KVLayout"' in cache_page
     assert "the one place where the bytes of a KV-cache pool are computed" in cache_page
-    viz_page = (built_site / "api" / "minikv.html").read_text()
-    assert 'id="minikv.viz.scale_heatmap"' in viz_page
+    viz_page = (built_site / "api" / "minikv.viz.html").read_text()
+    assert 'id="minikv.viz.quantized.scale_heatmap"' in viz_page
+    repro_page = (built_site / "api" / "minikv.repro.html").read_text()
+    assert 'id="minikv.repro.scale_wipe.run.run_engine"' in repro_page
 
 
 @pytest.mark.parametrize("stem", NOTEBOOK_STEMS)

@@ -122,7 +122,7 @@ def test_cross_stride_reproduces_on_tiny_t5():
     blocks = math.floor(1.5 * need)
     assert need <= blocks < 2 * need
     buggy = minikv.LLM(model="tiny-t5", backend="torch", kv_cache_dtype="fp8", reintroduce=("cross-stride",),
-                       check_layout=False, sanitize=True, cross_pool_blocks=blocks, max_num_seqs=4)
+                       repro=minikv.ReproConfig(check_layout=False), sanitize=True, cross_pool_blocks=blocks, max_num_seqs=4)
     with pytest.raises(minikv.KVCacheOverrunError, match="cross."):
         buggy.generate(prompts, params, use_tqdm=False)
     fixed = minikv.LLM(model="tiny-t5", backend="torch", kv_cache_dtype="fp8", sanitize=True,

@@ -1,7 +1,7 @@
 """The input matrix: misuse of LLM(...), of the engine's methods and of the `minikv` command, each case refused with
 an error that names the argument and what is allowed (or made to work), and a usage error of the command is one
 line with exit status 2. (Malformed checkpoint files are tested with the checkpoint loader; the generate() and
-SamplingParams matrices are in test_engine_v2.py.)"""
+SamplingParams matrices are in test_engine_step_api.py.)"""
 from __future__ import annotations
 
 import shutil
@@ -44,8 +44,6 @@ LLM_INPUTS = [
     # issue 24: device="cpu:3" was accepted
     ("device cpu:3", dict(device="cpu:3"), ValueError, "there is one CPU device; use 'cpu'"),
     ("dtype string", dict(dtype="float32"), TypeError, "dtype must be torch.float32"),
-    ("warmup unknown", dict(warmup="full"), ValueError, "choose one of dummy, capture"),
-    ("reinit_scales_on_wake int", dict(reinit_scales_on_wake=1), TypeError, "reinit_scales_on_wake must be True"),
     ("reintroduce str", dict(reintroduce="scale-wipe"), TypeError, "not a string"),
     ("reintroduce unknown", dict(reintroduce=("nope",)), ValueError, "known: scale-wipe, cross-stride"),
     # issue 24: reintroduce=None and a nested list raised TypeError from inside
@@ -59,23 +57,49 @@ LLM_INPUTS = [
     ("cross-stride 16-bit", dict(model=T5, reintroduce=("cross-stride",)), ValueError, "use kv_cache_dtype='fp8'"),
     ("context read 16-bit", dict(model=T5, reintroduce=("cross-fp8-context-read",)), ValueError, "use "
                                                                                                  "kv_cache_dtype"),
-    ("cross path unknown", dict(model=T5, cross_context_path="fast"), ValueError, "choose one of fused, fallback"),
-    ("construction unknown", dict(model=T5, cross_construction="late"), ValueError, "choose one of eager, deferred"),
     # issue 24: cross options on a decoder-only model were silently ignored
     ("cross_pool_blocks decoder-only", dict(cross_pool_blocks=4), ValueError, "cross_pool_blocks applies to "
                                                                               "encoder-decoder models"),
-    ("cross_context_path decoder-only", dict(cross_context_path="fallback"), ValueError, "decoder-only"),
-    ("paged_context decoder-only", dict(paged_context=True), ValueError, "decoder-only"),
-    ("cross_construction decoder-only", dict(cross_construction="deferred"), ValueError, "decoder-only"),
+    ("cross_context_path decoder-only", dict(repro=("cross_context_path", "fallback")), ValueError, "decoder-only"),
+    ("paged_context decoder-only", dict(repro=("paged_context", True)), ValueError, "decoder-only"),
+    ("cross_construction decoder-only", dict(repro=("cross_construction", "deferred")), ValueError, "decoder-only"),
 ]
 
 
 @pytest.mark.parametrize("case,kw,error,fragment", LLM_INPUTS, ids=[c[0] for c in LLM_INPUTS])
 def test_llm_rejects(case, kw, error, fragment):
     kw.setdefault("backend", "torch")
+    if "repro" in kw:                       # (field, value): built here, so that collection builds no config
+        field, value = kw["repro"]
+        kw["repro"] = minikv.ReproConfig(**{field: value})
     with pytest.raises(error) as info:
         minikv.LLM(**kw)
     assert fragment in str(info.value)
+
+
+REPRO_INPUTS = [
+    ("warmup unknown", dict(warmup="full"), ValueError, "choose one of dummy, capture"),
+    ("reinit_scales_on_wake int", dict(reinit_scales_on_wake=1), TypeError, "reinit_scales_on_wake must be True"),
+    ("cross path unknown", dict(cross_context_path="fast"), ValueError, "choose one of fused, fallback"),
+    ("construction unknown", dict(cross_construction="late"), ValueError, "choose one of eager, deferred"),
+    ("arena unknown", dict(kv_arena="two"), ValueError, "choose one of one, per-pool"),
+    ("check_layout str", dict(check_layout="no"), TypeError, "check_layout must be True or False"),
+]
+
+
+@pytest.mark.parametrize("case,kw,error,fragment", REPRO_INPUTS, ids=[c[0] for c in REPRO_INPUTS])
+def test_repro_config_rejects(case, kw, error, fragment):
+    with pytest.raises(error, match=fragment):
+        minikv.ReproConfig(**kw)
+
+
+def test_a_reproduction_switch_given_to_llm_names_its_new_spelling():
+    with pytest.raises(TypeError, match=r"repro=minikv\.ReproConfig\(warmup='capture'\)"):
+        minikv.LLM(backend="torch", warmup="capture")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'warmpu'"):
+        minikv.LLM(backend="torch", warmpu="capture")
+    with pytest.raises(TypeError, match="repro must be a minikv.ReproConfig"):
+        minikv.LLM(backend="torch", repro={"warmup": "capture"})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")

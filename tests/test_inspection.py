@@ -24,7 +24,7 @@ def test_cross_layers_carry_the_layout_their_backend_addresses():
     # float16 activations: the buggy backend believes the cache holds 2-byte elements
     fixed = minikv.LLM(model="tiny-t5", kv_cache_dtype="fp8", backend="torch", dtype=torch.float16)
     buggy = minikv.LLM(model="tiny-t5", kv_cache_dtype="fp8", backend="torch", reintroduce=("cross-stride",),
-                       check_layout=False, dtype=torch.float16)
+                       repro=minikv.ReproConfig(check_layout=False), dtype=torch.float16)
     for llm, elem in ((fixed, 1), (buggy, 2)):
         cross = [a for a in llm.attention_layers.values() if a.kind == "cross"]
         assert cross and all(a.impl.layout.elem_bytes == elem for a in cross)

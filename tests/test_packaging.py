@@ -15,7 +15,7 @@ def test_wheel_maps_kernels_and_imports_from_the_wheel(tmp_path):
                     "-w", str(tmp_path / "dist"), str(ROOT)], check=True)
     wheel = next((tmp_path / "dist").glob("minikv-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("minikv/kernels/__init__.py", "minikv/kernels/decode_attention.py", "minikv/repro/scale_wipe.py",
+    for needed in ("minikv/kernels/__init__.py", "minikv/kernels/decode_attention.py", "minikv/repro/scale_wipe/__init__.py",
                    "minikv/bench/attention.py",
                    "minikv/models/weights/tiny-gemma4/model.safetensors",
                    "minikv/models/weights/tiny-gemma4/config.json",

@@ -216,7 +216,7 @@ def test_sleep_wake_up_reinitializes_every_scale_region(mode):
 
 def test_same_address_wake_without_reinitialization_leaves_zero_scales_that_nothing_reads():
     llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch",
-                     reinit_scales_on_wake=False)             # a registry keyed by (data_ptr, nbytes) alone
+                     repro=minikv.ReproConfig(reinit_scales_on_wake=False))  # a registry keyed by (data_ptr, nbytes) alone
     prompts = scale_wipe.make_prompts(4)
     before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
     fills = len(llm.census.fills)
@@ -263,7 +263,7 @@ def test_capture_warmup_hides_the_defect(fmt):
     prompts = scale_wipe.make_prompts(6)
     _, clean = generate(prompts, kv_cache_dtype=fmt, max_num_seqs=4, backend="torch")
     llm, buggy = generate(prompts, kv_cache_dtype=fmt, max_num_seqs=4, backend="torch",
-                          reintroduce=("scale-wipe",), warmup="capture")
+                          reintroduce=("scale-wipe",), repro=minikv.ReproConfig(warmup="capture"))
     assert buggy == clean
     assert not llm.census.wiping
     assert all(f.step == -1 for f in llm.census.fills)
@@ -386,3 +386,24 @@ def test_two_layers_packed_in_one_storage_each_initialize_their_region():
     assert bool((LAYOUT.scale_views(second)[0] == 0).all())    # the neighbour's region is left alone
     impl("L1").scale_views(second)
     assert bool((LAYOUT.scale_views(second)[0] == 1).all())
+
+
+def test_two_engines_in_one_process_share_the_class_level_registry_without_colliding():
+    """The fix's registry is class-level (upstream's shape): two live engines register disjoint storages, and
+    each serves exactly what one engine alone serves."""
+    prompts = scale_wipe.make_prompts(4)
+    params = minikv.SamplingParams(max_tokens=6)
+
+    def build():
+        return minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
+
+    alone = [o.token_ids for o in build().generate(prompts, params, use_tqdm=False)]
+    a, b = build(), build()
+
+    def keys(llm):
+        return {storage_key(binding.kv_cache) for binding in llm.attention_layers.values()}
+
+    assert keys(a).isdisjoint(keys(b))
+    assert keys(a) | keys(b) <= set(AttentionImpl._initialized_storages)
+    served = [[o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] for llm in (a, b)]
+    assert served == [alone, alone]

@@ -40,7 +40,7 @@ def run(scheduler, next_token=fake_next_token, max_steps=1000):
         assert len(scheduler.running) <= scheduler.max_num_seqs
         for seq in seqs:
             assert seq.status is SequenceStatus.RUNNING
-            assert len(seq.block_table) == seq.num_blocks(bs)      # the table covers every token to compute
+            assert len(seq.block_table) == -(-len(seq) // bs)      # the table covers every token to compute
             assert len(seq) - seq.num_cached_tokens >= 1
         steps.append((is_prefill, [seq.request_id for seq in seqs]))
         scheduler.postprocess(seqs, [next_token(seq) for seq in seqs])

@@ -192,7 +192,8 @@ def _figure_functions() -> set[str]:
     found = set()
     for module in (viz, viz_scale_wipe, viz_cross_stride, viz_gpu):
         for name, fn in inspect.getmembers(module, inspect.isfunction):
-            if fn.__module__ == module.__name__ and not name.startswith("_") and \
+            if fn.__module__ in (module.__name__, f"{module.__name__}.{fn.__module__.rpartition('.')[2]}") and \
+                    not name.startswith("_") and \
                     inspect.signature(fn).return_annotation in (Figure, "Figure"):
                 found.add(f"{module.__name__.removeprefix('minikv.')}.{name}")
     return found

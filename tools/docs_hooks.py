@@ -66,8 +66,13 @@ def existing_notebooks(repo: Path) -> list[tuple[str, str]]:
 
 
 def _modules(package_dir: Path) -> list[str]:
-    """Module names (without the package) of a package folder, __init__ first; private and __main__ skipped."""
+    """Module names (without the package) of a package folder, __init__ first; private and __main__ skipped. A
+    subpackage of a subpackage (minikv/repro/scale_wipe/) is listed with its modules ("scale_wipe.run", ...)."""
     names = sorted(p.stem for p in package_dir.glob("*.py") if not p.stem.startswith("_"))
+    for sub in sorted(d for d in package_dir.iterdir() if (d / "__init__.py").exists()):
+        if package_dir.name != "minikv":          # minikv's own subpackages get pages of their own
+            names += [sub.name] + [f"{sub.name}.{p.stem}" for p in sorted(sub.glob("*.py"))
+                                   if not p.stem.startswith("_")]
     return (["__init__"] if (package_dir / "__init__.py").exists() else []) + names
 
 
@@ -90,7 +95,8 @@ def api_pages(repo: Path) -> dict[str, str]:
             shown = public_name if module == "__init__" else f"{public_name}.{module}"
             target = import_name if module == "__init__" else f"{import_name}.{module}"
             # A package's __init__ shows its docstring only: its members are documented in their own modules.
-            options = ["    options:", "      members: false"] if module == "__init__" else []
+            options = ["    options:", "      members: false"] if module == "__init__" or \
+                (folder / module).is_dir() else []
             lines += [f"## `{shown}`", "", f"::: {target}", *options, ""]
         pages[f"api/{public_name}.md"] = "\n".join(lines)
     return pages

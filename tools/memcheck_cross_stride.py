@@ -60,7 +60,7 @@ def run_case(name: str, ref: dict) -> dict:
     case = CASES[name]
     blocks = max(1, math.floor(case["factor"] * ref["need"]))
     llm = cross_stride.engine("fp8", device, backend, max_num_seqs=len(ref["prompts"]), cross_pool_blocks=blocks,
-                              sanitize=False, check_layout=False, kv_arena=case["kv_arena"],
+                              sanitize=False, repro=minikv.ReproConfig(check_layout=False, kv_arena=case["kv_arena"]),
                               reintroduce=("cross-stride",) if case["buggy"] else ())
     result = {"case": name, "device": device, "cross_pool_blocks": blocks, "blocks_needed": ref["need"],
               "arena": type(llm.arena).__name__}

@@ -19,49 +19,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from .metadata import AttentionMetadata
+from .trace import CacheEvent
 
 if TYPE_CHECKING:
-    from minikv.attention.impl import ScaleFill
-    from minikv.engine.model_runner import LayerBinding
-
-
-@dataclass(frozen=True)
-class Access:
-    """What an attention impl did with its cache in one call: the trace data it returns beside its output.
-
-    `wrote`: it wrote new K/V into its pool; `read`: its attention read K/V from the pool; `read_layout`: the
-    layout that read addressed the pool with (the impl's own, or what the historical B2 context path is told);
-    `context_path`: cross attention's context step only, "fused" or "unfused"; `scale_fill`: the fill of the
-    pool's scale regions this call made, if any (defect A's instrumentation)."""
-
-    wrote: bool = False
-    read: bool = False
-    read_layout: object | None = None
-    context_path: str | None = None
-    scale_fill: ScaleFill | None = None
-
-
-@dataclass(frozen=True)
-class CacheEvent:
-    """What one attention layer did with the KV cache in one step.
-
-    `pool`: the arena pool the layer's cache tensor is (a KV-sharing layer names its target's pool).
-    `wrote`: the layer wrote new K/V into that pool this step; `read`: its attention read K/V from it.
-    `context_path`: cross attention's context (prefill) step only: "fused" (K/V read back from the paged cache)
-    or "unfused" (K/V from the 16-bit workspace); None otherwise. `read_layout`: the layout its read addressed
-    the pool with (None when it read nothing).
-    """
-
-    layer: str
-    kind: str                   # "self" or "cross"
-    pool: str
-    wrote: bool
-    read: bool
-    context_path: str | None = None
-    read_layout: object | None = field(default=None, compare=False, repr=False)
-    # Only with `LLM.step(capture=True)`: copies of the layer's q, k, v (k, v None for a KV-sharing layer and at
-    # a cross decode step) and attention output, flattened over the batch's tokens.
-    tensors: dict | None = field(default=None, compare=False, repr=False)
+    from minikv.attention.binding import LayerBinding
+    from minikv.attention.trace import ScaleFill
 
 
 @dataclass

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from minikv.attention.backend import KernelOps
-from minikv.attention.context import Access
 from minikv.attention.metadata import AttentionMetadata
+from minikv.attention.trace import Access
 from minikv.cache.layout import KVLayout
 from minikv.kernels import formats
 
@@ -176,7 +176,6 @@ class CrossAttentionImpl:
         self.historical_context_read = historical_context_read
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sm_scale = layout.head_size ** -0.5 if sm_scale is None else float(sm_scale)   # T5: 1.0
-        self.last_context_path: str | None = None   # "fused" or "unfused": which path the last context step took
         # Decided once, when the op is initialized (as upstream's AttentionOp::initialize does).
         self.uses_fused_context = self._decide_fused()
 
@@ -228,7 +227,6 @@ class CrossAttentionImpl:
                           validate=False)
         if self.uses_fused_context:
             # ... and the fused path reads them back from the cache,
-            self.last_context_path = "fused"
             read = self._context_read_layout()
             out = self.ops.paged_context(q, kv_cache, block_tables=cm.block_tables, cu_seqlens_q=md.query_start_loc,
                                          seq_lens=cm.encoder_seq_lens, spec=formats.CacheSpec.of(read),
@@ -236,7 +234,6 @@ class CrossAttentionImpl:
                                          v_scale=self.v_scale, validate=False)
             return out, Access(wrote=True, read=True, read_layout=read, context_path="fused")
         # ... while the unfused path uses the 16-bit workspace copy it already has.
-        self.last_context_path = "unfused"
         out = self.ops.context(q, k, v, cu_seqlens_q=md.query_start_loc, cu_seqlens_k=cm.encoder_start_loc,
                                causal=False, sm_scale=self.sm_scale, validate=False)
         return out, Access(wrote=True, context_path="unfused")

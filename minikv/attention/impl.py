@@ -21,52 +21,25 @@ regions must be set to 1.0 once before any kernel reads a slot nobody wrote. *Wh
   reused by a new allocation no longer matches the dead reference, so it is initialized again. An address that is
   kept across sleep (minikv's model of vLLM's sleep mode) still matches: `release_scale_init` is how the runner says "the
   contents were discarded, initialize again".
+
+  The registry is class-level state on purpose: it is the shape of upstream's fix (a registry keyed by storage
+  address, shared by every impl in the process), kept so the fix reads as upstream's does. What that means for
+  two engines in one process: their arenas are separate allocations, so their keys never collide while both are
+  alive, and each engine's storages are initialized once, by whichever of its layers touches them first; an
+  engine that frees its arena releases its entries (the weak references die), so a second engine that gets the
+  same address initializes it again. tests/test_scale_wipe.py runs two engines side by side to show it.
 """
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
 from minikv.attention.backend import KernelOps
-from minikv.attention.context import Access
 from minikv.attention.metadata import AttentionMetadata
+from minikv.attention.trace import Access, ScaleFill, ScaleFillCensus
 from minikv.cache.layout import KVLayout
-
-
-@dataclass
-class ScaleFill:
-    """One fill of a storage's scale regions with 1.0, as seen by the census."""
-
-    layer: str
-    step: int                     # -1: during warmup
-    storage_key: tuple[int, int]
-    overwritten: int              # written scales (not 0.0, not 1.0) that the fill replaced
-    wiped_k_scales: torch.Tensor | None = None   # the overwritten K scales [blocks, block_size, heads], if any
-    wiped_v_scales: torch.Tensor | None = None
-
-
-@dataclass
-class ScaleFillCensus:
-    """Every scale-region fill of one engine: fills that wipe nothing versus late fills that wipe written scales."""
-
-    fills: list[ScaleFill] = field(default_factory=list)
-
-    def record(self, fill: ScaleFill) -> None:
-        self.fills.append(fill)
-
-    @property
-    def harmless(self) -> list[ScaleFill]:
-        return [f for f in self.fills if f.overwritten == 0]
-
-    @property
-    def wiping(self) -> list[ScaleFill]:
-        return [f for f in self.fills if f.overwritten > 0]
-
-    def summary(self) -> str:
-        wiped = ", ".join(f"{f.layer}@step{f.step}: {f.overwritten:,}" for f in self.wiping) or "none"
-        return f"{len(self.fills)} fills: {len(self.harmless)} wiped nothing; late fills that wiped scales: {wiped}"
 
 
 def storage_key(kv_cache: torch.Tensor) -> tuple[int, int]:
@@ -88,7 +61,7 @@ class AttentionImpl:
 
     # FIX (scale-wipe): storage regions whose scale regions were initialized: (data_ptr, nbytes) -> weak reference
     # to the untyped storage that held them.
-    _initialized_storages: dict[tuple[int, int], weakref.ref] = {}
+    _initialized_storages: ClassVar[dict[tuple[int, int], weakref.ref]] = {}
 
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
                  kv_sharing_target: str | None = None, historical_scale_init: bool = False,
@@ -193,10 +166,13 @@ class AttentionImpl:
                 none = torch.full((k.shape[0],), -1, dtype=torch.int64, device=k.device)
                 fill = self.write_cache(kv_cache, k, v, none, step)
             return torch.zeros_like(q), Access(scale_fill=fill)
+        # The first touch of the storage, an owner's or (defect A's site) a sharing layer's, may fill its scales;
+        # then an owner writes the new tokens' K/V (written out here, not through write_cache: one call fewer
+        # between the model and the kernel).
+        fill = self.scale_views(kv_cache, step)
         if owner:
-            fill = self.write_cache(kv_cache, k, v, md.slot_mapping, step)
-        else:
-            fill = self.scale_views(kv_cache, step)   # a sharing layer's first touch of the shared storage
+            self.ops.write_kv(k, v, kv_cache, md.slot_mapping, spec=self.layout.spec, k_scale=self.k_scale,
+                              v_scale=self.v_scale, validate=False)
         spec = self.layout.spec
         if md.is_prefill:
             out = self.ops.paged_context(q, kv_cache, block_tables=md.block_tables, cu_seqlens_q=md.query_start_loc,

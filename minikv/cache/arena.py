@@ -8,7 +8,7 @@ allocation, so a kernel that runs past its pool lands in a guard zone or in the 
 allocation: the tail guard is sized for the farthest address a pool can be reached at when it is addressed
 with the widest element size in use (`reach_elem_bytes`), which is what defect B1 does.
 
-`SeparateKVArena` (at the end of this file, `LLM(kv_arena="per-pool")`) gives every pool an allocation of its own
+`SeparateKVArena` (at the end of this file, `LLM(repro=ReproConfig(kv_arena="per-pool"))`) gives every pool an allocation of its own
 instead, as TensorRT-LLM's pool manager does, so that a GPU bounds checker sees an overrun leave its pool.
 """
 from __future__ import annotations
@@ -26,13 +26,21 @@ ALIGN = 256
 class KVCacheOverrunError(RuntimeError):
     """A guard zone of the KV arena was written: some kernel addressed bytes outside its pool."""
 
-    def __init__(self, pool: str, guard_start: int, guard_end: int, first_offset: int, bytes_damaged: int):
+    def __init__(self, pool: str, guard_start: int, guard_end: int, first_offset: int, bytes_damaged: int,
+                 step_output=None):
         self.pool, self.guard_start, self.guard_end = pool, guard_start, guard_end
         self.first_offset, self.bytes_damaged = first_offset, bytes_damaged
+        # The engine's failed step as far as it got (a minikv.engine.step.StepOutput), when an LLM raised it.
+        self.step_output = step_output
         super().__init__(
             f"KV cache overrun past pool {pool!r}: guard zone bytes [{guard_start}, {guard_end}) of the arena "
             f"were written; first corrupted byte at arena offset {first_offset} ({bytes_damaged} bytes damaged)"
         )
+
+    def at_step(self, step_output) -> KVCacheOverrunError:
+        """The same overrun, raised again by the engine with the step it failed in."""
+        return KVCacheOverrunError(self.pool, self.guard_start, self.guard_end, self.first_offset,
+                                   self.bytes_damaged, step_output=step_output)
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,7 @@ class KVArena:
 
 class SeparateKVArena(KVArena):
     """Every pool in an allocation of its own, as TensorRT-LLM's pool manager allocates its KV pools
-    (`LLM(kv_arena="per-pool")`); the same interface as KVArena (`pool`, `bind`, `check`, `damaged_guards`).
+    (`LLM(repro=ReproConfig(kv_arena="per-pool"))`); the same interface as KVArena (`pool`, `bind`, `check`, `damaged_guards`).
 
     Inside one KVArena a kernel that runs past its pool lands in a guard zone and then in the next pool: silent
     neighbour damage that no GPU bounds checker can see, since every byte it touches belongs to the one

@@ -98,11 +98,6 @@ class KVLayout:
         """Bytes of one row's codes (elements)."""
         return self.head_size * self.elem_bytes
 
-    @property
-    def scale_region_bytes(self) -> int:
-        """"block" placement: bytes of one half's scale region (padded so the next half stays 16-byte aligned)."""
-        return self.kv_bytes - self.block_size * self.slot_bytes
-
     def pool_bytes(self, num_blocks: int) -> int:
         return num_blocks * self.block_bytes
 

@@ -15,7 +15,7 @@ Rules the facade keeps:
 - a step that raises aborts the requests it was running; after a KVCacheOverrunError the cache contents are
   untrusted, so every in-flight request is aborted and every later call raises `EngineNeedsResetError` until
   `reset()` (or `sleep()` then `wake_up()`) gives the engine a fresh arena. The error carries the failed step
-  as far as it got, `err.step_output` (a StepOutput with no sampled tokens and guard_check "failed");
+  as far as it got, `err.step_output` (given when the error is raised: a StepOutput with no sampled tokens and guard_check "failed");
 - an engine serves one thread at a time: a call from a second thread while one runs raises
   `ConcurrentUseError` (give each thread its own LLM; two engines in two threads are independent).
 """
@@ -37,6 +37,7 @@ from minikv.config import (
     SLEEP_MODES,
     CacheConfig,
     EngineConfig,
+    ReproConfig,
     SchedulerConfig,
     check_bool,
     check_choice,
@@ -77,6 +78,17 @@ def _check_model(model) -> str:
     return model
 
 
+def _moved_keywords(moved: dict) -> TypeError:
+    """The TypeError for keywords LLM no longer takes: the reproduction switches now live in ReproConfig."""
+    repro_fields = set(ReproConfig.__dataclass_fields__)
+    unknown = sorted(set(moved) - repro_fields)
+    if unknown:
+        return TypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
+    spelled = ", ".join(f"{k}={v!r}" for k, v in moved.items())
+    return TypeError(f"LLM({', '.join(moved)}=...) is now a reproduction switch: pass "
+                     f"repro=minikv.ReproConfig({spelled})")
+
+
 class LLM:
     """A minikv engine for one model.
 
@@ -95,40 +107,30 @@ class LLM:
       backend               "triton" or "torch" (the pure-PyTorch references, same byte addressing)
       reintroduce           historical defects to switch back on (`minikv.bugs.DEFECTS`)
       sanitize              check the arena's guard zones after every step (KVCacheOverrunError)
-      check_layout          check each backend's layout against its pool's when binding (KVLayoutMismatchError)
       seed                  the engine's seed (per-request sampling seeds derive from it)
       num_blocks, cross_pool_blocks  pool sizes in blocks; None sizes them for max_num_seqs full-length requests
       dtype                 activation dtype (torch.float32/float16/bfloat16); None: the model's default
       max_num_batched_tokens the most tokens one prefill step may compute
-      cross_context_path, paged_context, cross_construction  the cross-attention variants of notebook 04
-                            (encoder-decoder models only)
-      warmup                "dummy" (upstream's warmup, no attention metadata) or "capture" (every layer runs
-                            with metadata, as CUDA-graph capture does)
-      reinit_scales_on_wake False: sleep() does not tell the fix's registry that the contents were discarded
-                            (the scale-wipe reproduction's "nothing re-initializes" ablation)
-      kv_arena              "one" (every pool in one allocation with guard zones) or "per-pool" (an allocation per
-                            pool, as TensorRT-LLM's pool manager; on CUDA exactly the pool, for compute-sanitizer)
+      repro                 a `minikv.ReproConfig`: the switches the reproductions turn (layout check at bind,
+                            warmup shape, re-initialization on wake, arena mode, the cross-attention variants)
     """
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
                  block_size: int = 16, enable_prefix_caching: bool = False, device: str = "cpu",
                  backend: str = "triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
-                 check_layout: bool = True, seed: int = 0, cross_pool_blocks: int | None = None,
-                 num_blocks: int | None = None, dtype: torch.dtype | None = None,
-                 max_num_batched_tokens: int = 4096, cross_context_path: str = "fused",
-                 paged_context: bool = False, cross_construction: str = "eager",
-                 kv_scale_placement: str = "row", warmup: str = "dummy", reinit_scales_on_wake: bool = True,
-                 kv_arena: str = "one"):
+                 seed: int = 0, cross_pool_blocks: int | None = None, num_blocks: int | None = None,
+                 dtype: torch.dtype | None = None, max_num_batched_tokens: int = 4096,
+                 kv_scale_placement: str = "row", repro: ReproConfig | None = None, **moved):
+        if moved:
+            raise _moved_keywords(moved)
         model = _check_model(model)
         # Every option is checked once, by the config objects, before any weights are read or memory allocated.
         config = EngineConfig(
             model=None, device=device, dtype=dtype, backend=backend, reintroduce=reintroduce, sanitize=sanitize,
-            check_layout=check_layout, seed=seed, warmup=warmup, cross_context_path=cross_context_path,
-            paged_context=paged_context, cross_construction=cross_construction,
-            reinit_scales_on_wake=reinit_scales_on_wake,
+            seed=seed, repro=ReproConfig() if repro is None else repro,
             cache=CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                               cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
-                              kv_scale_placement=kv_scale_placement, kv_arena=kv_arena),
+                              kv_scale_placement=kv_scale_placement),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens))
         torch.manual_seed(seed)
         self.model_name = model
@@ -260,7 +262,8 @@ class LLM:
 
         `capture=True` also keeps a copy of every attention layer's q, k, v and output in its trace event
         (`CacheEvent.tensors`): for measuring attention error; it costs memory, so it is off by default."""
-        check_bool("capture", capture)
+        if not isinstance(capture, bool):
+            raise TypeError(f"capture must be True or False, got {type(capture).__name__} {capture!r}")
         with self._exclusive():
             return self._step(capture)
 
@@ -269,19 +272,22 @@ class LLM:
         if not batch:
             raise RuntimeError("nothing to run: add_request() first (has_unfinished() is False)")
         try:
-            tokens, ctx = self.runner.execute(batch, is_prefill, capture=capture)
-        except KVCacheOverrunError as err:
-            self._needs_reset = f"a KV cache overrun was detected at step {self.runner.step - 1} ({err})"
-            # What the failed step did, up to the guard check: block tables, slots and the layers' cache events.
-            ctx = self.runner.last_context
-            err.step_output = StepOutput(
-                step=ctx.step, phase="prefill" if is_prefill else "decode",
-                request_ids=tuple(s.request_id for s in batch), sampled={}, finished=(),
-                trace=StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills), guard_check="failed"),
-                **self._snapshot(batch, is_prefill, ctx))
-            for rid in list(self.scheduler.unfinished_ids()):
-                self.scheduler.abort(rid)
-            raise
+            logits, ctx = self.runner.forward(batch, is_prefill, capture=capture)
+            try:
+                self.runner.check(ctx, logits)
+            except KVCacheOverrunError as err:
+                self._needs_reset = f"a KV cache overrun was detected at step {ctx.step} ({err})"
+                # What the failed step did, up to the guard check: block tables, slots and the layers' events.
+                failed = StepOutput(
+                    step=ctx.step, phase="prefill" if is_prefill else "decode",
+                    request_ids=tuple(s.request_id for s in batch), sampled={}, finished=(),
+                    trace=StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
+                                    guard_check="failed"),
+                    **self._snapshot(batch, is_prefill, ctx))
+                for rid in list(self.scheduler.unfinished_ids()):
+                    self.scheduler.abort(rid)
+                raise err.at_step(failed) from None
+            tokens = self.runner.sample(logits, batch)
         except BaseException:
             for s in batch:                                     # leave nothing half-done
                 self.scheduler.abort(s.request_id)

@@ -9,13 +9,13 @@ Lifecycle (the shape of the real engines):
      full layers do); a KV-sharing layer addresses its source's pool with its source's layout;
   3. bind caches: each binding gets its pool's tensor, and a KV-sharing layer's gets *the same tensor object* as
      its target layer's;
-  4. warmup, in one of two shapes (`warmup=`):
+  4. warmup, in one of two shapes (`ReproConfig.warmup`):
      "dummy" (default, upstream's): one forward without attention metadata; owning layers run their cache update
        with slot -1 (nothing is written), sharing layers are not touched at all;
      "capture": one decode-shaped forward *with* attention metadata through every layer (minikv's model of a
        CUDA-graph capture run; upstream does not name its warmup shapes), all slots -1, dummy sequences of length
        1 on block 0, so every impl is touched before any real step;
-  then `execute(seqs, is_prefill)` per step: `prepare` builds the step's metadata, and the model's forward is
+  then per step `forward(seqs, is_prefill)`, `check` and `sample`: `prepare` builds the step's metadata, and the model's forward is
   called with a ForwardContext (metadata + binding table) as an argument; each attention op calls
   `ctx.attend(...)`, which runs its binding's impl over its binding's cache.
 `sleep(mode)`: "discard" keeps the arena's storage and address and discards the pools' contents (zeroed here):
@@ -26,11 +26,11 @@ caches and warms up again; in the fixed engine every scale region is initialized
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from minikv.attention.backend import get_ops
+from minikv.attention.binding import LayerBinding, pool_name
 from minikv.attention.context import ForwardContext
 from minikv.attention.cross import CrossAttentionImpl, CrossBackendBuilder
 from minikv.attention.impl import AttentionImpl, ScaleFillCensus, release_scale_init
@@ -51,33 +51,6 @@ def _available_host_bytes() -> int | None:
     except OSError:
         pass
     return None
-
-
-def pool_name(kind: str, owner: str) -> str:
-    """The arena pool of layer `owner`'s cache: "kv.<layer>" (self attention) or "cross.<layer>"."""
-    return f"{'cross' if kind == 'cross' else 'kv'}.{owner}"
-
-
-@dataclass(eq=False)
-class LayerBinding:
-    """One attention layer as the engine bound it: the pool it reads (owned by `owner`, the layer itself or its
-    KV-sharing target), the pool's layout as allocated, the impl that runs its attention, and, while the engine
-    is awake, the pool's tensor (`kv_cache`; a KV-sharing layer holds the same tensor object as its owner).
-    `impl.layout` is what the backend believes the pool holds; with defect B1 it differs from `layout`."""
-
-    layer_name: str
-    kind: str                                 # "self" or "cross"
-    kv_sharing_target: str | None
-    owner: str
-    pool: str
-    layout: KVLayout
-    impl: AttentionImpl | CrossAttentionImpl
-    op: object                                # the model's attention op (minikv.models.layers.Attention)
-    kv_cache: torch.Tensor | None = None
-
-    @property
-    def owns_pool(self) -> bool:
-        return self.owner == self.layer_name
 
 
 class ModelRunner:
@@ -110,7 +83,6 @@ class ModelRunner:
         self.num_cross_blocks = (config.cache.cross_pool_blocks or config.scheduler.max_num_seqs * per_enc
                                  if has_cross else 0)
         self.arena: KVArena | None = None
-        self.last_context: ForwardContext | None = None
         self.check_memory()
         self.wake_up()
 
@@ -131,9 +103,9 @@ class ModelRunner:
             else:
                 layout = self._layout_of(op)
             if op.kind == "cross":
-                backend_layout = builder.build(config.cross_construction, op.num_kv_heads, op.head_size)
+                backend_layout = builder.build(config.repro.cross_construction, op.num_kv_heads, op.head_size)
                 impl = CrossAttentionImpl(op.layer_name, op.num_heads, backend_layout, self.ops,
-                                          context_path=config.cross_context_path, paged_context=config.paged_context,
+                                          context_path=config.repro.cross_context_path, paged_context=config.repro.paged_context,
                                           historical_context_read="cross-fp8-context-read" in bugs,
                                           sm_scale=op.sm_scale)
             else:
@@ -185,7 +157,7 @@ class ModelRunner:
         what their backend believes), KV-sharing layers the same tensor object as their owner."""
         for b in self.bindings.values():
             if b.owns_pool:
-                b.kv_cache = self.arena.bind(b.pool, b.impl.layout, check=self.config.check_layout)
+                b.kv_cache = self.arena.bind(b.pool, b.impl.layout, check=self.config.repro.check_layout)
         for b in self.bindings.values():
             if not b.owns_pool:
                 b.kv_cache = self.bindings[b.owner].kv_cache   # the same tensor object, not a copy or a new view
@@ -195,7 +167,7 @@ class ModelRunner:
         if self.arena is not None and not self.asleep:
             return
         if self.arena is None:
-            arena = SeparateKVArena if self.config.cache.kv_arena == "per-pool" else KVArena
+            arena = SeparateKVArena if self.config.repro.kv_arena == "per-pool" else KVArena
             self.arena = arena(self.pool_specs(), self.device, reach_elem_bytes=self.dtype.itemsize)
         self._bind_caches()
         self.asleep = False
@@ -211,7 +183,7 @@ class ModelRunner:
                 self._free_arena()
             return
         historical = "scale-wipe" in self.config.reintroduce
-        if not historical and self.config.reinit_scales_on_wake:
+        if not historical and self.config.repro.reinit_scales_on_wake:
             for b in self.bindings.values():
                 if b.owns_pool and b.kind == "self":
                     release_scale_init(b.kv_cache)     # FIX (scale-wipe): the contents go, so does "initialized"
@@ -245,7 +217,7 @@ class ModelRunner:
     def warmup(self, num_tokens: int = 16) -> None:
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         pos = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        md = None if self.config.warmup == "dummy" else self._capture_metadata(num_tokens)
+        md = None if self.config.repro.warmup == "dummy" else self._capture_metadata(num_tokens)
         if md is None:
             pos = torch.arange(num_tokens, device=self.device)
         enc = None
@@ -319,32 +291,32 @@ class ModelRunner:
         return cm, enc[mask]
 
     @torch.inference_mode()
-    def execute(self, seqs, is_prefill: bool, capture: bool = False) -> tuple[list[int], ForwardContext]:
-        """Run one forward step for `seqs`; return one sampled token per sequence and the step's context.
-
-        The context carries the step's metadata and its trace of cache events (`ForwardContext.events`).
-        With sanitize on, raises KVCacheOverrunError when a guard zone was written, and FloatingPointError, naming
-        the step and the first layer whose attention output was not finite, when the logits hold NaN or inf.
-        """
+    def forward(self, seqs, is_prefill: bool, capture: bool = False) -> tuple[torch.Tensor, ForwardContext]:
+        """Run one forward step for `seqs`; return the logits of each sequence's last token and the step's
+        context, which carries the step's metadata and its trace of cache events (`ForwardContext.events`).
+        Nothing is checked yet: `check` does that, so a caller whose check fails still holds the context."""
         if self.arena is None or self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         input_ids, positions, md, encoder_out = self.prepare(seqs, is_prefill)
         ctx = ForwardContext(attn_metadata=md, bindings=self.bindings, step=self.step, capture=capture)
-        self.last_context = ctx          # kept for a step that raises (LLM attaches its partial trace to the error)
         hidden = self._forward(input_ids, positions, ctx, encoder_out)
         self.step += 1
         last = md.query_start_loc[1:].long() - 1
-        logits = self.model.compute_logits(hidden[last])
-        if self.config.sanitize:
-            self.arena.check()
-        # Part of the sanitizer: with sanitize=False a defect runs silently (as upstream), NaN logits included.
-        if self.config.sanitize and not bool(torch.isfinite(logits).all()):
+        return self.model.compute_logits(hidden[last]), ctx
+
+    def check(self, ctx: ForwardContext, logits: torch.Tensor) -> None:
+        """With sanitize on: KVCacheOverrunError when a guard zone was written, and FloatingPointError, naming
+        the step and the first layer whose attention output was not finite, when the logits hold NaN or inf.
+        (Part of the sanitizer: with sanitize=False a defect runs silently, as upstream, NaN logits included.)"""
+        if not self.config.sanitize:
+            return
+        self.arena.check()
+        if not bool(torch.isfinite(logits).all()):
             layer = ctx.first_non_finite_layer()
             where = (f"the first non-finite attention output was in layer {layer!r}" if layer else
                      "every attention output was finite, so it arose after attention (MLP, norm or LM head)")
             raise FloatingPointError(f"step {ctx.step}: the logits hold NaN or inf; {where}. Check the model's "
                                      f"weights and the KV cache (sanitize=True checks the arena's guards)")
-        return self.sample(logits, seqs), ctx
 
     @staticmethod
     def sample(logits: torch.Tensor, seqs) -> list[int]:

@@ -143,10 +143,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def num_blocks(self, block_size: int) -> int:
-        """Blocks needed to hold the K/V of all `len(self)` tokens."""
-        return (len(self) + block_size - 1) // block_size
-
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(int(token_id))
 

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from minikv.attention.context import CacheEvent
-    from minikv.attention.impl import ScaleFill
+    from minikv.attention.trace import CacheEvent, ScaleFill
     from minikv.engine.sequence import RequestOutput
 
 PHASES = ("prefill", "decode")

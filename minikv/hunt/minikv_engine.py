@@ -18,6 +18,8 @@ import functools
 
 import torch
 
+from minikv.config import ReproConfig
+
 from .record import KVRow, RequestResult, Run, StrayWrite
 from .scenario import Scenario, torch_dtype
 from .shadow import KernelShadow
@@ -42,7 +44,7 @@ class MinikvEngine:
     def llm_kwargs(self, scenario: Scenario) -> dict:
         kw = scenario.engine_kwargs()
         kw.update(backend=self.backend, device=self.device, sanitize=self.engine_checks,
-                  check_layout=self.engine_checks, reintroduce=self.reintroduce)
+                  repro=ReproConfig(check_layout=self.engine_checks), reintroduce=self.reintroduce)
         return kw
 
     def build(self, scenario: Scenario):

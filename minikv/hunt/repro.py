@@ -1,6 +1,8 @@
 """A scenario as ready-to-run Python: the `minikv.LLM(...)` call, the prompts, and the calls that serve them."""
 from __future__ import annotations
 
+import dataclasses
+
 from .scenario import Scenario
 
 _SERVE = '''
@@ -24,7 +26,14 @@ def serve(llm, arrivals):
 def _kwargs(kw: dict) -> str:
     parts = []
     for name, value in kw.items():
-        text = f"torch.{value}" if name == "dtype" else repr(value)
+        if name == "repro":              # a ReproConfig: spelled with the switches that differ from the default
+            changed = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                       if getattr(value, f.name) != f.default}
+            if not changed:
+                continue
+            text = "minikv.ReproConfig(" + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + ")"
+        else:
+            text = f"torch.{value}" if name == "dtype" else repr(value)
         parts.append(f"{name}={text}")
     lines, line = [], "llm = minikv.LLM("
     for p in parts:

@@ -205,12 +205,13 @@ def causal_chain(prompts: list[str], factor: float = 1.5, request: int = 0, back
                  device: str = "cpu") -> CrossCausalChain:
     """Follow `request` through a buggy (historical stride, sanitizer off) and a fixed engine with cross pools of
     floor(factor x need) blocks; see `CrossCausalChain`."""
+    import minikv
     need = engine("fp8", device, backend).cross_blocks_needed(prompts)
     blocks = max(1, math.floor(factor * need))
     runs = {}
     for buggy in (False, True):
         llm = engine("fp8", device, backend, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=False,
-                     check_layout=False, reintroduce=("cross-stride",) if buggy else ())
+                     repro=minikv.ReproConfig(check_layout=False), reintroduce=("cross-stride",) if buggy else ())
         first = {}
 
         def keep_first(out, llm=llm, first=first):

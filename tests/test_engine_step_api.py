@@ -1,4 +1,4 @@
-"""Engine v2: the step API, per-engine state across threads, calls that fail leave nothing behind, and every
+"""The engine's step API, per-engine state across threads, calls that fail leave nothing behind, and every
 input class of generate() and SamplingParams rejected at the boundary with its exact error type (LLM(...) and the
 other methods: test_inputs.py; backend="torch": the kernel is not the point)."""
 from __future__ import annotations
@@ -133,7 +133,8 @@ def test_snapshot_is_taken_before_finished_requests_free_blocks():
 
 
 def test_cross_attention_trace_names_the_context_path():
-    llm = engine(model=T5, kv_cache_dtype="fp8", cross_context_path="fallback", max_num_seqs=1)
+    llm = engine(model=T5, kv_cache_dtype="fp8", repro=minikv.ReproConfig(cross_context_path="fallback"),
+                 max_num_seqs=1)
     llm.add_request("abc1", minikv.SamplingParams(max_tokens=5))
     first = llm.step()
     cross = [e for e in first.trace.events if e.kind == "cross"]
@@ -177,7 +178,7 @@ def test_bad_prompt_in_a_list_queues_nothing(llm):
 
 def _overrun():
     # float16 activations, as upstream's model ran: the buggy cross backend addresses 2-byte elements
-    llm = engine(model=T5, kv_cache_dtype="fp8", reintroduce=("cross-stride",), check_layout=False,
+    llm = engine(model=T5, kv_cache_dtype="fp8", reintroduce=("cross-stride",), repro=minikv.ReproConfig(check_layout=False),
                  cross_pool_blocks=2, max_num_seqs=2, dtype=torch.float16)
     prompts = ["abcdefghijklmnopq1234", "zyxwvutsrqponmlkj9876"]
     with pytest.raises(minikv.KVCacheOverrunError) as info:
