@@ -17,6 +17,7 @@ _LAZY = {
     "KVLayoutMismatchError": ("minikv.cache.layout", "KVLayoutMismatchError"),
     "KVLayout": ("minikv.cache.layout", "KVLayout"),
     "KVArena": ("minikv.cache.arena", "KVArena"),
+    "MinikvError": ("minikv.kernels.errors", "MinikvError"),
 }
 
 

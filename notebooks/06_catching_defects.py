@@ -65,7 +65,7 @@ from minikv.hunt.strategies import cells, prompt_pool
 torch.manual_seed(0)
 torch.set_num_threads(1)            # tiny tensors: one thread is faster (hunt() uses one as well)
 REFERENCE = DenseReference()        # the dense references, cached across every hunt below
-# measured by tools/hunt_results.py (section 7); found beside notebooks/, here, or in minikv's checkout
+# measured by `minikv hunt --every-defect` (section 7); found beside notebooks/, here, or in minikv's checkout
 RESULTS = json.loads(next(p for p in (Path("../results/hunt.json"), Path("results/hunt.json"),
                                       Path(minikv.__file__).resolve().parents[1] / "results" / "hunt.json")
                           if p.exists()).read_text())
@@ -181,7 +181,8 @@ for name, report in found.items():
 # | cross stride (TensorRT-LLM #19861) | FP8 cross pool addressed at 16-bit stride; fine with twice the blocks, an illegal memory access or silently wrong tokens below that | `tiny-t5` x `fp8`: the first step writes bytes of the first cross pool outside the rows its slot mapping names, at the engine's default pool size |
 # | FP8 context read (TensorRT-LLM #20958) | the fused context kernel read the FP8 cross pool as 16-bit; 14 backend-matrix cases off from the golden by about 1e5 | `tiny-t5` x `fp8` x `float16`: the first token already leaves the reference |
 #
-# Each shrunk reproduction is a plain minikv program. Run the one for the FP8 context read as printed, then with
+# Each shrunk reproduction is a plain minikv program that checks the invariant itself: it prints what was expected
+# beside what was seen, and exits 1 when they differ. Run the one for the FP8 context read as printed, then with
 # the defect switched off:
 
 # %%
@@ -189,20 +190,23 @@ import contextlib
 import io
 
 
-def printed(code):
-    out = io.StringIO()
+def run_as_printed(code):
+    """(exit status, what it printed) of a reproduction run as printed."""
+    out, status = io.StringIO(), 0
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "<reproduction>", "exec"), {})
-    return out.getvalue().strip()
+        try:
+            exec(compile(code, "<reproduction>", "exec"), {})
+        except SystemExit as done:
+            status = done.code
+    return status, out.getvalue().strip()
 
 
 b2 = found["cross-fp8-context-read"].finding
-want = [list(REFERENCE.get(b2.scenario.model, b2.scenario.kv_cache_dtype, b2.scenario.dtype, r.prompt)
-             .token_ids[: r.max_tokens]) for r in b2.scenario.requests]
-as_found = printed(b2.snippet)
-fixed = printed(b2.snippet.replace("reintroduce=('cross-fp8-context-read',)", "reintroduce=()"))
-print(f"with the defect:  equals the reference: {as_found == str(want)}")
-print(f"without it:       {fixed}  equals the reference: {fixed == str(want)}")
+for label, code in (("with the defect", b2.snippet),
+                    ("without it", b2.snippet.replace("reintroduce=('cross-fp8-context-read',)", "reintroduce=()"))):
+    status, out = run_as_printed(code)
+    print(f"{label}: exit status {status}; the expected and seen tokens "
+          f"{'differ' if status else 'agree'}")
 
 # %% [markdown]
 # ## 7. What upstream's test matrices lacked, and what each check costs
@@ -262,7 +266,7 @@ for label, blocks in (("the need", need), ("1.5 x the need", need * 3 // 2), ("2
           f"matches-reference {outcome['matches-reference']}, writes-in-bounds {outcome['writes-in-bounds']}")
 
 # %% [markdown]
-# **What they cost.** Measured with `python tools/hunt_results.py` on the 2-core CPU this project is built on,
+# **What they cost.** Measured with `minikv hunt --every-defect` on the 2-core CPU this project is built on,
 # shared with other work at the time (the load is recorded), torch backend. Each check upstream lacked costs one
 # more engine run of a batch (the second submission), a byte copy and compare of the cache per step, or the matrix
 # cells the filter removed; the hunter spends seconds, not a GPU.
@@ -340,8 +344,84 @@ for v in oracles.check(other, refs={}, names=["repeat-identical", "schedule-inva
 # layers' pools); **kernels-match-references** needs a reference implementation of each kernel; and
 # **matches-reference** needs a dense reference (for a Hugging Face model: `transformers` with K and V fake-quantized
 # as the cache stores them). docs/hunt.md has the adapter interface.
+
+# %% [markdown]
+# ## 10. A hunt on a checkpoint directory
 #
-# ## 10. Exercises
+# Everything above hunts minikv's shipped models, whose prompts come from their tasks. The same hunter takes a
+# checkpoint directory in transformers' format: `hunt(model=DIR)` (on the command line, `minikv hunt --model DIR`)
+# draws the prompts from the directory's own tokenizer (prompts it writes back unchanged), the cells from its
+# config, and the dense reference from the same weights. Here a user's model, made up in a few lines: a random
+# Gemma-4 of five layers, the last two sharing KV, saved as `config.json` + `model.safetensors`, with a byte-level
+# BPE `tokenizer.json` trained with the `tokenizers` library.
+
+# %%
+import tempfile
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from minikv.models.gemma4 import Gemma4Config, Gemma4ForCausalLM
+from minikv.models.hf_checkpoint import save_checkpoint
+from minikv.hunt.strategies import cell_label
+
+MY_MODEL = Path(tempfile.mkdtemp()) / "my-gemma4"
+bpe = Tokenizer(models.BPE())
+bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+corpus = [" ".join(str(a + i * d) for i in range(8)) for a in range(0, 900, 37) for d in (3, 11, 29)]
+bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>", "<bos>"],
+                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                    show_progress=False))
+S, F = "sliding_attention", "full_attention"
+config = {"model_type": "gemma4_text", "vocab_size": 320, "hidden_size": 32, "intermediate_size": 64,
+          "num_hidden_layers": 5, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+          "global_head_dim": 32, "layer_types": [S, S, F, S, F], "sliding_window": 8, "num_kv_shared_layers": 2,
+          "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 320, "max_position_embeddings": 128,
+          "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+torch.manual_seed(0)
+net = Gemma4ForCausalLM(Gemma4Config.from_hf_dict(config))
+with torch.no_grad():                      # random weights, norms included: nothing hides behind an identity
+    for p in net.parameters():
+        p.copy_(torch.randn(p.shape) * (0.3 if p.dim() == 1 else 0.25) + (p.dim() == 1))
+save_checkpoint(net, MY_MODEL, dtype=torch.bfloat16)
+bpe.save(str(MY_MODEL / "tokenizer.json"))
+print(sorted(p.name for p in MY_MODEL.iterdir()))
+
+# %% [markdown]
+# Its cells beside the shipped models', and what its tokenizer makes of the prompts (numbers merge into tokens):
+
+# %%
+mine = hunt(model=MY_MODEL, max_scenarios=24, budget_s=None, progress=False)
+print("shipped: ", ", ".join(sorted({cell_label(c).split(" x ")[0] for c in cells()})), f"({len(cells())} cells)")
+print("mine:    ", ", ".join(sorted({cell_label(c).split(" x ")[0] for c in mine.cells})), f"({len(mine.cells)} cells)")
+tok = minikv.models.registry.get_tokenizer(MY_MODEL)
+for prompt in prompt_pool(str(MY_MODEL.resolve()))[:3]:
+    print(f"  {prompt!r}: {len(tok.encode(prompt))} tokens, round-trips: {tok.decode(tok.encode(prompt)) == prompt}")
+print(mine.text(portable=True))
+assert not mine.found and mine.refused == 0
+
+# %% [markdown]
+# The fixed engine comes out clean on it. With the scale wipe switched back on, the hunter finds it on this model
+# too, blind, and its reproduction fails when run as printed; the cross defects it refuses, naming the kind of
+# model they need (this one has no cross attention):
+
+# %%
+my_wipe = hunt(model=MY_MODEL, reintroduce=("scale-wipe",), max_scenarios=48, budget_s=None, progress=False)
+f = my_wipe.finding
+print(f"found: {my_wipe.found}, in cell {cell_label(f.cell)}, by "
+      f"{', '.join(dict.fromkeys(v.oracle for v in f.violations))}")
+status, _ = run_as_printed(f.snippet)
+print(f"its reproduction, run as printed: exit status {status}")
+try:
+    hunt(model=MY_MODEL, reintroduce=("cross-stride",), max_scenarios=8, budget_s=None, progress=False)
+except ValueError as err:
+    print("refused:", str(err).split("its first refusal: ")[-1])
+search_map({"my-gemma4, the fixed engine": mine, "my-gemma4, scale-wipe reintroduced": my_wipe})
+
+# %% [markdown]
+# On the command line, the same is `minikv hunt --model DIR --reintroduce scale-wipe --results hunt.json --plot
+# map.png`; docs/hunt.md says what each word of its output means.
+#
+# ## 11. Exercises
 #
 # Two exercises, in the style of the other notebooks: put your answer into the first cell (replace `None`) and run
 # it; the second cell runs the hunter's pieces on it and says whether it does what was asked, without showing how;

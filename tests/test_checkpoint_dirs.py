@@ -1,21 +1,28 @@
 """Bring your own checkpoint: a transformers-format directory of Gemma-4 (text) or T5 with its own tokenizer.json
 (a byte-level BPE, through the `tokenizers` library) and bf16 safetensors, sharded or not, runs through
-`LLM(model=DIR)` with transformers' greedy ids, and both reproductions run on it. The directories are written by
-transformers itself (tools/random_checkpoints.py, random weights, no download)."""
+`LLM(model=DIR)` with transformers' greedy ids. Then a new user's walk through the command line: `generate`
+(text and --ids), both reproductions, each on the wrong kind of model too, `hunt --model` (clean on the fixed
+engine, each defect the architecture has found, its reproduction failing visibly as printed, --results and --plot)
+and every bad checkpoint, each error one line with status 2. The directories are written by transformers itself
+(tools/random_checkpoints.py, random weights, no download)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shutil
 
 import pytest
 import torch
 
 import minikv
+from minikv import cli
 from minikv.models import registry
 from minikv.models.dir_tokenizer import HFTokenizer
-from minikv.repro import cross_stride, scale_wipe
 
 transformers = pytest.importorskip("transformers", reason="needs the dev extra: pip install -e .[dev]")
-from tools import random_checkpoints
+from test_cli_errors import BAD_CHECKPOINTS  # noqa: E402  (the bad inputs every checkpoint is tried with)
+from tools import random_checkpoints  # noqa: E402
 
 PROMPTS = ["3 7 11 15", "250 263 276 289", "10 20 30"]
 
@@ -64,22 +71,101 @@ def test_engine_matches_transformers(dirs, kind):
         assert out.token_ids == expected.tolist(), prompt
 
 
-def test_scale_wipe_repro_runs_on_a_checkpoint_directory(dirs, capsys):
-    code = scale_wipe.main(["--model", str(dirs["gemma4"]), "--max-num-seqs", "2", "--requests", "4",
-                            "--max-tokens", "3", "--formats", "int8_per_token_head", "--skip-extras"])
+# ---- a new user's walk, through the command line ------------------------------------------------------------------
+# In-process (`minikv.cli.main`): a subprocess would cost seconds of imports per command. Exit statuses: 0 clean or
+# reproduced, 1 a finding, 2 bad input (one line on stderr).
+
+def _main(argv) -> int:
+    try:
+        return cli.main(argv)
+    except SystemExit as done:
+        return done.code
+
+
+def test_walk_generate(dirs, capsys):
+    for kind in ("gemma4", "t5"):
+        assert _main(["generate", "--model", str(dirs[kind]), "--backend", "torch", "--max-tokens", "3",
+                      *PROMPTS[:2]]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split(" -> ")[0] for line in lines] == [repr(p) for p in PROMPTS[:2]]
+        assert _main(["generate", "--model", str(dirs[kind]), "--backend", "torch", "--max-tokens", "3", "--ids",
+                      PROMPTS[0]]) == 0
+        shown = capsys.readouterr().out
+        ids = registry.get_tokenizer(dirs[kind]).encode(PROMPTS[0])
+        assert shown.startswith(f"{PROMPTS[0]!r} {ids} -> [") and shown.rstrip().endswith("[length]"), shown
+
+
+def test_walk_both_reproductions(dirs, capsys):
+    assert _main(["repro", "scale-wipe", "--model", str(dirs["gemma4"]), "--max-num-seqs", "2", "--requests", "4",
+                  "--max-tokens", "3", "--formats", "int8_per_token_head", "--skip-extras"]) == 0
     out = capsys.readouterr().out
-    assert code == 0, out
     assert "token ids other than the fixed engine's" in out and "0-1" in out
+    assert _main(["repro", "cross-stride", "--model", str(dirs["t5"]), "--backend", "torch", "--requests", "4"]) == 0
+    assert "All signatures reproduced" in capsys.readouterr().out
 
 
-def test_cross_stride_thresholds_on_a_t5_directory(dirs):
-    model = str(dirs["t5"])
-    prompts = cross_stride.make_prompts(3, model=model)
-    need = cross_stride.engine("fp8", backend="torch", model=model).cross_blocks_needed(prompts)
-    buggy_ref, fixed_ref, _ = cross_stride.references(prompts, need, backend="torch", model=model)
-    outcome = {(f, b, s): cross_stride.run_pool(prompts, buggy_ref if b else fixed_ref, f, need, b, s,
-                                                backend="torch", model=model).outcome
-               for f, b, s in [(1.5, True, True), (2.0, True, True), (2.0, True, False), (1.5, False, True)]}
-    assert outcome == {(1.5, True, True): "overrun caught", (2.0, True, True): "correct",
-                       (2.0, True, False): "correct", (1.5, False, True): "correct"}
-    assert "mismatch" in cross_stride.bind_time_check(model=model)
+@pytest.mark.parametrize("command, kind, needs", [("scale-wipe", "t5", "decoder-only model with KV-sharing layers"),
+                                                  ("cross-stride", "gemma4", "encoder-decoder model")])
+def test_walk_a_reproduction_on_the_wrong_kind_of_model(dirs, capsys, command, kind, needs):
+    assert _main(["repro", command, "--model", str(dirs[kind])]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needs in err and "Traceback" not in err, err
+
+
+def _run_snippet(code: str) -> tuple[int, str]:
+    out = io.StringIO()
+    status = 0
+    with contextlib.redirect_stdout(out):
+        try:
+            exec(compile(code, "<reproduction>", "exec"), {})
+        except SystemExit as done:
+            status = done.code
+    return status, out.getvalue()
+
+
+# (checkpoint, defect or None, scenarios at most): the fixed engine comes out clean, and each defect the
+# architecture has is found.
+WALK_HUNTS = [("gemma4", None, 24), ("gemma4", "scale-wipe", 40), ("t5", None, 24), ("t5", "cross-stride", 24),
+              ("t5", "cross-fp8-context-read", 24)]
+
+
+@pytest.mark.parametrize("kind, defect, scenarios", WALK_HUNTS, ids=[f"{k}-{d or 'fixed'}" for k, d, _ in WALK_HUNTS])
+def test_walk_hunt_on_the_checkpoint(dirs, capsys, tmp_path, monkeypatch, kind, defect, scenarios):
+    monkeypatch.chdir(tmp_path)
+    argv = ["hunt", "--model", str(dirs[kind]), "--max-scenarios", str(scenarios), "--results", "hunt.json"]
+    if defect:
+        argv += ["--reintroduce", defect]
+    status = _main(argv)
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "hunt.json").read_text())
+    assert data["cells"] and all(c.startswith(dirs[kind].name + " x ") for c in data["cells"])
+    if defect is None:
+        assert status == 0 and out.startswith(f"clean: {scenarios} scenarios"), out
+        assert data["outcome"] == "clean" and data["refused"] == 0 and len(data["scenarios"]) == scenarios
+        return
+    assert status == 1 and out.startswith("FOUND in cell "), out
+    finding = data["finding"]
+    assert finding["reproduction"] in out and finding["shrunk_scenario"]["model"] == str(dirs[kind])
+    code, shown = _run_snippet(finding["reproduction"])                  # run as printed: it fails visibly
+    assert code == 1 and "expected" in shown and "seen" in shown, shown
+    fixed, shown = _run_snippet(finding["reproduction"].replace(f"reintroduce=({defect!r},)", "reintroduce=()"))
+    assert fixed == 0, shown
+
+
+def test_walk_hunt_saves_its_search_map(dirs, capsys, tmp_path):
+    assert _main(["hunt", "--model", str(dirs["t5"]), "--reintroduce", "cross-stride", "--max-scenarios", "24",
+                  "--plot", str(tmp_path / "map.png")]) == 1
+    assert (tmp_path / "map.png").stat().st_size > 10_000
+    assert f"search map written to {tmp_path / 'map.png'}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case, damage, fragment", BAD_CHECKPOINTS, ids=[c[0] for c in BAD_CHECKPOINTS])
+def test_walk_bad_checkpoints_are_one_line(dirs, tmp_path, capsys, case, damage, fragment):
+    path = shutil.copytree(dirs["gemma4"], tmp_path / "checkpoint")
+    damage(path)
+    for argv in (["generate", "--model", str(path), "3 7"], ["hunt", "--model", str(path)],
+                 ["repro", "scale-wipe", "--model", str(path)]):
+        assert _main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("minikv: error: "), err
+        assert fragment in err and "Traceback" not in err, (argv, err)

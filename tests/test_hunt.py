@@ -88,25 +88,39 @@ def test_up_to_its_finding_the_search_tries_what_it_tries_on_the_fixed_engine(fi
     assert found[name].tried[:before] == fixed.tried[:before]
 
 
-def _printed(code: str) -> str:
+def _run_snippet(code: str) -> tuple[int, str]:
+    """(exit status, stdout) of a reproduction run as printed."""
     out = io.StringIO()
+    status = 0
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "<snippet>", "exec"), {})
-    return out.getvalue()
+        try:
+            exec(compile(code, "<snippet>", "exec"), {})
+        except SystemExit as done:
+            status = done.code
+    return status, out.getvalue()
 
 
-def test_the_shrunk_reproduction_runs_and_shows_the_failure_only_with_the_defect(found, reference):
-    finding = found["cross-fp8-context-read"].finding
-    scenario = finding.scenario
-    assert len(scenario.requests) == 1 and not scenario.repeat        # shrunk to one request, one wave
-    request = scenario.requests[0]
-    want = list(reference.get(scenario.model, scenario.kv_cache_dtype, scenario.dtype, request.prompt)
-                .token_ids[: request.max_tokens])
-    assert "reintroduce=('cross-fp8-context-read',)" in finding.snippet
-    buggy = _printed(finding.snippet)
-    fixed = _printed(finding.snippet.replace("reintroduce=('cross-fp8-context-read',)", "reintroduce=()"))
-    assert fixed.strip() == str([want])
-    assert buggy.strip() != fixed.strip()
+@pytest.mark.parametrize("name", DEFECTS)
+def test_each_reproduction_fails_visibly_only_with_the_defect(found, reference, name):
+    """Run as printed, a finding's reproduction prints what was expected beside what was seen and exits 1; with the
+    defect switched off it exits 0."""
+    finding = found[name].finding
+    switch = f"reintroduce=({name!r},)"
+    assert switch in finding.snippet
+    status, out = _run_snippet(finding.snippet)
+    assert status == 1, out
+    assert "expected" in out and "seen" in out
+    fixed_status, fixed_out = _run_snippet(finding.snippet.replace(switch, "reintroduce=()"))
+    assert fixed_status == 0, fixed_out
+    if EXPECTED[name] == "writes-in-bounds":          # shown by the engine's own sanitizer: the guard zone hit
+        assert "sanitize=True" in finding.snippet and "KVCacheOverrunError" in out and "guard hit" in out
+    if EXPECTED[name] == "matches-reference" and name == "cross-fp8-context-read":
+        scenario = finding.scenario
+        assert len(scenario.requests) == 1 and not scenario.repeat        # shrunk to one request, one wave
+        request = scenario.requests[0]
+        want = list(reference.get(scenario.model, scenario.kv_cache_dtype, scenario.dtype, request.prompt)
+                    .token_ids[: request.max_tokens])
+        assert f"matches-reference: expected {want}" in out and f"matches-reference: expected {want}" in fixed_out
 
 
 def test_the_check_upstream_lacked_finds_the_scale_wipe_alone(scratch, reference, engines, found):

@@ -17,13 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
+from minikv.kernels.errors import CheckFailedError
+
 from .layout import KVLayout
 
 CANARY = bytes([0xA5, 0x5A, 0xC3, 0x3C])
 ALIGN = 256
 
 
-class KVCacheOverrunError(RuntimeError):
+class KVCacheOverrunError(CheckFailedError, RuntimeError):
     """A guard zone of the KV arena was written: some kernel addressed bytes outside its pool."""
 
     def __init__(self, pool: str, guard_start: int, guard_end: int, first_offset: int, bytes_damaged: int,

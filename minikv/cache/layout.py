@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 import torch
 
 from minikv.kernels import addressing, formats
+from minikv.kernels.errors import CheckFailedError
 
 SCALE_BYTES = formats.SCALE_BYTES
 
 
-class KVLayoutMismatchError(RuntimeError):
+class KVLayoutMismatchError(CheckFailedError, RuntimeError):
     """A backend was bound to a pool whose layout differs from the backend's own."""
 
 

@@ -47,14 +47,15 @@ from minikv.engine.model_runner import ModelRunner
 from minikv.engine.scheduler import Scheduler
 from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
 from minikv.engine.step import StepOutput, StepTrace
+from minikv.kernels.errors import EngineFaultError
 from minikv.models import hf_checkpoint, registry
 
 
-class ConcurrentUseError(RuntimeError):
+class ConcurrentUseError(EngineFaultError, RuntimeError):
     """An LLM was called from a second thread while a call from another thread was still running."""
 
 
-class EngineNeedsResetError(RuntimeError):
+class EngineNeedsResetError(EngineFaultError, RuntimeError):
     """The engine's KV arena was overrun earlier; call reset() (or sleep() then wake_up()) before using it."""
 
 

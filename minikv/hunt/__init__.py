@@ -18,7 +18,8 @@ from .record import KVRow, RequestResult, Run, StrayWrite
 from .scenario import Request, Scenario
 
 # hypothesis is imported only with the search itself, so `import minikv.hunt` (and the CLI's parser) work without it.
-_LAZY = {"hunt": "search", "HuntReport": "search", "Finding": "search", "MinikvEngine": "minikv_engine"}
+_LAZY = {"hunt": "search", "HuntReport": "search", "Finding": "search", "MinikvEngine": "minikv_engine",
+         "replay": "minikv_engine"}
 
 
 def __getattr__(name):
@@ -29,4 +30,4 @@ def __getattr__(name):
 
 
 __all__ = ["ORACLES", "Finding", "HuntReport", "KVRow", "MinikvEngine", "Request", "RequestResult", "Run", "Scenario",
-           "StrayWrite", "Violation", "hunt"]
+           "StrayWrite", "Violation", "hunt", "replay"]

@@ -19,6 +19,7 @@ import functools
 import torch
 
 from minikv.config import ReproConfig
+from minikv.kernels.errors import BadInputError
 
 from .record import KVRow, RequestResult, Run, StrayWrite
 from .scenario import Scenario, torch_dtype
@@ -33,8 +34,9 @@ class MinikvEngine:
     `remember` keeps every Run, so several hunts over one engine pay once for a scenario (a run is deterministic)."""
 
     def __init__(self, reintroduce=(), backend: str = "torch", instrument=None, engine_checks: bool = False,
-                 device: str = "cpu", remember: bool = False):
+                 device: str = "cpu", remember: bool = False, sanitize: bool = False):
         self.reintroduce = tuple(reintroduce)
+        self.sanitize = sanitize                 # the guard-zone check alone (a reproduction's evidence)
         self.backend = backend
         self.instrument = instrument
         self.engine_checks = engine_checks
@@ -43,7 +45,7 @@ class MinikvEngine:
 
     def llm_kwargs(self, scenario: Scenario) -> dict:
         kw = scenario.engine_kwargs()
-        kw.update(backend=self.backend, device=self.device, sanitize=self.engine_checks,
+        kw.update(backend=self.backend, device=self.device, sanitize=self.engine_checks or self.sanitize,
                   repro=ReproConfig(check_layout=self.engine_checks), reintroduce=self.reintroduce)
         return kw
 
@@ -58,9 +60,65 @@ class MinikvEngine:
         # Kernels other than the references run beside them (after the instrument: a planted kernel is checked too).
         return llm, (KernelShadow(llm) if self.backend != "torch" else None)
 
-    def snippet(self, scenario: Scenario) -> str:
-        from .repro import snippet
-        return snippet(scenario, self.llm_kwargs(scenario), self.instrument)
+    def snippet(self, scenario: Scenario, violations=()) -> str:
+        """The scenario as a program; with a finding's `violations`, one that checks them and exits 1 (repro.py).
+        A stray write is shown through the engine's own sanitizer when a variant of the scenario (its pools at
+        the smallest size the requests need, then with the pool's longest prompt) makes it reach a guard zone."""
+        from .repro import TOKEN_ORACLES, snippet
+        if not violations:
+            return snippet(scenario, self.llm_kwargs(scenario), self.instrument)
+        names = tuple(dict.fromkeys(v.oracle for v in violations))
+        shown, sanitized = scenario, False
+        if "writes-in-bounds" in names:
+            variant = self._overrun_variant(scenario)
+            if variant is not None:
+                shown, sanitized = variant, True
+                violations = [v for v in violations if v.oracle == "writes-in-bounds"]
+        kw = self.llm_kwargs(shown)
+        if sanitized:
+            kw["sanitize"] = True
+        direct = sanitized or any(v.oracle == "runs" or (v.oracle in TOKEN_ORACLES and v.seen_at) for v in violations)
+        replay = None
+        if not direct:
+            instrument = ""
+            if self.instrument is not None:
+                instrument = f", instrument={self.instrument.__module__}.{self.instrument.__qualname__}"
+            replay = (f"minikv.hunt.replay(\n    {_scenario_text(scenario)},\n    oracles={names!r}, "
+                      f"reintroduce={kw['reintroduce']!r}, backend={self.backend!r}{instrument})")
+        note = None
+        if shown is not scenario:
+            note = ("# the shrunk scenario with its pools at the smallest size its requests need"
+                    + (", and the longest prompt" if shown.requests != scenario.requests else "")
+                    + ": the stray writes then reach a guard zone, which the engine's sanitizer checks")
+        return snippet(shown, kw, self.instrument, violations, replay_call=replay, sanitized=sanitized, note=note)
+
+    def _overrun_variant(self, scenario: Scenario) -> Scenario | None:
+        """A variant of `scenario` whose stray writes the engine's sanitizer catches (KVCacheOverrunError), or None."""
+        import dataclasses
+
+        from .scenario import blocks_for
+        from .strategies import _tokens, prompt_pool
+        checked = MinikvEngine(self.reintroduce, backend="torch", instrument=self.instrument, device=self.device,
+                               sanitize=True)
+
+        def smallest(s: Scenario) -> Scenario:
+            sizes = [_tokens(s.model, r.prompt) for r in s.requests]
+            bs = s.block_size
+            cross = max(blocks_for(enc, bs) for _, enc in sizes) if any(enc for _, enc in sizes) else None
+            return dataclasses.replace(s, num_blocks=max(blocks_for(dec + r.max_tokens - 1, bs)
+                                                         for r, (dec, _) in zip(s.requests, sizes)),
+                                       cross_pool_blocks=cross)
+        longest = max(prompt_pool(scenario.model), key=lambda p: sum(_tokens(scenario.model, p)))
+        one = dataclasses.replace(scenario, requests=(dataclasses.replace(scenario.requests[0], prompt=longest,
+                                                                          arrival=0),))
+        for candidate in (scenario, smallest(scenario), smallest(one)):
+            try:
+                run = checked.run(candidate)
+            except Exception:  # noqa: BLE001  (a variant that cannot even be tried is no evidence)
+                continue
+            if run.error and run.error.startswith("KVCacheOverrunError"):
+                return candidate
+        return None
 
     # ---- one scenario -------------------------------------------------------------------------------------
     def run(self, scenario: Scenario) -> Run:
@@ -74,7 +132,7 @@ class MinikvEngine:
         run = Run(scenario)
         try:
             llm, shadow = self.build(scenario)
-        except (ValueError, TypeError) as err:            # the engine's own input checks: outside its domain
+        except (ValueError, TypeError, BadInputError) as err:   # the engine's own input checks: outside its domain
             run.refused = _first_line(err)
             return run
         except Exception as err:  # noqa: BLE001  (an accepted configuration that cannot even start: a finding)
@@ -218,6 +276,15 @@ def _scale_bytes(layout, slots) -> torch.Tensor:
     return _offsets(layout, slots, "scale", SCALE_BYTES)
 
 
+def _scenario_text(scenario: Scenario) -> str:
+    """The scenario as a Python expression (minikv.hunt's Scenario and Request, spelled out)."""
+    import dataclasses
+    fields = [f"{f.name}={getattr(scenario, f.name)!r}" for f in dataclasses.fields(scenario)
+              if f.name != "extra" and getattr(scenario, f.name) != f.default]
+    text = ", ".join(fields).replace("Request(", "minikv.hunt.Request(")
+    return f"minikv.hunt.Scenario({text})"
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
@@ -226,3 +293,28 @@ def _first_line(err: BaseException) -> str:
 def _describe(err: BaseException) -> str:
     # Type and message only: a file and line number would change the report with every unrelated edit.
     return _first_line(err)
+
+
+def replay(scenario: Scenario, oracles, reintroduce=(), backend: str = "torch", instrument=None) -> int:
+    """Run `scenario` through minikv's adapter and check the named oracles; print what each expected beside what
+    was seen. Returns 1 when one fails, 0 when all hold (a reproduction's exit status)."""
+    from . import oracles as oracle_module
+    from .reference import DenseReference
+    run = MinikvEngine(reintroduce, backend=backend, instrument=instrument).run(scenario)
+    if run.refused:
+        print(f"the engine refused the configuration: {run.refused}")
+        return 2
+    reference = DenseReference()
+    refs = {}
+    if any(oracle_module.ORACLES[n].needs_reference for n in oracles) and not run.error:
+        refs = {r.prompt: reference.get(scenario.model, scenario.kv_cache_dtype, scenario.dtype, r.prompt,
+                                        r.max_tokens) for r in scenario.requests}
+    found = oracle_module.check(run, refs, oracles)
+    for name in oracles:
+        mine = [v for v in found if v.oracle == name]
+        print(f"{name}: expected: {oracle_module.ORACLES[name].statement}")
+        if not mine:
+            print(f"{name}: seen:     it holds")
+        for v in mine:
+            print(f"{name}: seen:     {v.summary}" + (f" ({v.detail})" if v.detail else ""))
+    return 1 if found else 0

@@ -20,6 +20,12 @@ class Violation:
     oracle: str
     summary: str                  # one line that every machine prints alike: positions, pool names, outcomes
     detail: str = ""              # what was seen: token ids decoded from damaged memory, byte counts
+    # For a reproduction that checks the tokens itself: the (wave, request index) whose tokens were wrong, and
+    # what they should have been: the tokens themselves (`expected`, as the engine returns them: no EOS) or those
+    # of another request of the same run that must be equal (`expected_at`). None: no token check applies.
+    seen_at: tuple[int, int] | None = None
+    expected: tuple[int, ...] | None = None
+    expected_at: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,12 @@ def _near_tie(ref, tokens, position: int, other: int | None = None) -> bool:
         return False
     other = ref.token_ids[position] if other is None else other
     return abs(ref.gap(position, other, tokens[position])) <= TIE_MARGIN
+
+
+def _as_returned(tokens, eos_id) -> tuple[int, ...]:
+    """Tokens as the engine returns them: a final EOS is where it stopped, not a token it returns."""
+    tokens = tuple(tokens)
+    return tokens[:-1] if tokens and eos_id is not None and tokens[-1] == eos_id else tokens
 
 
 # ---- the oracles ---------------------------------------------------------------------------------------------
@@ -107,7 +119,8 @@ def repeat_identical(run: Run, refs) -> list[Violation]:
         if early.token_ids != later.token_ids:
             out.append(Violation("repeat-identical", f"request {later.index} gave other tokens in the first batch "
                                                      f"than when submitted again",
-                                 f"{list(early.token_ids)} vs {list(later.token_ids)}"))
+                                 f"{list(early.token_ids)} vs {list(later.token_ids)}",
+                                 seen_at=(1, later.index), expected_at=(0, early.index)))
         diff = _kv_difference(early, later)
         if diff:
             out.append(Violation("repeat-identical", f"request {later.index}: its KV bytes after prefill differ "
@@ -134,7 +147,8 @@ def schedule_invariant(run: Run, refs) -> list[Violation]:
                 continue
             out.append(Violation("schedule-invariant",
                                  f"request {base.index} (wave {base.wave}) and its copy {other.index} (wave "
-                                 f"{other.wave}) give different tokens", f"{list(a)} vs {list(b)} from token {at}"))
+                                 f"{other.wave}) give different tokens", f"{list(a)} vs {list(b)} from token {at}",
+                                 seen_at=(other.wave, other.index), expected_at=(base.wave, base.index)))
             break
     return out
 
@@ -153,7 +167,8 @@ def matches_reference(run: Run, refs) -> list[Violation]:
             continue
         out.append(Violation("matches-reference", f"request {r.index} (wave {r.wave}) {r.prompt!r} leaves the "
                                                   f"reference {list(want)} (not a near tie)",
-                             f"the engine gave {list(got)}, first different at token {at}"))
+                             f"the engine gave {list(got)}, first different at token {at}",
+                             seen_at=(r.wave, r.index), expected=_as_returned(want, run.eos_id)))
     return out
 
 

@@ -90,3 +90,21 @@ class DenseReference:
         finally:
             net.kv_transform = previous
         return Reference(tuple(ids), tuple(logits.float().cpu()), stopped=ids[-1] == tok.eos_id)
+
+
+def calibrate(reference: DenseReference, cells, prompts) -> tuple[float, float]:
+    """(the smallest margin by which the dense model picks any of its reference tokens, the largest logit difference
+    between its float16 and float32 runs while their tokens agree), over `prompts(model)` in every cell's format:
+    what TIE_MARGIN must stay below and above."""
+    margin, gap = float("inf"), 0.0
+    for model, fmt in dict.fromkeys((c[0], c[1]) for c in cells):
+        for prompt in prompts(model):
+            half, full = reference.get(model, fmt, "float16", prompt), reference.get(model, fmt, "float32", prompt)
+            for ref in (half, full):
+                for row, token in zip(ref.logits, ref.token_ids):
+                    margin = min(margin, float(row[token] - row.topk(2).values[1]))
+            for a, b, ta, tb in zip(half.logits, full.logits, half.token_ids, full.token_ids):
+                gap = max(gap, float((a - b).abs().max()))
+                if ta != tb:
+                    break
+    return margin, gap

@@ -28,6 +28,7 @@ from .minikv_engine import MinikvEngine
 from .oracles import Violation
 from .reference import DenseReference
 from .scenario import Scenario
+from .strategies import cell_label
 from .strategies import cells as all_cells
 from .strategies import scenarios
 
@@ -91,10 +92,42 @@ class HuntReport:
     refusals: dict = field(default_factory=dict)   # cell -> the engine's first refusal message
     tried: list = field(default_factory=list)      # every scenario run, in order (Scenario objects)
     refused_scenarios: list = field(default_factory=list)   # those the engine refused, in order
+    outcomes: list = field(default_factory=list)   # per scenario tried: "passed", "refused" or "failed"
+    settings: dict = field(default_factory=dict)   # how the hunt was run (seed, limits, oracles, backend)
 
     @property
     def found(self) -> bool:
         return self.finding is not None
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready data: how the hunt was run, every scenario tried (in order, with its cell and
+        outcome; those after the first failure were spent shrinking it), the finding with its shrunk scenario and
+        reproduction, and the timings."""
+        import dataclasses
+
+        def scenario(s: Scenario) -> dict:
+            d = dataclasses.asdict(s)
+            d.pop("extra", None)
+            return d
+        finding = None
+        if self.finding is not None:
+            f = self.finding
+            finding = {"cell": list(f.cell), "cell_label": cell_label(f.cell),
+                       "scenario_number": f.scenarios_before + 1, "seconds_to_find": round(f.seconds_to_find, 3),
+                       "shrink_runs": f.shrink_runs,
+                       "invariants": [{"invariant": v.oracle, "statement": oracle_module.ORACLES[v.oracle].statement,
+                                       "summary": v.summary, "seen": v.detail} for v in f.violations],
+                       "shrunk_scenario": scenario(f.scenario), "reproduction": f.snippet}
+        first = self.finding.scenarios_before if self.finding else len(self.tried)
+        tried = [{"number": i + 1, "cell": cell_label((s.model, s.kv_cache_dtype, s.dtype)),
+                  "outcome": outcome if i <= first else f"{outcome} (shrinking)", "scenario": scenario(s)}
+                 for i, (s, outcome) in enumerate(zip(self.tried, self.outcomes))]
+        return {"outcome": "found" if self.found else "clean", "stopped_by": self.stopped_by,
+                "settings": dict(self.settings), "cells": [cell_label(c) for c in self.cells],
+                "scenarios_run": self.scenarios_run, "refused": self.refused, "rounds": self.rounds,
+                "seconds": round(self.seconds, 3),
+                "refusals": {cell_label(c): msg for c, msg in self.refusals.items()},
+                "finding": finding, "scenarios": tried}
 
     def text(self, portable: bool = False) -> str:
         """The report as the CLI prints it. `portable=True` keeps only what every machine prints alike: no
@@ -107,7 +140,7 @@ class HuntReport:
                     f"{refused}, no invariant failed (stopped by the {self.stopped_by} limit)")
         f = self.finding
         when = "" if portable else f" after {f.seconds_to_find:.1f} s"
-        lines = [f"FOUND in cell {' x '.join(f.cell)}: scenario {f.scenarios_before + 1}{when}, shrunk in "
+        lines = [f"FOUND in cell {cell_label(f.cell)}: scenario {f.scenarios_before + 1}{when}, shrunk in "
                  f"{f.shrink_runs} runs"]
         for v in f.violations:
             lines.append(f"  invariant {v.oracle}: {oracle_module.ORACLES[v.oracle].statement}")
@@ -119,9 +152,10 @@ class HuntReport:
         return "\n".join(lines)
 
 
-def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch", seed: int = 0,
+def hunt(engine=None, *, model=None, reintroduce=(), instrument=None, backend: str = "torch", seed: int = 0,
          budget_s: float | None = 60.0, max_scenarios: int | None = None, max_shrink_runs: int = 40,
-         oracles=None, cells=None, reference=None, progress: bool = True, threads: int | None = 1) -> HuntReport:
+         oracles=None, cells=None, reference=None, progress: bool | None = None,
+         threads: int | None = 1) -> HuntReport:
     """Search engine configurations for a violated invariant.
 
     engine          what to drive (an object with `run(scenario)` and `snippet(scenario)`); default
@@ -132,7 +166,11 @@ def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch"
     budget_s, max_scenarios  stop the search after this many seconds / runs (None: no limit of that kind)
     max_shrink_runs runs spent shrinking a failure
     oracles         names from `minikv.hunt.oracles.ORACLES` (default all)
-    cells           (model, kv_cache_dtype, dtype) triples (default `strategies.cells()`)
+    model           one model to hunt over: a shipped model's name or a checkpoint directory (transformers'
+                    format); its cells are every KV cache format in both activation dtypes, its prompts come from
+                    its own tokenizer and its dense reference from the same weights. Default: the trained models
+    cells           (model, kv_cache_dtype, dtype) triples (default `strategies.cells()`, or `model`'s)
+    progress        a progress bar on stderr (None: only when stderr is a terminal)
     threads         torch's intra-op threads while hunting (restored after; None: leave as set). The engines are
                     tiny: more threads only add hand-offs, and on a busy machine they wait for each other
     """
@@ -142,6 +180,14 @@ def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch"
         unknown = sorted(set(oracles) - set(oracle_module.ORACLES))
         if unknown:
             raise ValueError(f"unknown oracle(s) {unknown}; known: {', '.join(oracle_module.ORACLES)}")
+    if model is not None:
+        if cells is not None:
+            raise ValueError("give model= or cells=, not both (cells name their models)")
+        model = check_model(model)
+        cells = all_cells(models=[model])
+    settings = {"seed": seed, "budget_s": budget_s, "max_scenarios": max_scenarios,
+                "max_shrink_runs": max_shrink_runs, "oracles": list(oracles or oracle_module.ORACLES),
+                "backend": backend if engine is None else type(engine).__name__}
     engine = engine or MinikvEngine(reintroduce, backend=backend, instrument=instrument)
     search = _Search(engine, reference or DenseReference(), oracles, budget_s, max_scenarios, max_shrink_runs,
                      progress)
@@ -149,9 +195,49 @@ def hunt(engine=None, *, reintroduce=(), instrument=None, backend: str = "torch"
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return search.run(cells or all_cells(), seed)
+        report = search.run(cells or all_cells(), seed)
+        report.settings = settings
+        return report
     finally:
         torch.set_num_threads(before)
+
+
+def check_model(model) -> str:
+    """A model the hunter can take, as the string its cells name: a shipped model's name, or a checkpoint
+    directory's path (absolute, so a printed reproduction runs from anywhere). The directory is loaded once here,
+    so that a bad checkpoint is refused with the loader's error (ModelLoadError) before the search starts."""
+    import os
+    from pathlib import Path
+
+    from minikv.models import hf_checkpoint, registry
+
+    from .strategies import prompt_pool
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a shipped model's name or a checkpoint directory, got {type(model).__name__}")
+    name = os.fspath(model)
+    if not registry.is_checkpoint_model(name):
+        path = Path(name)
+        if not path.is_dir():
+            raise ValueError(f"model {name!r} is neither a shipped model ({', '.join(registry.MODEL_NAMES)}) nor an "
+                             f"existing checkpoint directory")
+        if not hf_checkpoint.is_checkpoint_dir(path):
+            raise ValueError(f"{name!r} is not a checkpoint directory: it has no config.json (expected "
+                             f"transformers' config.json + model.safetensors of a Gemma-4 or T5 model)")
+        name = str(path.resolve())
+        registry.get_tokenizer(name)
+        registry.load_model(name)
+    prompt_pool(name)
+    return name
+
+
+def _snippet(engine, scenario, violations) -> str:
+    """The engine's reproduction of a finding: one that checks the violations, where the adapter can write one."""
+    import inspect
+    try:
+        takes = len(inspect.signature(engine.snippet).parameters) >= 2
+    except (TypeError, ValueError):
+        takes = False
+    return engine.snippet(scenario, violations) if takes else engine.snippet(scenario)
 
 
 class _Search:
@@ -164,8 +250,9 @@ class _Search:
         self.refusals: dict = {}
         self.tried: list[Scenario] = []
         self.refused_tried: list[Scenario] = []
+        self.outcomes: list[str] = []
         self.bar = tqdm(total=max_scenarios, desc="hunt", unit="scenario", leave=False,
-                        **({} if progress else {"disable": True}))
+                        disable=None if progress is None else not progress)   # None: off unless a terminal
 
     def _elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -211,6 +298,7 @@ class _Search:
         if found and self.found_at is None:
             self.found_at = (self.runs - 1, self._elapsed())
         self.results[key] = found
+        self.outcomes.append("refused" if run.refused else "failed" if found else "passed")
         return found
 
     def _search_cell(self, cell, examples: int, seed: int) -> _Violated | None:
@@ -251,7 +339,8 @@ class _Search:
         finding = None
         if violated is not None:
             runs_before, seconds = self.found_at
-            finding = Finding(violated.scenario, violated.violations, self.engine.snippet(violated.scenario), cell,
+            finding = Finding(violated.scenario, violated.violations,
+                              _snippet(self.engine, violated.scenario, violated.violations), cell,
                               runs_before, seconds, self.shrink_runs)
         return HuntReport(finding, self.runs, self.refused, rounds, list(cells), self._elapsed(), stopped,
-                          self.refusals, self.tried, self.refused_tried)
+                          self.refusals, self.tried, self.refused_tried, self.outcomes)

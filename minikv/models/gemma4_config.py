@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from minikv.kernels.errors import BadInputError
+
 SLIDING, FULL = "sliding_attention", "full_attention"
 ACTIVATIONS = ("gelu_pytorch_tanh", "gelu", "silu", "relu")     # hidden_activation: what gemma4.py implements
 _DEFAULT_ROPE = {
@@ -18,7 +20,7 @@ _DEFAULT_ROPE = {
 }
 
 
-class Gemma4ConfigError(ValueError):
+class Gemma4ConfigError(BadInputError, ValueError):
     """A gemma4_text config that minikv cannot run (unsupported option or inconsistent values)."""
 
 

@@ -32,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from minikv.kernels.errors import BadInputError
 from minikv.models.gemma4 import Gemma4Config, Gemma4ConfigError, Gemma4ForCausalLM
 from minikv.models.t5 import T5Config, T5ConfigError, T5ForConditionalGeneration
 
@@ -42,9 +43,12 @@ CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "mod
 # safetensors writes metadata keys in no fixed order, and a retrained checkpoint must be identical byte for byte.
 DIGEST_FILE = "minikv_sha256.json"
 ARCHITECTURES = ("gemma4_text", "gemma4", "t5")
+UNSUPPORTED_HINT = ("minikv implements each architecture itself (minikv/models/gemma4.py, minikv/models/t5.py); "
+                    "another one needs its own module there")
+DAMAGED_HINT = "the file is incomplete or damaged: copy it again, or write it again with save_pretrained"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(BadInputError, RuntimeError):
     """A checkpoint directory minikv cannot load: missing files, an unsupported architecture, or weights that do
     not match the config."""
 
@@ -131,6 +135,10 @@ def read_config(path: str | Path) -> dict:
     if not file.is_file():
         raise CheckpointError(f"{path} is not a checkpoint directory: it has no {CONFIG_FILE}")
     config = read_json(file, "the model's config")
+    model_type = config.get("model_type")
+    if model_type not in ARCHITECTURES:          # before any weights are read: a real checkpoint is gigabytes
+        raise CheckpointError(f"{file}: model_type {model_type!r} is not supported; minikv runs Gemma-4 "
+                              f"(gemma4_text, gemma4) and T5 (t5) checkpoints", hint=UNSUPPORTED_HINT)
     check_config(config, file)
     return config
 
@@ -177,7 +185,7 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
         try:
             loaded = load_file(str(file))
         except (SafetensorError, OSError, RuntimeError) as err:
-            raise CheckpointError(f"cannot read {file}: {err}") from None
+            raise CheckpointError(f"cannot read {file}: {err}", hint=DAMAGED_HINT) from None
         if expected is not None and tensor_digest(loaded) != expected:
             raise CheckpointError(f"{file}: the tensor data does not match the SHA-256 recorded when it was saved "
                                   f"(the file is damaged); restore it, or rebuild it with `minikv train`")
@@ -227,8 +235,9 @@ def _t5_from(config: dict, tensors: dict[str, torch.Tensor], name: str):
     return T5ForConditionalGeneration(cfg), {k: v for k, v in tensors.items() if k not in dropped}
 
 
-def build_from_config(config: dict, tensors: dict[str, torch.Tensor], name: str = "checkpoint"):
-    """(empty model, the tensors it should load) for a parsed config.json and its tensors."""
+def build_from_config(config: dict, tensors: dict[str, torch.Tensor], name: str = "checkpoint", where=None):
+    """(empty model, the tensors it should load) for a parsed config.json and its tensors (`where`: the config
+    file, named by an error in the config's values)."""
     model_type = config.get("model_type")
     try:
         if model_type in ("gemma4_text", "gemma4"):
@@ -236,9 +245,9 @@ def build_from_config(config: dict, tensors: dict[str, torch.Tensor], name: str 
         if model_type == "t5":
             return _t5_from(config, tensors, name)
     except (Gemma4ConfigError, T5ConfigError) as err:
-        raise CheckpointError(f"{name}: {err}") from None
-    raise CheckpointError(f"{name}: model_type {model_type!r} is not supported; minikv runs "
-                          f"{', '.join(ARCHITECTURES)} checkpoints")
+        raise CheckpointError(f"{where or name}: {err}") from None
+    raise CheckpointError(f"{where or name}: model_type {model_type!r} is not supported; minikv runs Gemma-4 "
+                          f"(gemma4_text, gemma4) and T5 (t5) checkpoints", hint=UNSUPPORTED_HINT)
 
 
 def _load_state(model: nn.Module, tensors: dict[str, torch.Tensor], name: str) -> None:
@@ -272,7 +281,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     if dtype is None:
         dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     with torch.device("meta"):                         # shapes only: the checkpoint supplies every value
-        model, tensors = build_from_config(config, tensors, name=path.name)
+        model, tensors = build_from_config(config, tensors, name=path.name, where=path / CONFIG_FILE)
     _load_state(model, {k: v.to(dtype) for k, v in tensors.items()}, path.name)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from minikv.kernels.errors import BadInputError
 from minikv.models import hf_checkpoint
 from minikv.models.dir_tokenizer import TokenizerFileError, load_tokenizer
 from minikv.models.gemma4 import FULL, SLIDING, Gemma4Config, Gemma4ForCausalLM
@@ -93,8 +94,12 @@ TRAINED_MODELS: tuple[str, ...] = tuple(n for n in MODEL_NAMES if n not in RANDO
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(BadInputError, RuntimeError):
     """A model could not be loaded: unknown name, or a missing, truncated, corrupted or mismatched weights file."""
+
+
+TOKENIZER_HINT = ("a checkpoint directory carries the tokenizer its model was trained with: "
+                  "tokenizer.save_pretrained(DIR) writes tokenizer.json beside config.json")
 
 
 def _check_name(name: str) -> None:
@@ -122,9 +127,13 @@ def get_tokenizer(name: str | Path) -> CharTokenizer:
     if not hf_checkpoint.is_checkpoint_dir(name):
         _check_name(name)            # neither a shipped name nor a checkpoint directory: say which names exist
     try:
+        hf_checkpoint.read_config(name)      # the config first: its errors are not the tokenizer's
+    except hf_checkpoint.CheckpointError as err:
+        raise ModelLoadError(str(err), hint=err.hint) from None
+    try:
         return load_tokenizer(name)
     except TokenizerFileError as err:
-        raise ModelLoadError(str(err)) from None
+        raise ModelLoadError(str(err), hint=TOKENIZER_HINT) from None
 
 
 def build_model(name: str) -> nn.Module:
@@ -171,4 +180,4 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     try:
         return hf_checkpoint.load_checkpoint(name, device=device, dtype=dtype)
     except hf_checkpoint.CheckpointError as err:
-        raise ModelLoadError(str(err)) from None
+        raise ModelLoadError(str(err), hint=err.hint) from None

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minikv.kernels.errors import BadInputError
 from minikv.models.layers import Attention, check_token_inputs
 
 _ACTIVATIONS = {
@@ -45,7 +46,7 @@ _ACTIVATIONS = {
 }
 
 
-class T5ConfigError(ValueError):
+class T5ConfigError(BadInputError, ValueError):
     """A t5 config that minikv cannot run."""
 
 
