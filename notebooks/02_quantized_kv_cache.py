@@ -52,8 +52,8 @@
 # **Where this fits.** Previous: [01 · the paged KV cache](01_paged_kv_cache.ipynb). Concept page:
 # [docs/concepts/kv-cache-formats.md](../docs/concepts/kv-cache-formats.md); terms (*amax*, *e4m3*, *row*, *inline
 # scale*) in the [glossary](../docs/glossary.md). The inline scales built here are what vLLM's defect wipes
-# ([03](03_kv_sharing_scale_wipe.ipynb); vLLM issues [#50702](https://github.com/vllm-project/vllm/issues/50702)
-# and [#50749](https://github.com/vllm-project/vllm/issues/50749)), and the 1-byte element size is what
+# ([03](03_kv_sharing_scale_wipe.ipynb); the fix proposed in vLLM pull request
+# [#51091](https://github.com/vllm-project/vllm/pull/51091)), and the 1-byte element size is what
 # TensorRT-LLM's cross stride got wrong ([04](04_cross_attention_stride_doubling.ipynb);
 # [PR #20958](https://github.com/NVIDIA/TensorRT-LLM/pull/20958)).
 
