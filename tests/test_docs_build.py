@@ -337,10 +337,16 @@ def test_build_time_figures_are_deterministic():
 
 
 def test_search_index_is_embedded_for_file_urls(built_site):
-    """The offline plugin's search_index.js, loaded by every page: search then works from file:// (the browser
-    test types a query into it)."""
-    assert (built_site / "search" / "search_index.js").is_file()
-    assert "search/search_index.js" in page_file(built_site, "").read_text()
+    """The offline plugin's search_index.js (which the theme loads from file://) and the local Web Worker
+    stand-in, and no script from the network: search then works from disk (the browser test types a query)."""
+    assert (built_site / "search" / "search_index.js").read_text().startswith("var __index = ")
+    assert (built_site / "javascripts" / "iframe-worker.js").is_file()
+    for page in ("", "defects/scale-wipe", "notebooks/06_catching_defects"):
+        html = page_file(built_site, page).read_text()
+        scripts = re.findall(r'<script[^>]*\bsrc="([^"]+)"', html)
+        assert any(src.endswith("javascripts/iframe-worker.js") for src in scripts), (page, scripts)
+        remote = [src for src in scripts if "://" in src or src.startswith("//")]
+        assert not remote, f"{page or 'index'} loads scripts from the network: {remote}"
 
 
 def test_home_lists_every_notebook_and_the_nav_puts_them_early(built_site):
