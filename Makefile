@@ -85,7 +85,7 @@ test-all: $(STAMP)
 # printed last), so a machine without make runs the same; tools/gpu_proof.sh adds notebook 05.
 test-gpu:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
-	PYTHON=$(PYTHON) bash tools/gpu_test.sh
+	PYTHON=$(PYTHON) bash tools/gpu.sh tests
 
 notebooks: $(STAMP)
 	$(PY) tools/sync_notebooks.py

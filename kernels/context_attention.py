@@ -203,7 +203,7 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
 
 
 def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fields, causal, sm_scale,
-            v_layer_scale, num_kv_heads, paged, window=0, rel_bias=None):
+            v_layer_scale, num_kv_heads, paged, window=0, rel_bias=None, config=None):
     """Shared launcher; `spec_fields` = (fmt, block_size, (block, kv, slot, row) strides, scale_offset, row
     alignment, placement, (scale slot, scale head) word strides, scale alignment)."""
     fmt, block_size, strides, scale_offset, row_align, placement, scale_strides, scale_align = spec_fields
@@ -216,11 +216,11 @@ def _launch(q, k, v, codes, scales, block_tables, cu_q, cu_k, seq_lens, spec_fie
     if q.device.type == "cpu":      # host values are free on CPU: size tiles and the grid exactly
         q_lens = (cu_q[1:] - cu_q[:-1]).tolist()
         kv_lens = (seq_lens if paged else cu_k[1:] - cu_k[:-1]).tolist()
-        cfg = launch.context_config(head_size, q.dtype, max(q_lens) * group, max(kv_lens))
+        cfg = config or launch.context_config(head_size, q.dtype, max(q_lens) * group, max(kv_lens))
         programs = sum(triton.cdiv(n * group, cfg.block_m) for n in q_lens)
     else:
-        cfg = launch.context_config(head_size, q.dtype, rows_per_seq=num_tokens * group / batch,
-                                    one_byte_cache=paged and fmt in ONE_BYTE_FORMATS)
+        cfg = config or launch.context_config(head_size, q.dtype, rows_per_seq=num_tokens * group / batch,
+                                              one_byte_cache=paged and fmt in ONE_BYTE_FORMATS)
         programs = triton.cdiv(num_tokens * group, cfg.block_m) + batch    # an upper bound; extras exit at once
     if programs == 0:
         return out
@@ -287,8 +287,10 @@ def _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal) -> None:
 
 def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                       cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float, validate: bool = True,
-                      sliding_window: int = 0, rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+                      sliding_window: int = 0, rel_bias: torch.Tensor | None = None,
+                      config: launch.ContextConfig | None = None) -> torch.Tensor:
     """Attention of q [Tq, Hq, D] over workspace k/v [Tk, Hkv, D]; sequences delimited by cu_seqlens (int32 [B+1]).
+    `config`: the launch configuration (None: `launch.context_config` chooses one).
 
     sliding_window > 0 (causal only): query i of a sequence sees only keys c + i - sliding_window < j <= c + i,
     c = kv_len - q_len. rel_bias (causal only): T5's relative position bias, float32 [Hq, max_distance + 1],
@@ -299,13 +301,14 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     spec_fields = (formats.F16, 16, (0, 0, 0, 0), 0, 1, formats.ROW, (0, 0), 1)       # no cache involved
     return _launch(q, k, v, q, q, cu_seqlens_q, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q, spec_fields, causal,
-                   sm_scale, 1.0, k.shape[1], paged=False, window=sliding_window, rel_bias=rel_bias)
+                   sm_scale, 1.0, k.shape[1], paged=False, window=sliding_window, rel_bias=rel_bias, config=config)
 
 
 def context_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                 cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float,
                                 validate: bool = True, sliding_window: int = 0,
-                                rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+                                rel_bias: torch.Tensor | None = None, config=None) -> torch.Tensor:
+    """context_attention in fp32 torch, one sequence at a time (`config` is accepted and ignored)."""
     if validate:
         _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
         _check_window(sliding_window, causal, rel_bias, q)
@@ -375,9 +378,10 @@ def _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal,
 def paged_context_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, spec, causal: bool, sm_scale: float,
                             k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True,
-                            sliding_window: int = 0, rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+                            sliding_window: int = 0, rel_bias: torch.Tensor | None = None,
+                            config: launch.ContextConfig | None = None) -> torch.Tensor:
     """Attention of q [Tq, Hq, D] over the first seq_lens[b] cached tokens of each sequence's block table;
-    sliding_window and rel_bias as in context_attention."""
+    sliding_window, rel_bias and config as in context_attention."""
     if validate:
         _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal, k_scale, v_scale)
         _check_window(sliding_window, causal, rel_bias, q)
@@ -388,14 +392,15 @@ def paged_context_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: t
                    spec.placement, scale_word_strides(spec)[:2], scale_alignment(spec))
     return _launch(q, q, q, codes, scales, block_tables, cu_seqlens_q, cu_seqlens_q, seq_lens, spec_fields, causal,
                    sm_scale * layer_k, float(v_scale), spec.num_kv_heads, paged=True, window=sliding_window,
-                   rel_bias=rel_bias)
+                   rel_bias=rel_bias, config=config)
 
 
 def paged_context_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
                                       cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, spec, causal: bool,
                                       sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                                       validate: bool = True, sliding_window: int = 0,
-                                      rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+                                      rel_bias: torch.Tensor | None = None, config=None) -> torch.Tensor:
+    """context_attention in fp32 torch, one sequence at a time (`config` is accepted and ignored)."""
     if validate:
         _validate_paged(q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal, k_scale, v_scale)
         _check_window(sliding_window, causal, rel_bias, q)

@@ -8,7 +8,7 @@ read once per group. It walks the sequence in tiles of BLOCK_N tokens, looking e
 block table, and keeps an online softmax in fp32. Quantized caches are read as codes: the K scale (per token-head
 or per layer) multiplies the scores and the V scale the probabilities, so no dequantized K/V is ever built.
 
-How the 1-byte formats reach the memory's speed (the reading behind it: issue 20's note):
+How the 1-byte formats reach the memory's speed:
 * Each tile's K and V codes are loaded in their natural order ([tokens, head_size], 16-byte vectors where the
   rows are 16-byte aligned) straight into the two dot products, one for QK and one for PV. Loads that feed
   tl.dot are what Triton's software pipeliner stages: with num_stages > 1 they become asynchronous copies into a
@@ -26,8 +26,11 @@ MERGE_IN_KERNEL, the last of a sequence's programs to finish (an atomic counter 
 second launch, but on an H200 that was measured slower (the merge then waits in one program per sequence), so the
 engine's configuration keeps the second kernel.
 
-On a GPU, the per-token-head formats in vLLM's "row" placement (4-byte aligned rows) are read by v2's kernels
-instead, which were measured faster there (kernels/decode_rows.py).
+Both scale placements run this one kernel (SCALE_PLACEMENT says where the scales are). vLLM's "row" placement
+puts each fp32 scale right after its row, so a row is head_size + 4 bytes and starts only 4-byte aligned; read as
+is, its loads are 4 bytes wide. Where every block and slot stride is a multiple of 16 bytes, all rows of one kv
+head sit at the same offset ("phase") past a 16-byte boundary, and ROW_WINDOW reads each row as two aligned
+16-byte-vector pieces, with q loaded in the same rotated order (see the kernel).
 """
 from __future__ import annotations
 
@@ -44,6 +47,8 @@ from .addressing import (FP8, SCALE_WORD, INT8_PTH, check_block_tables, check_fl
 from .mode import INTERPRETED, require_device
 
 LOG2E = math.log2(math.e)
+MERGE_CHUNK: tl.constexpr = tl.constexpr(16)    # splits merged per vector load (more loop over chunks)
+TAIL: tl.constexpr = tl.constexpr(16)           # "row" window reads: bytes of a row's aligned tail piece
 
 
 @triton.jit
@@ -89,6 +94,40 @@ def _e4m3_to_f16(codes, PURE: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_to_f16_finite(codes, PURE: tl.constexpr):
+    """_e4m3_to_f16, with the NaN codes (x111 1111) read as 448 (x111 1110): for ROW_WINDOW's stray columns, which
+    hold other bytes (a scale's) that q's zeros must cancel, so none may be a NaN. Valid codes convert exactly.
+    Per four codes: low seven bits + 1 carries into bit 7 only for the NaN codes, whose bit 0 is then cleared."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t, w;
+        .reg .b16 lo, hi;
+        and.b32 t, $2, 0x7F7F7F7F;
+        add.u32 t, t, 0x01010101;
+        and.b32 t, t, 0x80808080;
+        shr.u32 t, t, 7;
+        xor.b32 w, $2, t;
+        mov.b32 {lo, hi}, w;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        cvt.rn.f16x2.e4m3x2 $1, hi;
+        }""",
+        constraints="=r,=r,r", args=[codes], dtype=tl.float16, is_pure=PURE, pack=4)
+
+
+@triton.jit
+def _window_codes_to(codes, FMT: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr, PURE: tl.constexpr,
+                     in_row):
+    """ROW_WINDOW's K tiles as the dot's operand type, with the columns outside the row (`in_row` False) unable to
+    poison a score: int8 codes are always finite; e4m3 ones finite through _e4m3_to_f16_finite (GPU), else zeroed."""
+    if ASM and dtype == tl.float16 and FMT != INT8_PTH:
+        return _e4m3_to_f16_finite(codes, PURE)
+    elif FMT != INT8_PTH:
+        return tl.where(in_row[None, :], _codes_to(codes, FMT, dtype, ASM, PURE), 0.0)
+    else:
+        return _codes_to(codes, FMT, dtype, ASM, PURE)
+
+
+@triton.jit
 def _codes_to(codes, FMT: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr, PURE: tl.constexpr):
     """A tile of cache elements as the dot products' operand type (codes stay codes: scales are applied later).
 
@@ -124,7 +163,8 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
                    HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
                    SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr, CONVERT_ASM: tl.constexpr,
-                   K_PURE: tl.constexpr, V_PURE: tl.constexpr, HAS_BIAS: tl.constexpr):
+                   K_PURE: tl.constexpr, V_PURE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   ROW_WINDOW: tl.constexpr):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -133,8 +173,26 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
     d = tl.arange(0, HEAD_SIZE)
     heads = kv_head * GROUP + g
     head_mask = g < GROUP
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=head_mask[:, None], other=0.0)
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    head_row = kv_head.to(tl.int64) * row_stride
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
+    if ROW_WINDOW:
+        # "row" placement, 1-byte codes: every row of this kv head starts `phase` bytes past a 16-byte boundary
+        # (the launcher checked that the block and slot strides are multiples of 16). Each row is read as two
+        # aligned pieces, so every load is a 16-byte vector: the main window [row - phase, row - phase + D) and
+        # the tail [row - phase + D, row - phase + D + 16), which holds the row's last `phase` codes, then its
+        # scale. Column c of the window is code c - phase, column e of the tail code D - phase + e; q is loaded
+        # in the same rotated order (zeros where a column holds no code of this row), so the dot products need
+        # no shuffle of the codes, and the accumulator is rotated back when it is stored.
+        phase = (head_row % 16).to(tl.int32)
+        e = tl.arange(0, TAIL)
+        main_code = d >= phase
+        tail_code = e < phase
+        q = tl.load(q_rows + (d - phase)[None, :], mask=head_mask[:, None] & main_code[None, :], other=0.0)
+        q_tail = tl.load(q_rows + (HEAD_SIZE - phase + e)[None, :], mask=head_mask[:, None] & tail_code[None, :],
+                         other=0.0)
+    else:
+        q = tl.load(q_rows + d[None, :], mask=head_mask[:, None], other=0.0)
     # sliding window (0 = none): only the last `window` tokens, the query's own included, are read at all
     first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
     chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
@@ -142,26 +200,45 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
     end = tl.minimum(start + chunk, seq_len)
 
     if SCALED_F16:
-        q_pow2 = _pow2_row_scale(tl.max(tl.abs(q.to(tl.float32)), axis=1))
+        amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
+        if ROW_WINDOW:
+            amax = tl.maximum(amax, tl.max(tl.abs(q_tail.to(tl.float32)), axis=1))
+        q_pow2 = _pow2_row_scale(amax)
         q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
+        if ROW_WINDOW:
+            q_tail = (q_tail.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
         s_scale = qk_scale / q_pow2[:, None]
     else:
         if DOT_F32:
             q = q.to(tl.float32)
+            if ROW_WINDOW:
+                q_tail = q_tail.to(tl.float32)
         s_scale = qk_scale
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_SIZE], tl.float32)
-    table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    head_row = kv_head.to(tl.int64) * row_stride
+    if ROW_WINDOW:
+        acc_tail = tl.zeros([BLOCK_G, TAIL], tl.float32)
     head_scale = scale_offset // SCALE_WORD + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
     block_words = block_stride // SCALE_WORD
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         valid = n < end
         rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
-        k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(_codes_to(k, FMT, q.dtype, CONVERT_ASM, K_PURE)), input_precision=DOT_PRECISION) * s_scale
+        if ROW_WINDOW:
+            window_rows = tl.multiple_of(tl.where(valid, rows - phase, 0), 16)
+            # columns outside the row hold other bytes (a neighbour's scale, say), which can be e4m3 NaNs
+            k = _window_codes_to(tl.load(codes_ptr + window_rows[:, None] + d[None, :], mask=valid[:, None],
+                                         other=0.0), FMT, q.dtype, CONVERT_ASM, K_PURE, main_code)
+            k_tail = _window_codes_to(tl.load(codes_ptr + window_rows[:, None] + HEAD_SIZE + e[None, :],
+                                              mask=valid[:, None], other=0.0), FMT, q.dtype, CONVERT_ASM, K_PURE,
+                                      tail_code)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            s = tl.dot(q_tail, tl.trans(k_tail), s, input_precision=DOT_PRECISION) * s_scale
+        else:
+            k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(_codes_to(k, FMT, q.dtype, CONVERT_ASM, K_PURE)),
+                       input_precision=DOT_PRECISION) * s_scale
         if HAS_SCALES:
             k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_words,
                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
@@ -173,24 +250,45 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(codes_ptr + kv_stride + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         if HAS_SCALES:
             v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_words,
                                   scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
             p = p * v_scale[None, :]
+        if ROW_WINDOW:
+            # V's stray columns only reach the accumulator's stray columns, which are never stored
+            v = tl.load(codes_ptr + kv_stride + window_rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            v_tail = tl.load(codes_ptr + kv_stride + window_rows[:, None] + HEAD_SIZE + e[None, :],
+                             mask=valid[:, None], other=0.0)
+            acc_tail = tl.dot(p.to(q.dtype), _codes_to(v_tail, FMT, q.dtype, CONVERT_ASM, V_PURE),
+                              acc_tail * alpha[:, None], input_precision=DOT_PRECISION)
+        else:
+            v = tl.load(codes_ptr + kv_stride + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         acc = tl.dot(p.to(q.dtype), _codes_to(v, FMT, q.dtype, CONVERT_ASM, V_PURE), acc * alpha[:, None],
                      input_precision=DOT_PRECISION)
         m = m_new
     if FMT == FP8:
         acc = acc * v_layer_scale
 
-    out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
+    # ROW_WINDOW: window column c holds code c - phase, tail column e code HEAD_SIZE - phase + e
+    if ROW_WINDOW:
+        col = d - phase
+        col_mask = head_mask[:, None] & main_code[None, :]
+    else:
+        col = d
+        col_mask = head_mask[:, None]
+    out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh
     if not SPLIT:
-        tl.store(out_rows, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+        tl.store(out_rows + col[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=col_mask)
+        if ROW_WINDOW:
+            tl.store(out_rows + (HEAD_SIZE - phase + e)[None, :], (acc_tail / l[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=head_mask[:, None] & tail_code[None, :])
     else:
         # partials laid out [B, Hq, num_splits, D] and [B, Hq, num_splits, 2] (max, sum)
         part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
-        tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + d[None, :], acc, mask=head_mask[:, None])
+        tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + col[None, :], acc, mask=col_mask)
+        if ROW_WINDOW:
+            tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + (HEAD_SIZE - phase + e)[None, :], acc_tail,
+                     mask=head_mask[:, None] & tail_code[None, :])
         tl.store(part_ml_ptr + part * 2, m, mask=head_mask)
         tl.store(part_ml_ptr + part * 2 + 1, l, mask=head_mask)
         if MERGE_IN_KERNEL:
@@ -209,7 +307,6 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
-MERGE_CHUNK: tl.constexpr = tl.constexpr(16)    # splits merged per vector load (more loop over chunks)
 
 
 @triton.jit
@@ -298,6 +395,15 @@ def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> N
     check_block_tables(block_tables, seq_lens, spec, capacity)
 
 
+def row_window_applies(pool: torch.Tensor, spec) -> bool:
+    """Whether the "row" placement can be read in aligned 16-byte pieces (ROW_WINDOW): 1-byte codes with inline
+    scales after each row, and every block, half and slot stride (and the pool's first byte) on a 16-byte
+    boundary, so that all rows of one kv head share one phase against that boundary."""
+    return (formats.has_inline_scales(spec.fmt) and spec.placement == formats.ROW and spec.elem_bytes == 1
+            and spec.head_size >= 16 and pool.data_ptr() % 16 == 0
+            and all(stride % 16 == 0 for stride in (spec.block_bytes, spec.kv_bytes, spec.slot_bytes)))
+
+
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
@@ -317,8 +423,11 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
 def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            spec, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                            out: torch.Tensor | None = None, validate: bool = True,
-                           sliding_window: int = 0, rel_bias: torch.Tensor | None = None) -> torch.Tensor:
+                           sliding_window: int = 0, rel_bias: torch.Tensor | None = None,
+                           config: launch.DecodeConfig | None = None) -> torch.Tensor:
     """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype.
+
+    config: the launch configuration (None: `launch.decode_config` chooses one from the shapes and the device).
 
     sliding_window > 0: only the last sliding_window tokens of each sequence (the query's own included) count.
     rel_bias: T5's relative position bias, float32 [Hq, max_distance + 1]; the score of key j (query position
@@ -335,14 +444,12 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     if batch == 0:
         return out
     qk_scale = sm_scale * LOG2E * (float(k_scale) if spec.fmt == formats.FP8 else 1.0)
-    from . import decode_rows          # (imports this module)
-    if decode_rows.applies(spec, q):
-        return decode_rows.paged_decode_rows(q, pool, block_tables, seq_lens, spec, qk_scale, v_scale, out,
-                                             sliding_window, rel_bias)
     group = num_heads // spec.num_kv_heads
-    max_len = int(seq_lens.max()) if q.device.type == "cpu" else block_tables.shape[1] * spec.block_size
-    cfg = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len, q.device,
-                               fmt=spec.fmt, placement=spec.placement)
+    if config is None:
+        max_len = int(seq_lens.max()) if q.device.type == "cpu" else block_tables.shape[1] * spec.block_size
+        config = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len,
+                                      q.device, fmt=spec.fmt, placement=spec.placement)
+    cfg = config
     has_scales = formats.has_inline_scales(spec.fmt)
     codes, scales = read_views(pool, spec)
     split = cfg.num_splits > 1
@@ -370,7 +477,8 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         SCALE_ALIGN=scale_alignment(spec), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
         SCALED_F16=scaled_f16, CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure,
         V_PURE=cfg.v_pure,
-        HAS_BIAS=rel_bias is not None,
+        HAS_BIAS=rel_bias is not None, ROW_WINDOW=cfg.row_window and row_window_applies(pool, spec)
+        and (INTERPRETED or q.dtype != torch.float32),       # a float32 q on a GPU: tiles too large for it
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
     if split and not cfg.merge_in_kernel:
@@ -383,8 +491,10 @@ def paged_decode_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_
                                      seq_lens: torch.Tensor, spec, sm_scale: float, k_scale: float = 1.0,
                                      v_scale: float = 1.0, out: torch.Tensor | None = None,
                                      validate: bool = True, sliding_window: int = 0,
-                                     rel_bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The same attention in fp32 torch, one sequence at a time, K/V gathered from the pool's bytes."""
+                                     rel_bias: torch.Tensor | None = None,
+                                     config=None) -> torch.Tensor:
+    """The same attention in fp32 torch, one sequence at a time, K/V gathered from the pool's bytes (`config`, the
+    kernel's launch configuration, is accepted and ignored)."""
     if validate:
         _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
         _check_window(sliding_window)

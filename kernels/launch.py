@@ -42,6 +42,8 @@ class DecodeConfig:
     merge_in_kernel: bool = False  # split-K: the last program of a (sequence, kv head) merges, no second kernel
                                    # (measured slower on an H200 than the second kernel: off by default)
     max_registers: int | None = None   # a cap on registers per thread (more programs per SM), or the compiler's
+    row_window: bool = True        # "row" placement: read each row as aligned 16-byte pieces where the strides
+                                   # allow it (decode_attention.row_window_applies), else 4-byte loads
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
 # of each sequence was measured slower). Pipeline depth: 16-bit tiles need one tile in flight behind the
 # block-table read (num_stages 3), 1-byte ones two (num_stages 5: the pipeliner gives the loads behind the
 # block-table read (num_stages - 2) // 2 buffers). Every choice here was the fastest measured on an NVIDIA H200
-# (issue 20: tools/gpu_probe.py, notebooks/data/gpu_decode_probe.csv and gpu_decode_probe_second.csv).
+# (notebooks/data/gpu_decode_probe.csv). Both scale placements use this one table: the "row" placement's
+# 132-byte rows are read as 16-byte pieces like every other format's (decode_attention's ROW_WINDOW).
 DECODE_TILE_BYTES = 16384
 DECODE_MAX_TOKENS = 128
 DECODE_PROGRAMS_PER_SM = 4
@@ -104,90 +107,21 @@ def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms
 
 
 def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
-                  device: torch.device, fmt: int | None = None, placement: int = formats.ROW) -> DecodeConfig:
+                  device: torch.device, fmt: int | None = None, placement: int = formats.ROW,
+                  sms: int | None = None) -> DecodeConfig:
     """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
-    cache's format code; `placement`: where its scales sit."""
+    cache's format code; `placement`: where its scales sit; `sms`: the GPU's SM count (None: the device's)."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
-        return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1)
+        # row_window off: the interpreter keeps its one summation order (recorded CPU outputs stay as they are);
+        # the tests turn it on to check the GPU's path here
+        return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1, row_window=False)
     block_g = max(16, _pow2(group))
     block_n = max(16, min(DECODE_MAX_TOKENS, DECODE_TILE_BYTES // (head_size * elem_bytes)))
-    splits = decode_splits(batch, num_kv_heads, max_len, block_n, num_sms(device.index or 0))
+    splits = decode_splits(batch, num_kv_heads, max_len, block_n, sms or num_sms(device.index or 0))
     one_byte = elem_bytes == 1
     return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4,
                         num_stages=DECODE_STAGES[elem_bytes], f16_dot=one_byte, convert_asm=one_byte)
-
-
-# The "row" placement's 1-byte decode on a GPU (kernels/decode_rows.py): v2's kernels and their launch table,
-# measured on an NVIDIA H200 (32 query / 8 KV heads, head size 128, block size 16, shuffled blocks, bf16 q;
-# `python -m minikv.bench.attention_sweep` of v2, raw timings in notebooks/data/gpu_decode_sweep.csv), keyed by
-# format, then (batch, context) of the measured shape: (block_n, num_warps, num_stages, num_splits,
-# prefetch_scales, word_loads, f16_dot). A launch takes the entry of the nearest measured shape (log scale, batch
-# counted in groups of 8 KV heads); other head sizes take ROW_DECODE_UNTUNED.
-@dataclass(frozen=True)
-class RowDecodeConfig:
-    block_g: int
-    block_n: int
-    num_splits: int
-    num_warps: int = 4
-    num_stages: int = 2
-    prefetch_scales: bool = False   # element kernel: load the next tile's scales one iteration ahead
-    word_loads: bool = True         # read codes as 32-bit words, a tile ahead, in byte planes (else byte by byte)
-    f16_dot: bool = False           # float16 dot products (q rescaled by a power of two per row)
-
-
-ROW_DECODE_TUNED: dict[str, dict[tuple[int, int], tuple[int, int, int, int, bool, bool, bool]]] = {
-    "int8_per_token_head": {
-        (1, 512): (128, 4, 2, 2, True, False, False),
-        (1, 4096): (128, 4, 2, 16, True, False, False),
-        (1, 16384): (64, 2, 1, 64, False, True, False),
-        (16, 512): (128, 4, 2, 2, True, False, False),
-        (16, 4096): (64, 2, 1, 4, False, True, False),
-        (16, 16384): (64, 2, 2, 4, False, True, False),
-        (64, 512): (64, 2, 2, 1, False, True, False),
-        (64, 4096): (128, 4, 2, 1, True, False, False),
-        (64, 16384): (128, 4, 2, 1, True, False, False),
-        (256, 512): (64, 2, 2, 1, False, True, False),
-        (256, 4096): (128, 4, 2, 1, True, False, False),
-        (256, 16384): (64, 2, 1, 8, False, True, False),
-    },
-    "fp8_per_token_head": {
-        (1, 512): (128, 4, 2, 2, True, False, True),
-        (1, 4096): (128, 4, 2, 16, True, False, True),
-        (1, 16384): (128, 4, 2, 32, True, False, True),
-        (16, 512): (128, 4, 2, 2, True, False, True),
-        (16, 4096): (128, 4, 2, 2, True, False, True),
-        (16, 16384): (128, 4, 2, 2, True, False, True),
-        (64, 512): (64, 2, 2, 1, False, True, True),
-        (64, 4096): (64, 2, 1, 1, False, True, True),
-        (64, 16384): (64, 2, 1, 1, False, True, True),
-        (256, 512): (64, 2, 2, 1, False, True, True),
-        (256, 4096): (64, 2, 1, 1, False, True, True),
-        (256, 16384): (64, 2, 2, 1, False, True, True),
-    },
-}
-
-
-def _nearest(table: dict, batch: float, max_len: int):
-    def distance(key):
-        return abs(math.log2(key[0] / batch)) + abs(math.log2(key[1] / max_len))
-    return table[min(table, key=distance)]
-
-
-def row_decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, max_len: int,
-                      device: torch.device, fmt: int) -> RowDecodeConfig:
-    block_g = max(16, _pow2(group))
-    table = ROW_DECODE_TUNED[formats.TABLE[fmt].kv_cache_dtype]       # keyed by the format table's name
-    if head_size == 128 and block_g == 16:
-        block_n, warps, stages, splits, prefetch, words, f16 = _nearest(table, batch * num_kv_heads / 8, max_len)
-        splits = max(1, min(splits, max_len // block_n))
-    else:       # v2's choice for the shapes it did not measure: words, 8 KB tiles, about four programs per SM
-        block_n, warps, stages, prefetch, words, f16 = max(16, min(64, 8192 // head_size)), 4, 3, False, True, False
-        stages = 3 if head_size <= 128 else 2
-        programs = batch * num_kv_heads
-        splits = max(1, min(triton.cdiv(4 * num_sms(device.index or 0), programs), max(1, max_len // (4 * block_n)),
-                            64))
-    return RowDecodeConfig(block_g, block_n, splits, warps, stages, prefetch, words, f16)
 
 
 # Context launch configurations measured on an NVIDIA H200 (bf16, head size 128; raw timings in

@@ -163,6 +163,12 @@ class EngineConfig:
     sanitize: bool = True                   # check the arena's guard canaries after every step
     seed: int = 0
     repro: ReproConfig = ReproConfig()      # the reproductions' switches (the shipped engine: the defaults)
+    enforce_eager: bool | None = None       # True: no CUDA graphs; None: graphs on CUDA (triton backend), not CPU
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether decode steps run through CUDA graphs (minikv.engine.cuda_graph)."""
+        return not self.enforce_eager and self.device.type == "cuda" and self.backend == "triton"
 
     def __post_init__(self):
         if not isinstance(self.cache, CacheConfig):
@@ -177,6 +183,8 @@ class EngineConfig:
         if not isinstance(self.repro, ReproConfig):
             raise TypeError(f"repro must be a minikv.ReproConfig, got {type(self.repro).__name__} {self.repro!r}")
         check_bool("sanitize", self.sanitize)
+        if self.enforce_eager is not None:
+            check_bool("enforce_eager", self.enforce_eager)
         check_int("seed", self.seed, low=0, high=MAX_SEED)
         if self.model is not None:
             self._check_model_options()

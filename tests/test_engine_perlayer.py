@@ -220,8 +220,9 @@ def test_e2b_head_sizes_on_gpu_bf16(tmp_path, monkeypatch, backend, kv_cache_dty
     1.5-1.9. The mean is the test (0.2); the max bound only catches a single wild step. Greedy tokens are no test
     here: even the misread model picks the same ones."""
     random_minikv_checkpoint(tmp_path, e2b_at_real_head_sizes(), scale=0.2, jitter=0.05)
+    # eager: the logits are recorded by wrapping compute_logits, which a CUDA-graph replay does not call
     llm = minikv.LLM(model=str(tmp_path), backend=backend, kv_cache_dtype=kv_cache_dtype, device="cuda",
-                     dtype=torch.bfloat16, max_num_seqs=1, block_size=16)
+                     dtype=torch.bfloat16, max_num_seqs=1, block_size=16, enforce_eager=True)
     assert {lay.head_size for lay in llm.kv_layouts.values()} == {256, 512}
     dense = load_checkpoint(tmp_path).to("cuda", torch.bfloat16).eval()
     if kv_cache_dtype != "auto":

@@ -101,14 +101,11 @@ def test_strided_q_k_v():
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8_per_token_head", "fp8_per_token_head"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_paged_f16_dot_on_1byte_cache(monkeypatch, kv_cache_dtype, causal):
+def test_paged_f16_dot_on_1byte_cache(kv_cache_dtype, causal):
     """The GPU option for 1-byte caches: float16 dot products, q rescaled by a power of two per row."""
     import dataclasses
 
     from minikv.kernels import launch
-    original = launch.context_config
-    monkeypatch.setattr(launch, "context_config",
-                        lambda *a, **k: dataclasses.replace(original(*a, **k), f16_dot=True))
     q_lens, kv_lens = _shape("prefix", causal)
     spec = make_spec(kv_cache_dtype, torch.float16, 2, 32, 8)
     tables, num_blocks = random_block_tables(kv_lens, 8)
@@ -117,8 +114,9 @@ def test_paged_f16_dot_on_1byte_cache(monkeypatch, kv_cache_dtype, causal):
     q = (torch.randn(sum(q_lens), 4, 32) * torch.tensor([30.0, 1e-3, 1.0, 7.0])[None, :, None]).half()
     args = (q, pool, tables, cu_seqlens(q_lens), torch.tensor(kv_lens, dtype=torch.int32), spec, causal,
             0.02, 0.45, 1.3)
-    torch.testing.assert_close(paged_context_attention(*args).float(), paged_context_attention_reference(*args).float(),
-                               **attention_tolerance(torch.float16))
+    cfg = dataclasses.replace(launch.context_config(32, q.dtype, max(q_lens) * 2, max(kv_lens)), f16_dot=True)
+    torch.testing.assert_close(paged_context_attention(*args, config=cfg).float(),
+                               paged_context_attention_reference(*args).float(), **attention_tolerance(torch.float16))
 
 
 # windows shorter than, equal to and longer than the contexts; "prefix" has kv > q (a prefix-cache hit)
@@ -160,21 +158,17 @@ def test_paged_sliding_window(fmt, heads, shape, sliding_window):
 
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 16), (64, 16), (16, 64)])
-def test_sliding_window_tiles(monkeypatch, block_m, block_n):
+def test_sliding_window_tiles(block_m, block_n):
     """Several query and key tiles per sequence, so the window's masked start, the unmasked middle and the masked
     diagonal all occur; a window that changes the answer."""
-    import dataclasses
-
     from minikv.kernels import launch
-    original = launch.context_config
-    monkeypatch.setattr(launch, "context_config",
-                        lambda *a, **k: dataclasses.replace(original(*a, **k), block_m=block_m, block_n=block_n))
+    cfg = launch.ContextConfig(block_m=block_m, block_n=block_n)
     q_lens, kv_lens = [70, 3, 120], [300, 90, 120]
     q = torch.randn(sum(q_lens), 4, 32)
     k, v = torch.randn(sum(kv_lens), 2, 32), torch.randn(sum(kv_lens), 2, 32)
     cq, ck = cu_seqlens(q_lens), cu_seqlens(kv_lens)
     for window in (7, 37, 100):
-        out = context_attention(q, k, v, cq, ck, True, 0.2, sliding_window=window)
+        out = context_attention(q, k, v, cq, ck, True, 0.2, sliding_window=window, config=cfg)
         ref = context_attention_reference(q, k, v, cq, ck, True, 0.2, sliding_window=window)
         torch.testing.assert_close(out, ref, **attention_tolerance(torch.float32))
         full = context_attention_reference(q, k, v, cq, ck, True, 0.2)

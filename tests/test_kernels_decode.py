@@ -24,10 +24,17 @@ def _lengths(kind: str, block_size: int, batch: int, seed: int) -> list[int]:
     return [rng.choice(edges + [rng.randint(1, 5 * block_size)]) for _ in range(batch)]
 
 
+def decode_config(spec, q, lens, **changes):
+    """launch.decode_config's choice for this shape, with `changes` (the GPU's options, forced in the interpreter)."""
+    cfg = launch.decode_config(q.shape[0], spec.num_kv_heads, q.shape[1] // spec.num_kv_heads, spec.head_size,
+                               spec.elem_bytes, max(lens), q.device, fmt=spec.fmt, placement=spec.placement)
+    return dataclasses.replace(cfg, **changes)
+
+
 def _run(fmt, block_size, heads, head_size, lens, k_scale=0.61, v_scale=1.7, q_transform=None, sliding_window=0,
-         rel_bias=None):
+         rel_bias=None, placement="row", **changes):
     (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
-    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
     tables, num_blocks = random_block_tables(lens, block_size)
     pool = make_pool(spec, num_blocks)
     fill_sequences(pool, spec, tables, lens, dtype, k_scale, v_scale)
@@ -37,7 +44,8 @@ def _run(fmt, block_size, heads, head_size, lens, k_scale=0.61, v_scale=1.7, q_t
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     sm_scale = head_size ** -0.5
     out = paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale,
-                                 sliding_window=sliding_window, rel_bias=rel_bias)
+                                 sliding_window=sliding_window, rel_bias=rel_bias,
+                                 config=decode_config(spec, q, lens, **changes) if changes else None)
     ref = paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm_scale, k_scale, v_scale,
                                            sliding_window=sliding_window, rel_bias=rel_bias)
     assert out.dtype == q.dtype and out.shape == q.shape
@@ -58,66 +66,20 @@ def test_decode_matches_reference(fmt, block_size, heads, head_size, lengths):
                                                            (1, False, True), (1, False, False), (3, True, True)])
 @pytest.mark.parametrize("fmt", [("auto", torch.float32), ("int8_per_token_head", torch.float16),
                                  ("fp8_per_token_head", torch.float32), ("fp8", torch.float16)])
-def test_split_k_merge(monkeypatch, num_splits, merge_in_kernel, f16, fmt):
+def test_split_k_merge(num_splits, merge_in_kernel, f16, fmt):
     """Force the GPU's split-K path (partials merged by the last program or by a second kernel), including splits
     left empty by short sequences, and float16 dot products with q rescaled by a power of two per row."""
-    original = launch.decode_config
-
-    def forced(*args, **kwargs):
-        return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8,
-                                   merge_in_kernel=merge_in_kernel, f16_dot=f16)
-
-    monkeypatch.setattr(launch, "decode_config", forced)
-    _run(fmt, 8, (8, 2), 32, [1, 7, 33, 60])
+    _run(fmt, 8, (8, 2), 32, [1, 7, 33, 60], num_splits=num_splits, block_n=8, merge_in_kernel=merge_in_kernel,
+         f16_dot=f16)
 
 
 @pytest.mark.parametrize("magnitude", [3000.0, 1e-3])
 @pytest.mark.parametrize("num_splits", [1, 2])
-def test_f16_dot_rescales_large_and_small_q(monkeypatch, magnitude, num_splits):
+def test_f16_dot_rescales_large_and_small_q(magnitude, num_splits):
     """The float16 dot products rescale q by a power of two per row, so q far from 1 loses nothing."""
-    original = launch.decode_config
-
-    def forced(*args, **kwargs):
-        return dataclasses.replace(original(*args, **kwargs), block_n=16, f16_dot=True, num_splits=num_splits,
-                                   merge_in_kernel=True)
-
-    monkeypatch.setattr(launch, "decode_config", forced)
     _run(("fp8_per_token_head", torch.float16), 16, (4, 2), 64, [9, 40],
-         q_transform=lambda q: (q.float() * magnitude).half())
-
-
-def test_out_argument_and_strided_q():
-    fmt = ("fp8_per_token_head", torch.float32)
-    spec_heads, head_size, lens = (4, 2), 32, [5, 17]
-    out = _run(fmt, 16, spec_heads, head_size, lens, q_transform=lambda q: q.transpose(0, 1).contiguous()
-               .transpose(0, 1))
-    assert out.is_contiguous()
-    spec = make_spec("auto", torch.float16, 2, 16, 8)
-    tables, num_blocks = random_block_tables([3, 9], 8)
-    pool = make_pool(spec, num_blocks)
-    fill_sequences(pool, spec, tables, [3, 9], torch.float16)
-    q = torch.randn(2, 4, 16).half()
-    given = torch.empty_like(q)
-    result = paged_decode_attention(q, pool, tables, torch.tensor([3, 9], dtype=torch.int32), spec, 0.25,
-                                    out=given)
-    assert result is given
-    ref = paged_decode_attention_reference(q, pool, tables, torch.tensor([3, 9], dtype=torch.int32), spec, 0.25)
-    torch.testing.assert_close(given, ref, **attention_tolerance(torch.float16))
-
-
-def test_unwritten_slots_beyond_seq_len_are_ignored():
-    """Garbage (even NaN bytes) after a sequence's last token, in its last block, must not leak in."""
-    spec = make_spec("auto", torch.float32, 1, 16, 8)
-    tables, num_blocks = random_block_tables([5], 8)
-    pool = make_pool(spec, num_blocks)
-    fill_sequences(pool, spec, tables, [5], torch.float32)
-    k_view, v_view = spec.code_views(pool)
-    block = int(tables[0, 0])
-    k_view[block, 5:] = float("nan")
-    v_view[block, 5:] = float("nan")
-    q = torch.randn(1, 1, 16)
-    out = paged_decode_attention(q, pool, tables, torch.tensor([5], dtype=torch.int32), spec, 0.25)
-    assert torch.isfinite(out).all()
+         q_transform=lambda q: (q.float() * magnitude).half(), block_n=16, f16_dot=True, num_splits=num_splits,
+         merge_in_kernel=True)
 
 
 # windows shorter than, equal to and longer than the sequences [1, 7, 33, 60]
@@ -134,24 +96,15 @@ def test_sliding_window_matches_reference(fmt, heads, sliding_window):
 @pytest.mark.parametrize("num_splits,merge_in_kernel,f16", [(3, True, True), (4, False, False), (1, False, True),
                                                            (8, True, False)])
 @pytest.mark.parametrize("sliding_window", [5, 20, 100])
-def test_sliding_window_split_k(monkeypatch, num_splits, merge_in_kernel, f16, sliding_window):
+def test_sliding_window_split_k(num_splits, merge_in_kernel, f16, sliding_window):
     """The window's start is not tile-aligned; splits divide only the window, so some are left empty."""
-    original = launch.decode_config
-
-    def forced(*args, **kwargs):
-        return dataclasses.replace(original(*args, **kwargs), num_splits=num_splits, block_n=8,
-                                   merge_in_kernel=merge_in_kernel, f16_dot=f16)
-
-    monkeypatch.setattr(launch, "decode_config", forced)
-    _run(("int8_per_token_head", torch.float16), 8, (8, 2), 32, [1, 7, 33, 60], sliding_window=sliding_window)
+    _run(("int8_per_token_head", torch.float16), 8, (8, 2), 32, [1, 7, 33, 60], sliding_window=sliding_window,
+         num_splits=num_splits, block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16)
 
 
 @pytest.mark.parametrize("merge_in_kernel", [False, True])
-def test_sliding_window_never_reads_older_tokens(monkeypatch, merge_in_kernel):
+def test_sliding_window_never_reads_older_tokens(merge_in_kernel):
     """NaN bytes in every slot before the window must not leak in: the kernel does not read them at all."""
-    original = launch.decode_config
-    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
-        original(*a, **k), block_n=8, merge_in_kernel=merge_in_kernel, num_splits=2))
     lens, window = [30, 19], 6
     spec = make_spec("fp8_per_token_head", torch.float32, 2, 32, 8)
     tables, num_blocks = random_block_tables(lens, 8)
@@ -166,7 +119,9 @@ def test_sliding_window_never_reads_older_tokens(monkeypatch, merge_in_kernel):
             v_view[block, slot] = float("nan")
     q = torch.randn(2, 4, 32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    out = paged_decode_attention(q, pool, tables, seq_lens, spec, 0.2, sliding_window=window)
+    out = paged_decode_attention(q, pool, tables, seq_lens, spec, 0.2, sliding_window=window,
+                                 config=decode_config(spec, q, lens, block_n=8, merge_in_kernel=merge_in_kernel,
+                                                      num_splits=2))
     ref = paged_decode_attention_reference(q, clean, tables, seq_lens, spec, 0.2, sliding_window=window)
     full = paged_decode_attention_reference(q, clean, tables, seq_lens, spec, 0.2)
     torch.testing.assert_close(out, ref, **attention_tolerance(torch.float32))
@@ -192,12 +147,10 @@ def bias_table(num_heads: int, max_distance: int) -> torch.Tensor:
 @pytest.mark.parametrize("num_splits,merge_in_kernel,f16", [(1, False, False), (3, True, True), (8, False, True)])
 @pytest.mark.parametrize("fmt,heads", [(("auto", torch.float32), (8, 2)), (("int8_per_token_head", torch.float16), (4, 1)),
                                        (("fp8", torch.float16), (4, 4))])
-def test_relative_bias_matches_reference(monkeypatch, fmt, heads, num_splits, merge_in_kernel, f16, max_distance):
+def test_relative_bias_matches_reference(fmt, heads, num_splits, merge_in_kernel, f16, max_distance):
     """T5's bias by distance, clamped at max_distance; every kernel variant, split-K included."""
-    original = launch.decode_config
-    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
-        original(*a, **k), num_splits=num_splits, block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16))
-    _run(fmt, 8, heads, 32, [1, 7, 33, 60], rel_bias=bias_table(heads[0], max_distance))
+    _run(fmt, 8, heads, 32, [1, 7, 33, 60], rel_bias=bias_table(heads[0], max_distance), num_splits=num_splits,
+         block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16)
 
 
 def test_relative_bias_changes_the_answer_and_is_checked():
@@ -221,3 +174,35 @@ def test_relative_bias_changes_the_answer_and_is_checked():
 def test_decode_head_size_512(fmt, heads):
     """gemma-4-E2B's full layers (8 query heads, 1 KV head of size 512), in every format the interpreter runs."""
     _run(fmt, 16, heads, 512, [1, 15, 17, 47], sliding_window=0)
+
+
+# The "row" placement's aligned reads (ROW_WINDOW, the GPU's path): kv-head counts whose slot stride is a multiple
+# of 16 bytes, so every phase (0, 4, 8, 12 bytes past a 16-byte boundary) occurs; NaN-pattern bytes (0x7F is an
+# e4m3 NaN) everywhere no row is written, so a stray column that reached a score would show.
+@pytest.mark.parametrize("kv_cache_dtype", ["int8_per_token_head", "fp8_per_token_head"])
+@pytest.mark.parametrize("dtype,f16,num_splits", [(torch.float16, True, 1), (torch.float32, False, 3),
+                                                  (torch.float16, False, 2)])
+@pytest.mark.parametrize("heads,head_size", [((8, 4), 32), ((16, 8), 64), ((4, 4), 16)])
+def test_row_window_reads(kv_cache_dtype, dtype, f16, num_splits, heads, head_size):
+    from minikv.kernels.decode_attention import row_window_applies
+    (num_heads, kv_heads), lens, block_size = heads, [1, 17, 40, 5], 16
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
+    tables, num_blocks = random_block_tables(lens, block_size)
+    pool = make_pool(spec, num_blocks)
+    pool.fill_(0x7F)
+    fill_sequences(pool, spec, tables, lens, dtype, 0.61, 1.7)
+    assert row_window_applies(pool, spec)
+    q = torch.randn(len(lens), num_heads, head_size).to(dtype)
+    args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, head_size ** -0.5)
+    cfg = decode_config(spec, q, lens, row_window=True, block_n=16, f16_dot=f16, num_splits=num_splits)
+    torch.testing.assert_close(paged_decode_attention(*args, config=cfg).float(),
+                               paged_decode_attention_reference(*args).float(), **attention_tolerance(dtype))
+
+
+def test_row_window_needs_16_byte_strides():
+    """One kv head of 32 codes: 36-byte slots, so the rows' phases differ and the 4-byte path reads them."""
+    from minikv.kernels.decode_attention import row_window_applies
+    for kv_heads, placement, applies in [(1, "row", False), (2, "row", False), (4, "row", True),
+                                         (4, "block", False)]:
+        spec = make_spec("int8_per_token_head", torch.float16, kv_heads, 32, 16, placement)
+        assert row_window_applies(make_pool(spec, 2), spec) is applies

@@ -71,8 +71,8 @@ def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_s
 # checked inside a case with the kernel compiled once.
 DECODE_SHAPES = [(3, (32, 8), 128), (64, (8, 8), 128), (5, (8, 1), 256), (5, (8, 1), 512), (33, (8, 2), 512),
                  (5, (8, 1), 128)]
-# decode_attention's kernel: every format in the block placement, the formats without scales, and the row placement
-# read by a float32 q; the row placement read by a 16-bit q goes to decode_rows' kernels (ROW_CONFIGS)
+# every format in both placements where it has scales (the row placement of the 1-byte per-token-head formats
+# read in aligned pieces, ROW_WINDOW, where 8 KV heads of 128 make 16-byte slots, else 4 bytes at a time)
 FORMAT_PLACEMENTS = [(GPU_FORMATS[0], "row"), (GPU_FORMATS[1], "row"), (GPU_FORMATS[2], "row"),
                      (GPU_FORMATS[3], "row"), (GPU_FORMATS[4], "block"), (GPU_FORMATS[5], "block"),
                      (("int8_per_token_head", torch.float32), "row")]
@@ -90,15 +90,9 @@ DECODE_CONFIGS = {
     "deep-pipeline": lambda c, row: dict(block_n=max(16, c.block_n // 2), num_stages=8 if row <= 256 else 3,
                                          k_pure=False, max_registers=128),
 }
-# decode_rows' kernels: launch.row_decode_config's own choice, and v2's seven kinds of configuration (tiles, warps,
-# stages, splits, scales loaded ahead, codes read as words or bytes, float16 dot products)
-ROW_CONFIGS = {"engine": lambda c, row: {}} | {
-    f"v2-{i}": (lambda c, row, v=v: dict(zip(("block_n", "num_warps", "num_stages", "num_splits", "prefetch_scales",
-                                              "word_loads", "f16_dot"), v)))
-    for i, v in enumerate([(16, 4, 4, 7, True, False, False), (32, 8, 3, 1, False, True, False),
-                           (128, 4, 2, 3, True, False, True), (64, 2, 3, 16, False, True, True),
-                           (128, 4, 3, 5, False, True, False), (16, 8, 2, 2, False, True, True),
-                           (64, 4, 2, 1, False, False, True)])}
+# the row placement also without its aligned reads
+ROW_CONFIGS = DECODE_CONFIGS | {"row-4-byte-loads": lambda c, row: dict(row_window=False),
+                                "row-4-byte-loads-split": lambda c, row: dict(row_window=False, num_splits=3)}
 HEAD_128_SHAPES = [shape for shape in DECODE_SHAPES if shape[2] == 128]
 DECODE_CASES = ([(fp, name, DECODE_SHAPES[i % len(DECODE_SHAPES)]) for i, (fp, name) in enumerate(
                  (fp, name) for name in DECODE_CONFIGS for fp in FORMAT_PLACEMENTS)]
@@ -110,27 +104,22 @@ DECODE_CASES = ([(fp, name, DECODE_SHAPES[i % len(DECODE_SHAPES)]) for i, (fp, n
 @pytest.mark.parametrize("fmt_placement,config,shape", DECODE_CASES,
                          ids=[f"{f[0][0]}-{f[0][1]}-{f[1]}-{c}-b{s[0]}h{s[1][0]}x{s[1][1]}d{s[2]}".replace("torch.", "")
                               for f, c, s in DECODE_CASES])
-def test_decode_on_gpu(kernels, monkeypatch, fmt_placement, config, shape):
+def test_decode_on_gpu(kernels, fmt_placement, config, shape):
     """One compiled decode kernel per case, checked for sliding windows shorter and longer than the sequences, q of
     ordinary size and far beyond float16's range (bfloat16 only; sm_scale keeps the logits ordinary), and, for
     the split configurations, several split counts."""
     from minikv.kernels import launch
     ((kv_cache_dtype, dtype), placement), (batch, (num_heads, kv_heads), head_size) = fmt_placement, shape
-    rows_path = fmt_placement in ROW_FORMATS
-    configs, name = (ROW_CONFIGS, "row_decode_config") if rows_path else (DECODE_CONFIGS, "decode_config")
-    original = getattr(launch, name)
-    splits = [None]
-    chosen = {}
+    configs = ROW_CONFIGS if fmt_placement in ROW_FORMATS else DECODE_CONFIGS
 
-    def forced(*a, **k):
-        cfg = original(*a, **k)
+    def forced(count):
+        cfg = launch.decode_config(batch, kv_heads, num_heads // kv_heads, head_size, spec.elem_bytes,
+                                   tables.shape[1] * 16, CUDA, fmt=spec.fmt, placement=spec.placement)
         change = configs[config](cfg, head_size * spec.elem_bytes)
-        if splits[0] is not None:
-            change["num_splits"] = splits[0]
-        chosen.update(change)
+        if count is not None:
+            change["num_splits"] = count
         return dataclasses.replace(cfg, **change)
 
-    monkeypatch.setattr(launch, name, forced)
     edges = length_choices(16) + [200, 1000, 777]
     lens = [edges[i % len(edges)] for i in range(batch)]
     spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, 16, placement)
@@ -138,7 +127,7 @@ def test_decode_on_gpu(kernels, monkeypatch, fmt_placement, config, shape):
     pool = make_pool(spec, num_blocks, CUDA)
     fill_sequences(pool, spec, tables, lens, dtype, 0.6, 1.7)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
-    split_counts = [None, 2, 16] if "split" in config or config == "v2-3" else [None]
+    split_counts = [None, 2, 16] if "split" in config else [None]
     for q_magnitude in ([1.0, 1e6] if dtype == torch.bfloat16 else [1.0]):
         # heads of very different sizes
         q = (torch.randn(batch, num_heads, head_size) * q_magnitude / torch.arange(1, num_heads + 1)[None, :, None])
@@ -146,13 +135,13 @@ def test_decode_on_gpu(kernels, monkeypatch, fmt_placement, config, shape):
         sm = head_size ** -0.5 / q_magnitude
         for window in (0, 1, 100, 1000):
             for count in split_counts:
-                splits[0] = count
+                cfg = forced(count)
                 out = kernels.paged_decode_attention(q, pool, tables, seq_lens, spec, sm, 0.6, 1.7,
-                                                     sliding_window=window)
+                                                     sliding_window=window, config=cfg)
                 ref = kernels.paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm, 0.6, 1.7,
                                                                sliding_window=window)
                 torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype),
-                                           msg=lambda m: f"window {window}, |q| {q_magnitude}, {chosen}: {m}")
+                                           msg=lambda m: f"window {window}, |q| {q_magnitude}, {cfg}: {m}")
 
 
 @pytest.mark.parametrize("dtype,causal", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float16, True),
@@ -215,10 +204,10 @@ def test_context_short_queries_on_gpu(kernels, q_lens, kv_lens):
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8_per_token_head", "fp8_per_token_head"])
 @pytest.mark.parametrize("causal,block_m", [(True, 128), (False, 16), (False, 64)])
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_context_paged_f16_dot_on_gpu(kernels, monkeypatch, kv_cache_dtype, causal, block_m, placement):
+def test_context_paged_f16_dot_on_gpu(kernels, kv_cache_dtype, causal, block_m, placement):
     """Paged context attention over a 1-byte cache with float16 dot products (bfloat16 q rescaled per row)."""
     from minikv.kernels import launch
-    monkeypatch.setattr(launch, "context_config", lambda *a, **k: launch.ContextConfig(block_m, 64, 4, 3, True))
+    cfg = launch.ContextConfig(block_m, 64, 4, 3, True)
     dtype, block_size, head_size, num_heads, kv_heads = torch.bfloat16, 16, 128, 32, 8
     q_lens, kv_lens = ([1, 100, 33], [1, 260, 33]) if causal else ([1, 3, 40], [9, 700, 500])
     spec = placed_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, placement)
@@ -228,7 +217,7 @@ def test_context_paged_f16_dot_on_gpu(kernels, monkeypatch, kv_cache_dtype, caus
     q = (torch.randn(sum(q_lens), num_heads, head_size) * 1e5 / torch.arange(1, 33)[None, :, None]).to(dtype)
     args = (q.to(CUDA), pool, tables, cu_seqlens(q_lens, CUDA), torch.tensor(kv_lens, dtype=torch.int32, device=CUDA),
             spec, causal, head_size ** -0.5 / 1e5, 0.45, 1.3)
-    torch.testing.assert_close(kernels.paged_context_attention(*args).float(),
+    torch.testing.assert_close(kernels.paged_context_attention(*args, config=cfg).float(),
                                kernels.paged_context_attention_reference(*args).float(), **attention_tolerance(dtype))
 
 
@@ -263,13 +252,10 @@ def test_context_sliding_window_on_gpu(kernels, fmt, sliding_window):
 @pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4]])
 @pytest.mark.parametrize("max_distance", [0, 128])
 @pytest.mark.parametrize("splits,merge_in_kernel", [(1, False), (5, True), (3, False)])
-def test_relative_bias_on_gpu(kernels, monkeypatch, fmt, max_distance, splits, merge_in_kernel):
+def test_relative_bias_on_gpu(kernels, fmt, max_distance, splits, merge_in_kernel):
     """T5's relative position bias in decode (split-K merged either way) and paged and unfused context."""
     from minikv.kernels import launch
     kv_cache_dtype, dtype = fmt
-    original = launch.decode_config
-    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
-        original(*a, **k), num_splits=splits, merge_in_kernel=merge_in_kernel))
     lens, num_heads, kv_heads, head_size = [1, 17, 200, 777], 12, 12, 64
     spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, 16)
     tables, num_blocks = random_block_tables(lens, 16, device=CUDA)
@@ -279,7 +265,10 @@ def test_relative_bias_on_gpu(kernels, monkeypatch, fmt, max_distance, splits, m
     q = torch.randn(len(lens), num_heads, head_size).to(dtype).to(CUDA)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
     args = (q, pool, tables, seq_lens, spec, 1.0 / 8, 0.6, 1.7)
-    torch.testing.assert_close(kernels.paged_decode_attention(*args, rel_bias=bias).float(),
+    cfg = dataclasses.replace(launch.decode_config(len(lens), kv_heads, 1, head_size, spec.elem_bytes,
+                                                   tables.shape[1] * 16, CUDA, fmt=spec.fmt, placement=spec.placement),
+                              num_splits=splits, merge_in_kernel=merge_in_kernel)
+    torch.testing.assert_close(kernels.paged_decode_attention(*args, rel_bias=bias, config=cfg).float(),
                                kernels.paged_decode_attention_reference(*args, rel_bias=bias).float(),
                                **attention_tolerance(dtype))
     q_lens = [1, 5, 100, 300]

@@ -111,12 +111,9 @@ def test_decode_block_placement_matches_reference(fmt, block_size, heads, head_s
 
 
 @pytest.mark.parametrize("merge_in_kernel,f16", [(True, False), (False, True)])
-def test_decode_block_placement_split_paths(monkeypatch, merge_in_kernel, f16):
+def test_decode_block_placement_split_paths(merge_in_kernel, f16):
     """The GPU's split-K paths (merged by the last program or by a second kernel) and float16 dot products,
     forced in the interpreter."""
-    original = launch.decode_config
-    monkeypatch.setattr(launch, "decode_config", lambda *a, **k: dataclasses.replace(
-        original(*a, **k), num_splits=3, block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16))
     lens = [1, 17, 40]
     spec = make_spec("int8_per_token_head", torch.float16, 2, 32, 16, "block")
     tables, num_blocks = random_block_tables(lens, 16)
@@ -124,8 +121,11 @@ def test_decode_block_placement_split_paths(monkeypatch, merge_in_kernel, f16):
     fill_sequences(pool, spec, tables, lens, torch.float16)
     q = torch.randn(3, 4, 32).to(torch.float16)
     args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, 32 ** -0.5)
-    torch.testing.assert_close(paged_decode_attention(*args).float(), paged_decode_attention_reference(*args).float(),
-                               **attention_tolerance(torch.float16))
+    cfg = dataclasses.replace(launch.decode_config(3, 2, 2, 32, 1, max(lens), q.device, fmt=spec.fmt,
+                                                   placement=spec.placement),
+                              num_splits=3, block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16)
+    torch.testing.assert_close(paged_decode_attention(*args, config=cfg).float(),
+                               paged_decode_attention_reference(*args).float(), **attention_tolerance(torch.float16))
 
 
 @pytest.mark.parametrize("fmt,causal", [(PTH[0], True), (PTH[3], False), (PTH[2], True)])

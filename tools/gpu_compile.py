@@ -48,10 +48,10 @@ driver.set_active(_OfflineDriver())
 
 from minikv.cache.layout import KVLayout  # noqa: E402
 from minikv.kernels import decode_attention as dec  # noqa: E402
-from minikv.kernels import decode_rows as rows  # noqa: E402
 from minikv.kernels import launch  # noqa: E402
 
 COMPILED: list = []
+H200_SMS = 132          # an H200's SM count: sizes the split-K
 
 
 class _CompileOnly:
@@ -70,9 +70,6 @@ def _compile_only():
     """Every decode kernel launch compiles (for sm_90) and records instead of running."""
     dec._decode_kernel = _CompileOnly(dec._decode_kernel)
     dec._merge_splits_kernel = _CompileOnly(dec._merge_splits_kernel)
-    rows._merge_splits_kernel = dec._merge_splits_kernel
-    rows._row_words_kernel = _CompileOnly(rows._row_words_kernel)
-    rows._row_elements_kernel = _CompileOnly(rows._row_elements_kernel)
 
 
 SASS_OPS = ("LDGSTS", "LDG", "LDS", "LDSM", "STS", "I2F", "F2F", "PRMT", "HMMA", "HADD2", "HFMA2", "BAR", "LDL",
@@ -116,20 +113,15 @@ def decode_case(fmt: str, placement: str, dtype=torch.bfloat16, heads=(32, 8), h
     tables = torch.zeros(batch, ctx // 16, dtype=torch.int32)
     lens = torch.full((batch,), ctx, dtype=torch.int32)
     q = torch.zeros(batch, num_heads, head_size, dtype=dtype)
-    original = launch.decode_config
-
-    def config(*a, **k):
-        import dataclasses
-        return dataclasses.replace(original(*a, **k), **overrides)
     config_fields = {f.name for f in __import__("dataclasses").fields(launch.DecodeConfig)}
     shape = {k: overrides.pop(k) for k in list(overrides) if k not in config_fields}
     assert not shape, f"unknown fields {shape}"
-    launch.decode_config = config
-    try:
-        COMPILED.clear()
-        dec.paged_decode_attention(q, pool, tables, lens, layout, head_size ** -0.5, validate=False)
-    finally:
-        launch.decode_config = original
+    cfg = __import__("dataclasses").replace(
+        launch.decode_config(batch, kv_heads, num_heads // kv_heads, head_size, layout.elem_bytes, ctx,
+                             torch.device("cuda"), fmt=layout.fmt, placement=layout.placement, sms=H200_SMS),
+        **overrides)
+    COMPILED.clear()
+    dec.paged_decode_attention(q, pool, tables, lens, layout, head_size ** -0.5, validate=False, config=cfg)
     return list(COMPILED)
 
 
@@ -159,7 +151,6 @@ def main(argv=None) -> int:
     for item in args.set:
         key, value = item.split("=")
         overrides[key] = {"True": True, "False": False}.get(value, int(value) if value.isdigit() else value)
-    launch.num_sms = lambda index=0: 132          # an H200's SM count: sizes the split-K
     _compile_only()
     print(f"triton {triton.__version__}, target sm_90")
     for case in args.case:
@@ -179,27 +170,21 @@ def check_test_matrix() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     import dataclasses
     import test_kernels_gpu as t
-    launch.num_sms = lambda index=0: 132
     _compile_only()
     worst, bad = 0, 0
     for (fmt, placement), config, (batch, (num_heads, kv_heads), head_size) in t.DECODE_CASES:
         kv_cache_dtype, dtype = fmt
         layout = KVLayout(kv_cache_dtype, dtype, kv_heads, head_size, 16, placement)
-        rows_path = (fmt, placement) in t.ROW_FORMATS
-        configs, name = (t.ROW_CONFIGS, "row_decode_config") if rows_path else (t.DECODE_CONFIGS, "decode_config")
-        original = getattr(launch, name)
-
-        def forced(*a, **k):
-            cfg = original(*a, **k)
-            return dataclasses.replace(cfg, **configs[config](cfg, head_size * layout.elem_bytes))
-        setattr(launch, name, forced)
+        configs = t.ROW_CONFIGS if (fmt, placement) in t.ROW_FORMATS else t.DECODE_CONFIGS
+        cfg = launch.decode_config(batch, kv_heads, num_heads // kv_heads, head_size, layout.elem_bytes, 1024,
+                                   torch.device("cuda"), fmt=layout.fmt, placement=layout.placement, sms=H200_SMS)
+        cfg = dataclasses.replace(cfg, **configs[config](cfg, head_size * layout.elem_bytes))
         COMPILED.clear()
         start = time.perf_counter()
         q = torch.zeros(batch, num_heads, head_size, dtype=dtype)
         dec.paged_decode_attention(q, torch.zeros(64, layout.block_bytes, dtype=torch.uint8),
                                    torch.zeros(batch, 64, dtype=torch.int32), torch.full((batch,), 1000, dtype=torch.int32),
-                                   layout, 0.1, validate=False)
-        setattr(launch, name, original)
+                                   layout, 0.1, validate=False, config=cfg)
         took = time.perf_counter() - start
         for name, kernel in COMPILED:
             shared = kernel.metadata.shared

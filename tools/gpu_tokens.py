@@ -1,5 +1,6 @@
 """Token ids of every shipped model x KV format x scale placement x backend on CUDA, greedy (the GPU side of
-the "tokens unchanged" check; /work/baseline/tokens.py is the CPU side). Runs on any minikv tree:
+the "tokens unchanged" check: compare two runs' files, e.g. results/gpu/tokens_v3_cuda.json). Runs on any minikv
+tree:
 
     PYTHONPATH=TREE python3 tools/gpu_tokens.py OUT.json
 """

@@ -1,14 +1,14 @@
 """Run the paged decode kernel at batch 64 / context 4096 for Nsight Compute, or summarize ncu's CSV.
 
     ncu --clock-control none -k regex:decode_kernel --csv --page details [--section ...] \\
-        python3 tools/profile_decode.py run [BEST_JSON]      (gpu_probe.py's best.json: each format's best variant)
+        python3 tools/profile_decode.py run [FORMAT ...]
     python3 tools/profile_decode.py summarize NCU_CSV
 
-`run` launches each format's kernel twice (the first launch compiles), so ncu sees two launches per format; the
-variant names are gpu_probe.py's.
+`run` launches each format's kernel (the engine's launch configuration) twice (the first launch compiles), so ncu
+sees two launches per format (with the 1-byte per-token-head formats in the row placement, a third and fourth
+with the aligned row reads off: `row_window=False`).
 """
 import csv
-import json
 import sys
 
 FORMATS = ("auto", "fp8", "int8_per_token_head", "int8_per_token_head/block", "fp8_per_token_head",
@@ -43,32 +43,26 @@ def _num(text):
         return 0.0
 
 
-def run(best_path=None):
+def run(formats=FORMATS):
+    import dataclasses
+
     import torch
 
-    sys.path.insert(0, "tools")
-    import gpu_probe as gp
-    import minikv.kernels as kernels
-    from minikv.kernels import launch
-    best = json.load(open(best_path)) if best_path else {}
-    for fmt in FORMATS:
-        name = best.get(f"{fmt}|64|4096", "default")
-        v = {**gp.VARIANTS_ONE_BYTE, **gp.VARIANTS_AUTO, **gp.SPLIT_VARIANTS}.get(name, {})
-        kw, overrides = {}, v
-        if isinstance(v, str):
-            key, value = v.split("=")
-            kw[key] = float(value) if key == "waves" else int(value)
-            overrides = {}
-        prob = gp.Problem(fmt, 64, 4096)
-        restore = gp.patched(launch, overrides, **kw)
-        try:
-            print(fmt, name, file=sys.stderr, flush=True)
+    from minikv.bench.attention import HKV, HQ, D, decode_problem
+    from minikv.kernels import launch, paged_decode_attention
+    for fmt in formats:
+        layout, pool, tables, lens, q, out = decode_problem(fmt, 64, 4096)
+        cfg = launch.decode_config(64, HKV, HQ // HKV, D, layout.elem_bytes, 4096, q.device, fmt=layout.fmt,
+                                   placement=layout.placement)
+        variants = [cfg] + ([dataclasses.replace(cfg, row_window=False)]
+                            if layout.has_inline_scales and layout.scale_placement == "row" else [])
+        for variant in variants:
+            print(fmt, variant, file=sys.stderr, flush=True)
             for _ in range(2):
-                prob.call(kernels)()
+                paged_decode_attention(q, pool, tables, lens, layout, D ** -0.5, out=out, validate=False,
+                                       config=variant)
             torch.cuda.synchronize()
-        finally:
-            restore()
-        del prob
+        del pool
         torch.cuda.empty_cache()
 
 
@@ -76,4 +70,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "summarize":
         summarize(sys.argv[2])
     else:
-        run(sys.argv[2] if len(sys.argv) > 2 else None)
+        run(sys.argv[2:] or FORMATS)

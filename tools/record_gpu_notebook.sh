@@ -7,7 +7,7 @@
 #   bash tools/record_gpu_notebook.sh gpu           # on the GPU machine (carry .whl/): runs and records 05 into $OUT
 #   bash tools/record_gpu_notebook.sh install DIR   # here: copy DIR's notebook and CSV into notebooks/ and check them
 #
-# `gpu` is `tools/gpu_proof.sh notebook`: it installs .whl/*.whl into /tmp/site, rebuilds the .ipynb from the .py and
+# `gpu` is `tools/gpu.sh notebook`: it installs .whl/*.whl into /tmp/site, rebuilds the .ipynb from the .py and
 # executes every cell there (the benchmark writes notebooks/data/gpu_attention.csv, the CPU cells draw from it and
 # check their statements against it). `install` puts the two files in place and runs the pairing test and nbval in
 # both float environments, as `make test` does. docs/results.md and the README quote figures of this CSV: update
@@ -32,7 +32,7 @@ case "${1:-}" in
   gpu)
     ls .whl/*.whl >/dev/null 2>&1 || { echo "no .whl/*.whl: run 'bash tools/record_gpu_notebook.sh wheels' first \
 and carry .whl" >&2; exit 2; }
-    exec bash tools/gpu_proof.sh notebook
+    exec bash tools/gpu.sh notebook
     ;;
   install)
     DIR=${2:?"usage: bash tools/record_gpu_notebook.sh install DIR (the folder holding the GPU run's files)"}

@@ -38,6 +38,9 @@ class ForwardContext:
     scale_fills: list[ScaleFill] = field(default_factory=list)
     # (layer name, 0-dim bool tensor "its output was finite"): kept lazily, looked at only when logits are not.
     finite: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    # CUDA-graph decode (minikv.engine.cuda_graph): "eager", or "captured" / "replayed" with the graph's batch size
+    cuda_graph: str = "eager"
+    graph_batch: int = 0
 
     def attend(self, layer_name: str, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                rel_bias: torch.Tensor | None = None) -> torch.Tensor:

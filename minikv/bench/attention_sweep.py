@@ -1,25 +1,23 @@
 """`python -m minikv.bench.attention_sweep --out DIR`: sweep launch configurations of the attention kernels (GPU).
 
-Tuning aid behind the tables in kernels/launch.py: the decode launch table of the "row" placement's kernels
-(launch.ROW_DECODE_TUNED, kernels/decode_rows.py) and the context tiles. (The pipelined decode kernel of every other
-format is sized from the machine, launch.decode_config; tools/gpu_probe.py measures its candidates.) The shapes are
-those of `python -m minikv.bench attention`.
+Tuning aid behind the constants in kernels/launch.py, for the shapes of `python -m minikv.bench attention`:
 
 1. Compiles every candidate configuration first, in parallel processes (Triton's on-disk cache is shared), so the
    timing loop never waits on the compiler.
-2. Decode, stage A: every tile / warps / stages / scale-prefetch candidate at two shapes (batch 64 / context 4096
-   and batch 16 / context 16384), splits 1-8. Stage B: the three best candidates of each format family at every
-   shape, splits 1-64, plus SDPA at that shape.
+2. Decode of the 1-byte per-token-head formats in the "row" placement, stage A: every tile / warps / stages
+   candidate, with and without the aligned row reads (DecodeConfig.row_window), at two shapes (batch 64 / context
+   4096 and batch 16 / context 16384), splits 1-8. Stage B: the three best of each format at every shape,
+   splits 1-64, plus SDPA at that shape.
 3. Context: long-query tiles (causal prefill from workspace and paged cache; the long cross step fused and
    unfused) and short-query tiles (the one-query cross step).
 
-Every timing is `minikv.bench.attention._time_ms` (CUDA-graph replay, L2 flushed). Writes decode_sweep.csv,
-context_sweep.csv and best.json under --out.
+Every candidate is passed to the kernel as its `config` argument. Every timing is
+`minikv.bench.attention._time_ms` (CUDA-graph replay, L2 flushed). Writes decode_sweep.csv, context_sweep.csv and
+best.json under --out.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import dataclasses
 import itertools
@@ -32,7 +30,7 @@ import time
 
 import torch
 
-FORMATS = ("fp8_per_token_head", "int8_per_token_head")          # "row" placement: kernels/decode_rows.py
+FORMATS = ("fp8_per_token_head", "int8_per_token_head")          # in the "row" placement
 FAMILY = {"fp8_per_token_head": "per_token_head", "int8_per_token_head": "per_token_head"}
 HQ, HKV, D, BS = 32, 8, 128, 16
 SHAPES_A = ((64, 4096), (16, 16384))
@@ -43,16 +41,9 @@ SHORT = [(32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (64, 8, 3), (128, 8, 3
 
 
 def decode_candidates(fmt: str) -> list[tuple]:
-    """(block_n, warps, stages, prefetch, words, f16_dot) per format."""
-    if fmt == "auto":
-        return [(n, w, st, False, False, False) for n, w, st in itertools.product((32, 64), (4, 8), (2, 3, 4))]
-    bytewise = [(128, 4, 3, False, False, f16) for f16 in (False, True)]
-    bytewise += [(128, 4, 2, True, False, f16) for f16 in (False, True)]
-    bytewise += [(64, 4, 3, False, False, True), (64, 4, 2, True, False, True), (128, 8, 3, False, False, True),
-                 (64, 8, 3, False, False, True), (32, 4, 3, False, False, True)]
-    words = [(n, w, st, False, True, f16) for n, w, st, f16 in itertools.product((32, 64, 128), (2, 4, 8), (1, 2),
-                                                                                (False, True))]
-    return bytewise + words
+    """(block_n, warps, stages, row_window) per format."""
+    return [(n, w, st, window) for n, w, st in itertools.product((64, 128), (4, 8), (3, 4, 5))
+            for window in (True, False)]
 
 
 def _decode_problem(fmt, batch, ctx):
@@ -67,31 +58,16 @@ def _decode_problem(fmt, batch, ctx):
     return layout, pool, tables, lens, q, torch.empty_like(q)
 
 
-@contextlib.contextmanager
-def _pinned(name: str, cfg):
-    """Within the block, launch.<name> (decode_config or context_config) returns `cfg`; restored afterwards."""
-    from minikv.kernels import launch
-    original = getattr(launch, name)
-    setattr(launch, name, lambda *a, **k: cfg)
-    try:
-        yield
-    finally:
-        setattr(launch, name, original)
-
-
-def _pinned_decode(cfg):
-    return _pinned("row_decode_config", cfg)
-
-
-def _decode_call(problem):
+def _decode_call(problem, cfg):
     from minikv.kernels.decode_attention import paged_decode_attention
     layout, pool, tables, lens, q, out = problem
-    return lambda: paged_decode_attention(q, pool, tables, lens, layout, D ** -0.5, out=out, validate=False)
+    return lambda: paged_decode_attention(q, pool, tables, lens, layout, D ** -0.5, out=out, validate=False,
+                                          config=cfg)
 
 
-def _cfg(block_n, warps, stages, prefetch, words, f16, splits):
-    from minikv.kernels.launch import RowDecodeConfig
-    return RowDecodeConfig(16, block_n, splits, warps, stages, prefetch, words, f16)
+def _cfg(block_n, warps, stages, row_window, splits):
+    from minikv.kernels.launch import DecodeConfig
+    return DecodeConfig(16, block_n, splits, warps, stages, f16_dot=True, convert_asm=True, row_window=row_window)
 
 
 # ---- context ---------------------------------------------------------------------------------------------------
@@ -111,9 +87,10 @@ def _context_problems():
     lay = KVLayout("auto", dt, HKV, D, BS)
     pool, tables = _paged_copy(k, v, lay, b, n)
     causal_flops = 4 * b * HQ * n * n * D / 2
-    out["causal workspace"] = (lambda: context_attention(q, k, v, cu, cu, True, sm, validate=False), causal_flops)
-    out["causal paged bf16"] = (lambda: paged_context_attention(q, pool, tables, cu, lens, lay, True, sm,
-                                                                validate=False), causal_flops)
+    out["causal workspace"] = (lambda cfg: context_attention(q, k, v, cu, cu, True, sm, validate=False, config=cfg),
+                               causal_flops)
+    out["causal paged bf16"] = (lambda cfg: paged_context_attention(q, pool, tables, cu, lens, lay, True, sm,
+                                                                    validate=False, config=cfg), causal_flops)
     for batch, qlen, enc in ((64, 1, 1024), (8, 512, 4096)):
         qq = torch.randn(batch * qlen, HQ, D, dtype=dt, device="cuda")
         kk = torch.randn(batch * enc, HKV, D, dtype=dt, device="cuda")
@@ -125,11 +102,12 @@ def _context_problems():
         flens = torch.full((batch,), enc, dtype=torch.int32, device="cuda")
         flops = 4 * batch * HQ * qlen * enc * D
         tag = f"cross b{batch} q{qlen} enc{enc}"
-        out[f"{tag} fused fp8"] = (lambda qq=qq, fpool=fpool, ftables=ftables, cq=cq, flens=flens, fl=fl:
+        out[f"{tag} fused fp8"] = (lambda cfg, qq=qq, fpool=fpool, ftables=ftables, cq=cq, flens=flens, fl=fl:
                                    paged_context_attention(qq, fpool, ftables, cq, flens, fl, False, sm,
-                                                           validate=False), flops)
-        out[f"{tag} unfused bf16"] = (lambda qq=qq, kk=kk, vv=vv, cq=cq, ck=ck:
-                                      context_attention(qq, kk, vv, cq, ck, False, sm, validate=False), flops)
+                                                           validate=False, config=cfg), flops)
+        out[f"{tag} unfused bf16"] = (lambda cfg, qq=qq, kk=kk, vv=vv, cq=cq, ck=ck:
+                                      context_attention(qq, kk, vv, cq, ck, False, sm, validate=False, config=cfg),
+                                      flops)
     return out
 
 
@@ -145,10 +123,6 @@ def _context_cases(only: str = ""):
     return [c for c in cases if only in c[0]]
 
 
-def _pinned_context(cfg):
-    return _pinned("context_config", cfg)
-
-
 # ---- parallel compile ------------------------------------------------------------------------------------------
 def _compile_worker(args):
     index, jobs = args
@@ -161,14 +135,12 @@ def _compile_worker(args):
                 _, fmt, cand, splits = job
                 if fmt not in problems:
                     problems[fmt] = _decode_problem(fmt, 2, 4096)
-                with _pinned_decode(_cfg(*cand, splits)):
-                    _decode_call(problems[fmt])()
+                _decode_call(problems[fmt], _cfg(*cand, splits))()
             else:
                 _, name, cfg = job
                 if ctx_problems is None:
                     ctx_problems = _context_problems()
-                with _pinned_context(cfg):
-                    ctx_problems[name][0]()
+                ctx_problems[name][0](cfg)
             torch.cuda.synchronize()
             done += 1
         except Exception as exc:  # noqa: BLE001 - a config may not fit; the timing loop reports it again
@@ -212,24 +184,22 @@ class _Writer:
         self.f.flush()
 
 
-def sweep_decode(out_dir: str, top: int = 3) -> dict:
+def sweep_decode(out_dir: str, top: int = 3, quick: bool = False) -> dict:
     from minikv.bench.attention import sdpa_decode_ms
-    keys = ["stage", "format", "batch", "context", "block_n", "warps", "stages", "prefetch", "words", "f16", "splits",
-            "us",
+    keys = ["stage", "format", "batch", "context", "block_n", "warps", "stages", "row_window", "splits", "us",
             "sdpa_us", "error"]
     w = _Writer(os.path.join(out_dir, "decode_sweep.csv"), keys)
     score = {fmt: {} for fmt in FORMATS}           # candidate -> sum of log(best time) over the stage-A shapes
-    for batch, ctx in SHAPES_A:
+    for batch, ctx in SHAPES_A[:1] if quick else SHAPES_A:
         for fmt in FORMATS:
             problem = _decode_problem(fmt, batch, ctx)
             for cand in decode_candidates(fmt):
                 best = math.inf
-                for splits in (1, 2, 4, 8):
+                for splits in (1, 2) if quick else (1, 2, 4, 8):
                     r = dict(stage="A", format=fmt, batch=batch, context=ctx, block_n=cand[0], warps=cand[1],
-                             stages=cand[2], prefetch=cand[3], words=cand[4], f16=cand[5], splits=splits)
+                             stages=cand[2], row_window=cand[3], splits=splits)
                     try:
-                        with _pinned_decode(_cfg(*cand, splits)):
-                            r["us"] = 1e3 * _time(_decode_call(problem))
+                        r["us"] = 1e3 * _time(_decode_call(problem, _cfg(*cand, splits)))
                         best = min(best, r["us"])
                     except Exception as exc:  # noqa: BLE001
                         r["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
@@ -241,6 +211,8 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
         print(f"stage A {batch}x{ctx} done", flush=True)
     finalists = {fmt: sorted(s, key=s.get)[:top] for fmt, s in score.items()}
     print("finalists:", json.dumps({f: [list(c) for c in cs] for f, cs in finalists.items()}), flush=True)
+    if quick:
+        return {fmt: [list(c) for c in cs] for fmt, cs in finalists.items()}
     best = {}
     for batch in BATCHES:
         for ctx in CONTEXTS:
@@ -252,14 +224,12 @@ def sweep_decode(out_dir: str, top: int = 3) -> dict:
                         if splits > 1 and (ctx // cand[0] < 2 * splits or batch * HKV * splits > 65536):
                             continue
                         r = dict(stage="B", format=fmt, batch=batch, context=ctx, block_n=cand[0], warps=cand[1],
-                                 stages=cand[2], prefetch=cand[3], words=cand[4], f16=cand[5], splits=splits,
-                                 sdpa_us=sdpa)
+                                 stages=cand[2], row_window=cand[3], splits=splits, sdpa_us=sdpa)
                         try:
-                            with _pinned_decode(_cfg(*cand, splits)):
-                                r["us"] = 1e3 * _time(_decode_call(problem))
+                            r["us"] = 1e3 * _time(_decode_call(problem, _cfg(*cand, splits)))
                             key = (FAMILY[fmt], fmt, batch, ctx)
                             if key not in best or r["us"] < best[key][0]:
-                                best[key] = (r["us"], [cand[0], cand[1], cand[2], splits, cand[3], cand[4], cand[5]])
+                                best[key] = (r["us"], [cand[0], cand[1], cand[2], splits, cand[3]])
                         except Exception as exc:  # noqa: BLE001
                             r["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
                             torch.cuda.synchronize()
@@ -281,8 +251,7 @@ def sweep_context(out_dir: str, only: str = "") -> dict:
         fn, flops = problems[name]
         r = {"case": name, "config": json.dumps(dataclasses.astuple(cfg))}
         try:
-            with _pinned_context(cfg):
-                r["ms"] = _time(fn)
+            r["ms"] = _time(lambda: fn(cfg))
             r["TFLOPs"] = flops / r["ms"] / 1e9
             if name not in best or r["ms"] < best[name][0]:
                 best[name] = (r["ms"], dataclasses.astuple(cfg))
@@ -307,6 +276,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=max(1, min(16, (os.cpu_count() or 2) - 1)))
     p.add_argument("--skip", nargs="*", default=[], choices=["compile", "decode", "context"])
     p.add_argument("--only", default="", help="context problems whose name contains this (e.g. 'fused')")
+    p.add_argument("--quick", action="store_true", help="decode: stage A at batch 64 / context 4096 only, splits 1-2")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("the sweep needs a CUDA GPU")
@@ -316,7 +286,7 @@ def main(argv=None) -> int:
         precompile(args.workers, "decode" not in args.skip, "context" not in args.skip, args.only)
     best = {}
     if "decode" not in args.skip:
-        best["decode"] = sweep_decode(args.out)
+        best["decode"] = sweep_decode(args.out, quick=args.quick)
     if "context" not in args.skip:
         best["context"] = {k: v for k, v in sweep_context(args.out, args.only).items()}
     with open(os.path.join(args.out, "best.json"), "w") as f:

@@ -8,13 +8,26 @@ estimate of what an idle one takes (set OMP_NUM_THREADS=1 so that the two measur
 On a GPU (`--device cuda`): decode tokens/s per KV-cache format of a model at gemma-4-E2B's dimensions with random
 weights (35 layers of hidden 1536, MLP 6144, 8 query heads over 1 KV head of 256 on sliding layers and 512 on
 full ones, 4 sliding : 1 full, window 512, the last 20 layers sharing KV; a 100-character vocabulary instead of
-262,144), bfloat16, batch 64, every prompt `--context` tokens long. The engine runs as it always does (step by
-step, no CUDA graphs; the arena's canary check after each step off, as in production); decode tokens/s = tokens
-sampled in decode steps / their wall time.
+262,144), bfloat16, batch 64, every prompt `--context` tokens long. The engine runs as it does by default on CUDA:
+decode steps replayed from CUDA graphs (minikv.engine.cuda_graph), prefill eager; the arena's canary check after
+each step off, as in production. Decode tokens/s = tokens sampled in decode steps / their wall time (scheduler,
+input copies, sampling and all). Beside it, in the same run:
+
+* the same model's graph-captured decode step alone: the engine's own graph of the batch, replayed back to back
+  (CUDA events), which is what the engine's step would take with no host work at all;
+* bf16 eagerly (enforce_eager=True), launched op by op: what the graphs save;
+* `--long-context` (default 8192): the formats again at that context, where the cache dominates a step;
+* batch 1: the time per output token of bf16, graphs and eager;
+* prefill tokens/s per format (64 prompts of `--context` tokens).
+
+The targets, each a ratio within the run, are printed met/MISSED last.
 """
 from __future__ import annotations
 
+import cProfile
 import csv
+import io
+import pstats
 import sys
 import tempfile
 import time
@@ -66,7 +79,25 @@ def e2b_like_checkpoint(path, device: str = "cuda", **overrides) -> None:
     save_char_tokenizer(CharTokenizer(), path)
 
 
-def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_tokens: int) -> dict:
+def _replay_ms(llm, batch: int, reps: int = 20) -> float | None:
+    """Milliseconds of one replay of the engine's captured decode graph for `batch` sequences (None: none)."""
+    import torch
+    graphs = llm.runner.graphs
+    captured = graphs.captured.get(batch) if graphs is not None else None
+    if captured is None:
+        return None
+    captured.graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        captured.graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_tokens: int,
+                     enforce_eager: bool | None = None, profile=None) -> dict:
     """Decode tokens/s of the engine on the checkpoint at `path`: `batch` prompts of `context` tokens."""
     import random
 
@@ -74,59 +105,149 @@ def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_to
 
     import minikv
     llm = minikv.LLM(model=str(path), kv_cache_dtype=kv_cache_dtype, device="cuda", dtype=torch.bfloat16,
-                     max_num_seqs=batch, max_num_batched_tokens=8192, sanitize=False)   # no canary check per step
+                     max_num_seqs=batch, max_num_batched_tokens=16384, sanitize=False,   # no canary check per step
+                     enforce_eager=enforce_eager)
     rng = random.Random(0)
     prompts = ["".join(rng.choice("0123456789 ") for _ in range(context)) for _ in range(batch)]
     params = minikv.SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     llm.generate(prompts[:2], minikv.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)  # compile
     for p in prompts:
         llm.add_request(p, params)
-    decode_seconds, decode_tokens, prefill_seconds = 0.0, 0, 0.0
+    decode_seconds, decode_tokens, prefill_seconds, prefill_tokens, modes = 0.0, 0, 0.0, 0, set()
     while llm.has_unfinished():
         start = time.perf_counter()
+        if profile is not None and decode_tokens:           # steady decode steps only
+            profile.enable()
         out = llm.step()
+        if profile is not None:
+            profile.disable()
         took = time.perf_counter() - start            # the sampled ids are on the host: the step is done
         if out.phase == "decode":
+            if out.trace.cuda_graph == "captured":     # this step also recorded the graph: not a steady step
+                continue
+            modes.add(out.trace.cuda_graph)
             decode_seconds += took
             decode_tokens += len(out.sampled)
         else:
             prefill_seconds += took
-    return {"format": kv_cache_dtype, "batch": batch, "context": context, "new_tokens": new_tokens,
-            "decode_tokens_per_s": decode_tokens / decode_seconds, "decode_ms_per_step":
-            1e3 * decode_seconds / max(1, decode_tokens // batch), "prefill_s": prefill_seconds}
+            prefill_tokens += sum(out.seq_lens[r] - out.num_cached_tokens[r] for r in out.request_ids)
+    steps = max(1, decode_tokens // batch)
+    row = {"format": kv_cache_dtype, "batch": batch, "context": context, "new_tokens": new_tokens,
+           "mode": "/".join(sorted(modes)), "decode_tokens_per_s": decode_tokens / decode_seconds,
+           "decode_ms_per_step": 1e3 * decode_seconds / steps, "prefill_s": prefill_seconds,
+           "prefill_tokens_per_s": prefill_tokens / max(prefill_seconds, 1e-9)}
+    replay = _replay_ms(llm, batch)
+    if replay is not None:
+        row["graph_replay_ms"] = replay
+        row["graph_replay_tokens_per_s"] = 1e3 * batch / replay
+    del llm
+    torch.cuda.empty_cache()
+    return row
+
+
+def _log_row(log, r) -> None:
+    replay = (f"; graph replay alone {r['graph_replay_ms']:6.2f} ms" if "graph_replay_ms" in r else "")
+    log(f"  {r['format']:22s} B={r['batch']:<3d} ctx={r['context']:<5d} {r['mode']:8s} "
+        f"{r['decode_tokens_per_s']:8.0f} decode tokens/s ({r['decode_ms_per_step']:6.2f} ms per step{replay}); "
+        f"prefill {r['prefill_tokens_per_s']:8.0f} tokens/s")
 
 
 def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, new_tokens: int = 16,
-             log=print) -> list[dict]:
-    """Decode speed per format on a fresh E2B-like checkpoint; one dict per format (x_auto: speed over auto's)."""
+             log=print, long_context: int = 0, long_formats=("auto", "int8_per_token_head", "fp8_per_token_head"),
+             csv_path=None, extras: bool = True, profile: bool = False) -> list[dict]:
+    """Decode speed per format on a fresh E2B-like checkpoint; one dict per (format, batch, context, mode)
+    (x_auto: speed over auto's at the same batch, context and mode)."""
     import torch
     log(f"gemma-4-E2B-like model (random weights, bf16), batch {batch}, prompts of {context} tokens, {new_tokens} "
         f"new tokens, {torch.cuda.get_device_name()}")
     rows = []
     with tempfile.TemporaryDirectory() as path:
-        e2b_like_checkpoint(path)
-        for fmt in kv_cache_dtypes:
-            r = gpu_decode_speed(path, fmt, batch, context, new_tokens)
+        e2b_like_checkpoint(path, max_position_embeddings=max(4096, long_context + new_tokens + 16))
+        runs = [(fmt, batch, context, None) for fmt in kv_cache_dtypes]
+        runs += [("auto", batch, context, True), ("auto", 1, context, None), ("auto", 1, context, True)]
+        runs = runs if extras else runs[:len(kv_cache_dtypes)]
+        runs += [(fmt, batch, long_context, None) for fmt in long_formats if long_context]
+        for i, (fmt, b, ctx, eager) in enumerate(runs):
+            prof = cProfile.Profile() if profile and i == 0 else None
+            r = gpu_decode_speed(path, fmt, b, ctx, new_tokens, enforce_eager=eager, profile=prof)
+            if prof is not None:
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+                log(f"host profile of {fmt}'s steady decode steps (cProfile, by own time):\n{text.getvalue()}")
             rows.append(r)
-            log(f"  {fmt:22s} {r['decode_tokens_per_s']:8.0f} decode tokens/s  ({r['decode_ms_per_step']:6.1f} ms per "
-                f"decode step; prefill {r['prefill_s']:5.1f} s)")
-            torch.cuda.empty_cache()
-    base = rows[0]["decode_tokens_per_s"] if rows and rows[0]["format"] == "auto" else None
-    if base:
-        for r in rows:
-            r["x_auto"] = r["decode_tokens_per_s"] / base
-        log("  x auto (bf16): " + ", ".join(f"{r['format']} {r['x_auto']:.2f}" for r in rows))
+            _log_row(log, r)
+            if csv_path:                      # after every run: a time limit keeps what finished
+                write_csv(rows, csv_path)
+    for r in rows:
+        base = next((x for x in rows if x["format"] == "auto" and (x["batch"], x["context"], x["mode"])
+                     == (r["batch"], r["context"], r["mode"])), None)
+        if base:
+            r["x_auto"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
     return rows
 
 
+def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
+    """(what, measured ratio, target) for the end-to-end targets, each ratio within the one run `rows`."""
+    out = []
+
+    def find(fmt, batch, context, mode):
+        return next((r for r in rows if (r["format"], int(r["batch"]), int(r["context"]), r["mode"])
+                     == (fmt, batch, context, mode)), None)
+    main = [r for r in rows if int(r["batch"]) > 1 and r["mode"] == "replayed"]
+    if main:
+        batch, context = int(main[0]["batch"]), int(main[0]["context"])
+        for r in (x for x in main if int(x["context"]) == context and x.get("graph_replay_tokens_per_s")):
+            out.append((f"engine decode tokens/s vs the same model's graph-captured step, {r['format']}, batch "
+                        f"{batch}, context {context}", r["decode_tokens_per_s"] / r["graph_replay_tokens_per_s"],
+                        0.8))
+        for ctx in sorted({int(x["context"]) for x in main}, reverse=True)[:1]:
+            bf16 = find("auto", batch, ctx, "replayed")
+            for fmt in ("fp8", "int8_per_token_head", "fp8_per_token_head"):      # the 1-byte formats
+                r = find(fmt, batch, ctx, "replayed")
+                if r and bf16:
+                    out.append((f"{fmt} vs bf16 engine decode tokens/s, batch {batch}, context {ctx} (default "
+                                f"placement)", r["decode_tokens_per_s"] / bf16["decode_tokens_per_s"], 1.2))
+        eager = find("auto", batch, context, "eager")
+        graph = find("auto", batch, context, "replayed")
+        if eager and graph:
+            out.append((f"bf16 engine decode, CUDA graphs vs eager, batch {batch}, context {context}",
+                        graph["decode_tokens_per_s"] / eager["decode_tokens_per_s"], 1.0))
+    for r in rows:
+        if int(r["batch"]) > 1 and r["mode"] == "replayed" and int(r["context"]) == int(main[0]["context"]):
+            # 5x the 16-23k tokens/s measured before this target was set (64 prompts x 2,048 tokens, H200)
+            out.append((f"prefill tokens/s, {r['format']}, vs 5 x 23,000", r["prefill_tokens_per_s"] / 115000,
+                        1.0))
+    return out
+
+
+def write_csv(rows: list[dict], path) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def format_targets(rows: list[dict]) -> list[str]:
+    from minikv.bench.timing import format_ratio
+    return [f"{'met   ' if v >= g else 'MISSED'} {format_ratio(v):>7s} (target {g:.2f}x)  {w}"
+            for w, v, g in targets(rows)]
+
+
 def gpu_main(args) -> int:
-    rows = gpu_rows(args.kv_cache_dtypes, args.batch, args.context, args.new_tokens,
-                    log=lambda line: print(line, flush=True))
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    rows = gpu_rows(args.kv_cache_dtypes, args.batch, args.context, args.new_tokens, log=log,
+                    long_context=args.long_context, long_formats=args.long_formats, csv_path=args.csv,
+                    extras=not args.no_extras, profile=args.profile)
+    b1 = {r["mode"]: r for r in rows if int(r["batch"]) == 1}
+    if b1:
+        log("batch 1, bf16: time per output token " + ", ".join(f"{m} {r['decode_ms_per_step']:.2f} ms"
+                                                                  for m, r in sorted(b1.items())))
+    log("\ntargets (ratios within this run):")
+    for line in format_targets(rows):
+        log(line)
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(rows, args.csv)
         print(f"wrote {args.csv}")
     return 0
 
@@ -147,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=positive_int, default=64, help="GPU: sequences decoded together")
     p.add_argument("--context", type=positive_int, default=2048, help="GPU: prompt tokens per sequence")
     p.add_argument("--new-tokens", type=positive_int, default=16, help="GPU: tokens generated per sequence")
+    p.add_argument("--long-context", type=int, default=8192, help="GPU: formats again at this context (0: not)")
+    p.add_argument("--long-formats", nargs="+", default=["auto", "int8_per_token_head", "fp8_per_token_head"],
+                   choices=FORMATS, help="GPU: the formats measured at --long-context")
+    p.add_argument("--no-extras", action="store_true", help="GPU: no eager and batch-1 runs")
+    p.add_argument("--profile", action="store_true", help="GPU: cProfile the first format's decode steps")
     p.add_argument("--csv", default=None, help="GPU: write the rows here")
     args = p.parse_args(argv)
     if args.device.startswith("cuda"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 
 import torch
 from tqdm import tqdm
@@ -90,18 +89,18 @@ def _sdpa(q, k, v, causal):
 
 
 def _bench_decode(device, kv_cache_dtype, dtype, batch, context, num_heads=32, kv_heads=8, head_size=128,
-                  block_size=16, with_reference=False) -> Row:
+                  block_size=16, with_reference=False, config=None) -> Row:
     spec, pool, tables, seq_lens, q, k, v = _paged_problem(kv_cache_dtype, dtype, batch, context, num_heads,
                                                            kv_heads, head_size, block_size, device)
     sm_scale = head_size ** -0.5
-    t_kernel = _time_ms(lambda: paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale, validate=False),
-                        device)
+    t_kernel = _time_ms(lambda: paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale, validate=False,
+                                                       config=config), device)
     kv_bytes = 2 * batch * context * spec.slot_bytes
     note = f"{_rate(kv_bytes, t_kernel)} of KV"
     if device == "cuda":
-        splits = launch.decode_config(batch, kv_heads, num_heads // kv_heads, head_size, spec.elem_bytes,
-                                      tables.shape[1] * block_size, q.device, fmt=spec.fmt,
-                                      placement=spec.placement).num_splits
+        splits = (config or launch.decode_config(batch, kv_heads, num_heads // kv_heads, head_size, spec.elem_bytes,
+                                                 tables.shape[1] * block_size, q.device, fmt=spec.fmt,
+                                                 placement=spec.placement)).num_splits
         note += f", {splits} split(s)"
     if with_reference or device != "cuda":
         t_ref = _time_ms(lambda: paged_decode_attention_reference(q, pool, tables, seq_lens, spec, sm_scale,
@@ -114,7 +113,7 @@ def _bench_decode(device, kv_cache_dtype, dtype, batch, context, num_heads=32, k
     t_sdpa = _time_ms(lambda: _sdpa(qs, ks, vs, False), device)
     if batch <= 8:        # small problems are bound by Python launch overhead: also show pure GPU time
         g_kernel = _graph_ms(lambda: paged_decode_attention(q, pool, tables, seq_lens, spec, sm_scale,
-                                                            validate=False))
+                                                            validate=False, config=config))
         g_sdpa = _graph_ms(lambda: _sdpa(qs, ks, vs, False))
         if g_kernel and g_sdpa:
             note += f"; CUDA graph: {g_kernel:.3f} ms vs SDPA {g_sdpa:.3f} ms ({g_sdpa / g_kernel:.2f}x)"
@@ -127,7 +126,7 @@ def _prefill_flops(batch, length, num_heads, head_size, causal) -> float:
 
 
 def _bench_prefill(device, dtype, batch, length, num_heads, kv_heads, head_size, causal=True,
-                   kv_cache_dtype=None, baseline="sdpa") -> Row:
+                   kv_cache_dtype=None, baseline="sdpa", config=None) -> Row:
     """Unfused context attention (kv_cache_dtype None) or the fused paged path reading a cache of that format."""
     cu = torch.tensor([i * length for i in range(batch + 1)], dtype=torch.int32, device=device)
     sm_scale = head_size ** -0.5
@@ -135,14 +134,15 @@ def _bench_prefill(device, dtype, batch, length, num_heads, kv_heads, head_size,
         q = torch.randn(batch * length, num_heads, head_size, device=device).to(dtype)
         k = torch.randn(batch * length, kv_heads, head_size, device=device).to(dtype)
         v = torch.randn(batch * length, kv_heads, head_size, device=device).to(dtype)
-        run = lambda: context_attention(q, k, v, cu, cu, causal, sm_scale, validate=False)  # noqa: E731
+        run = lambda: context_attention(q, k, v, cu, cu, causal, sm_scale, validate=False,  # noqa: E731
+                                        config=config)
         ref = lambda: context_attention_reference(q, k, v, cu, cu, causal, sm_scale, validate=False)  # noqa: E731
         name = f"prefill {str(dtype)[6:]} B={batch} L={length} H={num_heads}/{kv_heads}"
     else:
         spec, pool, tables, seq_lens, q, k, v = _paged_problem(kv_cache_dtype, dtype, batch, length, num_heads,
                                                                kv_heads, head_size, 16, device, q_len=length)
         run = lambda: paged_context_attention(q, pool, tables, cu, seq_lens, spec, causal, sm_scale,  # noqa: E731
-                                              validate=False)
+                                              validate=False, config=config)
         ref = lambda: paged_context_attention_reference(q, pool, tables, cu, seq_lens, spec, causal,  # noqa: E731
                                                         sm_scale, validate=False)
         name = f"fused prefill {kv_cache_dtype}/{str(dtype)[6:]} B={batch} L={length} H={num_heads}/{kv_heads}"
@@ -221,24 +221,16 @@ PREFILL_SWEEP = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4
 DECODE_SWEEP = [(64, 4, 3), (128, 4, 5), (128, 8, 3), (32, 4, 4)]
 
 
-def _fixed_config(config, *args, **kwargs):
-    return config
-
-
-def _sweep(label: str, config_name: str, configs: list, bench) -> list[Row]:
-    """Run `bench()` with launch.<config_name> pinned to each config in turn (GPU tuning aid)."""
-    rows, original = [], getattr(launch, config_name)
-    try:
-        for config in configs:
-            setattr(launch, config_name, functools.partial(_fixed_config, config))
-            try:
-                row = bench()
-                row.name = f"  {label} {config}"
-                rows.append(row)
-            except Exception as exc:  # noqa: BLE001 - report and go on: a config may not fit shared memory
-                print(f"{label} {config} failed: {type(exc).__name__}: {str(exc)[:160]}")
-    finally:
-        setattr(launch, config_name, original)
+def _sweep(label: str, configs: list, bench) -> list[Row]:
+    """Run `bench(config)` for each launch configuration in turn (GPU tuning aid)."""
+    rows = []
+    for config in configs:
+        try:
+            row = bench(config)
+            row.name = f"  {label} {config}"
+            rows.append(row)
+        except Exception as exc:  # noqa: BLE001 - report and go on: a config may not fit shared memory
+            print(f"{label} {config} failed: {type(exc).__name__}: {str(exc)[:160]}")
     return rows
 
 
@@ -246,16 +238,16 @@ def _sweeps() -> list[Row]:
     bf16 = torch.bfloat16
     rows = []
     prefill = [launch.ContextConfig(*c) for c in PREFILL_SWEEP]
-    rows += _sweep("prefill MHA", "context_config", prefill,
-                   lambda: _bench_prefill("cuda", bf16, 8, 4096, 32, 32, 128))
-    rows += _sweep("fused prefill int8", "context_config", prefill,
-                   lambda: _bench_prefill("cuda", bf16, 8, 4096, 32, 8, 128, kv_cache_dtype="int8_per_token_head"))
-    for fmt in ("auto", "fp8"):          # the pipelined kernel (row-placed per-token-head: kernels/decode_rows.py)
+    rows += _sweep("prefill MHA", prefill, lambda c: _bench_prefill("cuda", bf16, 8, 4096, 32, 32, 128, config=c))
+    rows += _sweep("fused prefill int8", prefill,
+                   lambda c: _bench_prefill("cuda", bf16, 8, 4096, 32, 8, 128, kv_cache_dtype="int8_per_token_head",
+                                            config=c))
+    for fmt in ("auto", "fp8", "int8_per_token_head"):
         one_byte = fmt != "auto"
         decode = [launch.DecodeConfig(16, n, 1, w, st, f16_dot=one_byte, convert_asm=one_byte)
                   for n, w, st in DECODE_SWEEP]
-        rows += _sweep(f"decode {fmt}", "decode_config", decode, lambda fmt=fmt: _bench_decode("cuda", fmt, bf16, 64,
-                                                                                                4096))
+        rows += _sweep(f"decode {fmt}", decode, lambda c, fmt=fmt: _bench_decode("cuda", fmt, bf16, 64, 4096,
+                                                                                  config=c))
     return rows
 
 

@@ -7,6 +7,8 @@ does). `Timing.how` says which way a figure was taken: "wall clock", "eager" or 
 """
 from __future__ import annotations
 
+import math
+
 import statistics
 import time
 from collections.abc import Callable
@@ -65,3 +67,9 @@ def time_ms(fn: Callable[[], object], device: str = "cuda", *, reps: int = 20, g
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return Timing(statistics.median(times), "cuda graph" if captured is not None else "eager")
+
+
+def format_ratio(value: float) -> str:
+    """A ratio to three decimals, rounded down (toward the target it is compared with from below), so a printed
+    ratio reaches its target only when the measured one does: never "MISSED 0.700x (target 0.70x)"."""
+    return f"{math.floor(value * 1000) / 1000:.3f}x"

@@ -114,6 +114,8 @@ class LLM:
       max_num_batched_tokens the most tokens one prefill step may compute
       repro                 a `minikv.ReproConfig`: the switches the reproductions turn (layout check at bind,
                             warmup shape, re-initialization on wake, arena mode, the cross-attention variants)
+      enforce_eager         True: no CUDA graphs; None (default): decode steps replay CUDA graphs on CUDA with the
+                            triton backend (minikv.engine.cuda_graph), eager on CPU
     """
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
@@ -121,14 +123,15 @@ class LLM:
                  backend: str = "triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
                  seed: int = 0, cross_pool_blocks: int | None = None, num_blocks: int | None = None,
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int = 4096,
-                 kv_scale_placement: str = "row", repro: ReproConfig | None = None, **moved):
+                 kv_scale_placement: str = "row", repro: ReproConfig | None = None,
+                 enforce_eager: bool | None = None, **moved):
         if moved:
             raise _moved_keywords(moved)
         model = _check_model(model)
         # Every option is checked once, by the config objects, before any weights are read or memory allocated.
         config = EngineConfig(
             model=None, device=device, dtype=dtype, backend=backend, reintroduce=reintroduce, sanitize=sanitize,
-            seed=seed, repro=ReproConfig() if repro is None else repro,
+            seed=seed, repro=ReproConfig() if repro is None else repro, enforce_eager=enforce_eager,
             cache=CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                               cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
                               kv_scale_placement=kv_scale_placement),
@@ -301,7 +304,8 @@ class LLM:
             if s.finish_reason is not None:
                 finished.append(self._output(s))
         trace = StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
-                          guard_check="passed" if self.config.sanitize else "off")
+                          guard_check="passed" if self.config.sanitize else "off", cuda_graph=ctx.cuda_graph,
+                          graph_batch=ctx.graph_batch)
         return StepOutput(step=ctx.step, phase="prefill" if is_prefill else "decode",
                           request_ids=tuple(s.request_id for s in batch),
                           sampled={s.request_id: t for s, t in zip(batch, tokens)},

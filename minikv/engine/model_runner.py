@@ -39,6 +39,7 @@ from minikv.cache.arena import KVArena, PoolSpec, SeparateKVArena
 from minikv.cache.blocks import slot_of
 from minikv.cache.layout import KVLayout
 from minikv.config import EngineConfig
+from minikv.engine.cuda_graph import DecodeGraphs
 
 
 def _available_host_bytes() -> int | None:
@@ -82,6 +83,10 @@ class ModelRunner:
         has_cross = any(b.kind == "cross" for b in owners)
         self.num_cross_blocks = (config.cache.cross_pool_blocks or config.scheduler.max_num_seqs * per_enc
                                  if has_cross else 0)
+        # CUDA-graph decode (minikv.engine.cuda_graph): the self pools get one block more than the block manager
+        # hands out, for the padding rows of a graph's batch
+        self.graphs = (DecodeGraphs(config.scheduler.max_num_seqs, per_seq, self.block_size, self.num_blocks,
+                                    self.device, per_enc if has_cross else 0) if config.cuda_graphs else None)
         self.arena: KVArena | None = None
         self.check_memory()
         self.wake_up()
@@ -149,7 +154,8 @@ class ModelRunner:
 
     # ---- the arena ------------------------------------------------------------------------------------------
     def pool_specs(self) -> list[PoolSpec]:
-        return [PoolSpec(name, layout, self.num_cross_blocks if name.startswith("cross.") else self.num_blocks)
+        padding = 1 if self.graphs is not None else 0
+        return [PoolSpec(name, layout, self.num_cross_blocks if name.startswith("cross.") else self.num_blocks + padding)
                 for name, layout in self.layouts.items()]
 
     def _bind_caches(self) -> None:
@@ -178,6 +184,8 @@ class ModelRunner:
         after an earlier "discard"). `mode` is one of minikv.config.SLEEP_MODES, checked by the LLM."""
         if self.arena is None:
             return                               # already freed
+        if self.graphs is not None:
+            self.graphs.clear()                  # graphs hold the pools' addresses: captured again after wake-up
         if self.asleep:
             if mode == "free":                   # discarded earlier; now the storage goes too
                 self._free_arena()
@@ -297,6 +305,10 @@ class ModelRunner:
         Nothing is checked yet: `check` does that, so a caller whose check fails still holds the context."""
         if self.arena is None or self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
+        if self.graphs is not None and not is_prefill and not capture and self.graphs.fits(seqs):
+            ctx, logits = self.graphs.decode(seqs, self.bindings, self.step, self._decode_logits)
+            self.step += 1
+            return logits, ctx
         input_ids, positions, md, encoder_out = self.prepare(seqs, is_prefill)
         ctx = ForwardContext(attn_metadata=md, bindings=self.bindings, step=self.step, capture=capture)
         hidden = self._forward(input_ids, positions, ctx, encoder_out)
@@ -317,6 +329,10 @@ class ModelRunner:
                      "every attention output was finite, so it arose after attention (MLP, norm or LM head)")
             raise FloatingPointError(f"step {ctx.step}: the logits hold NaN or inf; {where}. Check the model's "
                                      f"weights and the KV cache (sanitize=True checks the arena's guards)")
+
+    def _decode_logits(self, input_ids, positions, ctx: ForwardContext) -> torch.Tensor:
+        """A decode forward (one token per sequence) and the LM head: what a decode graph captures."""
+        return self.model.compute_logits(self._forward(input_ids, positions, ctx))
 
     @staticmethod
     def sample(logits: torch.Tensor, seqs) -> list[int]:

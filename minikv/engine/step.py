@@ -32,11 +32,17 @@ class StepTrace:
     during this step: a late fill with `overwritten > 0` is defect A at work. `guard_check`: "passed" when the
     arena's guard zones were checked after the step and found intact, "off" with `sanitize=False`; "failed"
     only in the `step_output` a KVCacheOverrunError carries (a damaged guard raises instead of returning a step).
+    `cuda_graph`: "eager" (launched op by op: every prefill, and every step on CPU or with enforce_eager=True),
+    "captured" (a decode step that ran eagerly and then captured its batch-size bucket's graph) or "replayed"
+    (a decode step replayed from that graph, its events those of the captured step); `graph_batch`: the bucket's
+    batch size (the step's sequences plus padding rows), 0 when eager (minikv.engine.cuda_graph).
     """
 
     events: tuple[CacheEvent, ...]
     scale_fills: tuple[ScaleFill, ...]
     guard_check: str
+    cuda_graph: str = "eager"
+    graph_batch: int = 0
 
     def pools_written(self) -> tuple[str, ...]:
         """The pools some layer wrote this step, in first-written order."""

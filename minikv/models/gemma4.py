@@ -74,10 +74,14 @@ class ScaledEmbedding(nn.Embedding):
     def __init__(self, num: int, dim: int, scale: float):
         super().__init__(num, dim)
         self.scale = scale
+        self._scales: dict = {}
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        scale = torch.tensor(self.scale, dtype=torch.float32, device=ids.device).to(self.weight.dtype)
-        return super().forward(ids) * scale
+        # made once per (device, dtype): a host-to-device copy cannot be captured in a CUDA graph
+        key = (ids.device, self.weight.dtype)
+        if key not in self._scales:
+            self._scales[key] = torch.tensor(self.scale, dtype=torch.float32, device=ids.device).to(self.weight.dtype)
+        return super().forward(ids) * self._scales[key]
 
 
 def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:

@@ -1,0 +1,249 @@
+"""CUDA-graph decode: the engine's decode forward captured once per batch-size bucket and replayed.
+
+A decode step launches a few kernels per layer from Python; at a small model's size the launches, not the GPU,
+take the time. vLLM and nano-vllm capture the decode forward in a CUDA graph per batch size and replay it, and so
+does minikv on CUDA (`LLM(..., enforce_eager=True)` turns it off; on CPU the engine is always eager):
+
+* buckets: 1, 2, 4, 8, then steps of 8 up to max_num_seqs (`batch_buckets`); a batch of n sequences runs in the
+  smallest bucket >= n, its rows past n padded (`pad_decode_batch`): token 0 at position 0, one token long, its
+  K/V written into a block reserved for padding (the runner allocates one block more than the block manager
+  hands out), its block table that block alone; so a padding row never writes to a live block;
+* static buffers: token ids, positions, slot mapping, block tables (as wide as a full-length sequence needs),
+  sequence lengths and, for encoder-decoder models, the cross block tables and encoder lengths: one set of the
+  largest bucket's size, each bucket's graph reading a prefix of it;
+* lazily: a bucket is captured at the first decode step that needs it, not at start-up. That step runs eagerly
+  first on the static buffers (it is a real step: its tokens are used; it compiles every kernel at the bucket's
+  shapes), then the same forward is captured (capturing records kernels, it runs nothing). By then every layer,
+  a KV-sharing layer included, has touched its cache in the first prefill, so a capture makes no scale fill (it
+  would be baked into the graph); the scale-wipe defect still happens where it always did, in that prefill;
+* what a replay did is known from the capture: the step trace repeats the captured step's cache events, and says
+  which steps captured and which replayed (`StepTrace.cuda_graph`, `graph_batch`);
+* prefill stays eager, and so does a step with `capture=True` (its trace keeps tensor copies) or a batch larger
+  than max_num_seqs; sleep() drops every graph (they hold the arena's addresses; wake_up() may get new ones), and
+  the next decode steps capture again.
+
+The seam around torch.cuda.graph is `CudaGraphCapture`; `DecodeGraphs` takes any object with its two methods,
+so the bucketing, padding and bookkeeping run on CPU in the tests with an eager stand-in (`EagerCapture`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minikv.attention.context import ForwardContext
+from minikv.attention.metadata import AttentionMetadata, CrossMetadata
+from minikv.cache.blocks import slot_of
+
+
+def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
+    """The batch sizes graphs are captured for: 1, 2, 4, 8, then steps of 8, and max_num_seqs itself."""
+    sizes = {b for b in (1, 2, 4, 8) if b < max_num_seqs} | set(range(16, max_num_seqs, 8)) | {max_num_seqs}
+    return tuple(sorted(sizes))
+
+
+def bucket_for(n: int, buckets: tuple[int, ...]) -> int | None:
+    """The smallest bucket holding n sequences; None if none does (the step then runs eagerly)."""
+    return next((b for b in buckets if b >= n), None)
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """One decode step's inputs on the host, padded to `bucket` rows (`pad_decode_batch`): int64 arrays [bucket]
+    and int32 block tables [bucket, width] (numpy: filling a wide table row by row from Python lists would cost
+    more host time than the step's kernels)."""
+
+    bucket: int
+    num_real: int
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    seq_lens: np.ndarray
+    block_tables: np.ndarray
+    encoder_lens: np.ndarray | None = None
+    cross_block_tables: np.ndarray | None = None
+
+
+def _tables(tables, bucket: int, width: int, pad_block: int, what: str) -> np.ndarray:
+    out = np.zeros((bucket, width), dtype=np.int32)
+    for i, table in enumerate(tables):
+        if len(table) > width:
+            raise ValueError(f"a {what} of {len(table)} blocks does not fit the graphs' {width}-block tables")
+        out[i, :len(table)] = table
+    out[len(tables):, 0] = pad_block
+    return out
+
+
+def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block: int,
+                     cross_width: int = 0) -> DecodeBatch:
+    """The decode inputs of `seqs` (one new token each) padded to `bucket` rows: padding rows write their token into
+    slot 0 of `dummy_block` and read that one token back; encoder-decoder padding rows read one encoder token of
+    cross block 0 (a read only: decode steps write nothing to the cross pool)."""
+    n = len(seqs)
+    if n > bucket:
+        raise ValueError(f"{n} sequences do not fit a bucket of {bucket}")
+    pad = bucket - n
+    last = [len(s) - 1 for s in seqs]
+
+    def column(values, fill):
+        return np.array(values + [fill] * pad, dtype=np.int64)
+    batch = dict(
+        input_ids=column([s.token_ids[p] for s, p in zip(seqs, last)], 0),
+        positions=column(last, 0),
+        slots=column([slot_of(s.block_table, p, block_size) for s, p in zip(seqs, last)], dummy_block * block_size),
+        seq_lens=column([len(s) for s in seqs], 1),
+        block_tables=_tables([s.block_table for s in seqs], bucket, width, dummy_block, "block table"))
+    if cross_width:
+        batch["encoder_lens"] = column([len(s.encoder_token_ids) for s in seqs], 1)
+        batch["cross_block_tables"] = _tables([s.cross_block_table for s in seqs], bucket, cross_width, 0,
+                                              "cross block table")
+    return DecodeBatch(bucket, n, **batch)
+
+
+class CudaGraphCapture:
+    """The one place torch.cuda.graph is used: capture `fn` into a graph (all graphs share one memory pool: they
+    never run at the same time, and each replay's outputs are read before the next one), replay it."""
+
+    def __init__(self):
+        self.pool = None
+
+    def capture(self, fn):
+        """Run nothing; record `fn()` and return (graph, its outputs)."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = fn()
+        return graph, outputs
+
+    @staticmethod
+    def warm_up(fn):
+        """Run `fn()` eagerly on a side stream, as torch recommends before capturing (workspaces, lazy init)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        return out
+
+    @staticmethod
+    def replay(graph) -> None:
+        graph.replay()
+
+
+class EagerCapture:
+    """A stand-in for CudaGraphCapture that runs on CPU: "capture" keeps the function, "replay" runs it again
+    (into the same output tensors, as a graph replay writes its captured outputs). For tests of the bookkeeping."""
+
+    def __init__(self):
+        self.captures = 0
+        self.replays = 0
+
+    def capture(self, fn):
+        self.captures += 1
+        holder = {"fn": fn, "out": fn()}
+        return holder, holder["out"]
+
+    @staticmethod
+    def warm_up(fn):
+        return fn()
+
+    def replay(self, holder) -> None:
+        self.replays += 1
+        for dst, src in zip(holder["out"], holder["fn"]()):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+
+
+@dataclass
+class _Captured:
+    graph: object
+    logits: torch.Tensor
+    events: tuple
+    finite: tuple
+
+
+class DecodeGraphs:
+    """One engine's decode graphs: static buffers, one captured forward per bucket, replays.
+
+    `forward(input_ids, positions, ctx) -> logits` is the runner's decode forward (model and LM head);
+    `dummy_block`: the self-attention block reserved for padding rows; `width` / `cross_width`: blocks per
+    sequence of the self / cross block tables (0: no cross attention)."""
+
+    def __init__(self, max_num_seqs: int, width: int, block_size: int, dummy_block: int, device,
+                 cross_width: int = 0, seam=None):
+        self.buckets = batch_buckets(max_num_seqs)
+        self.width, self.cross_width = width, cross_width
+        self.block_size, self.dummy_block = block_size, dummy_block
+        self.device = torch.device(device)
+        self.seam = seam if seam is not None else CudaGraphCapture()
+        self.captured: dict[int, _Captured] = {}
+        self._static: dict[str, torch.Tensor] | None = None
+
+    def fits(self, seqs) -> bool:
+        """Whether a decode batch can run through a graph: a bucket holds it and every block table fits."""
+        return (bucket_for(len(seqs), self.buckets) is not None
+                and all(len(s.block_table) <= self.width for s in seqs)
+                and (not self.cross_width or all(len(s.cross_block_table) <= self.cross_width for s in seqs)))
+
+    def clear(self) -> None:
+        """Drop every graph (sleep: the arena's addresses they hold may change); static buffers stay."""
+        self.captured.clear()
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        if self._static is None:
+            n, dev = self.buckets[-1], self.device
+            self._static = {
+                "input_ids": torch.zeros(n, dtype=torch.long, device=dev),
+                "positions": torch.zeros(n, dtype=torch.long, device=dev),
+                "slots": torch.zeros(n, dtype=torch.int64, device=dev),
+                "seq_lens": torch.ones(n, dtype=torch.int32, device=dev),
+                "block_tables": torch.zeros(n, self.width, dtype=torch.int32, device=dev),
+                "query_start_loc": torch.arange(n + 1, dtype=torch.int32, device=dev),
+                "encoder_lens": torch.ones(n, dtype=torch.int32, device=dev),
+                "cross_block_tables": torch.zeros(n, max(1, self.cross_width), dtype=torch.int32, device=dev),
+            }
+        return self._static
+
+    def _load(self, batch: DecodeBatch) -> dict[str, torch.Tensor]:
+        """Copy the padded batch into the static buffers; return the bucket's views of them."""
+        buf, b = self._buffers(), batch.bucket
+        names = ["input_ids", "positions", "slots", "seq_lens", "block_tables"]
+        names += ["encoder_lens", "cross_block_tables"] if self.cross_width else []
+        for name in names:
+            buf[name][:b].copy_(torch.from_numpy(getattr(batch, name)))
+        return {name: t[: b + 1] if name == "query_start_loc" else t[:b] for name, t in buf.items()}
+
+    def _metadata(self, views: dict[str, torch.Tensor]) -> AttentionMetadata:
+        md = AttentionMetadata(is_prefill=False, slot_mapping=views["slots"], query_start_loc=views["query_start_loc"],
+                               seq_lens=views["seq_lens"], block_tables=views["block_tables"], max_query_len=1,
+                               max_seq_len=self.width * self.block_size)
+        if self.cross_width:
+            md.cross = CrossMetadata(encoder_seq_lens=views["encoder_lens"], block_tables=views["cross_block_tables"])
+        return md
+
+    def decode(self, seqs, bindings, step: int, forward) -> tuple[ForwardContext, torch.Tensor]:
+        """One decode step of `seqs` through its bucket's graph (captured first if this is the bucket's first
+        step). Returns the step's context (trace) and the logits of the real rows."""
+        bucket = bucket_for(len(seqs), self.buckets)
+        batch = pad_decode_batch(seqs, bucket, self.width, self.block_size, self.dummy_block, self.cross_width)
+        views = self._load(batch)
+        md = self._metadata(views)
+        captured = self.captured.get(bucket)
+        if captured is None:
+            ctx = ForwardContext(attn_metadata=md, bindings=bindings, step=step)
+            logits = self.seam.warm_up(lambda: forward(views["input_ids"], views["positions"], ctx))
+            recording = ForwardContext(attn_metadata=md, bindings=bindings, step=step)
+            graph, (out,) = self.seam.capture(lambda: (forward(views["input_ids"], views["positions"], recording),))
+            if recording.scale_fills:
+                raise RuntimeError(f"capturing the decode graph of batch {bucket} filled a scale region "
+                                   f"({recording.scale_fills[0].layer}): a graph must not hold a fill")
+            self.captured[bucket] = _Captured(graph, out, tuple(recording.events), tuple(recording.finite))
+            ctx.cuda_graph, ctx.graph_batch = "captured", bucket
+            return ctx, logits[: batch.num_real]
+        self.seam.replay(captured.graph)
+        ctx = ForwardContext(attn_metadata=md, bindings=bindings, step=step, events=list(captured.events),
+                             finite=list(captured.finite))
+        ctx.cuda_graph, ctx.graph_batch = "replayed", bucket
+        return ctx, captured.logits[: batch.num_real]
