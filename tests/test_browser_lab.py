@@ -495,7 +495,8 @@ def test_search_works_from_disk(site_on_disk):
         tab.goto((site / "index.html").as_uri(), wait_until="load")
         query = tab.locator("input.md-search__input")      # in the header at this width
         query.click()
-        query.fill("scale wipe")
+        tab.wait_for_function("() => document.querySelector('iframe') !== null", timeout=30_000)  # the worker
+        query.press_sequentially("scale wipe", delay=30)    # typed: the theme searches on key events
         tab.wait_for_function("() => document.querySelectorAll('.md-search-result__item').length > 0",
                               timeout=30_000)
         meta = tab.locator(".md-search-result__meta").inner_text()
