@@ -163,10 +163,11 @@ def reference(defect: str) -> str:
     prs = [s for s in steps if s.kind == "pull request"]
     issues = [s for s in steps if s.kind == "issue"]
     fix = prs[-1]
-    state = f"{fix.state} as of {CHECKED}" if fix.state else f"state not recorded, checked {CHECKED}"
-    text = f"{fix.short} ({state})"
+    state = f"{fix.state} as of {CHECKED}" if fix.state else f"merge state not recorded; checked {CHECKED}"
+    engine, number = fix.short.split(" ")
+    text = f"{engine} pull request {number} ({state})"
     if defect == "scale-wipe":
-        return (f"{text}, after the closed {prs[0].short}; issues "
+        return (f"{text}, after the closed #{prs[0].number}; issues "
                 f"{' and '.join('#%d' % s.number for s in issues)} (upstream now says their primary failures are another defect)")
     return f"{text}, closing issue #{issues[0].number}"
 
