@@ -156,10 +156,17 @@ def row_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
     return row_byte_offset(spec, block, kv, in_block, heads)
 
 
+def slot_of(block_table, position, block_size: int):
+    """The cache slot of token `position` of a sequence: its block's id times block_size, plus its place in it.
+    The one place the formula is written: `block_table` a list and `position` an int (the block manager, the
+    runner), or both tensors (`sequence_slots`)."""
+    return block_table[position // block_size] * block_size + position % block_size
+
+
 def sequence_slots(block_table_row: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
     """int64 [length]: the cache slot of each of a sequence's first `length` tokens."""
     n = torch.arange(length, device=block_table_row.device, dtype=torch.int64)
-    return block_table_row.to(torch.int64)[n // block_size] * block_size + n % block_size
+    return slot_of(block_table_row.to(torch.int64), n, block_size)
 
 
 def _flat(pool: torch.Tensor) -> torch.Tensor:

@@ -186,7 +186,7 @@ def _hunt_every_defect(args, command: str) -> int:
     from minikv.bugs import DEFECTS
     from minikv.hunt import cli as hunt_cli
     from minikv.hunt import hunt
-    from minikv.hunt.reference import DenseReference, calibrate
+    from minikv.hunt.reference import LOGIT_TOLERANCE, DenseReference, calibrate
     from minikv.hunt.strategies import cell_label, prompt_pool
     hunt_cli.check_outputs(args)
     load = os.getloadavg()[0]
@@ -272,6 +272,13 @@ def _hunt_every_defect(args, command: str) -> int:
                                     "rows": checks}},
             # each hunt's report, less its list of scenarios (thousands; the same seed tries them again, and
             # `minikv hunt --results` for one hunt lists them)
+            "calibration": {
+                "statistic": "largest deviation of the fixed engine's logits from the dense reference's (same "
+                             "context; |difference| over the row's largest |logit|), per cell, over every scenario "
+                             "of the fixed engine's hunt, beside minikv.hunt.reference.LOGIT_TOLERANCE",
+                "largest_logit_deviation": {cell_label(c): float(f"{d:.3g}")
+                                            for c, d in fixed.logit_deviation.items()},
+                "tolerance": {f"{k[0]} x {k[1]}": v for k, v in LOGIT_TOLERANCE.items()}},
             "hunts": {label: {k: v for k, v in hunt_cli.results_data(r, command, label).items() if k != "scenarios"}
                       for label, r in reports.items()}})
         print(f"results written to {args.results}")
@@ -323,7 +330,12 @@ def demo_doc() -> str:
 def build_parser() -> argparse.ArgumentParser:
     import minikv
     from minikv.models.registry import MODEL_NAMES
-    p = UsageParser(prog="minikv", description=__doc__.splitlines()[0])
+    p = UsageParser(prog="minikv", description=__doc__.splitlines()[0],
+                    epilog="Every error is one line, `minikv: error: MESSAGE (hint: WHAT TO DO)`. Exit status: 0 "
+                           "done; 1 a found defect or failed check (a hunt's finding, a reproduction whose "
+                           "signatures do not hold, the sanitizer catching an overrun); 2 bad input (an argument, "
+                           "a checkpoint directory or a prompt minikv cannot take); 3 an engine fault (a fault in "
+                           "minikv itself: run again with --traceback and report it).")
     p.add_argument("--version", action="version", version=f"minikv {minikv.__version__}")
     p.add_argument("--traceback", action="store_true",
                    help="on an error, print the traceback before the one-line message (anywhere on the command "

@@ -125,7 +125,7 @@ def _run_snippet(code: str) -> tuple[int, str]:
 
 # (checkpoint, defect or None, scenarios at most): the fixed engine comes out clean, and each defect the
 # architecture has is found.
-WALK_HUNTS = [("gemma4", None, 24), ("gemma4", "scale-wipe", 40), ("t5", None, 24), ("t5", "cross-stride", 24),
+WALK_HUNTS = [("gemma4", None, 16), ("gemma4", "scale-wipe", 40), ("t5", None, 16), ("t5", "cross-stride", 24),
               ("t5", "cross-fp8-context-read", 24)]
 
 
@@ -169,3 +169,21 @@ def test_walk_bad_checkpoints_are_one_line(dirs, tmp_path, capsys, case, damage,
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and err.startswith("minikv: error: "), err
         assert fragment in err and "Traceback" not in err, (argv, err)
+
+
+def test_prefix_sharing_prompt_sets_on_a_decoder_only_checkpoint(dirs):
+    """A decoder-only checkpoint's prompts are free, so the hunter also draws sets whose tokens (BOS + the prompt, as
+    the engine's prefix cache sees them) share exactly a prefix ending inside a block, at a block boundary, or
+    several blocks in; each prompt round-trips token for token."""
+    from minikv.hunt import strategies
+    model = str(dirs["gemma4"].resolve())
+    tok = registry.get_tokenizer(model)
+    assert strategies.prefix_lengths(model, 16) == [15, 16, 17, 32, 33, 47]
+    for shared in strategies.prefix_lengths(model, 16):
+        prompts = strategies.shared_prefix_prompts(model, shared, 3)
+        assert prompts is not None, shared
+        ids = [[tok.bos_id, *tok.encode(p)] for p in prompts]
+        assert all(tok.decode(i[1:]) == p for i, p in zip(ids, prompts))
+        assert len({tuple(i[:shared]) for i in ids}) == 1 and len({i[shared] for i in ids}) == 3, shared
+    assert strategies.prefix_lengths(str(dirs["t5"].resolve()), 16) and strategies.model_is_encoder_decoder(
+        str(dirs["t5"].resolve()))              # T5's encoder prompts share no decoder prefix: plain requests there

@@ -17,7 +17,8 @@ from minikv.hunt.strategies import cells  # noqa: E402
 
 def _report(n: int, refused_every: int = 0, found_at: int | None = None, shrink: int = 0) -> HuntReport:
     grid = cells()
-    tried = [Scenario(*grid[i % len(grid)], requests=(Request("3 7 11", 1 + i % 3),)) for i in range(n + (found_at is not None) + shrink)]
+    total = n + (found_at is not None) + shrink
+    tried = [Scenario(*grid[i % len(grid)], requests=(Request("3 7 11", 1 + i % 3),)) for i in range(total)]
     refused = [s for i, s in enumerate(tried) if refused_every and i % refused_every == 0]
     finding = None
     if found_at is not None:
@@ -28,7 +29,8 @@ def _report(n: int, refused_every: int = 0, found_at: int | None = None, shrink:
 
 
 def test_the_search_map_is_legible_and_its_legends_true():
-    reports = {"the fixed engine": _report(118), "a defect, found": _report(20, refused_every=2, found_at=20, shrink=12),
+    reports = {"the fixed engine": _report(118),
+               "a defect, found": _report(20, refused_every=2, found_at=20, shrink=12),
                "found, not shrunk": _report(10, found_at=10)}
     fig = search_map(reports)
     fig.canvas.draw()

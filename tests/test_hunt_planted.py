@@ -68,3 +68,30 @@ def test_a_planted_defect_is_found(scratch, plant, invariants):
     assert f"{plant.__qualname__}(llm)" in report.finding.snippet      # the reproduction plants it too
     assert report.finding.scenario.kv_cache_dtype.endswith("_per_token_head")
     assert list(scratch.iterdir()) == []
+
+
+def attention_off_by_a_hair(llm):
+    """Every attention output 0.2% too large: attention shifts, but no greedy token of the shipped models flips."""
+    for op in ("context", "paged_context", "decode"):
+        wrap_kernel_op(llm, op, lambda kernel: lambda *args, **kwargs: kernel(*args, **kwargs) * 1.002)
+
+
+def test_a_shift_no_token_shows_is_found_by_the_logits(scratch):
+    """matches-reference compares each step's logits with the dense model's, within the cell's LOGIT_TOLERANCE:
+    tight on 16-bit float32 cells, so a defect that changes no token is still found, and on the plainest cell."""
+    from minikv.hunt.reference import LOGIT_TOLERANCE
+    reference = DenseReference()
+    report = hunt(instrument=attention_off_by_a_hair, max_scenarios=24, budget_s=None, reference=reference,
+                  progress=False)
+    assert report.found, report.text()
+    v = report.finding.violations[0]
+    assert v.oracle == "matches-reference" and "logits before token" in v.summary, report.text()
+    assert (report.finding.scenario.kv_cache_dtype, report.finding.scenario.dtype) in LOGIT_TOLERANCE
+    saved = dict(LOGIT_TOLERANCE)
+    try:          # without the logits check (tolerances out of reach), the same scenarios up to it find nothing
+        LOGIT_TOLERANCE.update({k: float("inf") for k in LOGIT_TOLERANCE})
+        blind = hunt(instrument=attention_off_by_a_hair, max_scenarios=report.finding.scenarios_before + 1,
+                     budget_s=None, reference=reference, progress=False)
+    finally:
+        LOGIT_TOLERANCE.update(saved)
+    assert not blind.found, blind.text()

@@ -179,10 +179,15 @@ def test_decode_head_size_512(fmt, heads):
 # The "row" placement's aligned reads (ROW_WINDOW, the GPU's path): kv-head counts whose slot stride is a multiple
 # of 16 bytes, so every phase (0, 4, 8, 12 bytes past a 16-byte boundary) occurs; NaN-pattern bytes (0x7F is an
 # e4m3 NaN) everywhere no row is written, so a stray column that reached a score would show.
-@pytest.mark.parametrize("kv_cache_dtype", ["int8_per_token_head", "fp8_per_token_head"])
-@pytest.mark.parametrize("dtype,f16,num_splits", [(torch.float16, True, 1), (torch.float32, False, 3),
-                                                  (torch.float16, False, 2)])
-@pytest.mark.parametrize("heads,head_size", [((8, 4), 32), ((16, 8), 64), ((4, 4), 16)])
+ROW_WINDOW_CASES = [("int8_per_token_head", torch.float16, True, 1, (8, 4), 32),
+                    ("fp8_per_token_head", torch.float32, False, 3, (8, 4), 32),
+                    ("int8_per_token_head", torch.float32, False, 3, (16, 8), 64),
+                    ("fp8_per_token_head", torch.float16, False, 2, (16, 8), 64),
+                    ("fp8_per_token_head", torch.float16, True, 2, (4, 4), 16),
+                    ("int8_per_token_head", torch.float16, False, 1, (4, 4), 16)]
+
+
+@pytest.mark.parametrize("kv_cache_dtype,dtype,f16,num_splits,heads,head_size", ROW_WINDOW_CASES)
 def test_row_window_reads(kv_cache_dtype, dtype, f16, num_splits, heads, head_size):
     from minikv.kernels.decode_attention import row_window_applies
     (num_heads, kv_heads), lens, block_size = heads, [1, 17, 40, 5], 16

@@ -9,7 +9,7 @@ from conftest import (BLOCK_SIZES, CPU_FORMATS, HEAD_SIZES, attention_tolerance,
 from minikv.cache.arena import KVArena, PoolSpec
 from minikv.kernels import (formats, paged_decode_attention, paged_decode_attention_reference, write_kv,
                             write_kv_reference)
-from minikv.kernels.addressing import gather_rows
+from minikv.kernels.addressing import gather_rows, sequence_slots
 
 KV_HEADS = [1, 2, 4]
 TOKEN_COUNTS = ["one", "block-1", "block", "block+1", "many"]
@@ -148,8 +148,7 @@ def check_mixed_layouts(fmt, shapes, block_size: int, device) -> None:
              for i, (h, d) in enumerate(shapes)]
     assert len({s.layout.block_bytes for s in specs}) == len(specs)
     arena = KVArena(specs, device)
-    slots = torch.cat([tables[b].long()[torch.arange(n, device=device) // block_size] * block_size
-                       + torch.arange(n, device=device) % block_size for b, n in enumerate(lens)])
+    slots = torch.cat([sequence_slots(tables[b], n, block_size) for b, n in enumerate(lens)])
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     for s in specs:                               # write every pool first, then read each back
         lay = s.layout

@@ -1,6 +1,6 @@
 """Full-size random checkpoints on a CUDA GPU: transformers builds gemma-4-E2B's text model (5.1 B parameters) or a
 flan-t5-base-sized T5, saves it as a bf16 checkpoint directory with a tokenizer.json (tools/random_checkpoints.py),
-and minikv loads that directory and matches transformers' logits (tools/fidelity_device.sh runs it).
+and minikv loads that directory and matches transformers' logits (`bash tools/gpu.sh fidelity` runs it).
 
     python tools/fullsize_parity.py gemma4 DIR       # gemma-4-E2B's dimensions, sharded into 2 GB files
     python tools/fullsize_parity.py t5 DIR           # flan-t5-base's dimensions, one file

@@ -11,6 +11,7 @@
 #   bash tools/gpu.sh notebook   # notebook 05 executed and recorded (its first cell runs the attention benchmark)
 #   bash tools/gpu.sh fidelity   # the full-size random checkpoints against transformers, both repros on them
 #   bash tools/gpu.sh memcheck   # defect B1 under compute-sanitizer (tools/memcheck_cross_stride.py)
+#   bash tools/gpu.sh tokens     # token ids of every shipped model, format, placement and backend on CUDA
 #
 # Several steps in one call run in order: `bash tools/gpu.sh tests bench`. Logs and results go to $OUT (default
 # build/gpu); PYTHON picks the interpreter (default python3); TRITON_CACHE_DIR=fresh starts from an empty kernel
@@ -23,7 +24,13 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 if [ "${TRITON_CACHE_DIR:-}" = fresh ]; then export TRITON_CACHE_DIR=$(mktemp -d); fi
 status=0
-[ $# -gt 0 ] || { sed -n '2,17p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,18p' "$0"; exit 2; }
+for step in "$@"; do
+  case "$step" in
+    tests|repro|bench|tune|notebook|fidelity|memcheck|tokens) ;;
+    *) echo "unknown step '$step': choose from tests repro bench tune notebook fidelity memcheck tokens"; exit 2 ;;
+  esac
+done
 
 # ---- the one preamble -------------------------------------------------------------------------------------------
 if [ -z "${WHEELS_INSTALLED:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
@@ -88,10 +95,10 @@ tune() {
     | tee "$OUT/sweep.log" | grep -v "^  failed" | tail -60
   timeout 150 /usr/local/cuda/bin/ncu --clock-control none --target-processes all -k regex:_decode_ \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
-    --section WarpStateStats --csv --page details $PY tools/profile_decode.py run ${PROFILE_FORMATS:-} \
+    --section WarpStateStats --csv --page details $PY -m minikv.bench.profile_decode run ${PROFILE_FORMATS:-} \
     > "$OUT/ncu_decode.csv" 2> "$OUT/ncu.err"
   echo "ncu exit $?"; tail -3 "$OUT/ncu.err"
-  $PY tools/profile_decode.py summarize "$OUT/ncu_decode.csv" | tee "$OUT/ncu_summary.txt"
+  $PY -m minikv.bench.profile_decode summarize "$OUT/ncu_decode.csv" | tee "$OUT/ncu_summary.txt"
 }
 
 notebook() {
@@ -109,14 +116,87 @@ PY
   cp notebooks/05_gpu_performance.ipynb notebooks/data/gpu_attention.csv "$OUT/"
 }
 
-fidelity() { OUT="$OUT" PYTHON="$PY" bash tools/fidelity_device.sh e2b t5; }
-memcheck() { OUT="$OUT" PYTHON="$PY" bash tools/fidelity_device.sh memcheck; }
+# memcheck / fidelity need transformers >= 5.24 (carry its wheel in .whl/; the machine's own is older).
+# DRY=1: a dry run on a CPU machine at small dimensions, without the sanitizer (PYTHON=.venv/bin/python there).
+# PADDING: bytes of unallocated padding memcheck puts after every CUDA allocation (default 1 MiB). Without it the
+# driver packs small cudaMallocs back to back, so an overrun of one pool lands inside the next allocation, which
+# memcheck counts as valid memory (silently wrong tokens with separate pools too); PADDING=0 leaves it out.
+if [ -n "${DRY:-}" ]; then
+  SANITIZER=""; DIMS="tiny cpu"; DEVICE=cpu
+else
+  PAD=${PADDING-1048576}
+  SANITIZER="compute-sanitizer --tool memcheck --print-limit 4${PAD:+ --padding $PAD}"; DIMS=""; DEVICE=cuda
+  [ "$PAD" = 0 ] && SANITIZER="compute-sanitizer --tool memcheck --print-limit 4"
+fi
+
+memcheck() {
+  # defect B1 under compute-sanitizer (tools/memcheck_cross_stride.py): one arena (the overrun stays inside the
+  # allocation: no report, silently wrong tokens) against one allocation per pool (TensorRT-LLM's shape:
+  # out-of-bounds accesses reported), the fixed backend and a 2x pool (no report)
+  local rc=0 cases="one-arena-historical-1.5x per-pool-historical-1.5x per-pool-fixed-1.5x per-pool-historical-2x"
+  [ -z "$SANITIZER" ] || compute-sanitizer --version 2>&1 | head -3
+  timeout 40 $PY tools/memcheck_cross_stride.py reference /tmp/memcheck_ref.json || rc=1
+  # compile the historical kernels once without the sanitizer (the one-arena case stays inside its allocation)
+  timeout 30 $PY tools/memcheck_cross_stride.py one-arena-historical-1.5x --reference /tmp/memcheck_ref.json \
+    2>&1 | grep RESULT | sed 's/^RESULT/warm-up, no sanitizer:/'
+  for case in $cases; do                       # one process each, side by side on the one GPU
+    ( echo "== ${SANITIZER:-no sanitizer (dry run)}: $case"
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 60 $SANITIZER $PY tools/memcheck_cross_stride.py "$case" \
+        --reference /tmp/memcheck_ref.json 2>&1 | grep -v "Host Frame"
+      echo "== exit status ${PIPESTATUS[0]}" ) > "/tmp/memcheck_$case.txt" &
+  done
+  wait
+  for case in $cases; do cat "/tmp/memcheck_$case.txt"; done
+  return $rc
+}
+
+fidelity() {
+  # gemma-4-E2B's full text model with random weights, built and saved (bf16, sharded) by transformers with a
+  # tokenizer.json: minikv loads it and matches transformers' logits, then the scale-wipe repro on it; the same at
+  # flan-t5-base's dimensions, then the cross-stride repro (B1 thresholds, B2) on it, beside the E2B steps
+  local rc=0
+  ( rm -rf /tmp/t5b
+    timeout 60 $PY tools/fullsize_parity.py t5 /tmp/t5b $DIMS 2>&1 | grep -v "Writing\|deprecated\|output = func"
+    timeout 120 $PY -m minikv repro cross-stride --model /tmp/t5b --device $DEVICE 2>&1 | grep -v "falls back"
+  ) > "$OUT/flan_t5_base_fullsize.log" 2>&1 &
+  rm -rf /tmp/e2b
+  timeout 120 $PY tools/fullsize_parity.py gemma4 /tmp/e2b $DIMS 2>&1 | grep -v "Writing\|deprecated\|output = func" \
+    | tee "$OUT/e2b_fullsize.log" || rc=1
+  timeout 110 $PY -m minikv repro scale-wipe --model /tmp/e2b --device $DEVICE --max-num-seqs 4 --requests 8 \
+    --formats int8_per_token_head --skip-extras --damage attention 2>&1 | tee -a "$OUT/e2b_fullsize.log" || rc=1
+  rm -rf /tmp/e2b
+  wait
+  cat "$OUT/flan_t5_base_fullsize.log"
+  return $rc
+}
+
+tokens() {
+  # token ids of every shipped model x format x placement x backend on CUDA, greedy, into $OUT/tokens_cuda.json:
+  # the GPU side of the "tokens unchanged" check (compare two runs' files)
+  timeout ${TOKENS_TIMEOUT:-260} $PY - "$OUT/tokens_cuda.json" <<'PY'
+import json, sys, time
+import minikv
+out, start = {}, time.time()
+for model in ("tiny-gemma4", "tiny-t5"):
+    task = minikv.tasks.for_model(model)
+    prompts = task.prompts(n=8, seed=123)
+    for fmt in ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head"):
+        for placement in (("row", "block") if fmt.endswith("per_token_head") else ("row",)):
+            for backend in ("torch", "triton"):
+                llm = minikv.LLM(model=model, kv_cache_dtype=fmt, backend=backend, max_num_seqs=4, seed=0,
+                                 device="cuda", kv_scale_placement=placement)
+                outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=10 if model == "tiny-gemma4" else 44),
+                                    use_tqdm=False)
+                key = f"{model}/{fmt}/{placement}/{backend}"
+                out[key] = {"prompts": prompts, "ids": [o.token_ids for o in outs],
+                            "right": sum(task.check(p, o.text) for p, o in zip(prompts, outs))}
+                print(f"{key} {out[key]['right']}/8 right ({time.time() - start:.0f} s)", flush=True)
+                with open(sys.argv[1], "w") as f:      # after every run: a time limit keeps what finished
+                    json.dump(out, f, indent=1)
+PY
+}
 
 for step in "$@"; do
-  case "$step" in
-    tests|repro|bench|tune|notebook|fidelity|memcheck) ;;
-    *) echo "unknown step '$step': choose from tests repro bench tune notebook fidelity memcheck"; exit 2 ;;
-  esac
   echo "== $step"
   "$step" 2>&1 | tee "$OUT/$step.log"
   rc=${PIPESTATUS[0]}

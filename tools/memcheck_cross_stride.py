@@ -1,5 +1,5 @@
 """Defect B1 as a GPU bounds checker sees it: one engine run per process, meant to run under
-`compute-sanitizer --tool memcheck` on a CUDA GPU (tools/fidelity_device.sh does), with
+`compute-sanitizer --tool memcheck` on a CUDA GPU (`bash tools/gpu.sh memcheck` does), with
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that every torch allocation is its own cudaMalloc, as memcheck needs to know
 where an allocation ends.
 

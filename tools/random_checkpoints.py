@@ -1,6 +1,6 @@
 """Random-weight checkpoint directories written by transformers, with a tokenizer.json built here: what a user's
 real checkpoint looks like to minikv (config.json, bf16 safetensors, sharded or not, a Hugging Face tokenizer), made
-without any download. The tests use small ones; the GPU run (tools/fidelity_device.sh) builds full-size ones.
+without any download. The tests use small ones; the GPU run (`bash tools/gpu.sh fidelity`) builds full-size ones.
 
     python tools/random_checkpoints.py gemma4 DIR [--dims tiny|e2b] [--shard 2GB]
     python tools/random_checkpoints.py t5 DIR [--dims tiny|flan-t5-base] [--shard 100KB]

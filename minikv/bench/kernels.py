@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from minikv.bench.timing import time_ms
 from minikv.cache.layout import KVLayout
+from minikv.kernels.addressing import sequence_slots
 from minikv.kernels import (INTERPRETED, context_attention, context_attention_reference, launch, mode,
                             paged_context_attention, paged_context_attention_reference, paged_decode_attention,
                             paged_decode_attention_reference, write_kv, write_kv_reference)
@@ -62,8 +63,7 @@ def _paged_problem(kv_cache_dtype, dtype, batch, context, num_heads, kv_heads, h
     pool = torch.zeros(num_blocks, spec.block_bytes, dtype=torch.uint8, device=device)
     k = torch.randn(batch * context, kv_heads, head_size, device=device).to(dtype)
     v = torch.randn(batch * context, kv_heads, head_size, device=device).to(dtype)
-    tok = torch.arange(context, device=device)
-    slots = (tables.long()[:, tok // block_size] * block_size + tok % block_size).reshape(-1)
+    slots = torch.cat([sequence_slots(row, context, block_size) for row in tables])
     write_kv(k, v, pool, slots, spec)
     q = torch.randn(batch * q_len, num_heads, head_size, device=device).to(dtype)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)

@@ -31,6 +31,8 @@ from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from typing import Protocol
 
+from minikv.kernels.addressing import slot_of  # noqa: F401  (the slot formula, written once; re-exported)
+
 
 class BlockTableHolder(Protocol):
     """What the block manager needs from a request: the cache package defines it, the engine's `Sequence`
@@ -69,9 +71,6 @@ def chain_root(seq: BlockTableHolder) -> int:
     return hash((tuple(seq.encoder_token_ids),))
 
 
-def slot_of(block_table: SequenceOf[int], position: int, block_size: int) -> int:
-    """The cache slot of token `position` of a sequence: its block's id times block_size, plus its place in it."""
-    return block_table[position // block_size] * block_size + position % block_size
 
 
 @dataclass

@@ -99,6 +99,7 @@ def run(args, label: str = "the hunt", command: str = "minikv hunt") -> int:
                   backend=args.backend, seed=args.seed, budget_s=args.budget,
                   max_scenarios=args.max_scenarios or None, oracles=args.oracle)
     print(report.text())
+    print("(scenario, cell, wave, refused, near tie, shrunk: `minikv hunt --help` says what each word means)")
     if getattr(args, "results", None):
         write_json(args.results, results_data(report, command, label))
         print(f"results written to {args.results}")

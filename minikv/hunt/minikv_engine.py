@@ -6,7 +6,8 @@ reads, self or cross) and `llm.arena` (its byte storage, pool offsets and layout
 arena's bytes before the step and diffs them after: every changed byte must lie in a row the step's slot
 mapping names (codes and inline scales of the named slots, K and V, every KV head); anything else, a guard
 zone included, is a stray write. Right after a request's prefill it keeps the bytes of every token position it
-wrote (codes and scales apart), for the first-versus-later check.
+wrote (codes and scales apart), for the first-versus-later check. Through `seams.record_logits` it also keeps the
+logits each token was sampled from, for the comparison with the dense reference's.
 
 The engine under test is `LLM(..., reintroduce=<the tuple given>)`, passed through unread; `instrument` (a
 callable) is applied to every engine built, which is how tests plant defects of their own. With a backend other
@@ -18,11 +19,13 @@ import functools
 
 import torch
 
+from minikv.cache.blocks import slot_of
 from minikv.config import ReproConfig
 from minikv.kernels.errors import BadInputError
 
 from .record import KVRow, RequestResult, Run, StrayWrite
 from .scenario import Scenario, torch_dtype
+from .seams import record_logits
 from .shadow import KernelShadow
 
 SCALE_BYTES = 4
@@ -57,6 +60,9 @@ class MinikvEngine:
         llm = minikv.LLM(**kw)
         if self.instrument is not None:
             self.instrument(llm)
+        llm._hunt_logits = {}
+        if not record_logits(llm, llm._hunt_logits):
+            llm._hunt_logits = None
         # Kernels other than the references run beside them (after the instrument: a planted kernel is checked too).
         return llm, (KernelShadow(llm) if self.backend != "torch" else None)
 
@@ -157,6 +163,7 @@ class MinikvEngine:
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
         pending = list(order)
         ids: dict[int, int] = {}                 # engine request id -> index in the wave
+        rid_of: dict[int, int] = {}              # index in the wave -> engine request id
         schedule: dict[int, list] = {i: [] for i in range(len(requests))}
         results: dict[int, RequestResult] = {}
         kv: dict[int, dict] = {}
@@ -171,6 +178,7 @@ class MinikvEngine:
                     run.refused = f"request {i}: {_first_line(err)}"
                     return False
                 ids[rid] = i
+                rid_of[i] = rid
             if not llm.has_unfinished():
                 step = requests[pending[0]].arrival          # nothing runs until the next arrival
                 continue
@@ -192,6 +200,8 @@ class MinikvEngine:
         for i in range(len(requests)):
             res = results[i]
             res.schedule, res.kv = tuple(schedule[i]), kv.get(i)
+            rows = None if llm._hunt_logits is None else llm._hunt_logits.pop(rid_of[i], None)
+            res.logits = None if rows is None else tuple(rows)
             run.requests.append(res)
         return True
 
@@ -236,7 +246,7 @@ class MinikvEngine:
                 table, n = out.block_tables.get(rid), out.seq_lens.get(rid, 0)
             if not table or not n:
                 continue
-            slots = [table[p // bs] * bs + p % bs for p in range(n)]
+            slots = [slot_of(table, p, bs) for p in range(n)]
             codes = storage[start + _row_bytes(layout, slots, scales=False)].reshape(n, -1).cpu().numpy()
             scales = storage[start + _scale_bytes(layout, slots)].reshape(n, -1).cpu().numpy() \
                 if layout.has_inline_scales else None

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .record import RequestResult, Run
-from .reference import TIE_MARGIN
+from .reference import LOGIT_TOLERANCE, TIE_MARGIN, logit_deviation
 
 
 @dataclass(frozen=True)
@@ -153,22 +153,59 @@ def schedule_invariant(run: Run, refs) -> list[Violation]:
     return out
 
 
+def _logits_leave(r: RequestResult, ref, tolerance: float, upto: int) -> tuple[int, float] | None:
+    """(position, deviation) of the first logits row, up to and including `upto`, that leaves the reference's by
+    more than `tolerance` (the contexts are the same there), or None."""
+    if r.logits is None:
+        return None
+    for p, (row, ref_row) in enumerate(zip(r.logits[: upto + 1], ref.logits)):
+        d = logit_deviation(row, ref_row)
+        if d > tolerance:
+            return p, d
+    return None
+
+
+def largest_logit_deviation(run: Run, refs) -> float | None:
+    """The largest `logit_deviation` of any logits row the engine recorded where its context is the reference's
+    (what LOGIT_TOLERANCE is calibrated against), or None when there is none."""
+    found = None
+    for r in run.requests:
+        ref = refs.get(r.prompt) if refs else None
+        if ref is None or r.logits is None:
+            continue
+        got = _full(r, run.eos_id)
+        at = _first_difference(got, ref.token_ids[: r.max_tokens])
+        for row, ref_row in zip(r.logits[: (len(got) if at is None else at) + 1], ref.logits):
+            d = logit_deviation(row, ref_row)
+            found = d if found is None else max(found, d)
+    return found
+
+
 def matches_reference(run: Run, refs) -> list[Violation]:
-    """Greedy tokens equal the dense reference's with the same KV quantization, except at a near tie."""
+    """Greedy tokens equal the dense reference's with the same KV quantization, except at a near tie; and where the
+    engine recorded its logits and its tokens agree, every row with the reference's context lies within the
+    format's LOGIT_TOLERANCE (a shift that flips no token)."""
     out = []
+    tolerance = LOGIT_TOLERANCE.get((run.scenario.kv_cache_dtype, run.scenario.dtype))
     for r in run.requests:
         ref = refs.get(r.prompt)
         want = ref.token_ids[: r.max_tokens]
         got = _full(r, run.eos_id)
         at = _first_difference(got, want)
-        if at is None:
-            continue                       # equal where both exist (the engine stops at max_tokens)
-        if _near_tie(ref, got, at):
+        if at is not None and not _near_tie(ref, got, at):
+            out.append(Violation("matches-reference", f"request {r.index} (wave {r.wave}) {r.prompt!r} leaves the "
+                                                      f"reference {list(want)} (not a near tie)",
+                                 f"the engine gave {list(got)}, first different at token {at}",
+                                 seen_at=(r.wave, r.index), expected=_as_returned(want, run.eos_id)))
             continue
-        out.append(Violation("matches-reference", f"request {r.index} (wave {r.wave}) {r.prompt!r} leaves the "
-                                                  f"reference {list(want)} (not a near tie)",
-                             f"the engine gave {list(got)}, first different at token {at}",
-                             seen_at=(r.wave, r.index), expected=_as_returned(want, run.eos_id)))
+        left = None if tolerance is None else _logits_leave(r, ref, tolerance, len(got) if at is None else at)
+        if left is not None:
+            p, d = left
+            cell = f"{run.scenario.kv_cache_dtype} x {run.scenario.dtype}"
+            out.append(Violation("matches-reference", f"request {r.index} (wave {r.wave}) {r.prompt!r}: the logits "
+                                                      f"before token {p} leave the reference's by more than the "
+                                                      f"tolerance of {cell} ({tolerance:g})",
+                                 f"by {d:.3g} of the row's largest logit"))
     return out
 
 
@@ -183,7 +220,8 @@ ORACLES: dict[str, Oracle] = {o.name: o for o in (
     Oracle("schedule-invariant", "copies of a request give the same tokens whatever the batch geometry, pool "
                                  "size, prefix caching, preemption or arrival time", False, schedule_invariant),
     Oracle("matches-reference", "greedy tokens equal the dense model's with the same KV quantization (a "
-                                "quantized cache within its known error), except at a near tie", True,
+                                "quantized cache within its known error), except at a near tie, and each step's "
+                                "logits lie within the format's tolerance of the dense model's", True,
            matches_reference),
 )}
 

@@ -35,6 +35,8 @@ class RequestResult:
     schedule: tuple = ()
     # Its KV bytes right after its prefill: pool name -> one KVRow per token position. None: not recorded.
     kv: dict[str, tuple[KVRow, ...]] | None = None
+    # The logits the engine sampled each of its tokens from (float32 rows, one per token). None: not recorded.
+    logits: tuple | None = None
 
 
 @dataclass(frozen=True)

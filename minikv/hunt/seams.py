@@ -1,9 +1,12 @@
-"""The one place the hunter reaches into an engine beyond its outputs: wrapping one of its kernel ops.
+"""The places the hunter reaches into an engine beyond its outputs: wrapping one of its kernel ops, and reading the
+logits its sampler is given.
 
 `llm.kernel_ops` is the set of kernels every attention layer of an engine calls (one object, shared by all of
 them). `wrap_kernel_op(llm, "write_kv", make)` replaces its `write_kv` with `make(original)` for that engine
 only. The hunter uses it to run each kernel beside its reference (shadow.py); tests and notebook 06 use it to
-plant defects of their own. Nothing else in minikv.hunt touches engine internals.
+plant defects of their own. `record_logits(llm, store)` keeps the logits row of every sampled token (the engine's
+sampler, `llm.runner.sample`), for `matches-reference`'s logits comparison. Nothing else in minikv.hunt touches
+engine internals.
 """
 from __future__ import annotations
 
@@ -26,3 +29,21 @@ def pool_of(llm, tensor) -> tuple[str, object] | None:
         if pool.data_ptr() == tensor.data_ptr() and pool.numel() == tensor.numel():
             return name, llm.arena.layout(name)
     return None
+
+
+def record_logits(llm, store: dict) -> bool:
+    """Keep, for every request, the logits row the engine's sampler gets at each of its steps: `store[request id]`
+    becomes a list of float32 CPU rows, one per sampled token (what `matches-reference` compares with the dense
+    model's). Wraps `llm.runner.sample` for this engine only; returns False (nothing recorded) when the engine has
+    no such sampler."""
+    runner = getattr(llm, "runner", None)
+    sample = getattr(runner, "sample", None)
+    if sample is None:
+        return False
+
+    def recording(logits, seqs, *args, **kwargs):
+        for row, seq in zip(logits, seqs):
+            store.setdefault(seq.request_id, []).append(row.detach().float().cpu())
+        return sample(logits, seqs, *args, **kwargs)
+    runner.sample = recording
+    return True

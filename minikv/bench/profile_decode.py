@@ -1,8 +1,8 @@
 """Run the paged decode kernel at batch 64 / context 4096 for Nsight Compute, or summarize ncu's CSV.
 
     ncu --clock-control none -k regex:decode_kernel --csv --page details [--section ...] \\
-        python3 tools/profile_decode.py run [FORMAT ...]
-    python3 tools/profile_decode.py summarize NCU_CSV
+        python3 -m minikv.bench.profile_decode run [FORMAT ...]
+    python3 -m minikv.bench.profile_decode summarize NCU_CSV
 
 `run` launches each format's kernel (the engine's launch configuration) twice (the first launch compiles), so ncu
 sees two launches per format (with the 1-byte per-token-head formats in the row placement, a third and fourth
