@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minikv import provenance
+
 
 @dataclass(frozen=True)
 class Defect:
@@ -25,8 +27,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         summary="KV-sharing layers' lazy scale-view setup fills the shared cache's inline scales with 1.0 in the "
                 "middle of the first real batch, wiping the per-token scales the target layer just wrote.",
         upstream_engine="vLLM (Triton attention backend, int8/fp8 per-token-head KV cache, Gemma-4 KV sharing)",
-        upstream_reference="a vLLM pull request (number not given in the upstream text) naming it the likely root "
-                           "cause of issues #50702 and #50749",
+        upstream_reference=provenance.reference("scale-wipe"),
         code_site="minikv/attention/impl.py: AttentionImpl._scale_views_historical / _scale_views_once_per_storage",
     ),
     Defect(
@@ -34,7 +35,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         summary="The cross-attention layer builds its backend without the quantization config, so it addresses "
                 "the 1-byte fp8 cross pool with a 16-bit element size: every block lands at twice its offset.",
         upstream_engine="TensorRT-LLM (PyTorch backend, encoder-decoder cross attention, fp8 KV cache)",
-        upstream_reference="TensorRT-LLM PR #20958, closing issue #19861 (first of its two fixes)",
+        upstream_reference=provenance.reference("cross-stride") + " (first of its two fixes)",
         code_site="minikv/attention/cross.py: CrossAttentionModule.__init__ (eager order) / "
                   "CrossAttentionModule.create_weights (deferred order)",
     ),
@@ -43,8 +44,8 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         summary="The fused context-attention path for cross attention reads K/V back from the fp8 cross cache but "
                 "is told the cache's data type only when paged context FMHA is on, so it decodes fp8 bytes as 16-bit.",
         upstream_engine="TensorRT-LLM (PyTorch backend, fused context FMHA for cross attention)",
-        upstream_reference="TensorRT-LLM PR #20958, closing issue #19861 (second fix: fall back to the unfused "
-                           "context path for quantized cross attention unless paged context FMHA is on)",
+        upstream_reference=provenance.reference("cross-fp8-context-read") + " (second fix: fall back to the "
+                           "unfused context path for quantized cross attention unless paged context FMHA is on)",
         code_site="minikv/attention/cross.py: CrossAttentionImpl._context_read_layout",
     ),
 )}

@@ -200,7 +200,7 @@ def main(device: str | None = None) -> int:
     for fmt in KV_CACHE_DTYPES:
         r = list(kernel_roundtrip(fmt, device).values())
         print(f"   {fmt:22s}{int(r[0]):>12d}{_small(r[1]):>9s}{_small(r[2]):>9s}   {_small(r[3], '1e-2')}")
-    print(f"\n2. Defect A, the scale wipe (vLLM issues #50702, #50749); models on the {backend} backend")
+    print(f"\n2. Defect A, the scale wipe (vLLM; fix proposed in pull request #51091); models on the {backend} backend")
     story_a = scale_wipe_story(device, backend)
     print(*(f"   {line}" for line in story_a), sep="\n")
     print("\n3. Defect B, cross stride doubling (B1) and the FP8 context read (B2) (TensorRT-LLM PR #20958)")

@@ -19,10 +19,12 @@
 # This notebook takes apart a defect that shipped in vLLM's Triton attention backend: with an int8 or fp8
 # *per-token-head* KV cache, a model whose last layers share earlier layers' KV caches (the Gemma 4 family)
 # answered the first `max_num_seqs` requests an engine ever served wrongly, and every later request correctly.
-# A vLLM pull request fixed it and called it the likely root cause of issues
-# [#50702](https://github.com/vllm-project/vllm/issues/50702) and
-# [#50749](https://github.com/vllm-project/vllm/issues/50749) (its number is not part of the description minikv
-# works from). The docs page [Defect A: the scale wipe](../docs/defects/scale-wipe.md) is the short version.
+# vLLM pull request [#51061](https://github.com/vllm-project/vllm/pull/51061) described it, proposed a fix and
+# called it the likely root cause of issues [#50702](https://github.com/vllm-project/vllm/issues/50702) and
+# [#50749](https://github.com/vllm-project/vllm/issues/50749); it was closed, and its successor
+# [#51091](https://github.com/vllm-project/vllm/pull/51091), with the same fix, says the wipe is real but not the
+# primary failure those issues report. The box under the first code cell has the dated steps and their states;
+# the docs page [Defect A: the scale wipe](../docs/defects/scale-wipe.md) is the short version.
 #
 # No single line of the old code is wrong on its own. The defect is where three reasonable ideas meet:
 #
@@ -51,7 +53,7 @@ import inspect
 import torch
 
 import minikv
-from minikv import viz, viz_scale_wipe
+from minikv import provenance, viz, viz_scale_wipe
 from minikv.attention.impl import AttentionImpl, ScaleFillCensus
 from minikv.repro import scale_wipe, scale_wipe_trace
 from minikv.repro.common import dequantized_rows, ranges, stored_scales
@@ -72,6 +74,7 @@ def engine(buggy=False, **kw):
     return minikv.LLM(model=MODEL, reintroduce=("scale-wipe",) if buggy else (), **kw)
 
 
+provenance.show("scale-wipe")    # what upstream said, and when (minikv/provenance.py)
 print(minikv.bugs.DEFECTS["scale-wipe"].summary)
 print("code site:", minikv.bugs.DEFECTS["scale-wipe"].code_site)
 
@@ -466,7 +469,8 @@ viz_scale_wipe.storage_byte_map(smap)
 
 # %% [markdown]
 # The same first batch on the `triton` backend (the Triton kernels, run by the interpreter): the buggy engine
-# produces the same wrong tokens and the fixed engine the same right ones, and the census logs the same late fills.
+# gives the same first 3 tokens as the torch backend above, and the fixed engine too, and the census logs the same
+# late fills. (Three tokens are not enough to show all the damage: some damaged requests still start right.)
 # To keep the interpreter's time down, only the first batch runs, for 3 new tokens, compared with the first 3
 # tokens of the runs above.
 
@@ -714,8 +718,9 @@ assert scale_wipe.check_prefix_runs(prefix_runs) == []
 # Upstream saw exactly the first batch at 4, 6 and 8 with prefix caching on. With full-block prompts that is
 # impossible in either order (6 is not a multiple of 4), so its 48 prompts most likely filled no full KV block
 # (prefix caching shares only full blocks; 16 tokens is vLLM's default block size, as minikv's): short arithmetic
-# windows. That is also why upstream could call the prefix-caching dependence spurious. minikv's claim stays its own: prefix caching carries the damage to later requests exactly
-# when they reuse full blocks written in the first batch.
+# windows. That may also be why the first pull request could call the prefix-caching dependence spurious (minikv's
+# guess; upstream does not say). minikv's claim stays its own: prefix caching carries the damage to later requests
+# exactly when they reuse full blocks written in the first batch.
 
 # %% [markdown]
 # ## 8. The fix, checked

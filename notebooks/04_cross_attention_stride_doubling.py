@@ -22,8 +22,9 @@
 # decode step.
 #
 # TensorRT-LLM's PyTorch backend had two defects on that path when the KV cache was FP8 (issue
-# [#19861](https://github.com/NVIDIA/TensorRT-LLM/issues/19861), fixed by PR
-# [#20958](https://github.com/NVIDIA/TensorRT-LLM/pull/20958); the project's page is
+# [#19861](https://github.com/NVIDIA/TensorRT-LLM/issues/19861); pull request
+# [#20958](https://github.com/NVIDIA/TensorRT-LLM/pull/20958) carries both fixes; the box under the first code
+# cell has upstream's steps, and the project's page is
 # [docs/defects/cross-stride-fp8-context.md](../docs/defects/cross-stride-fp8-context.md)):
 #
 # * **B1, `cross-stride`.** The cross-attention layer built its attention backend without the model's quantization
@@ -45,9 +46,9 @@
 # This notebook reproduces both on `tiny-t5`, a T5 (3 encoder and 3 decoder layers, relative position bias in
 # self-attention, none in cross-attention, no attention scaling) trained here to write the distinct characters
 # of a string in alphabet order, so every answer is simply right or wrong. It runs as a **16-bit model**
-# (float16 on the CPU), as flan-t5-base did upstream; section 7 shows what changes for a float32 model. Both
-# versions of each code site sit side by side in `minikv/attention/cross.py`, and `LLM(..., reintroduce=(...))`
-# picks the historical one for a single engine. Everything runs on the CPU.
+# (float16 on the CPU), as flan-t5-base did upstream; exercise 1 (section 7) asks what changes for a float32
+# model. Both versions of each code site sit side by side in `minikv/attention/cross.py`, and
+# `LLM(..., reintroduce=(...))` picks the historical one for a single engine. Everything runs on the CPU.
 
 # %%
 # %matplotlib inline
@@ -59,12 +60,14 @@ os.environ.setdefault("TQDM_DISABLE", "1")       # no progress bars in recorded 
 import torch
 
 import minikv
+from minikv import provenance
 from minikv import viz_cross_stride as vcs
 from minikv.attention.cross import B1_SITES, CrossAttentionImpl, CrossAttentionModule, CrossBackendBuilder
 from minikv.repro import cross_stride
 from minikv.repro.common import ranges
 
 torch.manual_seed(0)
+provenance.show("cross-stride")    # what upstream said, and when (minikv/provenance.py)
 TASK = minikv.tasks.for_model(cross_stride.MODEL)
 print(f"{cross_stride.MODEL}: task {TASK.name!r}, e.g. 'banana42' -> {TASK.expected('banana42', 8)!r}; "
       f"model dtype here: {cross_stride.model_dtype('cpu')}")
@@ -471,7 +474,8 @@ assert all(n == 0 for case, n in errors["padding-1MiB"].items() if case != "per-
 # %% [markdown]
 # ## 4. The layout contract: fail at bind time, not at run time
 #
-# Upstream had no check that would catch this class of defect before it damaged memory. minikv adds one: when a
+# The upstream texts name no check that would catch this class of defect before it damages memory (the fix adds a
+# test that pins the quant-config handoff). minikv adds one: when a
 # backend is bound to its pool, the pool's `KVLayout` and the backend's must be identical
 # (`KVLayout.check_compatible`). With `ReproConfig(check_layout=True)`, the default, the buggy engine cannot even be built.
 
@@ -500,9 +504,9 @@ except minikv.KVLayoutMismatchError as err:
 # * **unfused**: write the pool, but attend over the 16-bit K/V it still has in its workspace.
 #
 # Historically the fused kernel learned the FP8 format only when `paged_context` was on. Upstream's fix was the
-# **fallback**: use the unfused path for quantized cross attention unless paged context is on (the fused FP8
-# context kernels with 16-bit output existed on sm89 only for head size 192), leaving "teach the fused kernel the
-# cache type" as a follow-up. minikv's fused path is always given the cache's real layout (**taught-fused**, the
+# **fallback**: use the unfused path for quantized cross attention unless paged context is on (forcing the fused
+# FP8 context kernels instead was not possible on sm89, the pull request notes: with 16-bit output they exist
+# there only for head size 192), leaving "teach the fused kernel the cache type" as a follow-up. minikv's fused path is always given the cache's real layout (**taught-fused**, the
 # default). The code site, historical to fixed:
 
 # %%

@@ -265,7 +265,7 @@ for line in format_targets(rows):
 #
 # `data/gpu_attention_v2.csv` is the same benchmark recorded with v2's decode kernels (the 32-bit-word and
 # byte-plane kernels with their swept table, on an H200 of the same kind). Times at batch 64 / context 4096, and
-# the speed of this run's kernels over v2's (two runs: a few percent either way is the machines', see question 3
+# the speed of this run's kernels over v2's (two runs: a few percent either way is the machines', see exercise 3
 # below):
 
 # %%
@@ -328,7 +328,7 @@ for f in one_byte:
 #   where a fixed cost of launches and the pipeline's start is a visible share.
 # * **Quantized formats beat the best unpaged bf16 kernel only where the table "faster than SDPA" says so**: fp8
 #   per tensor and the block placement of the per-token-head formats at every shape with batch >= 16 and context
-#   >= 4096, vLLM's row placement at none. None of them gets the speed-up its bytes allow (about 1.9-2x): every
+#   >= 4096, vLLM's row placement at none. None of them gets the speed-up its bytes allow (exercise 1 works it out): every
 #   1-byte point sits above the roofline.
 # * **The row placement is the alignment issue.** With vLLM's layout (the engine's default) int8 and fp8
 #   per-token-head are *slower* than bf16 at every large shape although they read half the bytes: rows that start

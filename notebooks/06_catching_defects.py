@@ -17,25 +17,28 @@
 # # 06 · Catching defects like these
 #
 # Notebooks 03 and 04 reproduce two KV-cache defects when they are told which one to bring back. Neither defect
-# was subtle once found, and both lived in production because the test that would have caught it was never run:
+# was subtle once found. Why no test caught them before is partly on record and partly minikv's reading:
 #
-# - vLLM's scale wipe damaged the whole first batch an engine served, and only that batch. The fix's pull request
-#   verified it by comparing a request's KV bytes in the first batch with the same request's in a later batch;
-#   no test in the tree made that comparison before (issues
-#   [#50702](https://github.com/vllm-project/vllm/issues/50702) and
-#   [#50749](https://github.com/vllm-project/vllm/issues/50749) describe the symptoms).
 # - TensorRT-LLM's attention backend matrix skipped every FP8 cross-attention case behind a "no fp8 cross"
 #   filter. Pull request [#20958](https://github.com/NVIDIA/TensorRT-LLM/pull/20958) removed the filter, and 14
 #   of the cases it let in then failed on the fused context path; its reviewers also asked for a cross pool that
 #   holds the requests' blocks but fewer than twice that, and for the same request submitted twice.
+# - vLLM's scale wipe damaged the whole first batch an engine served, and only that batch. The evidence of the
+#   pull requests that fix it ([#51061](https://github.com/vllm-project/vllm/pull/51061), closed, and
+#   [#51091](https://github.com/vllm-project/vllm/pull/51091), open as of 2026-12-02) compares a request's KV
+#   bytes in the first batch with the same request's in a later batch. That no test in the tree made that
+#   comparison is minikv's guess; upstream does not say. (Issues
+#   [#50702](https://github.com/vllm-project/vllm/issues/50702) and
+#   [#50749](https://github.com/vllm-project/vllm/issues/50749), which the first pull request linked to this
+#   defect, report failures its successor calls another defect.)
 #
 # This notebook runs **the hunter**, `minikv.hunt`: a differential tester that searches engine configurations
 # with [hypothesis](https://hypothesis.readthedocs.io) and checks invariants a maintainer can write without
 # knowing either defect. It is told nothing but the `reintroduce=` tuple, which it passes to every
 # `minikv.LLM(...)` unread. We run it on the fixed engine, then on each defect; put what it prints next to
-# upstream's reports; look at the checks upstream's matrices lacked and what each costs; let it find a defect
-# planted here, which it was not written for; and point its oracles at another engine's outputs. The guide is
-# [docs/hunt.md](../docs/hunt.md); `minikv hunt` is the same search on the command line.
+# upstream's reports; look at the checks upstream's matrices lacked (as minikv reads them) and what each costs;
+# let it find a defect planted here, which it was not written for; and point its oracles at another engine's
+# outputs. The guide is [docs/hunt.md](../docs/hunt.md); `minikv hunt` is the same search on the command line.
 #
 # Every hunt here is bounded by a number of scenarios, not seconds, so it runs the same scenarios in the same
 # order on every machine, and prints no timing. Measured times come from `results/hunt.json`.
@@ -118,7 +121,7 @@ for i, cell in enumerate(cells()):
 # ## 3. The fixed engine comes out clean
 #
 # 24 scenarios: the first round (every cell at its plainest configuration), then the second round's first eight
-# (`minikv hunt` with its default budget runs many more; section 7). The engine adapter, `MinikvEngine`, is what
+# (`minikv hunt` runs as many as its time budget allows; section 7 has how many fit in 120 s). The engine adapter, `MinikvEngine`, is what
 # `hunt()` drives; `remember=True` keeps its runs, so the later hunts over the same engine pay once per scenario.
 
 # %%
@@ -208,8 +211,11 @@ for label, code in (("with the defect", b2.snippet),
 # %% [markdown]
 # ## 7. What upstream's test matrices lacked, and what each check costs
 #
-# **The first batch against a later one (vLLM).** The check the fix's author ran by hand: submit a batch, let it
-# finish, submit it again, compare tokens and KV bytes. Alone, it finds the scale wipe, and says where: the
+# For TensorRT-LLM the missing cases are on record (the filter the fix removed, the cases its reviewers asked
+# for); for vLLM the missing check is minikv's reading.
+#
+# **The first batch against a later one (vLLM).** The comparison the fix's evidence reports: submit a batch, let
+# it finish, submit it again, compare tokens and KV bytes. Alone, it finds the scale wipe, and says where: the
 # scales, not the codes, of the shared pool differ between the two batches.
 
 # %%
@@ -416,6 +422,120 @@ search_map({"my-gemma4, the fixed engine": mine, "my-gemma4, scale-wipe reintrod
 # map.png`; docs/hunt.md says what each word of its output means.
 #
 # ## 11. Exercises
+#
+# Two exercises, in the style of the other notebooks: put your answer into the first cell (replace `None`) and run
+# it; the second cell runs the hunter's pieces on it and says whether it does what was asked, without showing how;
+# the third is a worked solution, folded (in JupyterLab, click the bar left of it; on the docs site, click
+# "Solution"). The notebook tests run all three with no answer filled in.
+#
+# **Exercise 1: plant a defect only the byte diff sees.** Write an instrument, a function that takes an engine
+# and changes it, like `skip_scale_write_in_last_pool` in section 8: its cache writer stores every row it is given
+# where it belongs, *and* stores the same row again one slot further on (a slot of -1 means "write nothing" and
+# must stay -1). The check runs one request with your instrument and says whether writes-in-bounds fails while
+# the request's tokens stay exactly the fixed engine's.
+
+# %% tags=["exercise"]
+my_answer_1 = None          # your answer: a function instrument(llm), built with wrap_kernel_op
+
+# %% tags=["check"]
+from minikv.exercises import check
+
+ONE = Scenario("tiny-gemma4", "int8_per_token_head", requests=(Request(prompt_pool("tiny-gemma4")[0], 3),))
+FIXED_RUN = MinikvEngine().run(ONE)
+
+
+def only_the_byte_diff_sees(instrument, _expected=None):
+    run = MinikvEngine(instrument=instrument).run(ONE)
+    fails = {name for name, o in oracles.ORACLES.items() if not o.needs_reference and o.check(run, {})}
+    same_tokens = [r.token_ids for r in run.requests] == [r.token_ids for r in FIXED_RUN.requests]
+    return fails == {"writes-in-bounds"} and same_tokens
+
+
+check("Exercise 1", my_answer_1, True, same=only_the_byte_diff_sees)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution: wrap write_kv and call the original twice, the second time with every real slot moved up by one. The
+# extra row lands in a slot the step's slot mapping does not name, so the arena's byte diff reports it at once;
+# the tokens do not change, because attention reads a slot only after the engine has written that slot itself
+# (the next token overwrites the stray row before anything reads it).
+def write_one_slot_further(llm):
+    def make(write_kv):
+        def planted(key, value, pool, slot_mapping, spec, *args, **kwargs):
+            write_kv(key, value, pool, slot_mapping, spec, *args, **kwargs)
+            further = torch.where(slot_mapping >= 0, slot_mapping + 1, slot_mapping)
+            write_kv(key, value, pool, further, spec, *args, **kwargs)
+        return planted
+    wrap_kernel_op(llm, "write_kv", make)
+
+
+planted_run = MinikvEngine(instrument=write_one_slot_further).run(ONE)
+assert only_the_byte_diff_sees(write_one_slot_further) and not only_the_byte_diff_sees(None)
+print("answer: writes-in-bounds fails,", oracles.ORACLES["writes-in-bounds"].check(planted_run, {})[0].summary,
+      "- and the tokens equal the fixed engine's")
+
+# %% [markdown]
+# **Exercise 2: write an oracle.** Every inline scale an engine stores is a token's amax / QMAX, kept above a small
+# epsilon, so a scale that is zero, negative, infinite or NaN means a write went wrong, whatever the defect. Write
+# an oracle `scales_valid(run, refs)` that returns a list of problems (empty when the invariant holds): it reads
+# the records of section 9, where `KVRow.scales` holds each position's scales as 4-byte little-endian fp32 values
+# (`struct.unpack`), and is empty for a format without scales. The check runs it on a few runs, real and written
+# by hand, and says whether it flags exactly the broken ones.
+
+# %% tags=["exercise"]
+my_answer_2 = None          # your answer: a function scales_valid(run, refs) -> list of problems
+
+# %% tags=["check"]
+import struct
+
+
+def records(*scales):
+    """A hand-written run: one request whose first pool holds one position per scales value given."""
+    rows = tuple(KVRow(codes=b"\x10\x7f", scales=b) for b in scales)
+    return Run(Scenario("their-model", "int8_per_token_head"),
+               requests=[dataclasses.replace(first, kv={"layer.2": rows})])
+
+
+CASES = {
+    "the fixed engine's run": FIXED_RUN,
+    "section 9's records": other,
+    "a 16-bit cache (no scales)": Run(Scenario("their-model", "auto"), requests=[dataclasses.replace(
+        first, kv={"layer.2": (KVRow(codes=b"\x10\x7f\x00\x3c"),)})]),
+    "one zero scale": records(struct.pack("<f", 0.0)),
+    "a NaN among good scales": records(struct.pack("<2f", 0.01, 0.02), struct.pack("<2f", 0.01, float("nan"))),
+    "a negative scale": records(struct.pack("<f", -0.5)),
+}
+BROKEN = {"one zero scale", "a NaN among good scales", "a negative scale"}
+
+
+def flags_exactly_the_broken(oracle, broken):
+    return {name for name, run in CASES.items() if oracle(run, {})} == broken
+
+
+check("Exercise 2", my_answer_2, BROKEN, same=flags_exactly_the_broken)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
+# Solution: unpack each position's scales and test them. It needs nothing but the records, so it transfers to
+# another engine as repeat-identical does. It would not have caught the scale wipe (1.0 is a valid scale): an
+# invariant catches a class of defects, and the wipe's class is "the same request, different bytes".
+import math
+
+
+def scales_valid(run, refs):
+    problems = []
+    for request in run.requests:
+        for pool, rows in (request.kv or {}).items():
+            for position, row in enumerate(rows):
+                values = struct.unpack(f"<{len(row.scales) // 4}f", row.scales)
+                if not all(math.isfinite(v) and v > 0 for v in values):
+                    problems.append(f"request {request.index}, {pool}, position {position}: scales {values}")
+    return problems
+
+
+assert flags_exactly_the_broken(scales_valid, BROKEN)
+print("answer: flags", ", ".join(sorted(BROKEN)), "- and holds on the fixed engine's run")
+
+# %% [markdown]
+# **More to try** (no check cell):
 #
 # 1. Run `minikv hunt --reintroduce scale-wipe --oracle schedule-invariant`. Does the invariant find the wipe on its
 #    own? What would a scenario need for it to (think about which copy of a request runs in the first batch)?

@@ -484,3 +484,24 @@ def test_following_links_from_disk_catches_a_missing_file(site_on_disk, tmp_path
             _open_from_disk(tab, (tmp_path / "missing.html").as_uri())
     finally:
         tab.close()
+
+
+def test_search_works_from_disk(site_on_disk):
+    """mkdocs-material's offline plugin embeds the search index, so searching works from file://, where a browser
+    refuses to fetch search_index.json and the search box would say "Initializing search" for good."""
+    site, browser = site_on_disk
+    tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        tab.goto((site / "index.html").as_uri(), wait_until="load")
+        query = tab.locator("input.md-search__input")      # in the header at this width
+        query.click()
+        tab.wait_for_function("() => document.querySelector('iframe') !== null", timeout=30_000)  # the worker
+        query.press_sequentially("scale wipe", delay=30)    # typed: the theme searches on key events
+        tab.wait_for_function("() => document.querySelectorAll('.md-search-result__item').length > 0",
+                              timeout=30_000)
+        meta = tab.locator(".md-search-result__meta").inner_text()
+        links = tab.evaluate("() => [...document.querySelectorAll('.md-search-result__item a')].map(a => a.href)")
+    finally:
+        tab.close()
+    assert "Initializing" not in meta, meta
+    assert any("defects/scale-wipe.html" in link for link in links), links

@@ -271,6 +271,7 @@ def test_no_markdown_line_starts_with_hash_number():
 
 # Issue 14 item 7: the words the notebooks use without explaining them each have a glossary entry (### heading).
 GLOSSARY_TERMS = ("BOS", "GQA", "amax", "e4m3", "slot", "row", "pool", "arena", "canary", "impl", "census", "FMHA",
+                  "golden output", "backend matrix", "oracle", "sm89", "CUDA graph",
                   "workspace", "sliding window", "KV sharing", "relative position bias")
 
 
@@ -333,3 +334,36 @@ def test_build_time_figures_are_deterministic():
     spec.loader.exec_module(hooks)
     first, second = hooks._viz_figures(), hooks._viz_figures()
     assert first.keys() == second.keys() and all(first[name] == second[name] for name in first)
+
+
+def test_search_index_is_embedded_for_file_urls(built_site):
+    """The offline plugin's search_index.js (which the theme loads from file://) and the local Web Worker
+    stand-in, and no script from the network: search then works from disk (the browser test types a query)."""
+    assert (built_site / "search" / "search_index.js").read_text().startswith("var __index = ")
+    assert (built_site / "javascripts" / "iframe-worker.js").is_file()
+    for page in ("", "defects/scale-wipe", "notebooks/06_catching_defects"):
+        html = page_file(built_site, page).read_text()
+        scripts = re.findall(r'<script[^>]*\bsrc="([^"]+)"', html)
+        assert any(src.endswith("javascripts/iframe-worker.js") for src in scripts), (page, scripts)
+        remote = [src for src in scripts if "://" in src or src.startswith("//")]
+        assert not remote, f"{page or 'index'} loads scripts from the network: {remote}"
+
+
+def test_home_lists_every_notebook_and_the_nav_puts_them_early(built_site):
+    links = parse_page(built_site, "").links
+    stems = sorted(p.stem for p in (REPO / "notebooks").glob("0*.ipynb"))
+    missing = [s for s in stems if not any(link.endswith(f"notebooks/{s}.html") for link in links)]
+    assert not missing, f"the docs home does not link {missing}"
+    import yaml
+    nav = [next(iter(item)) for item in yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]]
+    assert nav.index("Notebooks") < nav.index("Concepts"), f"nav order: {nav}"
+
+
+def test_defect_pages_open_with_the_provenance_box(built_site):
+    from minikv import provenance
+    for page, name in (("defects/scale-wipe", "scale-wipe"), ("defects/cross-stride-fp8-context", "cross-stride")):
+        html = page_file(built_site, page).read_text()
+        box = html.split('<p class="admonition-title">What upstream said, and when</p>', 1)
+        assert len(box) == 2 and html.index("admonition-title") < html.find("<h2"), f"{page}: no box at the top"
+        for step in provenance.TIMELINES[name]:
+            assert step.url in box[1].split("</div>", 1)[0] or step.url in box[1], (page, step.url)

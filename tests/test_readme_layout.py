@@ -1,4 +1,4 @@
-"""README's "Package layout" listing against the tree: nothing missing from it, nothing in it that does not exist.
+"""The "Package layout" listing of docs/architecture.md against the tree: nothing missing, nothing that does not exist.
 
 A line is `PATH  description` (two or more spaces between); "a/, b  ..." lists two paths; an indented line
 continues the description above. Required in the listing, each as its own path:
@@ -15,9 +15,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+PAGE = ROOT / "docs" / "architecture.md"      # the README links it; the listing moved there from the README
+
+
 def listing() -> dict[str, str]:
-    """path -> its description, from the fenced block under README's "## Package layout"."""
-    text = (ROOT / "README.md").read_text()
+    """path -> its description, from the fenced block under the page's "## Package layout"."""
+    text = PAGE.read_text()
     section = text.split("## Package layout", 1)[1]
     block = section.split("```", 2)[1]
     entries: dict[str, str] = {}
@@ -50,12 +53,12 @@ def required() -> set[str]:
 
 def test_every_module_folder_and_tool_is_listed():
     missing = sorted(required() - set(listing()))
-    assert not missing, f"README's Package layout does not list {missing}: add a line for each"
+    assert not missing, f"docs/architecture.md's Package layout does not list {missing}: add a line for each"
 
 
 def test_everything_listed_exists():
     absent = sorted(p for p in listing() if not (ROOT / p.rstrip("/")).exists())
-    assert not absent, f"README's Package layout lists {absent}, which do not exist"
+    assert not absent, f"docs/architecture.md's Package layout lists {absent}, which do not exist"
 
 
 def test_every_shipped_checkpoint_is_named():
@@ -63,4 +66,19 @@ def test_every_shipped_checkpoint_is_named():
     line = listing().get("minikv/models/weights/", "")
     named = set(re.findall(r"[\w.-]+/", line))
     missing = sorted(p.name for p in weights.iterdir() if p.is_dir() and f"{p.name}/" not in named)
-    assert not missing, f"the minikv/models/weights/ line of README's Package layout does not name {missing}"
+    assert not missing, f"the minikv/models/weights/ line of docs/architecture.md's Package layout does not name {missing}"
+
+
+def test_readme_links_the_layout():
+    assert "docs/architecture.md" in (ROOT / "README.md").read_text(), "README.md does not link docs/architecture.md"
+
+
+def test_readme_is_a_front_door():
+    """At most 150 lines; the detail lives on the pages it links."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150, f"README.md has {len(text.splitlines())} lines (at most 150)"
+    for page in ("docs/architecture.md", "docs/results.md", "docs/checkpoints.md", "docs/hunt.md", "CONTRIBUTING.md"):
+        assert f"]({page})" in text, f"README.md does not link {page}"
+        assert (ROOT / page).is_file(), page
+    for command in ("make setup", "make run", "make test"):
+        assert command in text, f"README.md does not name `{command}`"

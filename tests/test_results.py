@@ -128,6 +128,31 @@ def test_test_time_comes_from_the_timed_fresh_clone_run(tmp_path):
         render_results.load_test_time(tmp_path)
 
 
+MAKE_RUN_LOG = """$ /usr/bin/time -v make run
+commit abc1234, 2026-12-03T06:43Z, 2 CPUs, load average before: 0.50
+minikv demo on cpu
+\tUser time (seconds): 5.50
+\tSystem time (seconds): 0.25
+\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02.40
+\tExit status: 0
+exit status 0, load average after: 1.25
+"""
+
+
+def test_make_run_time_comes_from_its_timed_log(tmp_path):
+    log = tmp_path / render_results.MAKE_RUN
+    log.parent.mkdir(parents=True)
+    log.write_text(MAKE_RUN_LOG)
+    q = render_results.load_make_run(tmp_path)["quantities"]
+    assert [q[k]["display"] for k in ("wall", "cpu", "load_average", "load_after")] == ["62 s", "6 s", "0.50", "1.25"]
+    log.write_text(MAKE_RUN_LOG.replace("exit status 0,", "exit status 2,"))
+    with pytest.raises(render_results.ResultsError, match="failed .exit status 2."):
+        render_results.load_make_run(tmp_path)
+    log.write_text(MAKE_RUN_LOG.replace("\tUser time (seconds): 5.50\n", ""))
+    with pytest.raises(render_results.ResultsError, match="user and system"):
+        render_results.load_make_run(tmp_path)
+
+
 # ---- the repository -------------------------------------------------------------------------------------------
 
 def _repo_results() -> dict[str, dict]:

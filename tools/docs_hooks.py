@@ -11,6 +11,8 @@
   fixed size, no timestamp: the same bytes on every build). A figure whose source is gone is a build warning, so
   `mkdocs build --strict` fails rather than showing a broken image.
 * Back links: every rendered notebook page starts with links to the docs pages that explain it.
+* Provenance: `<!-- provenance: NAME -->` becomes the defect's "What upstream said, and when" box, rendered from
+  minikv/provenance.py.
 """
 from __future__ import annotations
 
@@ -158,7 +160,33 @@ def code_site_diffs() -> dict[str, str]:
     }
 
 
+# `<!-- provenance: NAME -->` on a line of its own becomes the "What upstream said, and when" box of that defect,
+# rendered from minikv/provenance.py (the one place upstream's numbers, dates and states are kept).
+PROVENANCE = re.compile(r"^<!-- provenance: (?P<name>[\w-]+) -->$", re.MULTILINE)
+
+
+def provenance_box(name: str) -> str:
+    """The box as a Material admonition: the title, then the table and minikv's reading, indented."""
+    from minikv import provenance
+    title, body = provenance.box_markdown(name).split("\n\n", 1)
+    note = title.removeprefix("**What upstream said, and when** ").strip()
+    inner = f"{note[1:-1].capitalize()}.\n\n{body}" if note.startswith("(") else body
+    indented = "\n".join(f"    {line}" if line else "" for line in inner.splitlines())
+    return f'!!! info "What upstream said, and when"\n\n{indented}\n'
+
+
 def on_page_markdown(markdown, page, config, files):
+    if "<!-- provenance:" in markdown:
+        from minikv import provenance
+
+        def box(match: re.Match) -> str:
+            name = match.group("name")
+            if name not in provenance.TIMELINES:
+                log.warning(f"{page.file.src_uri}: unknown provenance {name!r}; known: {sorted(provenance.TIMELINES)}")
+                return match.group(0)
+            return provenance_box(name)
+
+        markdown = PROVENANCE.sub(box, markdown)
     if "<!-- code-diff:" not in markdown:
         return markdown
     diffs = code_site_diffs()

@@ -30,6 +30,8 @@ The sources, each turned into the same shape {"name", "command", "quantities", "
 * `models`: the shipped models' evaluations, `minikv/models/weights/*/training.json`;
 * `cpu_speed`: `python -m minikv.bench engine`'s output, `results/cpu/bench_engine.log`;
 * `test_time`: CI's job timed from a fresh clone, `results/cpu/ci_run.log` (`bash tools/time_fresh_clone.sh`).
+* `make_run`: `make run` timed once, `results/cpu/make_run.log` (`/usr/bin/time -v make run`, with the load average
+  before and after).
 
 Rendering is idempotent: a second run changes nothing. A name that no source defines is an error that names the
 file, the line and the names that do exist.
@@ -370,7 +372,7 @@ def load_gpu(repo: Path) -> dict | None:
     finally:
         sys.path.pop(0)
     tables["targets"] = {
-        "caption": "Targets (issue 15), each a ratio within this one run (ratios rounded down to three decimals, "
+        "caption": "The performance targets, each a ratio within this one run (ratios rounded down to three decimals, "
                    "as `minikv.bench.attention.format_ratio` prints them)",
         "columns": ["target", "goal", "measured", "verdict"],
         "rows": [[what, f"{goal:.2f}x", format_ratio(value), "met" if value >= goal else "missed"]
@@ -525,11 +527,42 @@ def load_test_time(repo: Path) -> dict | None:
                        "`results/cpu/ci_run.log`, written by `bash tools/time_fresh_clone.sh`")
 
 
+MAKE_RUN = Path("results/cpu/make_run.log")
+_SECONDS = {"user": re.compile(r"User time \(seconds\): ([\d.]+)"), "system": re.compile(r"System time \(seconds\): ([\d.]+)")}
+
+
+def load_make_run(repo: Path) -> dict | None:
+    """`make run` (the demo) timed once with /usr/bin/time -v: its wall and CPU time, the load before and after."""
+    path = repo / MAKE_RUN
+    if not path.exists():
+        return None
+    text = path.read_text()
+    elapsed = _ELAPSED.search(text)
+    status = re.search(r"^exit status (\d+)", text, re.MULTILINE)
+    cpu = [p.search(text) for p in _SECONDS.values()]
+    if not elapsed or not status or not all(cpu):
+        raise ResultsError(f"{path}: expected /usr/bin/time -v's elapsed, user and system lines and the exit status")
+    if status.group(1) != "0":
+        raise ResultsError(f"{path}: the timed run failed (exit status {status.group(1)}); time a passing run")
+    h, m, sec = elapsed.groups()
+    wall = int(h or 0) * 3600 + int(m) * 60 + float(sec)
+    busy = sum(float(c.group(1)) for c in cpu)
+    q = {"wall": {"value": wall, "display": f"{wall:.0f} s", "statistic": "wall time of `make run`"},
+         "cpu": {"value": busy, "display": f"{busy:.0f} s", "statistic": "user + system CPU time of `make run`"}}
+    after = re.search(r"load average after: ([\d.]+)", text)
+    if after:
+        q["load_after"] = {"value": float(after.group(1)), "display": after.group(1),
+                           "statistic": "the machine's 1-minute load average when the run ended"}
+    return _log_source("make_run", "/usr/bin/time -v make run", text, q, r"load average before:",
+                       "the machine's 1-minute load average when the run started",
+                       "`results/cpu/make_run.log`, `make run` under `/usr/bin/time -v`")
+
+
 def load_sources(repo: Path = REPO) -> dict[str, dict]:
     """Every results source of the repository: results/*.json, then the derived ones whose files exist."""
     out = load_results(repo / "results")
     for loader in (load_scale_wipe_cuda, load_cross_stride_cuda, load_gpu, load_models, load_cpu_speed,
-                   load_test_time):
+                   load_test_time, load_make_run):
         data = loader(repo)
         if data is not None:
             out[data["name"]] = data

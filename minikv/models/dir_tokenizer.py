@@ -7,8 +7,17 @@ Two kinds, tried in this order:
 * `tokenizer.json`: a Hugging Face `tokenizers` file (real checkpoints); needs the `tokenizers` package. Special
   ids come from config.json (`pad_token_id`, `bos_token_id`, `eos_token_id`).
 
-Both expose what the engine uses: `encode(text) -> ids` (no specials added), `decode(ids) -> text` (specials
-skipped), `pad_id`, `bos_id`, `eos_id`, `vocab_size`.
+Both expose what the engine uses: `encode(text) -> ids`, `decode(ids) -> text` (specials skipped), `pad_id`,
+`bos_id`, `eos_id`, `vocab_size`.
+
+Special tokens, as transformers' standard `tokenizer(text)` adds them. A T5 `tokenizer.json` usually carries a
+post-processor, the template `$A </s>` of flan-t5: the encoder input ends with `</s>`. For a T5 directory
+`encode` applies the file's post-processor (`HFTokenizer.add_special_tokens` is True), so the engine's encoder ids
+equal `tokenizer(text)["input_ids"]` and its greedy tokens equal transformers' `generate` on them. Set
+`llm.tokenizer.add_special_tokens = False` (or `load_tokenizer(path, add_special_tokens=False)`) for the raw
+ids without the template. For a decoder-only model the engine puts BOS in front itself, so its tokenizer applies
+no post-processor (a Gemma template's `<bos>` would come twice). minikv's character tokenizer has no
+post-processor: the shipped models' tokens are the same either way.
 
 Checked when loading, each failure a `TokenizerFileError` naming the file: the file parses and has the expected
 keys; a decoder-only model's config names its BOS and EOS ids; the tokenizer's ids fit the model's vocabulary
@@ -35,7 +44,7 @@ class HFTokenizer:
     """A `tokenizers.Tokenizer` behind minikv's tokenizer interface."""
 
     def __init__(self, path: str | Path, pad_id: int | None, bos_id: int | None, eos_id: int | None,
-                 model_vocab: int | None = None):
+                 model_vocab: int | None = None, add_special_tokens: bool = False):
         try:
             from tokenizers import Tokenizer
         except ImportError:
@@ -46,6 +55,9 @@ class HFTokenizer:
             raise TokenizerFileError(f"{path} is not a Hugging Face tokenizers file: {err}") from None
         self.path, self.model_vocab = Path(path), model_vocab
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        # Apply the file's post-processor (its template's special tokens) in encode, as transformers' standard
+        # tokenizer(text) does; load_tokenizer switches it on for T5's encoder inputs.
+        self.add_special_tokens = add_special_tokens
 
     @property
     def vocab_size(self) -> int:
@@ -59,7 +71,7 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode takes a str, got {type(text).__name__}")
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        ids = self._tok.encode(text, add_special_tokens=self.add_special_tokens).ids
         if self.model_vocab is not None and ids and max(ids) >= self.model_vocab:
             raise ValueError(f"{self.path} encodes {text!r} with token id {max(ids)}, past the model's vocabulary "
                              f"of {self.model_vocab} (config.json vocab_size)")
@@ -104,8 +116,12 @@ def _check_char_spec(spec: dict, file: Path) -> CharTokenizer:
         raise TokenizerFileError(f"{file}: {err}") from None
 
 
-def load_tokenizer(path: str | Path):
-    """The tokenizer stored in checkpoint directory `path` (see the module docstring for the file names)."""
+def load_tokenizer(path: str | Path, add_special_tokens: bool | None = None):
+    """The tokenizer stored in checkpoint directory `path` (see the module docstring for the file names).
+
+    `add_special_tokens`: whether a `tokenizer.json`'s post-processor is applied by `encode`; None (the default)
+    applies it for a T5 (encoder inputs, as transformers' `tokenizer(text)`) and not for a decoder-only model
+    (the engine adds its BOS itself)."""
     from minikv.models.hf_checkpoint import CheckpointError, read_json
     path = Path(path)
     spec_file = path / MINIKV_TOKENIZER_FILE
@@ -129,7 +145,10 @@ def load_tokenizer(path: str | Path):
             raise TokenizerFileError(f"{path / 'config.json'} names no bos_token_id / eos_token_id: a decoder-only "
                                      f"model's prompts start with BOS, and generation stops at EOS")
         vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
-        tokenizer = HFTokenizer(hf_file, ids["pad"], ids["bos"], ids["eos"], model_vocab=vocab)
+        if add_special_tokens is None:
+            add_special_tokens = config.get("model_type") == "t5"
+        tokenizer = HFTokenizer(hf_file, ids["pad"], ids["bos"], ids["eos"], model_vocab=vocab,
+                                add_special_tokens=add_special_tokens)
         _check_fits(tokenizer, tokenizer.base_vocab_size, hf_file, config)
         return tokenizer
     raise TokenizerFileError(f"{path} has no tokenizer: add {MINIKV_TOKENIZER_FILE} (minikv's character "

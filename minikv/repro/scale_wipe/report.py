@@ -117,7 +117,7 @@ def results(pairs: list[tuple[Run, Run]], clean16, command: str, name: str = "sc
                                   f"{buggy.max_num_seqs}); each fill: layer, when, written scales overwritten",
                        "columns": CENSUS_COLUMNS, "rows": census_rows(buggy)},
             "census_vs_upstream": {"caption": "minikv's census and inflation next to upstream's (gemma-4-E2B-it, "
-                                              "vLLM; vllm-project/vllm#50702, #50749)",
+                                              "from vLLM pull request #51061)",
                                    "columns": ["quantity", f"minikv ({buggy.model})", "upstream (gemma-4-E2B-it)"],
                                    "rows": upstream_rows(pairs)},
             **(extra_tables or {}),
