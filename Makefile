@@ -50,9 +50,9 @@ TEST_ENV := TQDM_DISABLE=1 OMP_NUM_THREADS=1
 # kept), then in a second float environment: torch's generic CPU kernels (ATEN_CPU_CAPABILITY=default, or the
 # native ones when the first pass already was `default`) and two threads. float32 results differ in their last bits
 # between those, as they do between a learner's laptop, a CI runner and the machine that recorded the outputs, so
-# an output that depends on them fails here rather than for a user (README, "Notebook outputs must be portable").
+# an output that depends on them fails here rather than for a user (CONTRIBUTING.md, "What a notebook may print").
 # The second pass covers every notebook: each of 01-04 prints results of float computation, and 05 costs seconds;
-# both passes together take about 3 minutes of the 10 the whole target may take from a fresh clone (README).
+# both passes together take about 3 minutes of the 10 the whole target may take from a fresh clone (README, "The two commands").
 OTHER_CPU_KERNELS := $(if $(filter default,$(ATEN_CPU_CAPABILITY)),\
 	env -u ATEN_CPU_CAPABILITY,ATEN_CPU_CAPABILITY=default)
 # OMP_WAIT_POLICY=PASSIVE: an OpenMP thread with no work sleeps instead of spinning. Two workers of two threads each
@@ -81,8 +81,8 @@ test-all: $(STAMP)
 	$(MAKE) test MARKS=""
 
 # On a GPU machine whose python3 already has a CUDA build of torch (no .venv: that would bring the CPU build).
-# tools/gpu_test.sh holds the steps (the GPU tests in parallel workers, both reproductions on CUDA, the wall time
-# printed last), so a machine without make runs the same; tools/gpu_proof.sh adds notebook 05.
+# `tools/gpu.sh tests` holds the steps (the GPU tests in parallel workers, both reproductions on CUDA, the wall time
+# printed last), so a machine without make runs the same; `tools/gpu.sh notebook` records notebook 05.
 test-gpu:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
 	PYTHON=$(PYTHON) bash tools/gpu.sh tests

@@ -266,7 +266,7 @@ def _hunt_every_defect(args, command: str) -> int:
                             "columns": ["defect", "invariant", "cell", "scenario", "to the finding", "shrink runs",
                                         "hunt time"],
                             "rows": rows},
-                "upstream_checks": {"caption": "The check each upstream test matrix lacked, run alone",
+                "upstream_checks": {"caption": "The check each upstream test matrix lacked (minikv's reading), run alone",
                                     "columns": ["check", "defect", "invariant", "outcome", "scenario",
                                                 "to the finding"],
                                     "rows": checks}},
@@ -408,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bugs", help="list the historical defects minikv can reintroduce")
     s.set_defaults(func=_cmd_bugs)
 
-    # `minikv hunt` (issue 23): its options live in minikv/hunt/cli.py; --reintroduce is checked here against the
+    # `minikv hunt`: its options live in minikv/hunt/cli.py; --reintroduce is checked here against the
     # registry, so the hunter itself never reads defect names.
     from minikv.bugs import DEFECTS
     from minikv.hunt.cli import add_arguments as hunt_arguments

@@ -39,7 +39,7 @@
 # addressing), and sections 5 and 6 run the Triton kernels themselves.
 
 # %% [markdown]
-# **Where this fits.** First of five notebooks. The concept page
+# **Where this fits.** First of six notebooks. The concept page
 # [docs/concepts/paged-kv-cache.md](../docs/concepts/paged-kv-cache.md) tells the same story in prose, and terms
 # such as *slot*, *block table* or *pool* are in the [glossary](../docs/glossary.md). Next:
 # [02 · the quantized KV cache](02_quantized_kv_cache.ipynb); the defects that build on these pieces are in

@@ -89,11 +89,13 @@ print(f"{len(measured)} cases measured on {measured[0]['gpu']}, written to {DATA
 #   measured, that was slower: the merge then waits on one program per sequence.)
 #
 # The tiles, the pipeline depth and the merge are the fastest of two probes of candidate configurations on the
-# H200 (`tools/gpu_probe.py`, raw timings in `data/gpu_decode_probe.csv` and `data/gpu_decode_probe_second.csv`:
-# every candidate checked against the torch reference and timed, the first time beside v2's kernels). The same probe showed the one exception: vLLM's row placement of the
-# per-token-head scales (next section), whose rows are only 4-byte aligned, is read faster by v2's kernels, which
-# load the codes straight into registers; on a GPU those formats keep them (`kernels/decode_rows.py`, with v2's
-# sweep table). The CSV says which kernel and configuration served every case:
+# H200 (raw timings in `data/gpu_decode_probe.csv` and `data/gpu_decode_probe_defaults.csv`, the runs' logs in
+# `results/gpu/pipelined-decode-probe/` and `decode-defaults-probe/`: every candidate checked against the torch
+# reference and timed). When this notebook was recorded, vLLM's row placement of the per-token-head scales (next
+# section), whose rows are only 4-byte aligned, was still served by a second kernel that loaded the codes straight
+# into registers (`rows` in the CSV's kernel column); since then one kernel serves both placements, reading a row
+# as two aligned 16-byte pieces (the last section, "After this recording"). The CSV says which kernel and
+# configuration served every case:
 
 # %%
 import csv as _csv  # noqa: E402 (the cell above is GPU-only)
@@ -252,7 +254,8 @@ for r in rows:
 # %% [markdown]
 # ## The targets
 #
-# Issue 15 set a target for every kernel, each a ratio within one run. The verdict compares the unrounded ratio
+# Every kernel has a target (`minikv.bench.attention.targets`, today's, so this older recording is judged against
+# the targets set since), each a ratio within one run. The verdict compares the unrounded ratio
 # with the target; the ratio is printed rounded *down* to three decimals (`minikv.bench.attention.format_ratio`),
 # so a printed ratio reaches its target exactly when the measured one does.
 
@@ -261,19 +264,20 @@ for line in format_targets(rows):
     print(line)
 
 # %% [markdown]
-# ## Against v2's kernels
+# ## Against the kernels before these
 #
-# `data/gpu_attention_v2.csv` is the same benchmark recorded with v2's decode kernels (the 32-bit-word and
-# byte-plane kernels with their swept table, on an H200 of the same kind). Times at batch 64 / context 4096, and
-# the speed of this run's kernels over v2's (two runs: a few percent either way is the machines', see exercise 3
-# below):
+# `data/gpu_attention_previous_kernels.csv` is the same benchmark recorded with the decode kernels this run
+# replaced (the 32-bit-word and byte-plane kernels with their swept table, on an H200 of the same kind). Times at
+# batch 64 / context 4096, and the speed of this run's kernels over the previous ones (two runs: a few percent
+# either way is the machines', see exercise 3 below):
 
 # %%
-v2 = {(r["format"], int(r["batch"]), int(r["context"])): 1e3 * r["ms"]
-      for r in load(DATA.parent / "gpu_attention_v2.csv") if r["kind"] == "decode"}
-print(f"{'format':27s} {'v2 us':>8s} {'v3 us':>8s}  v3 speed / v2's")
+previous = {(r["format"], int(r["batch"]), int(r["context"])): 1e3 * r["ms"]
+            for r in load(DATA.parent / "gpu_attention_previous_kernels.csv") if r["kind"] == "decode"}
+print(f"{'format':27s} {'before us':>9s} {'this run us':>11s}  speed-up")
 for fmt in formats:
-    print(f"{fmt:27s} {v2[(fmt, 64, 4096)]:8.1f} {ms[(fmt, 64, 4096)]:8.1f}  {v2[(fmt, 64, 4096)] / ms[(fmt, 64, 4096)]:5.2f}")
+    before, now = previous[(fmt, 64, 4096)], ms[(fmt, 64, 4096)]
+    print(f"{fmt:27s} {before:9.1f} {now:11.1f}  {before / now:8.2f}")
 
 # %% [markdown]
 # ## Where a user feels it: the engine
@@ -281,8 +285,8 @@ for fmt in formats:
 # The kernels inside the whole engine: `minikv.LLM` running a model at gemma-4-E2B's dimensions with random
 # weights (35 layers of hidden 1536, 8 query heads over one KV head of 256 on sliding layers and 512 on full
 # ones, window 512, the last 20 layers sharing KV; bfloat16), 64 prompts of 2048 tokens decoded together,
-# tokens/s counted over the decode steps only. The engine steps from Python, one kernel launch at a time and no
-# CUDA graphs, so a decode step costs far more than its attention kernels: the cache's bytes of one step (35
+# tokens/s counted over the decode steps only. At this recording the engine stepped from Python, one kernel launch
+# at a time and no CUDA graphs (it captures them now: "After this recording" below), so a decode step costs far more than its attention kernels: the cache's bytes of one step (35
 # layers, the sliding ones reading 512 tokens) take about a millisecond at the copy bandwidth, against the tens of
 # milliseconds per step below. So the formats decode at about the same rate here; the kernels' differences show
 # only once the engine's own work per step shrinks (a decode step captured in a CUDA graph, as serving engines do).
@@ -312,15 +316,14 @@ assert all(over_bf16(f, b, c) < nbytes[("auto", b, c)] / nbytes[(f, b, c)]      
            for f in one_byte for b, c in shapes)
 assert not any(over_sdpa[(f, b, c)] > 1 for f in row_pth for b, c in shapes)             # row never beats SDPA
 assert all(over_sdpa[(f, b, c)] > 1 for f in block_pth + ["fp8"] for b, c in big)         # block, fp8 beat it
-assert all(v2[(f, 64, 4096)] > ms[(f, 64, 4096)] for f in block_pth + ["fp8"])           # v3 beats v2 there
+assert all(previous[(f, 64, 4096)] > ms[(f, 64, 4096)] for f in block_pth + ["fp8"])     # faster than before
 for f in row_pth:
     g = f + "/block"
     lo, hi = min(ms[(f, b, c)] / ms[(g, b, c)] for b, c in big), max(ms[(f, b, c)] / ms[(g, b, c)] for b, c in big)
     print(f"{f}: block placement {lo:.2f}-{hi:.2f}x faster than row at batch >= 16, context >= 4096")
 for f in one_byte:
     worst = min(big, key=lambda s: over_bf16(f, *s))
-    print(f"{f:26s} x bf16 paged, worst at batch >= 16 and context >= 4096: {over_bf16(f, *worst):.2f} "
-          f"(bytes allow {nbytes[('auto', *worst)] / nbytes[(f, *worst)]:.2f})")
+    print(f"{f:26s} x bf16 paged, worst at batch >= 16 and context >= 4096: {over_bf16(f, *worst):.2f}")
 
 # %% [markdown]
 # * **bf16** paged decode reads the cache at about the speed of a device copy once the step is large (on the
@@ -337,7 +340,7 @@ for f in one_byte:
 #   contiguous read; it makes the same formats faster than bf16 at every large shape, close to fp8 per tensor,
 #   which reads the same rows without scales.
 # * **What is left** is the 1-byte kernel's own ceiling, the same for fp8 and both block-placed formats: an Nsight
-#   Compute profile at batch 64 / context 4096 (`../results/gpu/issue20_call1/ncu_summary.txt`, which holds the
+#   Compute profile at batch 64 / context 4096 (`../results/gpu/pipelined-decode-probe/ncu_summary.txt`, which holds the
 #   figures) shows their kernel at about two thirds of the share of DRAM bandwidth bf16's kernel reaches, with two
 #   programs per SM (each holds about 107 KB of shared memory: two tiles of K and V in flight and V's float16 copy,
 #   which the PV dot product needs transposed) issuing instructions in fewer than half of the cycles. A 1-byte tile holds twice the tokens of a bf16 tile of
@@ -407,7 +410,7 @@ print("answer:", f"{bf16_ratio:.2f}")
 
 # %% [markdown]
 # **Exercise 3: how far apart are two runs?** `data/gpu_attention_placement.csv` is another complete run of the
-# benchmark on an H200 of the same kind, with v2's kernels; the row-placed per-token-head formats run the same
+# benchmark on an H200 of the same kind, with the previous kernels; the row-placed per-token-head formats run the same
 # kernels in both. What is the largest difference, in percent, between the two runs' times for those formats at
 # batch 64 and more? (Within 2 percentage points counts.) Why do the targets compare ratios within one run?
 
@@ -428,3 +431,35 @@ check("Exercise 3", my_answer_3, 100 * abs(ms[worst] / other[worst] - 1), abs_to
 assert len(common) > 0 and abs(ms[worst] / other[worst] - 1) < 0.1
 print("answer:", f"{100 * abs(ms[worst] / other[worst] - 1):.0f}% ({worst[0]}, batch {worst[1]}, context {worst[2]}; "
       f"{len(common)} cases in both runs)")
+
+# %% [markdown]
+# ## After this recording: one decode kernel, and the engine in CUDA graphs
+#
+# Two changes came after the run above, each measured on an H200 of the same kind and kept in `results/gpu/` (no
+# device time was left to record this notebook again, so its cells above still show the run they were recorded
+# from). First, the row placement's second kernel is gone: one kernel serves both placements, a constexpr saying
+# where the scales are, and reads a 132-byte row as two aligned 16-byte pieces (`results/gpu/decode-speed/`).
+# Second, the engine captures its decode step in a CUDA graph per batch-size bucket and replays it
+# (`results/gpu/cuda-graphs/`). The same tables, read from those runs' CSVs:
+
+# %%
+RESULTS = DATA.resolve().parents[2] / "results" / "gpu"
+kernel_rows = [r for r in load(RESULTS / "decode-speed" / "after-fp8-fix" / "attention.csv") if r["kind"] == "decode"]
+now = {(r["format"], int(r["batch"]), int(r["context"])): 1e3 * r["ms"] for r in kernel_rows}
+print(f"one decode kernel, batch 64 / context 4096 ({kernel_rows[0]['gpu']}):")
+for fmt in order:
+    if (fmt, 64, 4096) in now:
+        print(f"  {fmt:27s} {now[(fmt, 64, 4096)]:7.1f} us  {now[('auto', 64, 4096)] / now[(fmt, 64, 4096)]:4.2f}x bf16")
+with open(RESULTS / "cuda-graphs" / "final" / "engine.csv") as f:
+    graph_rows = list(csv.DictReader(f))
+print("\nthe engine with CUDA graphs, gemma-4-E2B dimensions, batch 64, context 2048:")
+for r in graph_rows:
+    print(f"  {r['format']:22s} {float(r['decode_ms_per_step']):6.1f} ms/step  "
+          f"{float(r['decode_tokens_per_s']):6.0f} tokens/s  {float(r['x_auto']):4.2f}x bf16  "
+          f"(the captured step replayed alone: {float(r['graph_replay_ms']):5.1f} ms)")
+
+# %% [markdown]
+# The row placement still reads more slowly than bf16 (the kernel's registers and the rows' 32-byte sectors are
+# what bound it: `results/gpu/decode-speed/README.md` has the profile), while the block placement and fp8 per tensor
+# keep their lead. With the step in a graph, the engine's cost per step falls from tens of milliseconds to the
+# captured step's own time plus the host's bookkeeping, so the formats' differences start to show end to end.

@@ -162,9 +162,7 @@ SHOWN_ON_PURPOSE = {
     ("05", 2): "the 0.99 printed earlier is int8's speed ratio of two kernel versions, another quantity",
 }
 # Leaks that only a re-recording can remove (notebook 05 is recorded on a GPU and never re-executed on a CPU).
-NEEDS_RECORDING = {
-    ("05", 1): "the roofline cell prints the byte ratio ('bytes allow 1.94') above exercise 1",
-}
+NEEDS_RECORDING: dict[tuple[str, int], str] = {}
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)

@@ -1,7 +1,7 @@
 """`python -m minikv.bench engine`: end-to-end generation speed through the engine.
 
-On a CPU (the default): tiny-gemma4 (or `--model`), 48 prompts x 12 new tokens at max_num_seqs=8 (the figures the
-README quotes), greedy, per backend. Through the Triton interpreter this measures the interpreter, not the kernels'
+On a CPU (the default): tiny-gemma4 (or `--model`), 48 prompts x 12 new tokens at max_num_seqs=8 (the figures
+docs/results.md quotes), greedy, per backend. Through the Triton interpreter this measures the interpreter, not the kernels'
 design; the process's CPU time is printed beside the wall time: on a shared, busy machine it is the better
 estimate of what an idle one takes (set OMP_NUM_THREADS=1 so that the two measure the same work).
 
