@@ -49,3 +49,11 @@ class EngineFaultError(MinikvError):
     """The engine is in a state it cannot serve from (exit status 3)."""
 
     exit_status = ENGINE_FAULT
+
+
+class InvalidValueError(BadInputError, ValueError):
+    """An option, argument or prompt with a value minikv cannot take (still a ValueError)."""
+
+
+class InvalidTypeError(BadInputError, TypeError):
+    """An option, argument or prompt of a type minikv cannot take (still a TypeError)."""

@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from .errors import InvalidTypeError, InvalidValueError
+
 F16 = 0            # float16 elements, no scales            ("auto" with a float16 model)
 BF16 = 1           # bfloat16 elements, no scales           ("auto" with a bfloat16 model)
 F32 = 2            # float32 elements, no scales            ("auto" with a float32 model)
@@ -70,17 +72,17 @@ AUTO_FORMATS = {f.code_dtype: code for code, f in TABLE.items() if f.kv_cache_dt
 def check_kv_cache_dtype(kv_cache_dtype) -> None:
     """The one check of a kv_cache_dtype name (minikv's CacheConfig and KVLayout both call it)."""
     if not isinstance(kv_cache_dtype, str):
-        raise TypeError(f"kv_cache_dtype must be a str, one of {', '.join(KV_CACHE_DTYPES)}; got "
+        raise InvalidTypeError(f"kv_cache_dtype must be a str, one of {', '.join(KV_CACHE_DTYPES)}; got "
                         f"{type(kv_cache_dtype).__name__} {kv_cache_dtype!r}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
+        raise InvalidValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
 
 
 def format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> Format:
     """The format a cache of `kv_cache_dtype` holds for a model computing in `model_dtype`."""
     check_kv_cache_dtype(kv_cache_dtype)
     if model_dtype not in AUTO_FORMATS:
-        raise ValueError(f"model dtype must be float16, bfloat16 or float32, got {model_dtype}")
+        raise InvalidValueError(f"model dtype must be float16, bfloat16 or float32, got {model_dtype}")
     if kv_cache_dtype == "auto":
         return TABLE[AUTO_FORMATS[model_dtype]]
     return next(f for f in TABLE.values() if f.kv_cache_dtype == kv_cache_dtype)
@@ -89,26 +91,26 @@ def format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> Format:
 def check_scale_placement(scale_placement) -> None:
     """The one check of a scale placement name (minikv's CacheConfig and KVLayout both call it)."""
     if not isinstance(scale_placement, str):
-        raise TypeError(f"kv_scale_placement must be a str, one of {', '.join(SCALE_PLACEMENTS)}; got "
+        raise InvalidTypeError(f"kv_scale_placement must be a str, one of {', '.join(SCALE_PLACEMENTS)}; got "
                         f"{type(scale_placement).__name__} {scale_placement!r}")
     if scale_placement not in SCALE_PLACEMENTS:
-        raise ValueError(f"unknown kv_scale_placement {scale_placement!r}; choose one of "
+        raise InvalidValueError(f"unknown kv_scale_placement {scale_placement!r}; choose one of "
                          f"{', '.join(SCALE_PLACEMENTS)}")
 
 
 def check_block_size(block_size, name: str = "block_size") -> None:
     """The one block-size rule (minikv's CacheConfig and every CacheSpec call it)."""
     if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise TypeError(f"{name} must be an int, one of {', '.join(map(str, BLOCK_SIZES))}; got "
+        raise InvalidTypeError(f"{name} must be an int, one of {', '.join(map(str, BLOCK_SIZES))}; got "
                         f"{type(block_size).__name__} {block_size!r}")
     if block_size not in BLOCK_SIZES:
-        raise ValueError(f"{name} must be one of {', '.join(map(str, BLOCK_SIZES))} tokens, got {block_size}")
+        raise InvalidValueError(f"{name} must be one of {', '.join(map(str, BLOCK_SIZES))} tokens, got {block_size}")
 
 
 def check_head_size(head_size) -> None:
     """The one head-size rule of the paged kernels (every CacheSpec calls it)."""
     if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size not in SUPPORTED_HEAD_SIZES:
-        raise ValueError(f"unsupported head size {head_size!r}; minikv's paged kernels take "
+        raise InvalidValueError(f"unsupported head size {head_size!r}; minikv's paged kernels take "
                          f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))}")
 
 
@@ -119,7 +121,7 @@ def has_inline_scales(fmt: int) -> bool:
 def qmax(fmt: int) -> float:
     q = TABLE[fmt].qmax
     if q is None:
-        raise ValueError(f"format {NAMES[fmt]} is not quantized")
+        raise InvalidValueError(f"format {NAMES[fmt]} is not quantized")
     return q
 
 
@@ -160,52 +162,52 @@ class CacheSpec:
             return spec.spec
         missing = [f for f in SPEC_FIELDS if not hasattr(spec, f)]
         if missing:
-            raise TypeError(f"spec {type(spec).__name__} lacks the field(s) {missing}; a spec needs {SPEC_FIELDS} "
+            raise InvalidTypeError(f"spec {type(spec).__name__} lacks the field(s) {missing}; a spec needs {SPEC_FIELDS} "
                             f"(minikv.cache.layout.KVLayout is one)")
         return cls(**{f: getattr(spec, f) for f in SPEC_FIELDS})
 
     def __post_init__(self):
         for f in SPEC_FIELDS:
             if isinstance(getattr(self, f), bool) or not isinstance(getattr(self, f), int):
-                raise TypeError(f"spec.{f} must be an int, got {getattr(self, f)!r}")
+                raise InvalidTypeError(f"spec.{f} must be an int, got {getattr(self, f)!r}")
         if self.fmt not in TABLE:
-            raise ValueError(f"unknown cache format code {self.fmt}; known: {NAMES}")
+            raise InvalidValueError(f"unknown cache format code {self.fmt}; known: {NAMES}")
         check_head_size(self.head_size)
         check_block_size(self.block_size, "spec.block_size")
         if self.elem_bytes != TABLE[self.fmt].elem_bytes:
-            raise ValueError(f"spec.elem_bytes={self.elem_bytes} does not match format {NAMES[self.fmt]} "
+            raise InvalidValueError(f"spec.elem_bytes={self.elem_bytes} does not match format {NAMES[self.fmt]} "
                              f"({TABLE[self.fmt].elem_bytes} byte(s) per element)")
         if self.num_kv_heads < 1:
-            raise ValueError(f"spec.num_kv_heads must be at least 1, got {self.num_kv_heads}")
+            raise InvalidValueError(f"spec.num_kv_heads must be at least 1, got {self.num_kv_heads}")
         if self.placement not in SCALE_PLACEMENTS.values():
-            raise ValueError(f"spec.placement must be formats.ROW ({ROW}) or formats.BLOCK ({BLOCK}), got "
+            raise InvalidValueError(f"spec.placement must be formats.ROW ({ROW}) or formats.BLOCK ({BLOCK}), got "
                              f"{self.placement!r}")
         inline = has_inline_scales(self.fmt)
         align = SCALE_BYTES if inline else self.elem_bytes
         for f in ("row_bytes", "slot_bytes", "kv_bytes", "block_bytes"):
             if getattr(self, f) <= 0 or getattr(self, f) % align:
-                raise ValueError(f"spec.{f}={getattr(self, f)} must be a positive multiple of {align}")
+                raise InvalidValueError(f"spec.{f}={getattr(self, f)} must be a positive multiple of {align}")
         code_bytes = self.head_size * self.elem_bytes
         if code_bytes > self.row_bytes:
-            raise ValueError(f"a {self.head_size}-element head does not fit a {self.row_bytes}-byte row")
+            raise InvalidValueError(f"a {self.head_size}-element head does not fit a {self.row_bytes}-byte row")
         if not inline:
             if self.placement != ROW:
-                raise ValueError(f"{NAMES[self.fmt]} has no scales to place; its spec.placement must be ROW")
+                raise InvalidValueError(f"{NAMES[self.fmt]} has no scales to place; its spec.placement must be ROW")
             return
         for f in ("scale_offset", "scale_slot_bytes", "scale_head_bytes"):
             if getattr(self, f) <= 0 or getattr(self, f) % SCALE_BYTES:
-                raise ValueError(f"spec.{f}={getattr(self, f)} must be a positive multiple of {SCALE_BYTES}")
+                raise InvalidValueError(f"spec.{f}={getattr(self, f)} must be a positive multiple of {SCALE_BYTES}")
         if self.placement == ROW:
             if self.scale_offset < code_bytes:
-                raise ValueError(f"spec.scale_offset={self.scale_offset} must be a 4-byte aligned offset after the "
+                raise InvalidValueError(f"spec.scale_offset={self.scale_offset} must be a 4-byte aligned offset after the "
                                  f"row's {code_bytes} code bytes")
             if self.scale_offset + SCALE_BYTES > self.row_bytes:
-                raise ValueError(f"inline scale at byte {self.scale_offset} does not fit a {self.row_bytes}-byte row")
+                raise InvalidValueError(f"inline scale at byte {self.scale_offset} does not fit a {self.row_bytes}-byte row")
         else:
             last = (self.scale_offset + (self.block_size - 1) * self.scale_slot_bytes
                     + (self.num_kv_heads - 1) * self.scale_head_bytes + SCALE_BYTES)
             if self.scale_offset < self.block_size * self.slot_bytes or last > self.kv_bytes:
-                raise ValueError(f"the scale region at byte {self.scale_offset} must lie after the half's "
+                raise InvalidValueError(f"the scale region at byte {self.scale_offset} must lie after the half's "
                                  f"{self.block_size * self.slot_bytes} code bytes and inside its {self.kv_bytes}")
 
 

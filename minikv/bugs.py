@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minikv import provenance
+from minikv.kernels.errors import InvalidTypeError, InvalidValueError
 
 
 @dataclass(frozen=True)
@@ -54,17 +55,17 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
 def validate(names) -> frozenset[str]:
     """Check a `reintroduce=` argument (a list or tuple of defect names); return it as a frozenset."""
     if isinstance(names, str):
-        raise TypeError(f"reintroduce takes a tuple of defect names, e.g. ({names!r},), not a string")
+        raise InvalidTypeError(f"reintroduce takes a tuple of defect names, e.g. ({names!r},), not a string")
     if not isinstance(names, (list, tuple, set, frozenset)):
-        raise TypeError(f"reintroduce must be a tuple or list of defect names ({', '.join(DEFECTS)}); "
+        raise InvalidTypeError(f"reintroduce must be a tuple or list of defect names ({', '.join(DEFECTS)}); "
                         f"got {type(names).__name__} {names!r}; () reintroduces nothing")
     for name in names:
         if not isinstance(name, str):
-            raise TypeError(f"reintroduce holds defect names (str), got {type(name).__name__} {name!r}")
+            raise InvalidTypeError(f"reintroduce holds defect names (str), got {type(name).__name__} {name!r}")
     names = frozenset(names)
     unknown = sorted(names - DEFECTS.keys())
     if unknown:
-        raise ValueError(f"unknown defect(s) {unknown}; known: {', '.join(DEFECTS)}")
+        raise InvalidValueError(f"unknown defect(s) {unknown}; known: {', '.join(DEFECTS)}")
     return names
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from minikv import bugs
+from minikv.kernels.errors import InvalidTypeError, InvalidValueError
 from minikv.kernels.formats import (  # noqa: F401  (re-exported)
     BLOCK_SIZES,
     KV_CACHE_DTYPES,
@@ -42,41 +43,41 @@ def check_int(name: str, value, low: int = 1, high: int | None = None, allow_non
         return
     if isinstance(value, bool) or not isinstance(value, int):
         kind = "an int or None" if allow_none else "an int"
-        raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+        raise InvalidTypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
     if value < low or (high is not None and value > high):
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
+        raise InvalidValueError(f"{name} must be {bound}, got {value}")
 
 
 def check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+        raise InvalidTypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 def check_choice(name: str, value, choices) -> None:
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, one of {', '.join(choices)}; got {type(value).__name__} {value!r}")
+        raise InvalidTypeError(f"{name} must be a str, one of {', '.join(choices)}; got {type(value).__name__} {value!r}")
     if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+        raise InvalidValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
 
 
 def resolve_device(device) -> torch.device:
     """'cpu', 'cuda' or 'cuda:N' (or a torch.device) as a torch.device, refusing what this machine lacks."""
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', got {type(device).__name__} {device!r}")
+        raise InvalidTypeError(f"device must be a str such as 'cpu' or 'cuda:0', got {type(device).__name__} {device!r}")
     try:
         resolved = torch.device(device)
     except RuntimeError as err:
-        raise ValueError(f"device {device!r} is not a device string; use 'cpu', 'cuda' or 'cuda:N'") from err
+        raise InvalidValueError(f"device {device!r} is not a device string; use 'cpu', 'cuda' or 'cuda:N'") from err
     if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r}")
+        raise InvalidValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r}")
     if resolved.type == "cpu" and resolved.index not in (None, 0):
-        raise ValueError(f"device {str(device)!r}: there is one CPU device; use 'cpu'")
+        raise InvalidValueError(f"device {str(device)!r}: there is one CPU device; use 'cpu'")
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {str(device)!r} but no CUDA device is available; use device='cpu'")
+            raise InvalidValueError(f"device {str(device)!r} but no CUDA device is available; use device='cpu'")
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(device)!r} does not exist: {torch.cuda.device_count()} CUDA device(s) "
+            raise InvalidValueError(f"device {str(device)!r} does not exist: {torch.cuda.device_count()} CUDA device(s) "
                              f"visible")
     return resolved
 
@@ -172,16 +173,16 @@ class EngineConfig:
 
     def __post_init__(self):
         if not isinstance(self.cache, CacheConfig):
-            raise TypeError(f"cache must be a CacheConfig, got {type(self.cache).__name__}")
+            raise InvalidTypeError(f"cache must be a CacheConfig, got {type(self.cache).__name__}")
         if not isinstance(self.scheduler, SchedulerConfig):
-            raise TypeError(f"scheduler must be a SchedulerConfig, got {type(self.scheduler).__name__}")
+            raise InvalidTypeError(f"scheduler must be a SchedulerConfig, got {type(self.scheduler).__name__}")
         object.__setattr__(self, "device", resolve_device(self.device))
         if self.dtype is not None and self.dtype not in ACTIVATION_DTYPES:
-            raise TypeError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {self.dtype!r}")
+            raise InvalidTypeError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {self.dtype!r}")
         check_choice("backend", self.backend, BACKENDS)
         object.__setattr__(self, "reintroduce", tuple(sorted(bugs.validate(self.reintroduce))))
         if not isinstance(self.repro, ReproConfig):
-            raise TypeError(f"repro must be a minikv.ReproConfig, got {type(self.repro).__name__} {self.repro!r}")
+            raise InvalidTypeError(f"repro must be a minikv.ReproConfig, got {type(self.repro).__name__} {self.repro!r}")
         check_bool("sanitize", self.sanitize)
         if self.enforce_eager is not None:
             check_bool("enforce_eager", self.enforce_eager)
@@ -200,20 +201,20 @@ class EngineConfig:
             default = ReproConfig.__dataclass_fields__
             for name in ("cross_context_path", "paged_context", "cross_construction"):
                 if getattr(self.repro, name) != default[name].default:
-                    raise ValueError(f"ReproConfig.{name} applies to encoder-decoder models (cross attention); "
+                    raise InvalidValueError(f"ReproConfig.{name} applies to encoder-decoder models (cross attention); "
                                      f"{mc.name} is decoder-only: leave it at its default")
             if self.cache.cross_pool_blocks is not None:
-                raise ValueError(f"cross_pool_blocks applies to encoder-decoder models (the cross pool); {mc.name} "
+                raise InvalidValueError(f"cross_pool_blocks applies to encoder-decoder models (the cross pool); {mc.name} "
                                  f"is decoder-only: leave it None")
         # A defect switched on where its mechanism cannot occur would silently do nothing.
         if "scale-wipe" in defects and not mc.kv_sharing:
-            raise ValueError(f"scale-wipe cannot happen in {mc.name}: it has no KV-sharing layers (the wipe is a "
+            raise InvalidValueError(f"scale-wipe cannot happen in {mc.name}: it has no KV-sharing layers (the wipe is a "
                              f"sharing layer's late first touch of its target's cache); use tiny-gemma4")
         for name in sorted(defects & {"cross-stride", "cross-fp8-context-read"}):
             if not mc.is_encoder_decoder:
-                raise ValueError(f"{name} cannot happen in {mc.name}: it is decoder-only, with no cross attention; "
+                raise InvalidValueError(f"{name} cannot happen in {mc.name}: it is decoder-only, with no cross attention; "
                                  f"use tiny-t5")
             if self.cache.kv_cache_dtype == "auto":
-                raise ValueError(f"{name} cannot happen with kv_cache_dtype='auto': the cross pool then holds the "
+                raise InvalidValueError(f"{name} cannot happen with kv_cache_dtype='auto': the cross pool then holds the "
                                  f"model's own 16-bit (or wider) elements, so nothing is misread; use "
                                  f"kv_cache_dtype='fp8'")

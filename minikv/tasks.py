@@ -23,6 +23,8 @@ import re
 import zlib
 from itertools import pairwise
 
+from minikv.kernels.errors import InvalidTypeError, InvalidValueError
+
 SORT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 SORT_MIN_LEN, SORT_MAX_LEN = 4, 40
 # tiny-gemma4's domain (see WindowArithmeticTask)
@@ -133,22 +135,22 @@ class WindowArithmeticTask:
             prompt = self.sample(rng)
             if num_tokens is None or len(prompt) == num_tokens - 1:
                 out.append(prompt)
-        raise ValueError(f"could not build {n} held-out prompts of {num_tokens} tokens")
+        raise InvalidValueError(f"could not build {n} held-out prompts of {num_tokens} tokens")
 
     def validate(self, prompt: str) -> tuple[int, int, int]:
         """(first term, step, number of terms) of a prompt in the domain; ValueError saying why otherwise."""
         if not isinstance(prompt, str):
-            raise TypeError(f"an arithmetic prompt is a str, got {type(prompt).__name__}")
+            raise InvalidTypeError(f"an arithmetic prompt is a str, got {type(prompt).__name__}")
         parts = prompt.split(" ")
         if len(parts) < 2 or not all(p.isdigit() and (p == "0" or p[0] != "0") for p in parts):
-            raise ValueError(f"an arithmetic prompt is two or more non-negative integers (no leading zeros) "
+            raise InvalidValueError(f"an arithmetic prompt is two or more non-negative integers (no leading zeros) "
                              f"separated by single spaces, got {prompt!r}")
         terms = [int(p) for p in parts]
         step = terms[1] - terms[0]
         if any(b - a != step for a, b in pairwise(terms)):
-            raise ValueError(f"{prompt!r} is not an arithmetic sequence")
+            raise InvalidValueError(f"{prompt!r} is not an arithmetic sequence")
         if not self._in_domain(terms[0], step, len(terms)):
-            raise ValueError(
+            raise InvalidValueError(
                 f"{prompt!r} is outside {self.model}'s domain: first term 0..{self.max_first}, step "
                 f"1..{self.max_step}, 2..{self.max_terms} terms, at most {self.max_prompt_tokens - 1} characters "
                 f"(got first term {terms[0]}, step {step}, {len(terms)} terms, {len(prompt)} characters)")
@@ -170,14 +172,14 @@ class WindowArithmeticTask:
 
 def _check_count(n: int) -> None:
     if not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be a non-negative int, got {n!r}")
+        raise InvalidValueError(f"n must be a non-negative int, got {n!r}")
 
 
 def _check_prompt_request(name: str, n: int, num_tokens: int | None, lo: int, hi: int) -> None:
     """The arguments of a task's prompts(): a count, and a prompt length in [lo, hi] tokens when one is asked."""
     _check_count(n)
     if num_tokens is not None and not lo <= num_tokens <= hi:
-        raise ValueError(f"num_tokens must be in [{lo}, {hi}] for {name} prompts, got {num_tokens}")
+        raise InvalidValueError(f"num_tokens must be in [{lo}, {hi}] for {name} prompts, got {num_tokens}")
 
 
 class SortDistinctTask:
@@ -226,12 +228,12 @@ class SortDistinctTask:
     def validate(self, prompt: str) -> str:
         """The prompt itself when it is in the domain; ValueError saying why otherwise."""
         if not isinstance(prompt, str):
-            raise TypeError(f"a {self.name} prompt is a str, got {type(prompt).__name__}")
+            raise InvalidTypeError(f"a {self.name} prompt is a str, got {type(prompt).__name__}")
         bad = sorted({ch for ch in prompt if ch not in SORT_ALPHABET})
         if bad or not SORT_MIN_LEN <= len(prompt) <= SORT_MAX_LEN:
             why = f"characters {''.join(bad)!r} are not digits or lowercase letters" if bad else \
                 f"it has {len(prompt)} characters"
-            raise ValueError(f"{prompt!r} is outside {self.model}'s domain: {SORT_MIN_LEN}..{SORT_MAX_LEN} digits "
+            raise InvalidValueError(f"{prompt!r} is outside {self.model}'s domain: {SORT_MIN_LEN}..{SORT_MAX_LEN} digits "
                              f"and lowercase letters ({why})")
         return prompt
 
@@ -286,12 +288,12 @@ class ContinuationTask:
             prompt = self._window.sample(rng, held_out=None)
             if self.round_trips(prompt) and (num_tokens is None or self.num_tokens(prompt) == num_tokens):
                 out.append(prompt)
-        raise ValueError(f"could not build {n} arithmetic prompts of {num_tokens} tokens that {self.model}'s "
+        raise InvalidValueError(f"could not build {n} arithmetic prompts of {num_tokens} tokens that {self.model}'s "
                          f"tokenizer encodes and decodes unchanged")
 
     def validate(self, prompt: str) -> str:
         if not isinstance(prompt, str):
-            raise TypeError(f"a prompt is a str, got {type(prompt).__name__}")
+            raise InvalidTypeError(f"a prompt is a str, got {type(prompt).__name__}")
         return prompt
 
     def expected_numbers(self, prompt: str, count: int) -> list[int]:
@@ -319,7 +321,7 @@ _TASKS = {"tiny-gemma4": WindowArithmeticTask, "tiny-t5": SortDistinctTask,
 def for_model(name: str) -> Task:
     """The task of shipped model `name` (tiny-gemma4-e2b, with random weights, takes tiny-gemma4's prompts)."""
     if name not in _TASKS:
-        raise ValueError(f"no task for model {name!r}; known models: {', '.join(_TASKS)}")
+        raise InvalidValueError(f"no task for model {name!r}; known models: {', '.join(_TASKS)}")
     return _TASKS[name]()
 
 
@@ -333,5 +335,5 @@ def for_checkpoint(tokenizer, model: str = "checkpoint", encoder_decoder: bool =
     sort = SortDistinctTask()
     if task.round_trips(SORT_ALPHABET):
         return sort
-    raise ValueError(f"{model}'s tokenizer cannot write back '3 7 11 15' (digits and spaces) nor {SORT_ALPHABET!r}: "
+    raise InvalidValueError(f"{model}'s tokenizer cannot write back '3 7 11 15' (digits and spaces) nor {SORT_ALPHABET!r}: "
                      f"no reproduction task fits it")

@@ -75,6 +75,8 @@ def test_llm_rejects(case, kw, error, fragment):
     with pytest.raises(error) as info:
         minikv.LLM(**kw)
     assert fragment in str(info.value)
+    if error in (ValueError, TypeError):      # a bad option is bad input to the CLI as well: one base class
+        assert isinstance(info.value, minikv.MinikvError) and info.value.exit_status == 2
 
 
 REPRO_INPUTS = [
@@ -89,8 +91,9 @@ REPRO_INPUTS = [
 
 @pytest.mark.parametrize("case,kw,error,fragment", REPRO_INPUTS, ids=[c[0] for c in REPRO_INPUTS])
 def test_repro_config_rejects(case, kw, error, fragment):
-    with pytest.raises(error, match=fragment):
+    with pytest.raises(error, match=fragment) as info:
         minikv.ReproConfig(**kw)
+    assert isinstance(info.value, minikv.MinikvError)
 
 
 def test_a_reproduction_switch_given_to_llm_names_its_new_spelling():

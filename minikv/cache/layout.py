@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minikv.kernels import addressing, formats
-from minikv.kernels.errors import CheckFailedError
+from minikv.kernels.errors import CheckFailedError, InvalidTypeError, InvalidValueError
 
 SCALE_BYTES = formats.SCALE_BYTES
 
@@ -113,25 +113,25 @@ class KVLayout:
     def scale_byte_offset(self, block: int, kv: int, slot_in_block: int, head: int) -> int:
         """Where the fp32 scale of one row lives (per-token-head formats; addressing.scale_byte_offset)."""
         if not self.has_inline_scales:
-            raise ValueError(f"{self.kv_cache_dtype} has no inline scales")
+            raise InvalidValueError(f"{self.kv_cache_dtype} has no inline scales")
         return addressing.scale_byte_offset(self.spec, block, kv, slot_in_block, head)
 
     # ---- views over a pool --------------------------------------------------------------------------------
     def _check_pool(self, pool: torch.Tensor) -> int:
         if pool.dtype != torch.uint8:
-            raise TypeError(f"a pool is a uint8 tensor, got {pool.dtype}")
+            raise InvalidTypeError(f"a pool is a uint8 tensor, got {pool.dtype}")
         nbytes = pool.numel()
         if nbytes % self.block_bytes:
-            raise ValueError(f"pool of {nbytes} bytes is not a whole number of {self.block_bytes}-byte blocks")
+            raise InvalidValueError(f"pool of {nbytes} bytes is not a whole number of {self.block_bytes}-byte blocks")
         return nbytes // self.block_bytes
 
     def scale_views(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 views [num_blocks, block_size, num_kv_heads] of the K and V inline scales, sharing the pool's bytes."""
         if not self.has_inline_scales:
-            raise ValueError(f"{self.kv_cache_dtype} has no inline scales")
+            raise InvalidValueError(f"{self.kv_cache_dtype} has no inline scales")
         num_blocks = self._check_pool(pool)
         if pool.storage_offset() % SCALE_BYTES:
-            raise ValueError("inline scales must be 4-byte aligned")
+            raise InvalidValueError("inline scales must be 4-byte aligned")
         words = torch.as_strided(pool, (pool.numel(),), (1,)).view(torch.float32)
         block_words, kv_words = addressing.half_word_strides(self.spec)
         slot_words, head_words, first = addressing.scale_word_strides(self.spec)
@@ -145,7 +145,7 @@ class KVLayout:
         num_blocks = self._check_pool(pool)
         flat = torch.as_strided(pool, (pool.numel(),), (1,))
         if pool.storage_offset() % self.elem_bytes:
-            raise ValueError("pool is not aligned to its element size")
+            raise InvalidValueError("pool is not aligned to its element size")
         elems = flat.view(self.code_dtype)
         block, kv, slot, row = addressing.element_strides(self.spec)
         size = (num_blocks, self.block_size, self.num_kv_heads, self.head_size)
@@ -178,7 +178,7 @@ def _compute_spec(fmt: formats.Format, num_kv_heads: int, head_size: int, block_
                   scale_placement: str) -> formats.CacheSpec:
     """The byte counts of a pool of this format and shape: the one place they are computed."""
     if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads < 1:
-        raise ValueError(f"num_kv_heads must be a positive int, got {num_kv_heads!r}")
+        raise InvalidValueError(f"num_kv_heads must be a positive int, got {num_kv_heads!r}")
     formats.check_head_size(head_size)
     formats.check_block_size(block_size)
     in_block = fmt.inline_scales and scale_placement == "block"

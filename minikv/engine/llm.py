@@ -47,7 +47,7 @@ from minikv.engine.model_runner import ModelRunner
 from minikv.engine.scheduler import Scheduler
 from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
 from minikv.engine.step import StepOutput, StepTrace
-from minikv.kernels.errors import EngineFaultError
+from minikv.kernels.errors import EngineFaultError, InvalidTypeError, InvalidValueError
 from minikv.models import hf_checkpoint, registry
 
 
@@ -63,30 +63,30 @@ def _check_model(model) -> str:
     """A shipped model name, or the path of a local checkpoint directory in transformers' format (a Gemma-4 or
     T5 `config.json` + `model.safetensors`, and a tokenizer: minikv's `minikv_tokenizer.json` or `tokenizer.json`)."""
     if isinstance(model, str) and not model.strip():
-        raise ValueError(f"model must be a shipped model ({', '.join(registry.MODEL_NAMES)}) or the path of a "
+        raise InvalidValueError(f"model must be a shipped model ({', '.join(registry.MODEL_NAMES)}) or the path of a "
                          f"checkpoint directory, got {model!r} (an empty path would load the working directory)")
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model not in registry.MODEL_NAMES
                                           and ("/" in model or os.sep in model or Path(model).is_dir())):
         path = Path(model)
         if not path.is_dir():
-            raise ValueError(f"model {str(model)!r} is neither a shipped model ({', '.join(registry.MODEL_NAMES)}) "
+            raise InvalidValueError(f"model {str(model)!r} is neither a shipped model ({', '.join(registry.MODEL_NAMES)}) "
                              f"nor an existing checkpoint directory")
         if not hf_checkpoint.is_checkpoint_dir(path):
-            raise ValueError(f"{str(path)!r} is not a checkpoint directory: it has no config.json "
+            raise InvalidValueError(f"{str(path)!r} is not a checkpoint directory: it has no config.json "
                              f"(expected transformers' config.json + model.safetensors of a Gemma-4 or T5 model)")
         return str(path)
     check_choice("model", model, registry.MODEL_NAMES)
     return model
 
 
-def _moved_keywords(moved: dict) -> TypeError:
+def _moved_keywords(moved: dict) -> InvalidTypeError:
     """The TypeError for keywords LLM no longer takes: the reproduction switches now live in ReproConfig."""
     repro_fields = set(ReproConfig.__dataclass_fields__)
     unknown = sorted(set(moved) - repro_fields)
     if unknown:
-        return TypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
+        return InvalidTypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
     spelled = ", ".join(f"{k}={v!r}" for k, v in moved.items())
-    return TypeError(f"LLM({', '.join(moved)}=...) is now a reproduction switch: pass "
+    return InvalidTypeError(f"LLM({', '.join(moved)}=...) is now a reproduction switch: pass "
                      f"repro=minikv.ReproConfig({spelled})")
 
 
@@ -194,25 +194,25 @@ class LLM:
     def _encode(self, prompt) -> tuple[list[int], list[int] | None]:
         """(decoder prompt ids, encoder ids or None) for one prompt, with clear errors for bad input."""
         if not isinstance(prompt, str):
-            raise TypeError(f"a prompt must be a str, got {type(prompt).__name__}")
+            raise InvalidTypeError(f"a prompt must be a str, got {type(prompt).__name__}")
         if not prompt:
-            raise ValueError("empty prompt: give at least one character")
+            raise InvalidValueError("empty prompt: give at least one character")
         if prompt.isspace():
-            raise ValueError(f"prompt {prompt!r} is only whitespace: give the model something to continue")
+            raise InvalidValueError(f"prompt {prompt!r} is only whitespace: give the model something to continue")
         ids = self.tokenizer.encode(prompt)
         if self.task is not None:
             self.task.validate(prompt)
         mc = self.config.model
         if self.is_encoder_decoder:
             if len(ids) > mc.max_encoder_len:
-                raise ValueError(f"prompt is {len(ids)} tokens, longer than the encoder's maximum "
+                raise InvalidValueError(f"prompt is {len(ids)} tokens, longer than the encoder's maximum "
                                  f"{mc.max_encoder_len}")
             # The decoder starts from the model's start token where the config names one (T5: its
             # decoder_start_token_id, 0 = pad in real checkpoints), else from BOS.
             return [getattr(mc, "decoder_start_token_id", self.tokenizer.bos_id)], ids
         ids = [self.tokenizer.bos_id] + ids
         if len(ids) >= mc.max_position:
-            raise ValueError(f"prompt is {len(ids)} tokens (with BOS), which leaves no room to generate: the model's "
+            raise InvalidValueError(f"prompt is {len(ids)} tokens (with BOS), which leaves no room to generate: the model's "
                              f"maximum is {mc.max_position - 1} prompt tokens (max_position {mc.max_position})")
         return ids, None
 
@@ -221,11 +221,11 @@ class LLM:
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be a minikv.SamplingParams, got {type(params).__name__}")
+            raise InvalidTypeError(f"sampling params must be a minikv.SamplingParams, got {type(params).__name__}")
         ids, enc = self._encode(prompt)
         room = self.config.model.max_position - len(ids)
         if params.max_tokens > room:
-            raise ValueError(f"max_tokens={params.max_tokens} but the model has room for only {room} new tokens "
+            raise InvalidValueError(f"max_tokens={params.max_tokens} but the model has room for only {room} new tokens "
                              f"after this {len(ids)}-token prompt (max_position {self.config.model.max_position}); "
                              f"lower max_tokens to at most {room}")
         probe = Sequence(self._next_id, prompt, ids, params, encoder_token_ids=enc)
@@ -256,7 +256,7 @@ class LLM:
     def cross_blocks_needed(self, prompts) -> int:
         """Blocks the cross pool must hold to serve all of `prompts` at once."""
         if not self.is_encoder_decoder:
-            raise ValueError(f"{self.model_name} has no cross attention")
+            raise InvalidValueError(f"{self.model_name} has no cross attention")
         bs = self.config.cache.block_size
         return sum(-(-len(self._encode(p)[1]) // bs) for p in _prompt_list(prompts))
 
@@ -267,7 +267,7 @@ class LLM:
         `capture=True` also keeps a copy of every attention layer's q, k, v and output in its trace event
         (`CacheEvent.tensors`): for measuring attention error; it costs memory, so it is off by default."""
         if not isinstance(capture, bool):
-            raise TypeError(f"capture must be True or False, got {type(capture).__name__} {capture!r}")
+            raise InvalidTypeError(f"capture must be True or False, got {type(capture).__name__} {capture!r}")
         with self._exclusive():
             return self._step(capture)
 
@@ -344,9 +344,9 @@ class LLM:
         elif isinstance(sampling_params, (list, tuple)):
             params = list(sampling_params)
             if len(params) != len(prompts):
-                raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+                raise InvalidValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         else:
-            raise TypeError(f"sampling_params must be a SamplingParams, a list of them, or None; got "
+            raise InvalidTypeError(f"sampling_params must be a SamplingParams, a list of them, or None; got "
                             f"{type(sampling_params).__name__}")
         with self._exclusive():
             if not prompts:
@@ -486,8 +486,8 @@ def _prompt_list(prompts) -> list[str]:
     if isinstance(prompts, str):
         return [prompts]
     if not isinstance(prompts, (list, tuple)):
-        raise TypeError(f"prompts must be a str or a list/tuple of str, got {type(prompts).__name__}")
+        raise InvalidTypeError(f"prompts must be a str or a list/tuple of str, got {type(prompts).__name__}")
     for i, p in enumerate(prompts):
         if not isinstance(p, str):
-            raise TypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
+            raise InvalidTypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
     return list(prompts)

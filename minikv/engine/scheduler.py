@@ -15,6 +15,7 @@ from collections import deque
 
 from minikv.cache.blocks import BlockManager
 from minikv.engine.sequence import FINISH_REASONS, Sequence, SequenceStatus
+from minikv.kernels.errors import InvalidValueError
 
 
 class Scheduler:
@@ -31,7 +32,7 @@ class Scheduler:
         eos_token_id: int | None = None,
     ):
         if cross_block_manager is not None and cross_block_manager.enable_prefix_caching:
-            raise ValueError("the cross pool's block manager must not use prefix caching")
+            raise InvalidValueError("the cross pool's block manager must not use prefix caching")
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.block_manager = block_manager
@@ -52,9 +53,9 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence. Raises ValueError for a sequence that could never run, instead of hanging."""
         if seq.status is not SequenceStatus.WAITING or seq.block_table or seq.num_output_tokens:
-            raise ValueError(f"request {seq.request_id} is not a fresh sequence ({seq!r})")
+            raise InvalidValueError(f"request {seq.request_id} is not a fresh sequence ({seq!r})")
         if seq.request_id in self._unfinished:
-            raise ValueError(f"request id {seq.request_id} is already queued or running")
+            raise InvalidValueError(f"request id {seq.request_id} is already queued or running")
         self.check_admissible(seq)
         self.waiting.append(seq)
         self._unfinished[seq.request_id] = seq
@@ -68,7 +69,7 @@ class Scheduler:
         needed = self.blocks_needed(seq)
         pool = self.block_manager.num_blocks
         if needed > pool:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{name} can never fit: {seq.num_prompt_tokens} prompt tokens + "
                 f"max_tokens {seq.sampling.max_tokens} need {needed} blocks of "
                 f"{self.block_manager.block_size} tokens, but the KV pool holds only {pool} blocks"
@@ -76,7 +77,7 @@ class Scheduler:
         # A preempted sequence is prefilled again with everything it generated, so that must fit one step.
         max_prefill = seq.num_prompt_tokens + seq.sampling.max_tokens - 1
         if max_prefill > self.max_num_batched_tokens:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{name} can never fit: {seq.num_prompt_tokens} prompt tokens + "
                 f"max_tokens {seq.sampling.max_tokens} may need a prefill of {max_prefill} tokens (after "
                 f"preemption), but max_num_batched_tokens is {self.max_num_batched_tokens}"
@@ -84,7 +85,7 @@ class Scheduler:
         if (seq.encoder_token_ids is None) != (self.cross_block_manager is None):
             kind = "has" if seq.encoder_token_ids is not None else "has no"
             pool_kind = "no" if self.cross_block_manager is None else "a"
-            raise ValueError(
+            raise InvalidValueError(
                 f"{name} {kind} encoder tokens, "
                 f"but this scheduler has {pool_kind} cross pool"
             )
@@ -92,7 +93,7 @@ class Scheduler:
             cross_needed = self.cross_block_manager.blocks_for_tokens(len(seq.encoder_token_ids))
             cross_pool = self.cross_block_manager.num_blocks
             if cross_needed > cross_pool:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{name} can never fit: {len(seq.encoder_token_ids)} encoder "
                     f"tokens need {cross_needed} cross blocks, but the cross pool holds only "
                     f"{cross_pool} blocks"
@@ -172,7 +173,7 @@ class Scheduler:
         with "length". Stop strings are the LLM facade's job: it calls `finish(seq, "stop")`.
         """
         if len(seqs) != len(token_ids):
-            raise ValueError(f"postprocess got {len(seqs)} sequences but {len(token_ids)} tokens")
+            raise InvalidValueError(f"postprocess got {len(seqs)} sequences but {len(token_ids)} tokens")
         for seq, token_id in zip(seqs, token_ids):
             if seq.status is not SequenceStatus.RUNNING:
                 raise RuntimeError(f"request {seq.request_id} is {seq.status.name}, not RUNNING")
@@ -190,7 +191,7 @@ class Scheduler:
         reached max_tokens reports "stop").
         """
         if reason not in FINISH_REASONS:
-            raise ValueError(f"unknown finish reason {reason!r}; use one of {', '.join(FINISH_REASONS)}")
+            raise InvalidValueError(f"unknown finish reason {reason!r}; use one of {', '.join(FINISH_REASONS)}")
         seq.finish_reason = reason
         if seq.status is SequenceStatus.FINISHED:
             return

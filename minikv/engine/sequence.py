@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from minikv.kernels.errors import InvalidTypeError, InvalidValueError
+
 if TYPE_CHECKING:  # torch is imported only when a seeded generator is actually needed
     import torch
 
@@ -44,28 +46,28 @@ class SamplingParams:
 
     def __post_init__(self):
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise TypeError(f"max_tokens must be an int, got {type(self.max_tokens).__name__}")
+            raise InvalidTypeError(f"max_tokens must be an int, got {type(self.max_tokens).__name__}")
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise InvalidValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
-            raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
+            raise InvalidTypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
         if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):  # rejects NaN
-            raise ValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, "
+            raise InvalidValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, "
                              f"got {self.temperature}")
         if self.seed is not None:
             if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-                raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+                raise InvalidTypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
             if not 0 <= self.seed <= MAX_SEED:
-                raise ValueError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
+                raise InvalidValueError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         if self.stop is not None:
             if isinstance(self.stop, str) or not isinstance(self.stop, (list, tuple)):
-                raise TypeError(f"stop must be a list of strings or None, got {self.stop!r}")
+                raise InvalidTypeError(f"stop must be a list of strings or None, got {self.stop!r}")
             for text in self.stop:
                 if not isinstance(text, str) or not text:
-                    raise ValueError(f"stop strings must be non-empty strings, got {text!r}")
+                    raise InvalidValueError(f"stop strings must be non-empty strings, got {text!r}")
             object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+            raise InvalidTypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
 
 
 class SequenceStatus(enum.Enum):
@@ -97,9 +99,9 @@ class Sequence:
         default_seed: int = 0,
     ):
         if len(prompt_token_ids) == 0:
-            raise ValueError(f"request {request_id}: the prompt has no tokens; at least one is needed")
+            raise InvalidValueError(f"request {request_id}: the prompt has no tokens; at least one is needed")
         if encoder_token_ids is not None and len(encoder_token_ids) == 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"request {request_id}: encoder_token_ids is empty; pass None for a decoder-only model")
         self.request_id = request_id
         self.prompt = prompt

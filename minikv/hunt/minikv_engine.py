@@ -21,7 +21,7 @@ import torch
 
 from minikv.cache.blocks import slot_of
 from minikv.config import ReproConfig
-from minikv.kernels.errors import BadInputError
+from minikv.kernels.errors import BadInputError, InvalidTypeError, InvalidValueError
 
 from .record import KVRow, RequestResult, Run, StrayWrite
 from .scenario import Scenario, torch_dtype
@@ -296,8 +296,12 @@ def _scenario_text(scenario: Scenario) -> str:
 
 
 def _first_line(err: BaseException) -> str:
+    """An error as one line. A bad option or argument is named by its standard type (ValueError, TypeError: what
+    a caller catches), every other error by its own class (KVCacheOverrunError, ...)."""
     text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+    name = ("ValueError" if isinstance(err, InvalidValueError) else
+            "TypeError" if isinstance(err, InvalidTypeError) else type(err).__name__)
+    return f"{name}: {text.splitlines()[0] if text else ''}"
 
 
 def _describe(err: BaseException) -> str:

@@ -31,6 +31,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from minikv.kernels.errors import InvalidTypeError, InvalidValueError
 from minikv.models.tokenizer import CharTokenizer
 
 MINIKV_TOKENIZER_FILE, HF_TOKENIZER_FILE = "minikv_tokenizer.json", "tokenizer.json"
@@ -70,10 +71,10 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
-            raise TypeError(f"encode takes a str, got {type(text).__name__}")
+            raise InvalidTypeError(f"encode takes a str, got {type(text).__name__}")
         ids = self._tok.encode(text, add_special_tokens=self.add_special_tokens).ids
         if self.model_vocab is not None and ids and max(ids) >= self.model_vocab:
-            raise ValueError(f"{self.path} encodes {text!r} with token id {max(ids)}, past the model's vocabulary "
+            raise InvalidValueError(f"{self.path} encodes {text!r} with token id {max(ids)}, past the model's vocabulary "
                              f"of {self.model_vocab} (config.json vocab_size)")
         return ids
 

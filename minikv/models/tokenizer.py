@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from minikv.kernels.errors import InvalidTypeError, InvalidValueError
+
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 ALPHABET = " 0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -17,7 +19,7 @@ class CharTokenizer:
 
     def __init__(self, alphabet: str = ALPHABET):
         if len(set(alphabet)) != len(alphabet):
-            raise ValueError("alphabet has repeated characters")
+            raise InvalidValueError("alphabet has repeated characters")
         self.alphabet = alphabet
         self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
         self._first = len(SPECIALS)
@@ -30,11 +32,11 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without specials."""
         if not isinstance(text, str):
-            raise TypeError(f"encode takes a str, got {type(text).__name__}")
+            raise InvalidTypeError(f"encode takes a str, got {type(text).__name__}")
         try:
             return [self._id_of[ch] for ch in text]
         except KeyError as err:
-            raise ValueError(
+            raise InvalidValueError(
                 f"character {err.args[0]!r} is not in the tokenizer's alphabet {self.alphabet!r}"
             ) from None
 
@@ -44,7 +46,7 @@ class CharTokenizer:
         for token in ids:
             token = int(token)
             if not 0 <= token < self.vocab_size:
-                raise ValueError(f"token id {token} is outside the vocabulary [0, {self.vocab_size})")
+                raise InvalidValueError(f"token id {token} is outside the vocabulary [0, {self.vocab_size})")
             if token >= self._first:
                 chars.append(self.alphabet[token - self._first])
         return "".join(chars)
