@@ -11,8 +11,9 @@ address), with random codes under them. Then each reader runs:
   p = 0 for the unwritten slots, but 0 * NaN = NaN, so garbage scales poison the output, while 1.0 (or 0.0) with
   zero codes is harmless. This is what the upstream fill protects against; whether upstream's kernel loads
   unwritten slots this way is not stated in the upstream text (inferred, not verified);
-* the capture-shaped warmup's dummy decode (`warmup="capture"`): a sequence of length 1 on block 0 with nothing
-  written, the one place in minikv where a real kernel reads an unwritten slot; its output is thrown away.
+* the capture-shaped warmup's dummy decode (`ReproConfig(warmup="capture")`): a sequence of length 1 on block 0
+  with nothing written, the one place in minikv where a real kernel reads an unwritten slot; its output is thrown
+  away.
 """
 from __future__ import annotations
 
