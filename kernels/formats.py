@@ -73,7 +73,7 @@ def check_kv_cache_dtype(kv_cache_dtype) -> None:
     """The one check of a kv_cache_dtype name (minikv's CacheConfig and KVLayout both call it)."""
     if not isinstance(kv_cache_dtype, str):
         raise InvalidTypeError(f"kv_cache_dtype must be a str, one of {', '.join(KV_CACHE_DTYPES)}; got "
-                        f"{type(kv_cache_dtype).__name__} {kv_cache_dtype!r}")
+                               f"{type(kv_cache_dtype).__name__} {kv_cache_dtype!r}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InvalidValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
 
@@ -92,17 +92,17 @@ def check_scale_placement(scale_placement) -> None:
     """The one check of a scale placement name (minikv's CacheConfig and KVLayout both call it)."""
     if not isinstance(scale_placement, str):
         raise InvalidTypeError(f"kv_scale_placement must be a str, one of {', '.join(SCALE_PLACEMENTS)}; got "
-                        f"{type(scale_placement).__name__} {scale_placement!r}")
+                               f"{type(scale_placement).__name__} {scale_placement!r}")
     if scale_placement not in SCALE_PLACEMENTS:
         raise InvalidValueError(f"unknown kv_scale_placement {scale_placement!r}; choose one of "
-                         f"{', '.join(SCALE_PLACEMENTS)}")
+                                f"{', '.join(SCALE_PLACEMENTS)}")
 
 
 def check_block_size(block_size, name: str = "block_size") -> None:
     """The one block-size rule (minikv's CacheConfig and every CacheSpec call it)."""
     if isinstance(block_size, bool) or not isinstance(block_size, int):
         raise InvalidTypeError(f"{name} must be an int, one of {', '.join(map(str, BLOCK_SIZES))}; got "
-                        f"{type(block_size).__name__} {block_size!r}")
+                               f"{type(block_size).__name__} {block_size!r}")
     if block_size not in BLOCK_SIZES:
         raise InvalidValueError(f"{name} must be one of {', '.join(map(str, BLOCK_SIZES))} tokens, got {block_size}")
 
@@ -111,7 +111,7 @@ def check_head_size(head_size) -> None:
     """The one head-size rule of the paged kernels (every CacheSpec calls it)."""
     if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size not in SUPPORTED_HEAD_SIZES:
         raise InvalidValueError(f"unsupported head size {head_size!r}; minikv's paged kernels take "
-                         f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))}")
+                                f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))}")
 
 
 def has_inline_scales(fmt: int) -> bool:
@@ -163,7 +163,7 @@ class CacheSpec:
         missing = [f for f in SPEC_FIELDS if not hasattr(spec, f)]
         if missing:
             raise InvalidTypeError(f"spec {type(spec).__name__} lacks the field(s) {missing}; a spec needs {SPEC_FIELDS} "
-                            f"(minikv.cache.layout.KVLayout is one)")
+                                   f"(minikv.cache.layout.KVLayout is one)")
         return cls(**{f: getattr(spec, f) for f in SPEC_FIELDS})
 
     def __post_init__(self):
@@ -176,12 +176,12 @@ class CacheSpec:
         check_block_size(self.block_size, "spec.block_size")
         if self.elem_bytes != TABLE[self.fmt].elem_bytes:
             raise InvalidValueError(f"spec.elem_bytes={self.elem_bytes} does not match format {NAMES[self.fmt]} "
-                             f"({TABLE[self.fmt].elem_bytes} byte(s) per element)")
+                                    f"({TABLE[self.fmt].elem_bytes} byte(s) per element)")
         if self.num_kv_heads < 1:
             raise InvalidValueError(f"spec.num_kv_heads must be at least 1, got {self.num_kv_heads}")
         if self.placement not in SCALE_PLACEMENTS.values():
             raise InvalidValueError(f"spec.placement must be formats.ROW ({ROW}) or formats.BLOCK ({BLOCK}), got "
-                             f"{self.placement!r}")
+                                    f"{self.placement!r}")
         inline = has_inline_scales(self.fmt)
         align = SCALE_BYTES if inline else self.elem_bytes
         for f in ("row_bytes", "slot_bytes", "kv_bytes", "block_bytes"):
@@ -200,7 +200,7 @@ class CacheSpec:
         if self.placement == ROW:
             if self.scale_offset < code_bytes:
                 raise InvalidValueError(f"spec.scale_offset={self.scale_offset} must be a 4-byte aligned offset after the "
-                                 f"row's {code_bytes} code bytes")
+                                        f"row's {code_bytes} code bytes")
             if self.scale_offset + SCALE_BYTES > self.row_bytes:
                 raise InvalidValueError(f"inline scale at byte {self.scale_offset} does not fit a {self.row_bytes}-byte row")
         else:
@@ -208,7 +208,7 @@ class CacheSpec:
                     + (self.num_kv_heads - 1) * self.scale_head_bytes + SCALE_BYTES)
             if self.scale_offset < self.block_size * self.slot_bytes or last > self.kv_bytes:
                 raise InvalidValueError(f"the scale region at byte {self.scale_offset} must lie after the half's "
-                                 f"{self.block_size * self.slot_bytes} code bytes and inside its {self.kv_bytes}")
+                                        f"{self.block_size * self.slot_bytes} code bytes and inside its {self.kv_bytes}")
 
 
 SPEC_FIELDS = tuple(f.name for f in fields(CacheSpec))

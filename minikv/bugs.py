@@ -58,7 +58,7 @@ def validate(names) -> frozenset[str]:
         raise InvalidTypeError(f"reintroduce takes a tuple of defect names, e.g. ({names!r},), not a string")
     if not isinstance(names, (list, tuple, set, frozenset)):
         raise InvalidTypeError(f"reintroduce must be a tuple or list of defect names ({', '.join(DEFECTS)}); "
-                        f"got {type(names).__name__} {names!r}; () reintroduces nothing")
+                               f"got {type(names).__name__} {names!r}; () reintroduces nothing")
     for name in names:
         if not isinstance(name, str):
             raise InvalidTypeError(f"reintroduce holds defect names (str), got {type(name).__name__} {name!r}")

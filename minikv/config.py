@@ -78,7 +78,7 @@ def resolve_device(device) -> torch.device:
             raise InvalidValueError(f"device {str(device)!r} but no CUDA device is available; use device='cpu'")
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise InvalidValueError(f"device {str(device)!r} does not exist: {torch.cuda.device_count()} CUDA device(s) "
-                             f"visible")
+                                    f"visible")
     return resolved
 
 
@@ -202,19 +202,19 @@ class EngineConfig:
             for name in ("cross_context_path", "paged_context", "cross_construction"):
                 if getattr(self.repro, name) != default[name].default:
                     raise InvalidValueError(f"ReproConfig.{name} applies to encoder-decoder models (cross attention); "
-                                     f"{mc.name} is decoder-only: leave it at its default")
+                                            f"{mc.name} is decoder-only: leave it at its default")
             if self.cache.cross_pool_blocks is not None:
                 raise InvalidValueError(f"cross_pool_blocks applies to encoder-decoder models (the cross pool); {mc.name} "
-                                 f"is decoder-only: leave it None")
+                                        f"is decoder-only: leave it None")
         # A defect switched on where its mechanism cannot occur would silently do nothing.
         if "scale-wipe" in defects and not mc.kv_sharing:
             raise InvalidValueError(f"scale-wipe cannot happen in {mc.name}: it has no KV-sharing layers (the wipe is a "
-                             f"sharing layer's late first touch of its target's cache); use tiny-gemma4")
+                                    f"sharing layer's late first touch of its target's cache); use tiny-gemma4")
         for name in sorted(defects & {"cross-stride", "cross-fp8-context-read"}):
             if not mc.is_encoder_decoder:
                 raise InvalidValueError(f"{name} cannot happen in {mc.name}: it is decoder-only, with no cross attention; "
-                                 f"use tiny-t5")
+                                        f"use tiny-t5")
             if self.cache.kv_cache_dtype == "auto":
                 raise InvalidValueError(f"{name} cannot happen with kv_cache_dtype='auto': the cross pool then holds the "
-                                 f"model's own 16-bit (or wider) elements, so nothing is misread; use "
-                                 f"kv_cache_dtype='fp8'")
+                                        f"model's own 16-bit (or wider) elements, so nothing is misread; use "
+                                        f"kv_cache_dtype='fp8'")

@@ -144,7 +144,7 @@ class WindowArithmeticTask:
         parts = prompt.split(" ")
         if len(parts) < 2 or not all(p.isdigit() and (p == "0" or p[0] != "0") for p in parts):
             raise InvalidValueError(f"an arithmetic prompt is two or more non-negative integers (no leading zeros) "
-                             f"separated by single spaces, got {prompt!r}")
+                                    f"separated by single spaces, got {prompt!r}")
         terms = [int(p) for p in parts]
         step = terms[1] - terms[0]
         if any(b - a != step for a, b in pairwise(terms)):
@@ -234,7 +234,7 @@ class SortDistinctTask:
             why = f"characters {''.join(bad)!r} are not digits or lowercase letters" if bad else \
                 f"it has {len(prompt)} characters"
             raise InvalidValueError(f"{prompt!r} is outside {self.model}'s domain: {SORT_MIN_LEN}..{SORT_MAX_LEN} digits "
-                             f"and lowercase letters ({why})")
+                                    f"and lowercase letters ({why})")
         return prompt
 
     def expected(self, prompt: str, num_chars: int) -> str:
@@ -289,7 +289,7 @@ class ContinuationTask:
             if self.round_trips(prompt) and (num_tokens is None or self.num_tokens(prompt) == num_tokens):
                 out.append(prompt)
         raise InvalidValueError(f"could not build {n} arithmetic prompts of {num_tokens} tokens that {self.model}'s "
-                         f"tokenizer encodes and decodes unchanged")
+                                f"tokenizer encodes and decodes unchanged")
 
     def validate(self, prompt: str) -> str:
         if not isinstance(prompt, str):
@@ -336,4 +336,4 @@ def for_checkpoint(tokenizer, model: str = "checkpoint", encoder_decoder: bool =
     if task.round_trips(SORT_ALPHABET):
         return sort
     raise InvalidValueError(f"{model}'s tokenizer cannot write back '3 7 11 15' (digits and spaces) nor {SORT_ALPHABET!r}: "
-                     f"no reproduction task fits it")
+                            f"no reproduction task fits it")

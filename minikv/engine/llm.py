@@ -22,10 +22,8 @@ Rules the facade keeps:
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -48,7 +46,7 @@ from minikv.engine.scheduler import Scheduler
 from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
 from minikv.engine.step import StepOutput, StepTrace
 from minikv.kernels.errors import EngineFaultError, InvalidTypeError, InvalidValueError
-from minikv.models import hf_checkpoint, registry
+from minikv.models import registry
 
 
 class ConcurrentUseError(EngineFaultError, RuntimeError):
@@ -59,26 +57,6 @@ class EngineNeedsResetError(EngineFaultError, RuntimeError):
     """The engine's KV arena was overrun earlier; call reset() (or sleep() then wake_up()) before using it."""
 
 
-def _check_model(model) -> str:
-    """A shipped model name, or the path of a local checkpoint directory in transformers' format (a Gemma-4 or
-    T5 `config.json` + `model.safetensors`, and a tokenizer: minikv's `minikv_tokenizer.json` or `tokenizer.json`)."""
-    if isinstance(model, str) and not model.strip():
-        raise InvalidValueError(f"model must be a shipped model ({', '.join(registry.MODEL_NAMES)}) or the path of a "
-                         f"checkpoint directory, got {model!r} (an empty path would load the working directory)")
-    if isinstance(model, os.PathLike) or (isinstance(model, str) and model not in registry.MODEL_NAMES
-                                          and ("/" in model or os.sep in model or Path(model).is_dir())):
-        path = Path(model)
-        if not path.is_dir():
-            raise InvalidValueError(f"model {str(model)!r} is neither a shipped model ({', '.join(registry.MODEL_NAMES)}) "
-                             f"nor an existing checkpoint directory")
-        if not hf_checkpoint.is_checkpoint_dir(path):
-            raise InvalidValueError(f"{str(path)!r} is not a checkpoint directory: it has no config.json "
-                             f"(expected transformers' config.json + model.safetensors of a Gemma-4 or T5 model)")
-        return str(path)
-    check_choice("model", model, registry.MODEL_NAMES)
-    return model
-
-
 def _moved_keywords(moved: dict) -> InvalidTypeError:
     """The TypeError for keywords LLM no longer takes: the reproduction switches now live in ReproConfig."""
     repro_fields = set(ReproConfig.__dataclass_fields__)
@@ -87,7 +65,7 @@ def _moved_keywords(moved: dict) -> InvalidTypeError:
         return InvalidTypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
     spelled = ", ".join(f"{k}={v!r}" for k, v in moved.items())
     return InvalidTypeError(f"LLM({', '.join(moved)}=...) is now a reproduction switch: pass "
-                     f"repro=minikv.ReproConfig({spelled})")
+                            f"repro=minikv.ReproConfig({spelled})")
 
 
 class LLM:
@@ -127,7 +105,7 @@ class LLM:
                  enforce_eager: bool | None = None, **moved):
         if moved:
             raise _moved_keywords(moved)
-        model = _check_model(model)
+        model = registry.check_model(model)
         # Every option is checked once, by the config objects, before any weights are read or memory allocated.
         config = EngineConfig(
             model=None, device=device, dtype=dtype, backend=backend, reintroduce=reintroduce, sanitize=sanitize,
@@ -206,14 +184,14 @@ class LLM:
         if self.is_encoder_decoder:
             if len(ids) > mc.max_encoder_len:
                 raise InvalidValueError(f"prompt is {len(ids)} tokens, longer than the encoder's maximum "
-                                 f"{mc.max_encoder_len}")
+                                        f"{mc.max_encoder_len}")
             # The decoder starts from the model's start token where the config names one (T5: its
             # decoder_start_token_id, 0 = pad in real checkpoints), else from BOS.
             return [getattr(mc, "decoder_start_token_id", self.tokenizer.bos_id)], ids
         ids = [self.tokenizer.bos_id] + ids
         if len(ids) >= mc.max_position:
             raise InvalidValueError(f"prompt is {len(ids)} tokens (with BOS), which leaves no room to generate: the model's "
-                             f"maximum is {mc.max_position - 1} prompt tokens (max_position {mc.max_position})")
+                                    f"maximum is {mc.max_position - 1} prompt tokens (max_position {mc.max_position})")
         return ids, None
 
     def _prepare(self, prompt, params, name: str) -> tuple[list[int], list[int] | None, SamplingParams]:
@@ -226,8 +204,8 @@ class LLM:
         room = self.config.model.max_position - len(ids)
         if params.max_tokens > room:
             raise InvalidValueError(f"max_tokens={params.max_tokens} but the model has room for only {room} new tokens "
-                             f"after this {len(ids)}-token prompt (max_position {self.config.model.max_position}); "
-                             f"lower max_tokens to at most {room}")
+                                    f"after this {len(ids)}-token prompt (max_position {self.config.model.max_position}); "
+                                    f"lower max_tokens to at most {room}")
         probe = Sequence(self._next_id, prompt, ids, params, encoder_token_ids=enc)
         self.scheduler.check_admissible(probe, name)
         return ids, enc, params
@@ -347,7 +325,7 @@ class LLM:
                 raise InvalidValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         else:
             raise InvalidTypeError(f"sampling_params must be a SamplingParams, a list of them, or None; got "
-                            f"{type(sampling_params).__name__}")
+                                   f"{type(sampling_params).__name__}")
         with self._exclusive():
             if not prompts:
                 return []

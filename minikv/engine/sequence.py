@@ -53,7 +53,7 @@ class SamplingParams:
             raise InvalidTypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
         if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):  # rejects NaN
             raise InvalidValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, "
-                             f"got {self.temperature}")
+                                    f"got {self.temperature}")
         if self.seed is not None:
             if isinstance(self.seed, bool) or not isinstance(self.seed, int):
                 raise InvalidTypeError(f"seed must be an int or None, got {type(self.seed).__name__}")

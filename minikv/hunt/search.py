@@ -28,9 +28,8 @@ from .minikv_engine import MinikvEngine
 from .oracles import Violation
 from .reference import DenseReference
 from .scenario import Scenario
-from .strategies import cell_label
+from .strategies import cell_label, scenarios
 from .strategies import cells as all_cells
-from .strategies import scenarios
 
 
 class _NoConstants:
@@ -208,24 +207,14 @@ def check_model(model) -> str:
     """A model the hunter can take, as the string its cells name: a shipped model's name, or a checkpoint
     directory's path (absolute, so a printed reproduction runs from anywhere). The directory is loaded once here,
     so that a bad checkpoint is refused with the loader's error (ModelLoadError) before the search starts."""
-    import os
     from pathlib import Path
 
-    from minikv.models import hf_checkpoint, registry
+    from minikv.models import registry
 
     from .strategies import prompt_pool
-    if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be a shipped model's name or a checkpoint directory, got {type(model).__name__}")
-    name = os.fspath(model)
+    name = registry.check_model(model)
     if not registry.is_checkpoint_model(name):
-        path = Path(name)
-        if not path.is_dir():
-            raise ValueError(f"model {name!r} is neither a shipped model ({', '.join(registry.MODEL_NAMES)}) nor an "
-                             f"existing checkpoint directory")
-        if not hf_checkpoint.is_checkpoint_dir(path):
-            raise ValueError(f"{name!r} is not a checkpoint directory: it has no config.json (expected "
-                             f"transformers' config.json + model.safetensors of a Gemma-4 or T5 model)")
-        name = str(path.resolve())
+        name = str(Path(name).resolve())
         registry.get_tokenizer(name)
         registry.load_model(name)
     prompt_pool(name)

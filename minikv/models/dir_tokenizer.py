@@ -75,7 +75,7 @@ class HFTokenizer:
         ids = self._tok.encode(text, add_special_tokens=self.add_special_tokens).ids
         if self.model_vocab is not None and ids and max(ids) >= self.model_vocab:
             raise InvalidValueError(f"{self.path} encodes {text!r} with token id {max(ids)}, past the model's vocabulary "
-                             f"of {self.model_vocab} (config.json vocab_size)")
+                                    f"of {self.model_vocab} (config.json vocab_size)")
         return ids
 
     def decode(self, ids: Iterable[int]) -> str:

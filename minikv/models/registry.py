@@ -16,12 +16,13 @@ and `minikv.models.dir_tokenizer`).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from minikv.kernels.errors import BadInputError
+from minikv.kernels.errors import BadInputError, InvalidTypeError, InvalidValueError
 from minikv.models import hf_checkpoint
 from minikv.models.dir_tokenizer import TokenizerFileError, load_tokenizer
 from minikv.models.gemma4 import FULL, SLIDING, Gemma4Config, Gemma4ForCausalLM
@@ -110,6 +111,32 @@ def _check_name(name: str) -> None:
 def is_checkpoint_model(name) -> bool:
     """True for the models shipped as transformers-format directories (`MODEL_NAMES`)."""
     return isinstance(name, str) and name in CHECKPOINT_CONFIGS
+
+
+def check_model(model) -> str:
+    """`model` as LLM and the hunter take it: a shipped model's name (`MODEL_NAMES`), or the path of a local
+    checkpoint directory in transformers' format (a Gemma-4 or T5 config.json + model.safetensors, and a
+    tokenizer), returned as a str. Anything else raises InvalidTypeError / InvalidValueError saying what it is."""
+    if isinstance(model, str) and not model.strip():
+        raise InvalidValueError(f"model must be a shipped model ({', '.join(MODEL_NAMES)}) or the path of a "
+                                f"checkpoint directory, got {model!r} (an empty path would load the working "
+                                f"directory)")
+    if isinstance(model, os.PathLike) or (isinstance(model, str) and model not in MODEL_NAMES
+                                          and ("/" in model or os.sep in model or Path(model).is_dir())):
+        path = Path(model)
+        if not path.is_dir():
+            raise InvalidValueError(f"model {str(model)!r} is neither a shipped model ({', '.join(MODEL_NAMES)}) "
+                                    f"nor an existing checkpoint directory")
+        if not hf_checkpoint.is_checkpoint_dir(path):
+            raise InvalidValueError(f"{str(path)!r} is not a checkpoint directory: it has no config.json (expected "
+                                    f"transformers' config.json + model.safetensors of a Gemma-4 or T5 model)")
+        return str(path)
+    if not isinstance(model, str):
+        raise InvalidTypeError(f"model must be a str, one of {', '.join(MODEL_NAMES)}, or a checkpoint directory's "
+                               f"path; got {type(model).__name__} {model!r}")
+    if model not in MODEL_NAMES:
+        raise InvalidValueError(f"unknown model {model!r}; choose one of {', '.join(MODEL_NAMES)}")
+    return model
 
 
 def model_config(name: str) -> Gemma4Config | T5Config:
