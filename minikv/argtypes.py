@@ -37,3 +37,17 @@ def model_arg(parser: argparse.ArgumentParser, default: str = "tiny-gemma4") -> 
     parser.add_argument("--model", default=default, metavar="NAME|PATH",
                         help=f"a shipped model ({', '.join(MODEL_NAMES)}) or the path of a checkpoint directory "
                              f"in transformers' format (default {default})")
+
+
+def device_and_backend_args(parser: argparse.ArgumentParser) -> None:
+    """--device and --backend as the reproductions take them; `resolve_backend(args)` fills in the default."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default=None, choices=("triton", "torch"),
+                        help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter "
+                             "would take many minutes: the defect lives in the engine's Python, which both backends "
+                             "run)")
+
+
+def resolve_backend(args: argparse.Namespace) -> None:
+    """The backend --backend names, or the default for --device: triton on a GPU, torch on a CPU."""
+    args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")

@@ -4,6 +4,7 @@ only if all hold), and writes `--results`.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from .arena import check_arena_runs, format_arena_runs
@@ -11,27 +12,19 @@ from .report import check_signatures, format_tables, measure, write_results
 from .run import AUTO_REFERENCE, MODEL, RESULTS_COMMAND
 
 
-def _package_doc() -> str:
-    import minikv.repro.cross_stride as package
-    return package.__doc__
-
-
 def main(argv: list[str] | None = None) -> int:
-    from minikv.argtypes import UsageParser, positive_int
-    p = UsageParser(prog="minikv repro cross-stride", description=_package_doc(),
+    from minikv.argtypes import UsageParser, device_and_backend_args, positive_int, resolve_backend
+    p = UsageParser(prog="minikv repro cross-stride", description=sys.modules[__package__].__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL,
                    help=f"{MODEL} (the default) or the path of a T5 checkpoint directory (config.json, "
                         "safetensors, tokenizer)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--backend", default=None, choices=("triton", "torch"),
-                   help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
-                        "take many minutes: the defect lives in the engine's Python, which both backends run)")
+    device_and_backend_args(p)
     p.add_argument("--requests", type=positive_int, default=6, help="requests served at once (default 6)")
     p.add_argument("--results", default=None, metavar="PATH",
                    help="also write the measured quantities and tables as JSON (e.g. results/cross_stride.json)")
     args = p.parse_args(argv)
-    args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
+    resolve_backend(args)
 
     start = time.perf_counter()
     m = measure(args.requests, args.device, args.backend, progress=True, model=args.model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 import time
 
 from tqdm import tqdm
@@ -34,22 +35,14 @@ from .report import HEADLINE, format_quantities, headline_pair, results
 from .run import E2B_MODEL, FORMATS, MODEL, attention_damage, compare, judge_of, make_prompts, run_engine
 
 
-def _package_doc() -> str:
-    import minikv.repro.scale_wipe as package
-    return package.__doc__
-
-
 def main(argv: list[str] | None = None) -> int:
-    from minikv.argtypes import UsageParser, positive_int
-    p = UsageParser(prog="minikv repro scale-wipe", description=_package_doc(),
+    from minikv.argtypes import UsageParser, device_and_backend_args, positive_int, resolve_backend
+    p = UsageParser(prog="minikv repro scale-wipe", description=sys.modules[__package__].__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL,
                    help=f"a shipped model ({MODEL}: trained; {E2B_MODEL}: gemma-4-E2B's topology, random weights) "
                         "or the path of a Gemma-4 checkpoint directory (config.json, safetensors, tokenizer)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--backend", default=None, choices=("triton", "torch"),
-                   help="kernel backend (default: triton on cuda; torch on cpu, where the Triton interpreter would "
-                        "take many minutes: the defect lives in the engine's Python, which both backends run)")
+    device_and_backend_args(p)
     p.add_argument("--requests", type=positive_int, default=24, help="requests per run (default 24: two copies of "
                                                                       "12 prompts); upstream used 192 (48 x 4)")
     p.add_argument("--max-num-seqs", type=positive_int, nargs="+", default=[4, 6, 8])
@@ -66,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="write the measured quantities and tables as JSON (results/scale_wipe.json; the file's stem "
                         "is its name)")
     args = p.parse_args(argv)
-    args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "torch")
+    resolve_backend(args)
     if args.requests < 2 * max(args.max_num_seqs):
         p.error(f"--requests {args.requests} is too few for --max-num-seqs {max(args.max_num_seqs)}: need at least "
                 f"{2 * max(args.max_num_seqs)}, so that a batch after the first exists")
@@ -148,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         print(format_arrivals(arrivals))
         problems += check_extra_signatures(warmups, seqs, wakes, unwritten, arrivals)
     if args.results:
-        import sys
         from pathlib import Path
         command = "minikv repro scale-wipe " + " ".join(sys.argv[1:] if argv is None else argv)
         with open(args.results, "w") as fh:
