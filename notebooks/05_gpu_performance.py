@@ -444,13 +444,13 @@ print("answer:", f"{100 * abs(ms[worst] / other[worst] - 1):.0f}% ({worst[0]}, b
 
 # %%
 RESULTS = DATA.resolve().parents[2] / "results" / "gpu"
-kernel_rows = [r for r in load(RESULTS / "decode-speed" / "after-fp8-fix" / "attention.csv") if r["kind"] == "decode"]
+kernel_rows = [r for r in load(RESULTS / "decode-speed" / "row-window-e4m3-finite" / "attention.csv") if r["kind"] == "decode"]
 now = {(r["format"], int(r["batch"]), int(r["context"])): 1e3 * r["ms"] for r in kernel_rows}
 print(f"one decode kernel, batch 64 / context 4096 ({kernel_rows[0]['gpu']}):")
 for fmt in order:
     if (fmt, 64, 4096) in now:
         print(f"  {fmt:27s} {now[(fmt, 64, 4096)]:7.1f} us  {now[('auto', 64, 4096)] / now[(fmt, 64, 4096)]:4.2f}x bf16")
-with open(RESULTS / "cuda-graphs" / "final" / "engine.csv") as f:
+with open(RESULTS / "cuda-graphs" / "numpy-padding-profile" / "engine.csv") as f:
     graph_rows = list(csv.DictReader(f))
 print("\nthe engine with CUDA graphs, gemma-4-E2B dimensions, batch 64, context 2048:")
 for r in graph_rows:
