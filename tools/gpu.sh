@@ -5,7 +5,8 @@
 #   bash tools/gpu.sh tests      # `make test-gpu`: the tests marked gpu (pytest-xdist workers: compiling Triton
 #                                #   kernels is CPU work) beside both reproductions on CUDA; the wall time last
 #   bash tools/gpu.sh repro      # both reproductions on CUDA
-#   bash tools/gpu.sh bench      # `minikv.bench attention` (kernel targets) and `minikv.bench engine --device cuda`
+#   bash tools/gpu.sh bench      # `minikv.bench attention` (kernel targets; FlashInfer beside it when importable)
+#                                #   and `minikv.bench engine --device cuda`
 #                                #   (end-to-end targets), CSVs into $OUT
 #   bash tools/gpu.sh tune       # the launch-configuration sweep and an Nsight Compute profile of the decode kernel
 #   bash tools/gpu.sh notebook   # notebook 05 executed and recorded (its first cell runs the attention benchmark)
@@ -24,7 +25,7 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 if [ "${TRITON_CACHE_DIR:-}" = fresh ]; then export TRITON_CACHE_DIR=$(mktemp -d); fi
 status=0
-[ $# -gt 0 ] || { sed -n '2,18p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,19p' "$0"; exit 2; }
 for step in "$@"; do
   case "$step" in
     tests|repro|bench|tune|notebook|fidelity|memcheck|tokens) ;;
@@ -37,6 +38,11 @@ if [ -z "${WHEELS_INSTALLED:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export WHEELS_INSTALLED=1
 fi
+# packed packages (tools/pack_flashinfer.sh: FlashInfer without the sources the benchmark never builds)
+for packed in .whl/*.tar.xz; do
+  [ -e "$packed" ] && [ ! -e "/tmp/site/.$(basename "$packed").done" ] || continue
+  mkdir -p /tmp/site && tar -xJf "$packed" -C /tmp/site && touch "/tmp/site/.$(basename "$packed").done"
+done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}:/tmp/site"
 $PY -c "import minikv.kernels" 2>/dev/null || $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . \
   >/dev/null 2>&1 || true
@@ -84,8 +90,22 @@ repro() {
   timeout 45 $PY -m minikv repro cross-stride --device cuda
 }
 
+# FlashInfer JIT-compiles each decode variant at its first plan (about a minute each): the four side by side.
+warm_flashinfer() {
+  local start=$(date +%s) v
+  for v in "auto tensor-cores" "auto cuda-cores" "fp8 tensor-cores" "fp8 cuda-cores"; do
+    $PY -m minikv.bench.flashinfer_peer $v > "$OUT/flashinfer-warm-${v// /-}.log" 2>&1 &
+  done
+  wait
+  tail -q -n 1 "$OUT"/flashinfer-warm-*.log
+  echo "flashinfer variants compiled in $(( $(date +%s) - start )) s"
+}
+
 bench() {
-  timeout ${BENCH_TIMEOUT:-300} $PY -m minikv.bench attention --csv "$OUT/attention.csv" ${ATTENTION_ARGS:-} \
+  local peer=""
+  if $PY -c "import flashinfer" 2>/dev/null; then peer="--peer flashinfer"; warm_flashinfer
+  else echo "(flashinfer not importable: no peer column; tools/pack_flashinfer.sh packs it into .whl/)"; fi
+  timeout ${BENCH_TIMEOUT:-300} $PY -m minikv.bench attention --csv "$OUT/attention.csv" $peer ${ATTENTION_ARGS:-} \
     || return 1
   timeout ${BENCH_TIMEOUT:-300} $PY -m minikv.bench engine --device cuda --csv "$OUT/engine.csv" ${ENGINE_ARGS:-}
 }

@@ -9,13 +9,17 @@
 * torch SDPA on a contiguous (unpaged) bf16 cache of the same shape: the ratio SDPA time / minikv time.
 * Context attention TFLOP/s: causal self attention (minikv's unfused and fused paths vs SDPA), and the cross
   attention context step, fused (fp8 paged cache, taught the format) vs unfused (bf16 workspace).
+* `--peer flashinfer`: FlashInfer's paged decode on the same pools, block tables and queries, for the formats it
+  has (bf16 and fp8 per tensor; minikv.bench.flashinfer_peer), the faster of its two variants.
 * The kernel targets, each a ratio within this run, printed met/MISSED last (`targets`).
 
 Prints a table and writes CSV (--csv). Needs CUDA. Columns of the CSV (one row per case): kind (decode, prefill,
 cross-context, engine-decode), format, batch, context, q_len, ms, GBps, bytes, pct_copy, sdpa_ms,
 sdpa_over_minikv, TFLOPs, unfused_over_fused, timing, sdpa_timing, the ceilings (copy_GBps, read_GBps), gpu,
 torch, triton; kernel (how the decode kernel read the cache: "pipelined", or "row-window" for the row placement's
-aligned reads), splits, block_n, stages (its launch configuration), tokens_per_s (engine-decode rows).
+aligned reads), splits, block_n, stages (its launch configuration), tokens_per_s (engine-decode rows); with the peer,
+flashinfer_ms, flashinfer_over_minikv (its time over minikv's: above 1, minikv is faster), flashinfer_variant,
+flashinfer_timing, flashinfer_max_abs_diff (its output against minikv's, same inputs) and flashinfer (its version).
 """
 from __future__ import annotations
 
@@ -99,15 +103,21 @@ def decode_problem(fmt: str, batch: int, ctx: int):
     return layout, pool, tables, lens, q, torch.empty_like(q)
 
 
-def decode_case(fmt: str, batch: int, ctx: int) -> dict:
+def decode_case(fmt: str, batch: int, ctx: int, peer=None) -> dict:
+    """One decode row; with `peer` (a flashinfer_peer.FlashInferDecode), its figures on the same problem too."""
     from minikv.kernels.decode_attention import paged_decode_attention
     layout, pool, tables, lens, q, out = decode_problem(fmt, batch, ctx)
     sm = D ** -0.5
     ms, how = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, spec=layout, sm_scale=sm, out=out,
                                                       validate=False))
     nbytes = batch * ctx * layout.bytes_per_token() + 2 * q.numel() * q.element_size() + tables.numel() * 4
-    return {"kind": "decode", "format": fmt, "batch": batch, "context": ctx, "ms": ms,
-            "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": how, **decode_launch(layout, batch, ctx)}
+    row = {"kind": "decode", "format": fmt, "batch": batch, "context": ctx, "ms": ms,
+           "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": how, **decode_launch(layout, batch, ctx)}
+    if peer is not None and layout.placement == "row":
+        row.update(peer.measure(layout, pool, tables, lens, q, sm, out, _time_ms))
+        if "flashinfer_ms" in row:
+            row["flashinfer_over_minikv"] = row["flashinfer_ms"] / ms
+    return row
 
 
 def sdpa_decode_ms(batch: int, ctx: int) -> Timing:
@@ -188,29 +198,39 @@ def cross_context_cases(shapes=((64, 1, 1024), (8, 512, 4096))) -> list[dict]:
     return rows
 
 
-def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine: bool = False) -> list[dict]:
+def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine: bool = False,
+        peer: str | None = None) -> list[dict]:
     """Measure everything; return one dict per row (decode, prefill and cross-context cases, with the ceilings;
-    with `engine`, also `minikv.bench engine`'s decode tokens/s of a gemma-4-E2B-like model per format)."""
+    with `engine`, also `minikv.bench engine`'s decode tokens/s of a gemma-4-E2B-like model per format; with
+    `peer="flashinfer"`, FlashInfer's decode beside minikv's)."""
     import triton
     gpu = torch.cuda.get_device_name()
     log(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}")
+    peer_decode = None
+    if peer == "flashinfer":
+        from minikv.bench.flashinfer_peer import FlashInferDecode
+        peer_decode = FlashInferDecode()
+        log(f"peer: FlashInfer {peer_decode.version} (BatchDecodeWithPagedKVCacheWrapper, NHD, the faster of its "
+            "tensor-core and CUDA-core variants)")
+    elif peer is not None:
+        raise ValueError(f"unknown peer {peer!r}: the one peer is 'flashinfer'")
     ceil = ceilings()
     log(f"ceilings: device-to-device copy {ceil['copy_GBps']:.0f} GB/s, read-only sum {ceil['read_GBps']:.0f} GB/s")
     rows = []
     log(f"\n{'format':26s} {'batch':>5s} {'context':>7s} {'minikv us':>10s} {'GB/s':>7s} {'% copy':>7s} "
-        f"{'SDPA us':>8s} {'SDPA/minikv':>11s}")
+        f"{'SDPA us':>8s} {'SDPA/minikv':>11s}" + (f" {'FI us':>8s} {'FI/minikv':>9s}" if peer_decode else ""))
     for batch in batches:
         for ctx in contexts:
             sdpa, sdpa_timing = sdpa_decode_ms(batch, ctx)
             torch.cuda.empty_cache()
             for fmt in FORMATS:
-                r = decode_case(fmt, batch, ctx)
+                r = decode_case(fmt, batch, ctx, peer_decode)
                 r.update(sdpa_ms=sdpa, sdpa_over_minikv=sdpa / r["ms"], pct_copy=100 * r["GBps"] / ceil["copy_GBps"],
                          sdpa_timing=sdpa_timing)
                 rows.append(r)
                 log(f"{fmt:26s} {batch:5d} {ctx:7d} {1e3 * r['ms']:10.1f} {r['GBps']:7.0f} {r['pct_copy']:6.0f}% "
-                    f"{1e3 * sdpa:8.1f} {r['sdpa_over_minikv']:11.2f}" + ("" if r["timing"] == sdpa_timing ==
-                                                                          "cuda graph" else "  (eager)"))
+                    f"{1e3 * sdpa:8.1f} {r['sdpa_over_minikv']:11.2f}" + _peer_columns(r, peer_decode)
+                    + ("" if r["timing"] == sdpa_timing == "cuda graph" else "  (eager)"))
                 torch.cuda.empty_cache()
     log(f"\n{'context attention':34s} {'batch':>5s} {'q_len':>6s} {'kv_len':>6s} {'ms':>8s} {'TFLOP/s':>8s}")
     for r in prefill_cases() + cross_context_cases():
@@ -232,6 +252,14 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine
     return rows
 
 
+def _peer_columns(row: dict, peer) -> str:
+    if peer is None:
+        return ""
+    if "flashinfer_ms" not in row:
+        return f" {'-':>8s} {'-':>9s}"
+    return f" {1e3 * row['flashinfer_ms']:8.1f} {row['flashinfer_over_minikv']:9.2f}"
+
+
 def default_placement() -> str:
     """The engine's default kv_scale_placement (the placement the per-token-head targets are set for)."""
     from minikv.config import CacheConfig
@@ -241,6 +269,8 @@ def default_placement() -> str:
 # The per-token-head formats' goals over bf16 in each scale placement: (at batch 64 / context 4096, at every
 # batch >= 16 and context >= 4096). The row layout's bytes limit is (128 + 4) / 256 -> 1.94x.
 PTH_GOALS = {"row": (1.3, 1.2), "block": (1.6, None)}
+# minikv's decode over FlashInfer's (its time / minikv's) at every measured shape with batch >= 16, per format.
+PEER_GOALS = {"auto": 1.0, "fp8": 1.1}
 
 
 def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
@@ -282,6 +312,13 @@ def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
     for r in cross:
         out.append((f"fused fp8 cross context step vs unfused, batch {int(r['batch'])}, q_len {int(r['q_len'])}, "
                     f"encoder {int(r['context'])}", float(r["unfused_over_fused"]), 1.0))
+    for fmt, goal in PEER_GOALS.items():
+        peer = [r for r in decode if r["format"] == fmt and int(r["batch"]) >= 16 and r.get("flashinfer_ms")]
+        if peer:
+            w = min(peer, key=lambda r: float(r["flashinfer_over_minikv"]))
+            out.append((f"{'bf16' if fmt == 'auto' else fmt} paged decode vs FlashInfer's, worst with batch >= 16 "
+                        f"(batch {int(w['batch'])}, context {int(w['context'])}; FlashInfer {w['flashinfer_variant']})",
+                        float(w["flashinfer_over_minikv"]), goal))
     prefill = {r["format"]: float(r["TFLOPs"]) for r in rows if r["kind"] == "prefill"}
     sdpa = prefill.get("self causal, torch SDPA")
     if sdpa and "self causal, paged bf16 (fused)" in prefill:
@@ -314,11 +351,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", default=None, help="write every row to this CSV file")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096, 16384])
+    p.add_argument("--peer", choices=["flashinfer"], default=None,
+                   help="also time this library's paged decode on the same pools (an optional dependency)")
+    p.add_argument("--engine", action="store_true",
+                   help="also run `minikv.bench engine --device cuda` and put its rows in the same CSV")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("minikv bench attention needs a CUDA GPU; nothing to measure here.")
         return 0
-    rows = run(args.batches, args.contexts, log=lambda line: print(line, flush=True))
+    if args.peer:
+        from minikv.bench.flashinfer_peer import FlashInferUnavailable, load
+        try:
+            load()
+        except FlashInferUnavailable as e:
+            print(f"minikv bench attention: {e}", file=sys.stderr)
+            return 2
+    rows = run(args.batches, args.contexts, log=lambda line: print(line, flush=True), peer=args.peer,
+               engine=args.engine)
     if args.csv:
         write_csv(rows, args.csv)
         print(f"\nwrote {args.csv}")
