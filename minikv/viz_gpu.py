@@ -10,6 +10,8 @@ format also has its own marker, so points that coincide stay visible. Legends si
     roofline_figure(rows)             time per decode step against bytes moved, every shape, with the roofline
     roofline_bars_figure(rows, shapes) the same at a few large steps, one bar per format
     sdpa_ratio_figure(rows)           SDPA time / minikv time, one panel per context length
+    peer_figure(rows)                 FlashInfer's time / minikv's on the formats both have, one panel per context
+    engine_context_figure(rows)       the engine's decode tokens/s per format against the context, graphs and eager
 """
 from __future__ import annotations
 
@@ -164,5 +166,62 @@ def sdpa_ratio_figure(rows: Sequence[dict], title: str = "Against the best unpag
         ax.tick_params(labelsize=FONT)
     axes[0].set_ylabel("SDPA time / minikv time", fontsize=FONT + 1)
     _legend_below(fig, _formats(decode), [Line2D([], [], color="black", linestyle="--", label="as fast as SDPA")])
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def peer_figure(rows: Sequence[dict], title: str = "Against FlashInfer's paged decode on the same pools: "
+                                                   "FlashInfer time / minikv time") -> Figure:
+    """FlashInfer's time over minikv's (the `--peer flashinfer` columns) against the batch, one panel per context
+    length, for the formats both libraries have; above the dashed line at 1, minikv is faster."""
+    decode = [r for r in _decode(rows) if r.get("flashinfer_ms") not in (None, "")]
+    if not decode:
+        raise ValueError("no FlashInfer figures: the CSV was recorded without --peer flashinfer")
+    contexts = sorted({int(r["context"]) for r in decode})
+    fig, axes = _new_figure(1, len(contexts), figsize=(MAX_WIDTH_IN, 3.6), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, ctx in zip(axes, contexts):
+        for fmt in _formats(decode):
+            pts = sorted((int(r["batch"]), float(r["flashinfer_over_minikv"])) for r in decode
+                         if r["format"] == fmt and int(r["context"]) == ctx)
+            ax.plot([b for b, _ in pts], [v for _, v in pts], **style(fmt))
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"context {ctx}", fontsize=FONT + 1)
+        ax.set_xlabel("batch", fontsize=FONT + 1)
+        ax.tick_params(labelsize=FONT)
+    axes[0].set_ylabel("FlashInfer time / minikv time", fontsize=FONT + 1)
+    _legend_below(fig, _formats(decode), [Line2D([], [], color="black", linestyle="--", label="as fast as FlashInfer")])
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+ENGINE_MODES = {"replayed": ("-", "CUDA graphs (the default)"), "eager": ("--", "eager (enforce_eager=True)")}
+
+
+def engine_context_figure(rows: Sequence[dict], batch: int | None = None,
+                          title: str = "The engine's decode speed against the context") -> Figure:
+    """Decode tokens/s of the engine (kind "engine-decode") per format against the prompt length at one batch (the
+    largest measured), solid with CUDA graphs, dashed eager; every format at every context of the run."""
+    engine = [r for r in rows if r["kind"] == "engine-decode" and r.get("mode") in ENGINE_MODES]
+    if not engine:
+        raise ValueError("no engine rows: the CSV was recorded without the engine (attention --engine)")
+    batch = batch or max(int(r["batch"]) for r in engine)
+    engine = [r for r in engine if int(r["batch"]) == batch]
+    fig, ax = _new_figure(1, 1, figsize=(MAX_WIDTH_IN * 0.75, 4.0))
+    formats = list(dict.fromkeys(f for f in DRAW_ORDER for r in engine if r["format"] == f))
+    for fmt in formats:
+        for mode, (linestyle, _) in ENGINE_MODES.items():
+            pts = sorted((int(r["context"]), float(r["tokens_per_s"])) for r in engine
+                         if r["format"] == fmt and r["mode"] == mode)
+            if pts:
+                ax.plot([c for c, _ in pts], [t for _, t in pts], **{**style(fmt), "linestyle": linestyle})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt tokens per sequence (context)", fontsize=FONT + 1)
+    ax.set_ylabel(f"decode tokens/s at batch {batch}", fontsize=FONT + 1)
+    ax.tick_params(labelsize=FONT)
+    extra = [Line2D([], [], color="black", linestyle=ls, label=text) for ls, text in ENGINE_MODES.values()]
+    _legend_below(fig, formats, extra)
     fig.suptitle(title, fontsize=10)
     return fig
