@@ -125,7 +125,9 @@ class ReproConfig:
                             allocation per pool, as TensorRT-LLM's pool manager (on CUDA exactly the pool, for
                             compute-sanitizer)
       cross_context_path    encoder-decoder only: "fused" (the cross context step reads K/V back from the paged
-                            cache) or "fallback" (from the 16-bit workspace), defect B2's two paths (notebook 04)
+                            cache) or "fallback" (from the 16-bit workspace), defect B2's two paths (notebook 04);
+                            "fused" takes the 16-bit workspace too at a step whose longest query is longer than
+                            minikv.attention.cross.FUSED_CROSS_MAX_QUERY_LEN, where the fused kernel is slower
       paged_context         encoder-decoder only: upstream's "paged context FMHA" switch
       cross_construction    encoder-decoder only: "eager" (a cross layer gets its backend at construction) or
                             "deferred" (later, from the pool), the two orders of defect B1

@@ -60,8 +60,8 @@ class ForwardContext:
             copy = (lambda t: None if t is None else t.detach().clone())
             tensors = {"q": copy(q), "k": copy(k), "v": copy(v), "out": copy(out)}
         self.events.append(CacheEvent(layer_name, binding.kind, binding.pool, wrote=access.wrote, read=access.read,
-                                      context_path=access.context_path, read_layout=access.read_layout,
-                                      tensors=tensors))
+                                      context_path=access.context_path, context_dispatch=access.context_dispatch,
+                                      read_layout=access.read_layout, tensors=tensors))
         self.finite.append((layer_name, torch.isfinite(out).all()))
         return out
 

@@ -24,6 +24,8 @@ B2, `cross-fp8-context-read` — what the fused context path is told about the c
   quantized cache unless `paged_context` is on, with a warning once per cross-attention layer; a float32 model
   has no fused context kernel upstream and takes the unfused path in every layer.
   MINIKV ("fused", the default): the fused kernel is always given the cache's real layout; no fallback needed.
+  The fused kernel is slower than the unfused one on long queries, so each context step picks by its shape
+  (`context_path_for`): fused up to FUSED_CROSS_MAX_QUERY_LEN query tokens, unfused above.
 """
 from __future__ import annotations
 
@@ -41,6 +43,18 @@ from minikv.kernels import formats
 logger = logging.getLogger(__name__)
 
 B1_SITES = ("construction", "create_weights")
+
+# The longest query (decoder tokens of one sequence) for which minikv's cross context step takes the fused kernel;
+# longer queries take the unfused one. The measured crossover on an H200 (`python -m minikv.bench attention`,
+# `cross_context_cases`, its q_len sweep): TO BE MEASURED; 64 until then. Known so far: the fused kernel is 1.34x
+# as fast as the unfused one at q_len 1 (batch 64, encoder 1024), 0.59x at q_len 512 (batch 8, encoder 4096).
+FUSED_CROSS_MAX_QUERY_LEN = 64
+
+
+def context_path_for(max_query_len: int) -> str:
+    """The path minikv's fused configuration takes at a cross context step whose longest query has
+    `max_query_len` tokens: "fused" up to FUSED_CROSS_MAX_QUERY_LEN, "unfused" above."""
+    return "fused" if max_query_len <= FUSED_CROSS_MAX_QUERY_LEN else "unfused"
 
 
 @dataclass(frozen=True)
@@ -162,7 +176,12 @@ def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
 
 
 class CrossAttentionImpl:
-    """Non-causal attention of decoder tokens over their request's encoder K/V in the cross pool."""
+    """Non-causal attention of decoder tokens over their request's encoder K/V in the cross pool.
+
+    The context step's path: minikv's fused configuration (context_path "fused", B2 fixed) picks it at each step
+    from the step's longest query (`context_path_for`), on every device and backend, so that a CPU trace says what
+    a GPU run does. Upstream's fallback and the historical B2 path decide it once, at initialization. Each context
+    step's `Access` says which path it took and why (`context_path`, `context_dispatch`)."""
 
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
                  context_path: str = "fused", paged_context: bool = False, historical_context_read: bool = False,
@@ -176,25 +195,32 @@ class CrossAttentionImpl:
         self.historical_context_read = historical_context_read
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sm_scale = layout.head_size ** -0.5 if sm_scale is None else float(sm_scale)   # T5: 1.0
-        # Decided once, when the op is initialized (as upstream's AttentionOp::initialize does).
-        self.uses_fused_context = self._decide_fused()
+        # (path, why), decided once when the op is initialized (as upstream's AttentionOp::initialize does);
+        # None: minikv's fused configuration, which decides at each context step by its shape.
+        self.fixed_context = None if context_path == "fused" and not historical_context_read else self._decide()
 
     def _quantized(self) -> bool:
         return self.layout.kv_cache_dtype != "auto"
 
-    def _decide_fused(self) -> bool:
-        if self.context_path == "fused" and not self.historical_context_read:
-            return True                                   # minikv: the fused kernel knows every cache format
+    def _decide(self) -> tuple[str, str]:
         if self.layout.model_dtype == torch.float32:
-            return False                                  # upstream has no fused fp32 context kernel
+            return "unfused", "by config (float32 model)"    # upstream has no fused fp32 context kernel
         if self.historical_context_read:
-            return True                                   # before the fix: always the fused kernel
+            return "fused", "by config (historical B2 read)"  # before the fix: always the fused kernel
         if self._quantized() and not self.paged_context:
             # Upstream fix: fall back to the unfused path for a quantized cross cache unless paged context is on.
             logger.warning("%s: cross attention with a %s KV cache and paged context FMHA off: the context step "
                            "falls back to the unfused path", self.layer_name, self.layout.kv_cache_dtype)
-            return False
-        return True
+            return "unfused", f'by config ("fallback", {self.layout.kv_cache_dtype} cache, paged context off)'
+        return "fused", f'by config ("fallback", {"paged context on" if self._quantized() else "16-bit cache"})'
+
+    def _dispatch(self, max_query_len: int) -> tuple[str, str]:
+        """(path, why) of a context step whose longest query has `max_query_len` tokens (a host int: no sync)."""
+        if self.fixed_context is not None:
+            return self.fixed_context
+        path = context_path_for(max_query_len)
+        sign = "<=" if path == "fused" else ">"
+        return path, f"by shape (q_len {max_query_len} {sign} {FUSED_CROSS_MAX_QUERY_LEN})"
 
     def _context_read_layout(self):
         if self.historical_context_read and not self.paged_context:
@@ -225,15 +251,16 @@ class CrossAttentionImpl:
         # Context step: the encoder K/V are written once into the cross pool ...
         self.ops.write_kv(k, v, kv_cache, cm.slot_mapping, spec=spec, k_scale=self.k_scale, v_scale=self.v_scale,
                           validate=False)
-        if self.uses_fused_context:
+        path, why = self._dispatch(md.max_query_len)
+        if path == "fused":
             # ... and the fused path reads them back from the cache,
             read = self._context_read_layout()
             out = self.ops.paged_context(q, kv_cache, block_tables=cm.block_tables, cu_seqlens_q=md.query_start_loc,
                                          seq_lens=cm.encoder_seq_lens, spec=formats.CacheSpec.of(read),
                                          causal=False, sm_scale=self.sm_scale, k_scale=self.k_scale,
                                          v_scale=self.v_scale, validate=False)
-            return out, Access(wrote=True, read=True, read_layout=read, context_path="fused")
+            return out, Access(wrote=True, read=True, read_layout=read, context_path="fused", context_dispatch=why)
         # ... while the unfused path uses the 16-bit workspace copy it already has.
         out = self.ops.context(q, k, v, cu_seqlens_q=md.query_start_loc, cu_seqlens_k=cm.encoder_start_loc,
                                causal=False, sm_scale=self.sm_scale, validate=False)
-        return out, Access(wrote=True, context_path="unfused")
+        return out, Access(wrote=True, context_path="unfused", context_dispatch=why)

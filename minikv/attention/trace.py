@@ -17,13 +17,15 @@ class Access:
 
     `wrote`: it wrote new K/V into its pool; `read`: its attention read K/V from the pool; `read_layout`: the
     layout that read addressed the pool with (the impl's own, or what the historical B2 context path is told);
-    `context_path`: cross attention's context step only, "fused" or "unfused"; `scale_fill`: the fill of the
-    pool's scale regions this call made, if any (defect A's instrumentation)."""
+    `context_path`: cross attention's context step only, "fused" or "unfused"; `context_dispatch`: why it took
+    that path (as `CacheEvent.context_dispatch`); `scale_fill`: the fill of the pool's scale regions this call
+    made, if any (defect A's instrumentation)."""
 
     wrote: bool = False
     read: bool = False
     read_layout: object | None = None
     context_path: str | None = None
+    context_dispatch: str | None = None
     scale_fill: ScaleFill | None = None
 
 
@@ -34,8 +36,11 @@ class CacheEvent:
     `pool`: the arena pool the layer's cache tensor is (a KV-sharing layer names its target's pool).
     `wrote`: the layer wrote new K/V into that pool this step; `read`: its attention read K/V from it.
     `context_path`: cross attention's context (prefill) step only: "fused" (K/V read back from the paged cache)
-    or "unfused" (K/V from the 16-bit workspace); None otherwise. `read_layout`: the layout its read addressed
-    the pool with (None when it read nothing).
+    or "unfused" (K/V from the 16-bit workspace); None otherwise. `context_dispatch`: why it took that path:
+    "by shape (q_len 512 > 64)" when minikv's fused configuration picked it from the step's longest query
+    (minikv.attention.cross.context_path_for), "by config (...)" when the layer's configuration fixed it
+    (upstream's fallback, the historical B2 read, a float32 model); None when `context_path` is. `read_layout`:
+    the layout its read addressed the pool with (None when it read nothing).
     """
 
     layer: str
@@ -44,6 +49,7 @@ class CacheEvent:
     wrote: bool
     read: bool
     context_path: str | None = None
+    context_dispatch: str | None = None
     read_layout: object | None = field(default=None, compare=False, repr=False)
     # Only with `LLM.step(capture=True)`: copies of the layer's q, k, v (k, v None for a KV-sharing layer and at
     # a cross decode step) and attention output, flattened over the batch's tokens.

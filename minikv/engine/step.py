@@ -27,8 +27,8 @@ PHASES = ("prefill", "decode")
 class StepTrace:
     """Cache events of one step, in execution order.
 
-    `events`: one `CacheEvent` per attention layer (which pool it wrote and/or read; the context path cross
-    attention took). `scale_fills`: the scale-region fills (`ScaleFill`, from the engine's census) that happened
+    `events`: one `CacheEvent` per attention layer (which pool it wrote and/or read; cross attention's context
+    path, and why). `scale_fills`: the scale-region fills (`ScaleFill`, from the engine's census) that happened
     during this step: a late fill with `overwritten > 0` is defect A at work. `guard_check`: "passed" when the
     arena's guard zones were checked after the step and found intact, "off" with `sanitize=False`; "failed"
     only in the `step_output` a KVCacheOverrunError carries (a damaged guard raises instead of returning a step).
