@@ -115,7 +115,7 @@ def decode_case(fmt: str, batch: int, ctx: int, peer=None) -> dict:
     nbytes = batch * ctx * layout.bytes_per_token() + 2 * q.numel() * q.element_size() + tables.numel() * 4
     row = {"kind": "decode", "format": fmt, "batch": batch, "context": ctx, "ms": ms,
            "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": how, **decode_launch(layout, batch, ctx)}
-    if peer is not None and layout.placement == "row":
+    if peer is not None and layout.scale_placement == "row":
         row.update(peer.measure(layout, pool, tables, lens, q, sm, out, _time_ms))
         if "flashinfer_ms" in row:
             row["flashinfer_over_minikv"] = row["flashinfer_ms"] / ms
