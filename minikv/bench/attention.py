@@ -247,11 +247,15 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine
         log(f"{r['format']:34s} {r['batch']:5d} {r['q_len']:6d} {r['context']:6d} {r['ms']:8.3f} {r['TFLOPs']:8.1f}")
     if engine:
         from minikv.bench import engine as engine_bench
-        log("\nengine decode (gemma-4-E2B-like, random weights, bf16, batch 64, prompts of 2048 tokens)")
+        log("\nengine decode (gemma-4-E2B-like, random weights, bf16, batch 64 and 1, per context; "
+            "`minikv.bench engine --device cuda`)")
         for r in engine_bench.gpu_rows(log=log):
-            rows.append({"kind": "engine-decode", "format": r["format"], "batch": r["batch"],
-                         "context": r["context"], "ms": r["decode_ms_per_step"],
-                         "tokens_per_s": r["decode_tokens_per_s"], "timing": "wall clock"})
+            # mode: "replayed" (CUDA graphs), "eager" or "sdpa-graph" (the same model's step with torch SDPA over
+            # a contiguous cache, format "auto"); ms: per decode step; the SDPA rows have no prefill or replay
+            row = {"kind": "engine-decode", "format": r["format"], "batch": r["batch"], "context": r["context"],
+                   "mode": r["mode"], "ms": r["decode_ms_per_step"], "tokens_per_s": r["decode_tokens_per_s"],
+                   "timing": r.get("timing", "wall clock")}
+            rows.append(row | {k: r[k] for k in ("prefill_tokens_per_s", "graph_replay_ms") if k in r})
     for r in rows:
         r.update(copy_GBps=ceil["copy_GBps"], read_GBps=ceil["read_GBps"], gpu=gpu, torch=torch.__version__,
                  triton=triton.__version__)

@@ -9,18 +9,24 @@ On a GPU (`--device cuda`): decode tokens/s per KV-cache format of a model at ge
 weights (35 layers of hidden 1536, MLP 6144, 8 query heads over 1 KV head of 256 on sliding layers and 512 on
 full ones, 4 sliding : 1 full, window 512, the last 20 layers sharing KV; a 100-character vocabulary instead of
 262,144), bfloat16, batch 64, every prompt `--context` tokens long. The engine runs as it does by default on CUDA:
-decode steps replayed from CUDA graphs (minikv.engine.cuda_graph), prefill eager; the arena's canary check after
-each step off, as in production. Decode tokens/s = tokens sampled in decode steps / their wall time (scheduler,
-input copies, sampling and all). Beside it, in the same run:
+decode steps replayed from CUDA graphs (minikv.engine.cuda_graph; mode "replayed"), prefill eager; the arena's
+canary check after each step off, as in production. Decode tokens/s = tokens sampled in decode steps / their wall
+time (scheduler, input copies, sampling and all). Beside it, in the same run (`plan` lists the runs, in order):
 
 * the same model's graph-captured decode step alone: the engine's own graph of the batch, replayed back to back
-  (CUDA events), which is what the engine's step would take with no host work at all;
-* bf16 eagerly (enforce_eager=True), launched op by op: what the graphs save;
-* `--long-context` (default 8192): the formats again at that context, where the cache dominates a step;
-* batch 1: the time per output token of bf16, graphs and eager;
-* prefill tokens/s per format (64 prompts of `--context` tokens).
+  (CUDA events), which is what the engine's step would take with no host work at all (graph_replay_ms);
+* `--eager-formats` (default bf16 and int8_per_token_head) eagerly (enforce_eager=True), launched op by op: what
+  the graphs save (mode "eager");
+* the SDPA step (mode "sdpa-graph", minikv.bench.sdpa_step): the same model's decode step with torch SDPA over a
+  contiguous bf16 cache, no paging, captured in a CUDA graph: a lower bound on the engine's step;
+* batch 1: the time per output token of bf16, with graphs, eagerly, and the SDPA step's;
+* every format again at each of `--contexts` (default 512, 2048, 8192; `--context` is the main one, 2048), with
+  graphs and (`--eager-formats`) eagerly, and the SDPA step: tokens/s against context length;
+* prefill tokens/s per run (64 prompts of the run's context) and each run's wall seconds (run_s).
 
-The targets, each a ratio within the run, are printed met/MISSED last.
+The targets, each a ratio within the run (at `--context`, the 1-byte formats' at the longest context), are
+printed met/MISSED last; before them, with no target, the SDPA step's time per output token over the engine's.
+Rows go to `--csv` after every run, one per (format, batch, context, mode).
 """
 from __future__ import annotations
 
@@ -53,29 +59,12 @@ def measure(backend: str, device: str, kv_cache_dtype: str, prompts: int, max_to
 
 def e2b_like_checkpoint(path, device: str = "cuda", **overrides) -> None:
     """A random minikv Gemma-4 checkpoint at gemma-4-E2B's layer dimensions (or `overrides` of them), written to
-    `path` in bfloat16."""
-    import torch
-
+    `path` in bfloat16: the weights of minikv.bench.sdpa_step.e2b_like_model (seed 0)."""
+    from minikv.bench.sdpa_step import e2b_like_model
     from minikv.models.dir_tokenizer import save_char_tokenizer
-    from minikv.models.gemma4 import FULL, SLIDING, Gemma4Config, Gemma4ForCausalLM
     from minikv.models.hf_checkpoint import save_checkpoint
     from minikv.models.tokenizer import CharTokenizer
-    vocab = CharTokenizer().vocab_size
-    layer_types = [SLIDING, SLIDING, SLIDING, SLIDING, FULL] * 7
-    config = {"model_type": "gemma4_text", "vocab_size": vocab, "hidden_size": 1536, "intermediate_size": 6144,
-              "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
-              "per_layer_config": {i: {"head_dim": 512, "num_key_value_heads": 1}
-                                   for i, t in enumerate(layer_types) if t == FULL},
-              "layer_types": layer_types, "sliding_window": 512, "num_kv_shared_layers": 20,
-              "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": vocab,
-              "final_logit_softcapping": 30.0, "max_position_embeddings": 4096, **overrides}
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Gemma4ForCausalLM(Gemma4Config.from_hf_dict(config)).to(torch.bfloat16).eval()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(torch.randn_like(p) * (0.05 if p.dim() == 1 else 0.02) + (p.dim() == 1))
-    save_checkpoint(model, path)
+    save_checkpoint(e2b_like_model(device, **overrides), path)
     save_char_tokenizer(CharTokenizer(), path)
 
 
@@ -145,31 +134,79 @@ def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_to
     return row
 
 
+def sdpa_row(batch: int, context: int) -> dict:
+    """The E2B-like model's decode step with torch SDPA over a contiguous bf16 cache, captured in a CUDA graph
+    (minikv.bench.sdpa_step), as a row: mode "sdpa-graph" ("sdpa-eager" if it could not be captured)."""
+    from minikv.bench.sdpa_step import step_ms
+    ms, how = step_ms(batch, context)
+    return {"format": "auto", "batch": batch, "context": context, "mode": "sdpa-graph" if how == "cuda graph"
+            else "sdpa-eager", "decode_tokens_per_s": 1e3 * batch / ms, "decode_ms_per_step": ms, "timing": how}
+
+
 def _log_row(log, r) -> None:
+    if r["mode"].startswith("sdpa"):
+        log(f"  {'SDPA step, contiguous bf16':26s} B={r['batch']:<3d} ctx={r['context']:<5d} {r['mode']:10s} "
+            f"{r['decode_tokens_per_s']:8.0f} decode tokens/s ({r['decode_ms_per_step']:6.2f} ms per step) "
+            f"({r['run_s']:.0f} s)")
+        return
     replay = (f"; graph replay alone {r['graph_replay_ms']:6.2f} ms" if "graph_replay_ms" in r else "")
-    log(f"  {r['format']:22s} B={r['batch']:<3d} ctx={r['context']:<5d} {r['mode']:8s} "
+    log(f"  {r['format']:26s} B={r['batch']:<3d} ctx={r['context']:<5d} {r['mode']:10s} "
         f"{r['decode_tokens_per_s']:8.0f} decode tokens/s ({r['decode_ms_per_step']:6.2f} ms per step{replay}); "
-        f"prefill {r['prefill_tokens_per_s']:8.0f} tokens/s")
+        f"prefill {r['prefill_tokens_per_s']:8.0f} tokens/s ({r['run_s']:.0f} s)")
+
+
+CONTEXTS = (512, 2048, 8192)
+EAGER_FORMATS = ("auto", "int8_per_token_head")
+
+
+def plan(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, contexts=CONTEXTS,
+         eager_formats=EAGER_FORMATS, context_formats=None, extras: bool = True) -> list[tuple[str, int, int, str]]:
+    """The runs of `gpu_rows`, in order: (format, batch, context, how), how "graph", "eager" or "sdpa".
+
+    At `context` first (the targets' context): every format with graphs, then (extras) `eager_formats` eagerly
+    and the SDPA step; then (extras) batch 1: bf16 with graphs, eagerly, and the SDPA step; then every other of
+    `contexts`, longest first (the 1-byte-vs-bf16 target's): `context_formats` (None: every format) with graphs
+    and (extras) `eager_formats` eagerly and the SDPA step."""
+    def at(ctx, formats):
+        runs = [(f, batch, ctx, "graph") for f in formats]
+        return runs + ([(f, batch, ctx, "eager") for f in eager_formats] + [("auto", batch, ctx, "sdpa")]
+                       if extras else [])
+    runs = at(context, kv_cache_dtypes)
+    if extras:
+        runs += [("auto", 1, context, how) for how in ("graph", "eager", "sdpa")]
+    for ctx in sorted(set(contexts) - {context}, reverse=True):
+        runs += at(ctx, kv_cache_dtypes if context_formats is None else context_formats)
+    return runs
 
 
 def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, new_tokens: int = 16,
-             log=print, long_context: int = 0, long_formats=("auto", "int8_per_token_head", "fp8_per_token_head"),
-             csv_path=None, extras: bool = True, profile: bool = False) -> list[dict]:
-    """Decode speed per format on a fresh E2B-like checkpoint; one dict per (format, batch, context, mode)
-    (x_auto: speed over auto's at the same batch, context and mode)."""
+             log=print, contexts=CONTEXTS, eager_formats=EAGER_FORMATS, context_formats=None, csv_path=None,
+             extras: bool = True, profile: bool = False) -> list[dict]:
+    """Decode speed per format on a fresh E2B-like checkpoint, the runs of `plan`; one dict per (format, batch,
+    context, mode), mode "replayed" (graphs), "eager" or "sdpa-graph" (x_auto: speed over auto's at the same
+    batch, context and mode, engine rows only; run_s: the run's wall seconds, the LLM's construction included)."""
     import torch
-    log(f"gemma-4-E2B-like model (random weights, bf16), batch {batch}, prompts of {context} tokens, {new_tokens} "
-        f"new tokens, {torch.cuda.get_device_name()}")
-    rows = []
+    runs = plan(kv_cache_dtypes, batch, context, contexts, eager_formats, context_formats, extras)
+    log(f"gemma-4-E2B-like model (random weights, bf16), batch {batch}, prompts of {context} tokens (and "
+        f"{', '.join(str(c) for c in sorted(set(contexts) - {context})) or 'no other'}), {new_tokens} new "
+        f"tokens, {len(runs)} runs, {torch.cuda.get_device_name()}")
+    rows, begin = [], time.perf_counter()
     with tempfile.TemporaryDirectory() as path:
-        e2b_like_checkpoint(path, max_position_embeddings=max(4096, long_context + new_tokens + 16))
-        runs = [(fmt, batch, context, None) for fmt in kv_cache_dtypes]
-        runs += [("auto", batch, context, True), ("auto", 1, context, None), ("auto", 1, context, True)]
-        runs = runs if extras else runs[:len(kv_cache_dtypes)]
-        runs += [(fmt, batch, long_context, None) for fmt in long_formats if long_context]
-        for i, (fmt, b, ctx, eager) in enumerate(runs):
+        e2b_like_checkpoint(path, max_position_embeddings=max(4096, max([context, *contexts]) + new_tokens + 16))
+        for i, (fmt, b, ctx, how) in enumerate(runs):
+            start = time.perf_counter()
             prof = cProfile.Profile() if profile and i == 0 else None
-            r = gpu_decode_speed(path, fmt, b, ctx, new_tokens, enforce_eager=eager, profile=prof)
+            if how == "sdpa":
+                try:
+                    r = sdpa_row(b, ctx)
+                except Exception as e:   # noqa: BLE001 - a reference row: the engine's runs go on without it
+                    log(f"  SDPA step, batch {b}, context {ctx}: failed ({type(e).__name__}: {e})")
+                    torch.cuda.empty_cache()
+                    continue
+            else:
+                r = gpu_decode_speed(path, fmt, b, ctx, new_tokens, enforce_eager=True if how == "eager" else None,
+                                     profile=prof)
+            r["run_s"] = time.perf_counter() - start
             if prof is not None:
                 text = io.StringIO()
                 pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
@@ -178,12 +215,29 @@ def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 20
             _log_row(log, r)
             if csv_path:                      # after every run: a time limit keeps what finished
                 write_csv(rows, csv_path)
+    log(f"{len(rows)} runs in {time.perf_counter() - begin:.0f} s")
     for r in rows:
         base = next((x for x in rows if x["format"] == "auto" and (x["batch"], x["context"], x["mode"])
                      == (r["batch"], r["context"], r["mode"])), None)
-        if base:
+        if base and not r["mode"].startswith("sdpa"):
             r["x_auto"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
     return rows
+
+
+def reports(rows: list[dict]) -> list[tuple[str, float]]:
+    """(what, ratio) reported beside the targets, with no target of their own: per SDPA graph step, its time per
+    output token over the engine's (bf16, graphs) at the same batch and context."""
+    out = []
+    for s in (r for r in rows if r["mode"] == "sdpa-graph"):
+        e = next((r for r in rows if (r["format"], r["mode"], int(r["batch"]), int(r["context"])) ==
+                  ("auto", "replayed", int(s["batch"]), int(s["context"]))), None)
+        if e:
+            replay = f"; its graph replay alone {e['graph_replay_ms']:.2f} ms" if e.get("graph_replay_ms") else ""
+            what = (f"time per output token, SDPA graph step ({s['decode_ms_per_step']:.2f} ms) / engine "
+                    f"({e['decode_ms_per_step']:.2f} ms{replay}), bf16, batch {int(s['batch'])}, context "
+                    f"{int(s['context'])}")
+            out.append((what, s["decode_ms_per_step"] / e["decode_ms_per_step"]))
+    return out
 
 
 def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
@@ -234,15 +288,30 @@ def format_targets(rows: list[dict]) -> list[str]:
             for w, v, g in targets(rows)]
 
 
+def contexts_of(args) -> list[int]:
+    """The contexts measured: --contexts, or with the older --long-context N, --context and N (0: --context alone);
+    --context is measured in every case."""
+    if args.long_context is not None:
+        return [args.context] + ([args.long_context] if args.long_context else [])
+    return sorted({args.context, *args.contexts})
+
+
 def gpu_main(args) -> int:
     log = lambda line: print(line, flush=True)  # noqa: E731
     rows = gpu_rows(args.kv_cache_dtypes, args.batch, args.context, args.new_tokens, log=log,
-                    long_context=args.long_context, long_formats=args.long_formats, csv_path=args.csv,
-                    extras=not args.no_extras, profile=args.profile)
+                    contexts=contexts_of(args), eager_formats=args.eager_formats,
+                    context_formats=args.context_formats, csv_path=args.csv, extras=not args.no_extras,
+                    profile=args.profile)
     b1 = {r["mode"]: r for r in rows if int(r["batch"]) == 1}
     if b1:
         log("batch 1, bf16: time per output token " + ", ".join(f"{m} {r['decode_ms_per_step']:.2f} ms"
                                                                   for m, r in sorted(b1.items())))
+    from minikv.bench.timing import format_ratio
+    lines = reports(rows)
+    if lines:
+        log("\nreported beside the targets (ratios within this run, no target):")
+        for what, value in lines:
+            log(f"report {format_ratio(value):>7s}  {what}")
     log("\ntargets (ratios within this run):")
     for line in format_targets(rows):
         log(line)
@@ -252,9 +321,10 @@ def gpu_main(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser():
     from minikv.argtypes import UsageParser, model_arg, positive_int
-    from minikv.config import BACKENDS, KV_CACHE_DTYPES as FORMATS
+    from minikv.config import BACKENDS
+    from minikv.config import KV_CACHE_DTYPES as FORMATS
     p = UsageParser(prog="minikv bench engine", description=__doc__)
     model_arg(p)
     p.add_argument("--device", default="cpu")
@@ -266,14 +336,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-dtypes", nargs="+", default=list(KV_CACHE_DTYPES), choices=FORMATS,
                    help="GPU: the cache formats")
     p.add_argument("--batch", type=positive_int, default=64, help="GPU: sequences decoded together")
-    p.add_argument("--context", type=positive_int, default=2048, help="GPU: prompt tokens per sequence")
+    p.add_argument("--context", type=positive_int, default=2048,
+                   help="GPU: prompt tokens per sequence of the main runs (the targets, batch 1)")
     p.add_argument("--new-tokens", type=positive_int, default=16, help="GPU: tokens generated per sequence")
-    p.add_argument("--long-context", type=int, default=8192, help="GPU: formats again at this context (0: not)")
-    p.add_argument("--long-formats", nargs="+", default=["auto", "int8_per_token_head", "fp8_per_token_head"],
-                   choices=FORMATS, help="GPU: the formats measured at --long-context")
-    p.add_argument("--no-extras", action="store_true", help="GPU: no eager and batch-1 runs")
+    p.add_argument("--contexts", type=positive_int, nargs="+", default=list(CONTEXTS),
+                   help="GPU: every context measured (--context is added)")
+    p.add_argument("--context-formats", "--long-formats", nargs="+", default=None, choices=FORMATS,
+                   help="GPU: the formats measured with graphs at the contexts other than --context (default: "
+                        "every one of --kv-cache-dtypes)")
+    p.add_argument("--eager-formats", nargs="+", default=list(EAGER_FORMATS), choices=FORMATS,
+                   help="GPU: the formats also measured eagerly (enforce_eager=True) at every context")
+    p.add_argument("--long-context", type=int, default=None,
+                   help="GPU, older form: --contexts CONTEXT N (0: --context alone)")
+    p.add_argument("--no-extras", action="store_true", help="GPU: no eager, batch-1 and SDPA-step runs")
     p.add_argument("--profile", action="store_true", help="GPU: cProfile the first format's decode steps")
     p.add_argument("--csv", default=None, help="GPU: write the rows here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.device.startswith("cuda"):
         return gpu_main(args)

@@ -1,0 +1,223 @@
+"""`minikv.bench engine --device cuda` without a GPU: its plan of runs, its CLI, its targets and reports on hand-made
+rows, gpu_rows/gpu_main with the measurements stubbed, and the SDPA reference step (minikv.bench.sdpa_step) run
+eagerly on CPU at tiny dimensions against the dense model."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from minikv.bench import engine
+from minikv.bench.sdpa_step import SdpaDecodeStep, e2b_like_config, e2b_like_model
+
+FORMATS = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head")
+
+
+def _row(fmt, batch, context, mode, tps, **more):
+    r = {"format": fmt, "batch": batch, "context": context, "mode": mode, "decode_tokens_per_s": float(tps),
+         "decode_ms_per_step": 1e3 * batch / tps}
+    if not mode.startswith("sdpa"):
+        r["prefill_tokens_per_s"] = 50000.0
+    return r | more
+
+
+def _rows():
+    """A run in plan order: the main context (2048) first, batch 1, then 8192 and 512."""
+    rows = [_row(f, 64, 2048, "replayed", 4000 + 100 * i, graph_replay_tokens_per_s=5000.0, graph_replay_ms=12.8)
+            for i, f in enumerate(FORMATS)]
+    rows += [_row("auto", 64, 2048, "eager", 800), _row("int8_per_token_head", 64, 2048, "eager", 790),
+             _row("auto", 64, 2048, "sdpa-graph", 8000)]
+    rows += [_row("auto", 1, 2048, "replayed", 125, graph_replay_ms=7.5), _row("auto", 1, 2048, "eager", 17),
+             _row("auto", 1, 2048, "sdpa-graph", 500)]
+    for ctx, base in ((8192, 3600), (512, 4500)):
+        rows += [_row(f, 64, ctx, "replayed", base + 200 * i) for i, f in enumerate(FORMATS)]
+        rows += [_row("auto", 64, ctx, "eager", 700), _row("int8_per_token_head", 64, ctx, "eager", 690),
+                 _row("auto", 64, ctx, "sdpa-graph", 7000)]
+    return rows
+
+
+# ---- the plan and the CLI -----------------------------------------------------------------------------------------
+
+def test_plan_measures_every_format_at_every_context_main_context_first():
+    runs = engine.plan(FORMATS, 64, 2048, (512, 2048, 8192))
+    assert len(runs) == len(set(runs)) == 3 * (4 + 2 + 1) + 3
+    assert runs[:4] == [(f, 64, 2048, "graph") for f in FORMATS]                 # the targets' rows come first
+    assert [r[2] for r in runs if r[1] == 64 and r[3] == "graph"] == [2048] * 4 + [8192] * 4 + [512] * 4
+    for ctx in (512, 2048, 8192):
+        assert {(f, how) for f, b, c, how in runs if (b, c) == (64, ctx)} == (
+            {(f, "graph") for f in FORMATS} | {("auto", "eager"), ("int8_per_token_head", "eager"), ("auto", "sdpa")})
+    assert [how for f, b, c, how in runs if b == 1] == ["graph", "eager", "sdpa"]
+
+
+def test_plan_without_extras_and_with_fewer_formats_elsewhere():
+    runs = engine.plan(FORMATS, 64, 2048, (2048, 8192), context_formats=("auto", "fp8"), extras=False)
+    assert runs == [(f, 64, 2048, "graph") for f in FORMATS] + [("auto", 64, 8192, "graph"), ("fp8", 64, 8192, "graph")]
+
+
+@pytest.mark.parametrize("argv, contexts", [
+    ([], [512, 2048, 8192]),
+    (["--contexts", "4096", "1024"], [1024, 2048, 4096]),                   # --context is always measured
+    (["--context", "1024", "--contexts", "512"], [512, 1024]),
+    (["--long-context", "0"], [2048]),                                       # the older form: --context alone
+    (["--long-context", "16384", "--contexts", "512"], [2048, 16384]),       # ... or --context and N
+])
+def test_contexts_option(argv, contexts):
+    assert engine.contexts_of(engine.parser().parse_args(["--device", "cuda", *argv])) == contexts
+
+
+def test_format_options():
+    assert engine.parser().parse_args(["--new-tokens", "12"]).new_tokens == 12
+    args = engine.parser().parse_args(["--long-formats", "auto", "fp8", "--eager-formats", "auto"])
+    assert args.context_formats == ["auto", "fp8"] and args.eager_formats == ["auto"]
+    args = engine.parser().parse_args([])
+    assert args.context_formats is None and args.eager_formats == list(engine.EAGER_FORMATS)
+    with pytest.raises(SystemExit):
+        engine.parser().parse_args(["--contexts", "0"])
+
+
+# ---- targets and reports ------------------------------------------------------------------------------------------
+
+def test_targets_ignore_the_eager_and_sdpa_rows_and_the_other_contexts():
+    got = {what: round(value, 4) for what, value, _ in engine.targets(_rows())}
+    assert len(got) == 4 + 3 + 1 + 4
+    assert got["engine decode tokens/s vs the same model's graph-captured step, fp8, batch 64, context 2048"] == 0.82
+    for i, f in enumerate(FORMATS[1:], 1):           # the 1-byte formats against bf16 at the longest context
+        assert got[f"{f} vs bf16 engine decode tokens/s, batch 64, context 8192 (default placement)"] == round(
+            (3600 + 200 * i) / 3600, 4)
+    assert got["bf16 engine decode, CUDA graphs vs eager, batch 64, context 2048"] == 5.0
+    assert [w for w in got if w.startswith("prefill")] == [f"prefill tokens/s, {f}, vs 5 x 23,000" for f in FORMATS]
+
+
+def test_targets_on_rows_read_back_from_the_csv(tmp_path):
+    path = tmp_path / "engine.csv"
+    engine.write_csv(_rows(), path)
+    with open(path) as f:
+        back = [{k: (float(v) if k not in ("format", "mode") and v != "" else v) for k, v in r.items()}
+                for r in csv.DictReader(f)]
+    assert [(w, round(v, 6)) for w, v, _ in engine.targets(back)] == [
+        (w, round(v, 6)) for w, v, _ in engine.targets(_rows())]
+    assert [(w, round(v, 6)) for w, v in engine.reports(back)] == [(w, round(v, 6)) for w, v in engine.reports(_rows())]
+
+
+def test_reports_the_sdpa_step_over_the_engine_at_each_batch_and_context():
+    got = engine.reports(_rows())
+    assert [round(v, 4) for _, v in got] == [0.5, 0.25, round(3600 / 7000, 4), round(4500 / 7000, 4)]
+    assert got[1][0] == ("time per output token, SDPA graph step (2.00 ms) / engine (8.00 ms; its graph replay "
+                         "alone 7.50 ms), bf16, batch 1, context 2048")
+    eager_sdpa = [r | {"mode": "sdpa-eager"} if r["mode"] == "sdpa-graph" else r for r in _rows()]
+    assert engine.reports(eager_sdpa) == []                  # an SDPA step that was not captured is no reference
+
+
+# ---- gpu_rows and gpu_main with the measurements stubbed ----------------------------------------------------------
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    calls = []
+
+    def decode_speed(path, fmt, batch, context, new_tokens, enforce_eager=None, profile=None):
+        calls.append((fmt, batch, context, enforce_eager))
+        tps = (800 if enforce_eager else 4000) + (fmt != "auto") * 400 - context / 100
+        return _row(fmt, batch, context, "eager" if enforce_eager else "replayed", tps)
+
+    monkeypatch.setattr(engine, "e2b_like_checkpoint", lambda path, **kw: calls.append(("checkpoint", kw)))
+    monkeypatch.setattr(engine, "gpu_decode_speed", decode_speed)
+    monkeypatch.setattr(engine, "sdpa_row", lambda b, c: _row("auto", b, c, "sdpa-graph", 10000, timing="cuda graph"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stub")
+    return calls
+
+
+def test_gpu_rows_runs_the_plan_and_writes_the_csv_after_every_run(stubbed, tmp_path):
+    path = tmp_path / "rows.csv"
+    rows = engine.gpu_rows(("auto", "fp8"), 64, 2048, 16, log=lambda line: None, contexts=(512, 2048),
+                           eager_formats=("auto",), csv_path=path)
+    assert stubbed[0] == ("checkpoint", {"max_position_embeddings": 4096})
+    assert stubbed[1:] == [("auto", 64, 2048, None), ("fp8", 64, 2048, None), ("auto", 64, 2048, True),
+                           ("auto", 1, 2048, None), ("auto", 1, 2048, True), ("auto", 64, 512, None),
+                           ("fp8", 64, 512, None), ("auto", 64, 512, True)]
+    assert [(r["format"], r["batch"], r["context"], r["mode"]) for r in rows if r["mode"] == "sdpa-graph"] == [
+        ("auto", 64, 2048, "sdpa-graph"), ("auto", 1, 2048, "sdpa-graph"), ("auto", 64, 512, "sdpa-graph")]
+    x = {(r["format"], r["batch"], r["context"], r["mode"]): r.get("x_auto") for r in rows}
+    assert x[("fp8", 64, 512, "replayed")] == pytest.approx((4400 - 5.12) / (4000 - 5.12))
+    assert x[("auto", 64, 2048, "eager")] == 1.0 and x[("auto", 64, 2048, "sdpa-graph")] is None
+    assert all(r["run_s"] >= 0 for r in rows)
+    with open(path) as f:
+        assert len(list(csv.DictReader(f))) == len(rows) == 11
+
+
+def test_a_failing_sdpa_step_is_logged_and_the_engine_runs_go_on(stubbed, monkeypatch):
+    def fail(b, c):
+        raise RuntimeError("no kernel")
+    monkeypatch.setattr(engine, "sdpa_row", fail)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    lines = []
+    rows = engine.gpu_rows(("auto",), 64, 2048, 16, log=lines.append, contexts=(2048,), eager_formats=())
+    assert [(r["batch"], r["mode"]) for r in rows] == [(64, "replayed"), (1, "replayed"), (1, "eager")]
+    assert "  SDPA step, batch 1, context 2048: failed (RuntimeError: no kernel)" in lines
+
+
+def test_gpu_rows_sizes_the_checkpoint_for_the_longest_context(stubbed):
+    engine.gpu_rows(("auto",), 64, 2048, 16, log=lambda line: None, contexts=(8192,), extras=False)
+    assert stubbed[0] == ("checkpoint", {"max_position_embeddings": 8192 + 32})
+
+
+def test_gpu_main_prints_batch_1_beside_the_sdpa_step_then_reports_and_targets(stubbed, capsys, tmp_path):
+    argv = ["--device", "cuda", "--kv-cache-dtypes", "auto", "fp8", "--contexts", "2048", "--csv",
+            str(tmp_path / "e.csv")]
+    assert engine.main(argv) == 0
+    out = capsys.readouterr().out
+    b1 = next(line for line in out.splitlines() if line.startswith("batch 1, bf16"))
+    assert b1 == "batch 1, bf16: time per output token eager 1.28 ms, replayed 0.25 ms, sdpa-graph 0.10 ms"
+    assert out.index("report ") < out.index("\ntargets")
+    assert "report  0.397x  time per output token, SDPA graph step (0.10 ms) / engine (0.25 ms), bf16, batch 1" in out
+    assert "MISSED" in out or "met" in out
+
+
+# ---- the SDPA reference step ------------------------------------------------------------------------------------
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 10, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "full_head_dim": 32, "sliding_window": 4, "num_kv_shared_layers": 4,
+        "hidden_size_per_layer_input": 8}
+
+
+def test_e2b_like_config_is_the_benchmark_model():
+    from minikv.models.gemma4 import FULL, Gemma4Config
+    c = Gemma4Config.from_hf_dict(e2b_like_config())
+    assert (c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads) == (35, 1536, 6144, 8)
+    assert [i for i, t in enumerate(c.layer_types) if t == FULL] == list(range(4, 35, 5))
+    assert {c.layer_head_dims[i] for i in range(35)} == {256, 512} and set(c.layer_kv_heads) == {1}
+    assert (c.sliding_window, c.first_kv_shared_layer, c.hidden_activation) == (512, 15, "gelu_pytorch_tanh")
+
+
+def test_sdpa_step_gives_a_token_per_sequence_deterministically():
+    def tokens(seed):
+        return SdpaDecodeStep(e2b_like_model("cpu", **TINY), batch=3, context=9, seed=seed)()
+    out = tokens(0)
+    assert out.shape == (3,) and out.dtype == torch.int64
+    assert torch.equal(out, tokens(0))
+    step = SdpaDecodeStep(e2b_like_model("cpu", **TINY), batch=3, context=9)
+    assert {i: tuple(k.shape) for i, (k, v) in step.caches.items()} == {
+        0: (3, 2, 9, 16), 1: (3, 2, 9, 16), 2: (3, 2, 9, 16), 3: (3, 2, 9, 16), 4: (3, 1, 9, 32), 5: (3, 2, 9, 16)}
+    assert step.caches[0][0].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("context", [3, 9])          # within the window and past it
+def test_sdpa_step_computes_what_the_dense_model_does(context):
+    """The step over a cache holding a prompt's K/V gives the dense model's logits for the prompt's next token:
+    the same model, window, KV sharing, rotary and cache write."""
+    model = e2b_like_model("cpu", torch.float32, **TINY)
+    prompt = torch.randint(model.config.vocab_size, (3, context), generator=torch.Generator().manual_seed(1))
+    from minikv.models.gemma4 import DenseKVCache
+    cache = DenseKVCache()
+    with torch.no_grad():
+        model(prompt[:, :-1], cache=cache)
+        want = model.logits(prompt)[:, -1]
+    step = SdpaDecodeStep(model, batch=3, context=context)
+    assert set(cache.kv) == set(step.caches)
+    for i, (k, v) in cache.kv.items():
+        step.caches[i][0][:, :, :-1] = k
+        step.caches[i][1][:, :, :-1] = v
+    step.input_ids = prompt[:, -1].clone()
+    torch.testing.assert_close(step.logits(), want, atol=2e-5, rtol=1e-4)
+    assert torch.equal(step(), want.argmax(-1))
+    torch.testing.assert_close(step.logits(), want, atol=2e-5, rtol=1e-4)    # the rewrite of the last slot
