@@ -390,7 +390,10 @@ print(sorted(p.name for p in MY_MODEL.iterdir()))
 # Its cells beside the shipped models', and what its tokenizer makes of the prompts (numbers merge into tokens):
 
 # %%
-mine = hunt(model=MY_MODEL, max_scenarios=24, budget_s=None, progress=False)
+# float32 only: float16 on a CPU rounds differently with and without AVX-512, enough to move an fp8 code across
+# a rounding boundary and the logits of this small random model past the fp8 x float16 tolerance on some machines
+mine = hunt(cells=cells(models=[str(MY_MODEL.resolve())], dtypes=["float32"]), max_scenarios=24, budget_s=None,
+            progress=False)
 print("shipped: ", ", ".join(sorted({cell_label(c).split(" x ")[0] for c in cells()})), f"({len(cells())} cells)")
 print("mine:    ", ", ".join(sorted({cell_label(c).split(" x ")[0] for c in mine.cells})), f"({len(mine.cells)} cells)")
 tok = minikv.models.registry.get_tokenizer(MY_MODEL)
@@ -400,7 +403,11 @@ print(mine.text(portable=True))
 assert not mine.found and mine.refused == 0
 
 # %% [markdown]
-# The fixed engine comes out clean on it. With the scale wipe switched back on, the hunter finds it on this model
+# The fixed engine comes out clean on it, in float32. (In float16, whether the hunter calls one fp8 scenario's
+# logits "too far" from the dense model's depends on the CPU's instruction set: the two sides differ by less than a
+# float16 rounding, which can flip one fp8 code, and on this small random model one code moves the logits by about
+# the tolerance. The hunt is kept to float32 here so that this notebook says the same thing on every machine.)
+# With the scale wipe switched back on, the hunter finds it on this model
 # too, blind, and its reproduction fails when run as printed; the cross defects it refuses, naming the kind of
 # model they need (this one has no cross attention):
 

@@ -5,8 +5,8 @@
 #   bash tools/gpu.sh tests      # `make test-gpu`: the tests marked gpu (pytest-xdist workers: compiling Triton
 #                                #   kernels is CPU work) beside both reproductions on CUDA; the wall time last
 #   bash tools/gpu.sh repro      # both reproductions on CUDA
-#   bash tools/gpu.sh bench      # `minikv.bench attention` (kernel targets; FlashInfer beside it when importable)
-#                                #   and `minikv.bench engine --device cuda`
+#   bash tools/gpu.sh bench      # one run of `minikv.bench attention --engine` (the kernel targets, FlashInfer
+#                                #   beside minikv when importable, then the engine's): $OUT/gpu_attention.csv
 #                                #   (end-to-end targets), CSVs into $OUT
 #   bash tools/gpu.sh tune       # the launch-configuration sweep and an Nsight Compute profile of the decode kernel
 #   bash tools/gpu.sh notebook   # notebook 05 executed and recorded (its first cell runs the attention benchmark)
@@ -102,12 +102,16 @@ warm_flashinfer() {
 }
 
 bench() {
-  local peer=""
+  local peer="" start rc
   if $PY -c "import flashinfer" 2>/dev/null; then peer="--peer flashinfer"; warm_flashinfer
   else echo "(flashinfer not importable: no peer column; tools/pack_flashinfer.sh packs it into .whl/)"; fi
-  timeout ${BENCH_TIMEOUT:-300} $PY -m minikv.bench attention --csv "$OUT/attention.csv" $peer ${ATTENTION_ARGS:-} \
-    || return 1
-  timeout ${BENCH_TIMEOUT:-300} $PY -m minikv.bench engine --device cuda --csv "$OUT/engine.csv" ${ENGINE_ARGS:-}
+  start=$(date +%s)
+  # one run, one CSV: the rows notebook 05 draws (copy it to notebooks/data/gpu_attention.csv)
+  timeout ${BENCH_TIMEOUT:-540} $PY -m minikv.bench attention --engine --csv "$OUT/gpu_attention.csv" $peer \
+    ${ATTENTION_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+  rc=${PIPESTATUS[0]}
+  echo "bench: exit status $rc, $(( $(date +%s) - start )) s wall"
+  return $rc
 }
 
 tune() {

@@ -45,10 +45,11 @@ logger = logging.getLogger(__name__)
 B1_SITES = ("construction", "create_weights")
 
 # The longest query (decoder tokens of one sequence) for which minikv's cross context step takes the fused kernel;
-# longer queries take the unfused one. The measured crossover on an H200 (`python -m minikv.bench attention`,
-# `cross_context_cases`, its q_len sweep): TO BE MEASURED; 64 until then. Known so far: the fused kernel is 1.34x
-# as fast as the unfused one at q_len 1 (batch 64, encoder 1024), 0.59x at q_len 512 (batch 8, encoder 4096).
-FUSED_CROSS_MAX_QUERY_LEN = 64
+# longer queries take the unfused one. Measured on an H200 (`python -m minikv.bench attention`, the q_len sweep of
+# `cross_context_cases`; results/gpu/cross-dispatch/): fused over unfused is 1.32x at q_len 1 and 4, 1.08x at 16
+# (batch 64, encoder 1024), then 0.31-0.72x at every q_len from 32 to 512 (encoders 1024-4096). Measured, not
+# profiled: the fused kernel's time jumps between q_len 16 and 32 while the unfused one's grows with the work.
+FUSED_CROSS_MAX_QUERY_LEN = 16
 
 
 def context_path_for(max_query_len: int) -> str:

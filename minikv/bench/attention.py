@@ -208,10 +208,11 @@ def cross_context_cases(shapes=((64, 1, 1024), (64, 16, 1024), (32, 64, 2048), (
 
 
 def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine: bool = False,
-        peer: str | None = None) -> list[dict]:
+        peer: str | None = None, csv_path=None) -> list[dict]:
     """Measure everything; return one dict per row (decode, prefill and cross-context cases, with the ceilings;
     with `engine`, also `minikv.bench engine`'s decode tokens/s of a gemma-4-E2B-like model per format; with
-    `peer="flashinfer"`, FlashInfer's decode beside minikv's)."""
+    `peer="flashinfer"`, FlashInfer's decode beside minikv's). With `csv_path`, the rows so far are written there
+    after each part, so that a time limit keeps what finished."""
     import triton
     gpu = torch.cuda.get_device_name()
     log(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}")
@@ -241,28 +242,41 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine
                     f"{1e3 * sdpa:8.1f} {r['sdpa_over_minikv']:11.2f}" + _peer_columns(r, peer_decode)
                     + ("" if r["timing"] == sdpa_timing == "cuda graph" else "  (eager)"))
                 torch.cuda.empty_cache()
+    _save(rows, ceil, gpu, csv_path)
     log(f"\n{'context attention':34s} {'batch':>5s} {'q_len':>6s} {'kv_len':>6s} {'ms':>8s} {'TFLOP/s':>8s}")
     for r in prefill_cases() + cross_context_cases():
         rows.append(r)
         log(f"{r['format']:34s} {r['batch']:5d} {r['q_len']:6d} {r['context']:6d} {r['ms']:8.3f} {r['TFLOPs']:8.1f}")
+    _save(rows, ceil, gpu, csv_path)
     if engine:
         from minikv.bench import engine as engine_bench
         log("\nengine decode (gemma-4-E2B-like, random weights, bf16, batch 64 and 1, per context; "
             "`minikv.bench engine --device cuda`)")
-        for r in engine_bench.gpu_rows(log=log):
-            # mode: "replayed" (CUDA graphs), "eager" or "sdpa-graph" (the same model's step with torch SDPA over
-            # a contiguous cache, format "auto"); ms: per decode step; the SDPA rows have no prefill or replay
-            row = {"kind": "engine-decode", "format": r["format"], "batch": r["batch"], "context": r["context"],
-                   "mode": r["mode"], "ms": r["decode_ms_per_step"], "tokens_per_s": r["decode_tokens_per_s"],
-                   "timing": r.get("timing", "wall clock")}
-            rows.append(row | {k: r[k] for k in ("prefill_tokens_per_s", "graph_replay_ms") if k in r})
-    for r in rows:
-        r.update(copy_GBps=ceil["copy_GBps"], read_GBps=ceil["read_GBps"], gpu=gpu, torch=torch.__version__,
-                 triton=triton.__version__)
+        engine_rows = engine_bench.gpu_rows(log=log)
+        # every column of the engine bench's rows (so that engine.targets works on the CSV), plus the common
+        # ones: mode "replayed" (CUDA graphs), "eager" or "sdpa-graph" (the same model's step with torch SDPA over
+        # a contiguous cache, format "auto"); ms per decode step; tokens_per_s decode tokens per second
+        rows += [{"kind": "engine-decode", **r, "ms": r["decode_ms_per_step"], "tokens_per_s": r["decode_tokens_per_s"],
+                  "timing": r.get("timing", "wall clock")} for r in engine_rows]
+    _save(rows, ceil, gpu, csv_path)
     log("\ntargets (ratios within this run):")
     for line in format_targets(rows):
         log(line)
+    if engine:
+        log("\nthe engine (minikv.bench engine):")
+        for line in engine_bench.summary(engine_rows):
+            log(line)
     return rows
+
+
+def _save(rows: list[dict], ceil: dict, gpu: str, csv_path) -> None:
+    """The run's columns on every row (ceilings, GPU, versions); the rows written to `csv_path` if given."""
+    import triton
+    for r in rows:
+        r.update(copy_GBps=ceil["copy_GBps"], read_GBps=ceil["read_GBps"], gpu=gpu, torch=torch.__version__,
+                 triton=triton.__version__)
+    if csv_path:
+        write_csv(rows, csv_path)
 
 
 def _peer_columns(row: dict, peer) -> str:
@@ -388,10 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         except FlashInferUnavailable as e:
             print(f"minikv bench attention: {e}", file=sys.stderr)
             return 2
-    rows = run(args.batches, args.contexts, log=lambda line: print(line, flush=True), peer=args.peer,
-               engine=args.engine)
+    run(args.batches, args.contexts, log=lambda line: print(line, flush=True), peer=args.peer, engine=args.engine,
+        csv_path=args.csv)
     if args.csv:
-        write_csv(rows, args.csv)
         print(f"\nwrote {args.csv}")
     return 0
 

@@ -288,6 +288,20 @@ def format_targets(rows: list[dict]) -> list[str]:
             for w, v, g in targets(rows)]
 
 
+def summary(rows: list[dict]) -> list[str]:
+    """The lines printed after the runs: batch 1's time per output token per mode, the reports, the targets."""
+    from minikv.bench.timing import format_ratio
+    lines = []
+    b1 = {r["mode"]: r for r in rows if int(r["batch"]) == 1}
+    if b1:
+        lines.append("batch 1, bf16: time per output token " + ", ".join(
+            f"{m} {r['decode_ms_per_step']:.2f} ms" for m, r in sorted(b1.items())))
+    if reports(rows):
+        lines.append("\nreported beside the targets (ratios within this run, no target):")
+        lines += [f"report {format_ratio(value):>7s}  {what}" for what, value in reports(rows)]
+    return lines + ["\ntargets (ratios within this run):"] + format_targets(rows)
+
+
 def contexts_of(args) -> list[int]:
     """The contexts measured: --contexts, or with the older --long-context N, --context and N (0: --context alone);
     --context is measured in every case."""
@@ -302,18 +316,7 @@ def gpu_main(args) -> int:
                     contexts=contexts_of(args), eager_formats=args.eager_formats,
                     context_formats=args.context_formats, csv_path=args.csv, extras=not args.no_extras,
                     profile=args.profile)
-    b1 = {r["mode"]: r for r in rows if int(r["batch"]) == 1}
-    if b1:
-        log("batch 1, bf16: time per output token " + ", ".join(f"{m} {r['decode_ms_per_step']:.2f} ms"
-                                                                  for m, r in sorted(b1.items())))
-    from minikv.bench.timing import format_ratio
-    lines = reports(rows)
-    if lines:
-        log("\nreported beside the targets (ratios within this run, no target):")
-        for what, value in lines:
-            log(f"report {format_ratio(value):>7s}  {what}")
-    log("\ntargets (ratios within this run):")
-    for line in format_targets(rows):
+    for line in summary(rows):
         log(line)
     if args.csv:
         write_csv(rows, args.csv)
