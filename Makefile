@@ -82,7 +82,7 @@ test-all: $(STAMP)
 
 # On a GPU machine whose python3 already has a CUDA build of torch (no .venv: that would bring the CPU build).
 # `tools/gpu.sh tests` holds the steps (the GPU tests in parallel workers, both reproductions on CUDA, the wall time
-# printed last), so a machine without make runs the same; `tools/gpu.sh notebook` records notebook 05.
+# printed last), so a machine without make runs the same; `tools/gpu.sh bench` records notebook 05's CSV.
 test-gpu:
 	$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
 	PYTHON=$(PYTHON) bash tools/gpu.sh tests

@@ -23,12 +23,18 @@
 #   bandwidth. We measure two ceilings in the same run: a device-to-device copy (bytes read + written per second)
 #   and a read-only pass (a sum over a few GiB);
 # * **the best unpaged kernel torch has**: `scaled_dot_product_attention` over a contiguous bf16 cache of the same
-#   shape. Paging adds an indirection through the block table; quantization removes bytes.
+#   shape. Paging adds an indirection through the block table; quantization removes bytes;
+# * **a production library's paged decode**: FlashInfer's, run on minikv's own pools, block tables and queries,
+#   for the two formats it shares with minikv (bf16 and fp8 per tensor).
 #
-# **How this notebook is tested.** The cells marked `NBVAL_SKIP` ran on the H200 and their outputs were recorded
-# there; on a CPU (in CI) nbval shows those recorded outputs without running them, because there is no GPU. Every
-# other cell reads the CSV the GPU run wrote (`notebooks/data/gpu_attention.csv`, committed) and is re-executed and
-# compared everywhere.
+# Last, the whole engine: tokens/s per cache format against the context length, with its decode step replayed
+# from CUDA graphs and launched eagerly.
+#
+# **How this notebook is tested.** Every figure and table is drawn from one CSV, `notebooks/data/gpu_attention.csv`
+# (committed), written by one run of the benchmark on the H200 (`bash tools/gpu.sh bench`, which runs
+# `python -m minikv.bench attention --engine --peer flashinfer`), so every ratio in it is within one run. The one
+# cell marked `NBVAL_SKIP` measures again, and only on a GPU when asked to; every other cell reads the CSV and is
+# re-executed and compared everywhere, on a laptop without a GPU too.
 
 # %% [markdown]
 # **Where this fits.** The formats measured here are introduced in [02](02_quantized_kv_cache.ipynb) and
@@ -58,15 +64,32 @@ DATA = next(p for p in (Path("data/gpu_attention.csv"), Path("notebooks/data/gpu
 # the bf16 workspace). Last, the engine itself: decode tokens/s per format of a model at gemma-4-E2B's dimensions
 # with random weights, at batch 64 (`minikv/bench/engine.py`). The code is `minikv/bench/attention.py`;
 # `python -m minikv.bench attention --csv out.csv` runs the kernels' part from a shell,
-# `python -m minikv.bench engine --device cuda` the engine's.
+# `python -m minikv.bench engine --device cuda` the engine's, and `bash tools/gpu.sh bench` both in one run, with
+# FlashInfer beside minikv where it is installed (`tools/pack_flashinfer.sh` packs it for a machine without the
+# internet).
 
 # %%
 # NBVAL_SKIP
-from minikv.bench import attention
+# Measure again (a GPU machine; about six minutes on an H200): set MEASURE = True. The CSV is overwritten part by
+# part as the run goes; every cell below then draws the new run.
+import importlib.util
 
-measured = attention.run(log=lambda line: None, engine=True)   # every table and figure below is drawn from its CSV
-attention.write_csv(measured, DATA)
-print(f"{len(measured)} cases measured on {measured[0]['gpu']}, written to {DATA}")
+MEASURE = False
+if MEASURE:
+    from minikv.bench import attention
+    attention.run(log=print, engine=True, csv_path=DATA,
+                  peer="flashinfer" if importlib.util.find_spec("flashinfer") else None)
+
+# %% [markdown]
+# What the CSV holds, and where it was measured:
+
+# %%
+with open(DATA) as _f:
+    _recorded = list(csv.DictReader(_f))
+_kinds = {k: sum(r["kind"] == k for r in _recorded) for k in dict.fromkeys(r["kind"] for r in _recorded)}
+print(f"{len(_recorded)} rows: " + ", ".join(f"{n} {k}" for k, n in _kinds.items()))
+print(f"measured on {_recorded[0]['gpu']}, torch {_recorded[0]['torch']}, triton {_recorded[0]['triton']}, "
+      f"FlashInfer {next((r['flashinfer'] for r in _recorded if r.get('flashinfer')), 'not installed')}")
 
 # %% [markdown]
 # ## How the kernels are launched
@@ -91,11 +114,9 @@ print(f"{len(measured)} cases measured on {measured[0]['gpu']}, written to {DATA
 # The tiles, the pipeline depth and the merge are the fastest of two probes of candidate configurations on the
 # H200 (raw timings in `data/gpu_decode_probe.csv` and `data/gpu_decode_probe_defaults.csv`, the runs' logs in
 # `results/gpu/pipelined-decode-probe/` and `decode-defaults-probe/`: every candidate checked against the torch
-# reference and timed). When this notebook was recorded, vLLM's row placement of the per-token-head scales (next
-# section), whose rows are only 4-byte aligned, was still served by a second kernel that loaded the codes straight
-# into registers (`rows` in the CSV's kernel column); since then one kernel serves both placements, reading a row
-# as two aligned 16-byte pieces (the last section, "After this recording"). The CSV says which kernel and
-# configuration served every case:
+# reference and timed). One kernel serves both placements of the per-token-head scales (next section): for vLLM's
+# row placement, whose rows are only 4-byte aligned, it reads each row as two aligned 16-byte pieces
+# (`row-window` in the CSV's kernel column). The CSV says which kernel and configuration served every case:
 
 # %%
 import csv as _csv  # noqa: E402 (the cell above is GPU-only)
@@ -156,7 +177,8 @@ for placement in ("row", "block"):
 from minikv import viz_gpu
 from minikv.bench.attention import format_targets
 
-TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing", "kernel")
+TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing", "kernel", "mode",
+                "flashinfer", "flashinfer_variant", "flashinfer_timing", "engine_path")
 
 
 def load(path):
@@ -177,6 +199,10 @@ shapes = [(b, c) for b in batches for c in contexts]
 ms = {(r["format"], int(r["batch"]), int(r["context"])): 1e3 * r["ms"] for r in decode}          # µs
 nbytes = {(r["format"], int(r["batch"]), int(r["context"])): r["bytes"] for r in decode}
 over_sdpa = {(r["format"], int(r["batch"]), int(r["context"])): r["sdpa_over_minikv"] for r in decode}
+
+
+short = {"auto": "bf16", "fp8": "fp8", "int8_per_token_head": "int8 row", "int8_per_token_head/block": "int8 block",
+         "fp8_per_token_head": "fp8 pth row", "fp8_per_token_head/block": "fp8 pth block"}
 
 
 def over_bf16(fmt, b, c):
@@ -230,16 +256,39 @@ for fmt in formats:
           f"{over_bf16(fmt, 64, 4096):11.2f}")
 
 # %% [markdown]
+# ## Against FlashInfer
+#
+# SDPA reads an unpaged cache; a serving engine's decode reads a paged one. FlashInfer's
+# `BatchDecodeWithPagedKVCacheWrapper` reads an "NHD" paged cache, `[pages, 2 (K, V), page size, KV heads, head
+# size]`, which is byte for byte minikv's block layout for the formats without inline scales, so it ran on the very
+# pools, block tables and queries minikv's kernel read (`minikv/bench/flashinfer_peer.py`), in both of its variants
+# (tensor cores, and CUDA cores), the faster one kept. Its output was compared with minikv's on the spot: the
+# last column. FlashInfer has no per-token-head format. Above 1, minikv is faster:
+
+# %%
+viz_gpu.peer_figure(rows)
+
+# %%
+peer = [r for r in decode if r.get("flashinfer_ms") not in (None, "")]
+fi_over = {(r["format"], int(r["batch"]), int(r["context"])): r["flashinfer_over_minikv"] for r in peer}
+print(f"{'format':6s} {'batch':>5s} {'context':>7s} {'minikv us':>9s} {'FlashInfer us':>13s} {'FI / minikv':>11s}  "
+      f"{'FlashInfer variant':18s} {'max |diff|':>10s}")
+for r in peer:
+    print(f"{short[r['format']]:6s} {int(r['batch']):5d} {int(r['context']):7d} {1e3 * r['ms']:9.1f} "
+          f"{1e3 * r['flashinfer_ms']:13.1f} {r['flashinfer_over_minikv']:11.2f}  {r['flashinfer_variant']:18s} "
+          f"{r['flashinfer_max_abs_diff']:10.1g}")
+
+# %% [markdown]
 # ## Every shape, once
 #
 # The time of each format at each shape (µs) and, in brackets, how much faster than bf16 paged decode it is there
-# (above 1: faster than bf16; below 1: slower). Then the context-attention cases: these were measured in a second,
-# short run on an H200 of the same kind, after one change to the context kernel had been taken back (a fold of the
-# score scale into the exponent: it made the fused paths slower); each context ratio below is within that run.
+# (above 1: faster than bf16; below 1: slower). Then the context-attention cases of the same run: causal prefill,
+# and the cross-attention context step at six shapes, fused (the fp8 paged cross cache read back) against unfused
+# (the bf16 workspace), with the path the engine takes at that shape: fused up to 16 queries per sequence, unfused
+# above (`minikv.attention.cross.FUSED_CROSS_MAX_QUERY_LEN`, set from this sweep; the step trace names the path
+# and why, `CacheEvent.context_dispatch`).
 
 # %%
-short = {"auto": "bf16", "fp8": "fp8", "int8_per_token_head": "int8 row", "int8_per_token_head/block": "int8 block",
-         "fp8_per_token_head": "fp8 pth row", "fp8_per_token_head/block": "fp8 pth block"}
 order = [f for f in short if f in formats]
 print(f"{'batch':>5s} {'context':>7s} " + " ".join(f"{short[f]:>16s}" for f in order) + "   (µs, x bf16)")
 for b, c in shapes:
@@ -248,19 +297,24 @@ for b, c in shapes:
 print(f"\n{'context attention':34s} {'batch':>5s} {'q_len':>6s} {'kv_len':>6s} {'ms':>8s} {'TFLOP/s':>8s}")
 for r in rows:
     if r["kind"] in ("prefill", "cross-context"):
+        path = f"   the engine takes: {r['engine_path']}" if r.get("engine_path") else ""
         print(f"{r['format']:34s} {int(r['batch']):5d} {int(r['q_len']):6d} {int(r['context']):6d} {r['ms']:8.3f} "
-              f"{r['TFLOPs']:8.1f}")
+              f"{r['TFLOPs']:8.1f}{path}")
 
 # %% [markdown]
 # ## The targets
 #
-# Every kernel has a target (`minikv.bench.attention.targets`, today's, so this older recording is judged against
-# the targets set since), each a ratio within one run. The verdict compares the unrounded ratio
+# Every kernel has a target (`minikv.bench.attention.targets`), and so does the engine (`minikv.bench.engine.targets`,
+# after the kernels' lines, with the batch-1 comparison reported beside them), each a ratio within this one run.
+# The verdict compares the unrounded ratio
 # with the target; the ratio is printed rounded *down* to three decimals (`minikv.bench.attention.format_ratio`),
 # so a printed ratio reaches its target exactly when the measured one does.
 
 # %%
-for line in format_targets(rows):
+from minikv.bench import engine as engine_bench
+
+engine_rows = [r for r in rows if r["kind"] == "engine-decode"]
+for line in format_targets(rows) + engine_bench.summary(engine_rows):
     print(line)
 
 # %% [markdown]
@@ -284,19 +338,39 @@ for fmt in formats:
 #
 # The kernels inside the whole engine: `minikv.LLM` running a model at gemma-4-E2B's dimensions with random
 # weights (35 layers of hidden 1536, 8 query heads over one KV head of 256 on sliding layers and 512 on full
-# ones, window 512, the last 20 layers sharing KV; bfloat16), 64 prompts of 2048 tokens decoded together,
-# tokens/s counted over the decode steps only. At this recording the engine stepped from Python, one kernel launch
-# at a time and no CUDA graphs (it captures them now: "After this recording" below), so a decode step costs far more than its attention kernels: the cache's bytes of one step (35
-# layers, the sliding ones reading 512 tokens) take about a millisecond at the copy bandwidth, against the tens of
-# milliseconds per step below. So the formats decode at about the same rate here; the kernels' differences show
-# only once the engine's own work per step shrinks (a decode step captured in a CUDA graph, as serving engines do).
+# ones, window 512, the last 20 layers sharing KV; bfloat16), 64 prompts decoded together, tokens/s counted over
+# the decode steps only, at three prompt lengths. By default on a GPU the engine captures its decode step in a
+# CUDA graph per batch size and replays it (`minikv/engine/cuda_graph.py`); `LLM(..., enforce_eager=True)`
+# launches it op by op from Python, as every step ran before. Both are drawn: solid lines replayed, dashed eager
+# (bf16 and int8 per-token-head). Beside them, in the table's batch-1 line and the reports of the targets cell,
+# the same model's decode step with torch SDPA over a contiguous bf16 cache, captured in a graph
+# (`minikv/bench/sdpa_step.py`): what the step costs with torch's best attention and no paging, no scheduler.
 
 # %%
-engine_rows = [r for r in rows if r["kind"] == "engine-decode"]
-base_tps = next(r["tokens_per_s"] for r in engine_rows if r["format"] == "auto")
-for r in engine_rows:
-    print(f"{r['format']:22s} {r['ms']:6.1f} ms/step  {r['tokens_per_s']:8.0f} tokens/s  "
-          f"{r['tokens_per_s'] / base_tps:4.2f}x bf16")
+viz_gpu.engine_context_figure(rows)
+
+# %%
+main_batch = max(int(r["batch"]) for r in engine_rows)
+tps = {(r["format"], int(r["batch"]), int(r["context"]), r["mode"]): r["tokens_per_s"] for r in engine_rows}
+engine_contexts = sorted({int(r["context"]) for r in engine_rows if int(r["batch"]) == main_batch})
+engine_formats = list(dict.fromkeys(r["format"] for r in engine_rows))
+print(f"decode tokens/s at batch {main_batch} (x bf16 in the same mode), graphs | eager")
+print(f"{'format':22s} " + " ".join(f"{'context ' + str(c):>27s}" for c in engine_contexts))
+for f in engine_formats:
+    cells = []
+    for c in engine_contexts:
+        graph, eager = tps.get((f, main_batch, c, "replayed")), tps.get((f, main_batch, c, "eager"))
+        g = f"{graph:6.0f} ({graph / tps[('auto', main_batch, c, 'replayed')]:4.2f}x)" if graph else ""
+        e = f"{eager:5.0f}" if eager else "    -"
+        cells.append(f"{g:>15s} | {e}")
+    print(f"{f:22s} " + " ".join(f"{x:>27s}" for x in cells))
+one = {r["mode"]: r["ms"] for r in engine_rows if int(r["batch"]) == 1}
+print("\nbatch 1, bf16, time per output token: " + ", ".join(f"{m} {ms_:.2f} ms" for m, ms_ in sorted(one.items())))
+print(f"prefill tokens/s, {main_batch} prompts per context (graph runs first, eager runs after, same shapes):")
+for c in engine_contexts:
+    cells = [f"{r['format']} {r['mode']} {r['prefill_tokens_per_s']:,.0f}" for r in engine_rows
+             if (int(r["batch"]), int(r["context"])) == (main_batch, c) and r.get("prefill_tokens_per_s") not in (None, "")]
+    print(f"  context {c}: " + ", ".join(cells))
 
 # %% [markdown]
 # ## What the figures say
@@ -324,36 +398,80 @@ for f in row_pth:
 for f in one_byte:
     worst = min(big, key=lambda s: over_bf16(f, *s))
     print(f"{f:26s} x bf16 paged, worst at batch >= 16 and context >= 4096: {over_bf16(f, *worst):.2f}")
+fi_large = {k: v for k, v in fi_over.items() if k[1] >= 16}
+assert all(v > 1.1 for k, v in fi_large.items() if k[0] == "fp8")                         # fp8: ahead of FlashInfer
+assert all(0.98 < v < 1.15 for k, v in fi_over.items() if k[0] == "auto")                 # bf16: even with it
+for f in ("auto", "fp8"):
+    vals = [v for k, v in fi_large.items() if k[0] == f]
+    print(f"{short[f]:4s} FlashInfer time / minikv time at batch >= 16: {min(vals):.2f}x-{max(vals):.2f}x")
+graphs_over_eager = {c: tps[("auto", main_batch, c, "replayed")] / tps[("auto", main_batch, c, "eager")]
+                     for c in engine_contexts}
+assert all(x > 3 for x in graphs_over_eager.values())                                     # graphs: several x eager
+assert all(tps[(f, main_batch, c, "replayed")] < tps[("auto", main_batch, c, "replayed")]  # row p.t.h.: slower
+           for f in row_pth for c in engine_contexts)                                     # end to end too
+assert one["replayed"] < one["sdpa-graph"] < one["eager"]                                 # batch 1
+print("bf16 engine decode, graphs over eager at batch 64: "
+      + ", ".join(f"context {c} {x:.1f}x" for c, x in graphs_over_eager.items()))
+
+# %% [markdown]
+# The profile the bullets below quote: Nsight Compute on the decode kernel at batch 64 / context 4096, an earlier
+# H200 run with the same kernel for bf16, int8 per-token-head in the row placement (the row window) and in the
+# block placement (`../results/gpu/decode-speed/ncu_summary.txt`, one line per launch):
+
+# %%
+import re
+
+NCU = DATA.resolve().parents[2] / "results" / "gpu" / "decode-speed" / "ncu_summary.txt"
+profiled = {}
+for line in NCU.read_text().splitlines():
+    launch = int(re.match(r"launch (\d+)", line).group(1))
+    fields = (part.split("=", 1) for part in line.split(":", 1)[1].split(";"))
+    profiled[launch] = {k.strip(): float(re.match(r"[\d,.]+", v.strip()).group(0).replace(",", ""))
+                        for k, v in fields}
+for launch, what in ((0, "bf16"), (2, "int8 p.t.h., row window"), (6, "int8 p.t.h., block placement")):
+    p = profiled[launch]
+    print(f"{what:29s} {p['regs']:3.0f} registers/thread, {p['dyn smem/block'] / 1024:5.1f} KiB shared memory per "
+          f"program, {min(p['lim smem'], p['lim regs']):.0f} programs per SM, DRAM {p['DRAM %']:.0f}%, L2 hit {p['L2 hit %']:.0f}%")
 
 # %% [markdown]
 # * **bf16** paged decode reads the cache at about the speed of a device copy once the step is large (on the
-#   roofline's line in the figure above), and keeps up with SDPA on an unpaged cache except at the smallest steps,
-#   where a fixed cost of launches and the pipeline's start is a visible share.
+#   roofline's line in the figure above), keeps up with SDPA on an unpaged cache except at the smallest steps,
+#   where a fixed cost of launches and the pipeline's start is a visible share, and is even with FlashInfer's paged
+#   decode on the same pools (within a few percent either way; both read at the copy bandwidth there).
+# * **fp8 per tensor** is minikv's fastest format and ahead of FlashInfer's fp8 decode at every shape with batch
+#   >= 16, by 1.15x or more: the same bytes, read and converted in minikv's pipelined kernel (1-byte codes staged through
+#   shared memory, converted to float16 by the packed hardware instruction as they are read).
 # * **Quantized formats beat the best unpaged bf16 kernel only where the table "faster than SDPA" says so**: fp8
 #   per tensor and the block placement of the per-token-head formats at every shape with batch >= 16 and context
-#   >= 4096, vLLM's row placement at none. None of them gets the speed-up its bytes allow (exercise 1 works it out): every
-#   1-byte point sits above the roofline.
+#   >= 4096, vLLM's row placement at none. None of them gets the speed-up its bytes allow (exercise 1 works it
+#   out): every 1-byte point sits above the roofline.
 # * **The row placement is the alignment issue.** With vLLM's layout (the engine's default) int8 and fp8
-#   per-token-head are *slower* than bf16 at every large shape although they read half the bytes: rows that start
-#   at offsets 0, 4, 8, 12 (mod 16) allow only 4-byte loads and copies, and each row's scale is one more scattered
-#   load. The **fix** is the block placement: the same bytes, rows 16-byte aligned and a tile's scales in one
-#   contiguous read; it makes the same formats faster than bf16 at every large shape, close to fp8 per tensor,
-#   which reads the same rows without scales.
-# * **What is left** is the 1-byte kernel's own ceiling, the same for fp8 and both block-placed formats: an Nsight
-#   Compute profile at batch 64 / context 4096 (`../results/gpu/pipelined-decode-probe/ncu_summary.txt`, which holds the
-#   figures) shows their kernel at about two thirds of the share of DRAM bandwidth bf16's kernel reaches, with two
-#   programs per SM (each holds about 107 KB of shared memory: two tiles of K and V in flight and V's float16 copy,
-#   which the PV dot product needs transposed) issuing instructions in fewer than half of the cycles. A 1-byte tile holds twice the tokens of a bf16 tile of
-#   the same bytes, and with GQA 4:1 the 16-row tensor-core tiles are three quarters padding, so per byte the
-#   kernel does twice bf16's arithmetic, plus the conversions. The 1.7x target (1.5x at every large shape) is
-#   missed; closing it needs more bytes in flight per byte of shared memory (V transposed from its 1-byte form,
-#   e.g. ldmatrix on byte pairs, instead of a float16 copy) and fewer instructions per token.
-# * The engine uses the row placement unless told otherwise (`LLM(..., kv_scale_placement="block")`), because it
-#   is vLLM's layout, the one the defect notebooks reproduce; the block placement is the one to pick for speed.
-# * The cross-attention context step: with one query per sequence the fused kernel, reading fp8 from the paged
-#   cache, beats the unfused one reading bf16; with 512 queries per sequence the step is bound by arithmetic, and
-#   converting fp8 to 16-bit before every dot product costs more than the bytes it saves. Causal prefill stays
-#   short of SDPA's TFLOP/s (the targets above).
+#   per-token-head are *slower* than bf16 at every large shape although they read half the bytes. Rows that start
+#   at offsets 0, 4, 8, 12 (mod 16) are read as two aligned pieces each (a 128-byte window and a 16-byte tail), so
+#   every load is a 16-byte vector, but the profile (int8) says what that costs: the kernel needs all 255 registers a
+#   thread can have against the block placement's 156, reads 144 bytes per 132-byte row with 42% of its reads
+#   hitting L2 (each tail piece is the next row's start), and reaches 40% of DRAM bandwidth against 62%
+#   (`../results/gpu/decode-speed/ncu_summary.txt`). The **fix** is the block placement: the same bytes, rows
+#   16-byte aligned and a tile's scales in one contiguous read; it makes the same formats faster than bf16 at every
+#   large shape, close to fp8 per tensor, which reads the same rows without scales.
+# * **What is left** is the 1-byte kernel's own ceiling, the same for fp8 and both block-placed formats (1.34x to
+#   1.39x bf16 at batch 64 / context 4096, where the bytes allow 1.94x to 2x: exercise 1): in the same profile
+#   their kernel holds about 107 KiB of shared memory per program (five tiles of K and V in flight and V's float16 copy, which the PV dot product needs transposed), so
+#   two programs fit an SM where bf16's kernel fits four, and it reaches 62% of DRAM bandwidth where bf16's reaches
+#   92%. Closing it needs more bytes in flight per byte of shared memory (V transposed from its 1-byte form instead
+#   of a float16 copy) and fewer instructions per token.
+# * **The engine** with CUDA graphs decodes several times faster than launched eagerly, and within 10-20% of its
+#   own captured step replayed back to back (the host's share: scheduling, input copies, sampling). End to end the
+#   formats now differ as their kernels do: the row-placed per-token-head formats are slower than bf16 at every
+#   context, and fp8 per tensor moves ahead of bf16 only at the longest context, where the cache is a large part of
+#   a step. At batch 1 the engine's step is a little faster than the same model's step with torch SDPA over a
+#   contiguous cache, both captured. Its prefill tokens/s in the graph runs include Triton compiles for new shapes
+#   (the eager runs, measured right after at the same shapes, prefill 2.6-12x faster at contexts 512 and 2048;
+#   at 8192, where nothing new compiles, the two agree): read the eager runs' prefill figures, still short of the target.
+# * **The cross-attention context step**: with a few queries per sequence the fused kernel, reading fp8 from the
+#   paged cache, beats the unfused one reading bf16; from 32 queries per sequence it is slower, so the engine
+#   dispatches by shape and the step is never slower than unfused. Causal prefill stays short of SDPA's TFLOP/s
+#   (the targets above).
 #
 # ## Try it yourself
 #
@@ -409,18 +527,19 @@ for f in ("auto", "int8_per_token_head/block"):
 print("answer:", f"{bf16_ratio:.2f}")
 
 # %% [markdown]
-# **Exercise 3: how far apart are two runs?** `data/gpu_attention_placement.csv` is another complete run of the
-# benchmark on an H200 of the same kind, with the previous kernels; the row-placed per-token-head formats run the same
-# kernels in both. What is the largest difference, in percent, between the two runs' times for those formats at
-# batch 64 and more? (Within 2 percentage points counts.) Why do the targets compare ratios within one run?
+# **Exercise 3: how far apart are two runs?** `results/gpu/cross-dispatch/attention_probe.csv` is another run of the
+# same benchmark with the same kernels, on an H200 of the same kind the same day (batch 16 and 64, context 4096 and
+# 16384). What is the largest difference, in percent, between the two runs' decode times for any format at batch
+# 64? (Within 2 percentage points counts.) Why do the targets compare ratios within one run?
 
 # %% tags=["exercise"]
 my_answer_3 = None   # your answer: a percentage (a number)
 
 # %% tags=["check"]
+RESULTS = DATA.resolve().parents[2] / "results" / "gpu"
 other = {(r["format"], int(r["batch"]), int(r["context"])): 1e3 * r["ms"]
-         for r in load(DATA.parent / "gpu_attention_placement.csv") if r["kind"] == "decode"}
-common = [k for k in ms if k in other and k[0] in row_pth and k[1] >= 64]
+         for r in load(RESULTS / "cross-dispatch" / "attention_probe.csv") if r["kind"] == "decode"}
+common = [k for k in ms if k in other and k[1] == 64]
 worst = max(common, key=lambda k: abs(ms[k] / other[k] - 1))
 check("Exercise 3", my_answer_3, 100 * abs(ms[worst] / other[worst] - 1), abs_tol=2)
 
@@ -431,35 +550,3 @@ check("Exercise 3", my_answer_3, 100 * abs(ms[worst] / other[worst] - 1), abs_to
 assert len(common) > 0 and abs(ms[worst] / other[worst] - 1) < 0.1
 print("answer:", f"{100 * abs(ms[worst] / other[worst] - 1):.0f}% ({worst[0]}, batch {worst[1]}, context {worst[2]}; "
       f"{len(common)} cases in both runs)")
-
-# %% [markdown]
-# ## After this recording: one decode kernel, and the engine in CUDA graphs
-#
-# Two changes came after the run above, each measured on an H200 of the same kind and kept in `results/gpu/` (no
-# device time was left to record this notebook again, so its cells above still show the run they were recorded
-# from). First, the row placement's second kernel is gone: one kernel serves both placements, a constexpr saying
-# where the scales are, and reads a 132-byte row as two aligned 16-byte pieces (`results/gpu/decode-speed/`).
-# Second, the engine captures its decode step in a CUDA graph per batch-size bucket and replays it
-# (`results/gpu/cuda-graphs/`). The same tables, read from those runs' CSVs:
-
-# %%
-RESULTS = DATA.resolve().parents[2] / "results" / "gpu"
-kernel_rows = [r for r in load(RESULTS / "decode-speed" / "row-window-e4m3-finite" / "attention.csv") if r["kind"] == "decode"]
-now = {(r["format"], int(r["batch"]), int(r["context"])): 1e3 * r["ms"] for r in kernel_rows}
-print(f"one decode kernel, batch 64 / context 4096 ({kernel_rows[0]['gpu']}):")
-for fmt in order:
-    if (fmt, 64, 4096) in now:
-        print(f"  {fmt:27s} {now[(fmt, 64, 4096)]:7.1f} us  {now[('auto', 64, 4096)] / now[(fmt, 64, 4096)]:4.2f}x bf16")
-with open(RESULTS / "cuda-graphs" / "numpy-padding-profile" / "engine.csv") as f:
-    graph_rows = list(csv.DictReader(f))
-print("\nthe engine with CUDA graphs, gemma-4-E2B dimensions, batch 64, context 2048:")
-for r in graph_rows:
-    print(f"  {r['format']:22s} {float(r['decode_ms_per_step']):6.1f} ms/step  "
-          f"{float(r['decode_tokens_per_s']):6.0f} tokens/s  {float(r['x_auto']):4.2f}x bf16  "
-          f"(the captured step replayed alone: {float(r['graph_replay_ms']):5.1f} ms)")
-
-# %% [markdown]
-# The row placement still reads more slowly than bf16 (the kernel's registers and the rows' 32-byte sectors are
-# what bound it: `results/gpu/decode-speed/README.md` has the profile), while the block placement and fp8 per tensor
-# keep their lead. With the step in a graph, the engine's cost per step falls from tens of milliseconds to the
-# captured step's own time plus the host's bookkeeping, so the formats' differences start to show end to end.

@@ -185,6 +185,8 @@ FIGURES = {
     "viz_gpu.roofline_bars_figure": lambda: viz_gpu.roofline_bars_figure(_gpu_rows(), [(64, 4096), (16, 16384),
                                                                                         (256, 16384)]),
     "viz_gpu.sdpa_ratio_figure": lambda: viz_gpu.sdpa_ratio_figure(_gpu_rows()),
+    "viz_gpu.peer_figure": lambda: viz_gpu.peer_figure(_gpu_rows()),
+    "viz_gpu.engine_context_figure": lambda: viz_gpu.engine_context_figure(_gpu_rows()),
 }
 
 

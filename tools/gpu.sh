@@ -7,9 +7,7 @@
 #   bash tools/gpu.sh repro      # both reproductions on CUDA
 #   bash tools/gpu.sh bench      # one run of `minikv.bench attention --engine` (the kernel targets, FlashInfer
 #                                #   beside minikv when importable, then the engine's): $OUT/gpu_attention.csv
-#                                #   (end-to-end targets), CSVs into $OUT
 #   bash tools/gpu.sh tune       # the launch-configuration sweep and an Nsight Compute profile of the decode kernel
-#   bash tools/gpu.sh notebook   # notebook 05 executed and recorded (its first cell runs the attention benchmark)
 #   bash tools/gpu.sh fidelity   # the full-size random checkpoints against transformers, both repros on them
 #   bash tools/gpu.sh memcheck   # defect B1 under compute-sanitizer (tools/memcheck_cross_stride.py)
 #   bash tools/gpu.sh tokens     # token ids of every shipped model, format, placement and backend on CUDA
@@ -25,11 +23,11 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 if [ "${TRITON_CACHE_DIR:-}" = fresh ]; then export TRITON_CACHE_DIR=$(mktemp -d); fi
 status=0
-[ $# -gt 0 ] || { sed -n '2,19p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,18p' "$0"; exit 2; }
 for step in "$@"; do
   case "$step" in
-    tests|repro|bench|tune|notebook|fidelity|memcheck|tokens) ;;
-    *) echo "unknown step '$step': choose from tests repro bench tune notebook fidelity memcheck tokens"; exit 2 ;;
+    tests|repro|bench|tune|fidelity|memcheck|tokens) ;;
+    *) echo "unknown step '$step': choose from tests repro bench tune fidelity memcheck tokens"; exit 2 ;;
   esac
 done
 
@@ -123,21 +121,6 @@ tune() {
     > "$OUT/ncu_decode.csv" 2> "$OUT/ncu.err"
   echo "ncu exit $?"; tail -3 "$OUT/ncu.err"
   $PY -m minikv.bench.profile_decode summarize "$OUT/ncu_decode.csv" | tee "$OUT/ncu_summary.txt"
-}
-
-notebook() {
-  mkdir -p notebooks/data
-  $PY -m jupytext --to ipynb notebooks/05_gpu_performance.py || return 1
-  (cd notebooks && timeout 270 $PY - <<'PY') 2>&1 | tee "$OUT/notebook05.log"
-import nbformat, nbclient
-nb = nbformat.read("05_gpu_performance.ipynb", as_version=4)
-try:
-    nbclient.NotebookClient(nb, kernel_name="python3", timeout=260, resources={"metadata": {"path": "."}}).execute()
-finally:
-    nbformat.write(nb, "05_gpu_performance.ipynb")
-print("notebook 05 executed")
-PY
-  cp notebooks/05_gpu_performance.ipynb notebooks/data/gpu_attention.csv "$OUT/"
 }
 
 # memcheck / fidelity need transformers >= 5.24 (carry its wheel in .whl/; the machine's own is older).

@@ -249,7 +249,8 @@ GPU_STEP_CSV = Path("notebooks/data/gpu_decode_step.csv")
 SHORT_FORMAT = {"auto": "bf16", "fp8": "fp8 (per tensor)", "int8_per_token_head": "int8 p.t.h. row",
                 "int8_per_token_head/block": "int8 p.t.h. block", "fp8_per_token_head": "fp8 p.t.h. row",
                 "fp8_per_token_head/block": "fp8 p.t.h. block"}
-_TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing")
+_TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing", "kernel", "mode",
+                 "flashinfer", "flashinfer_variant", "flashinfer_timing", "engine_path")
 
 
 def _number(value: str):
@@ -352,21 +353,51 @@ def load_gpu(repo: Path) -> dict | None:
                          f"{r['TFLOPs']:.1f}"] for r in rows if r["kind"] in ("prefill", "cross-context")]}
     tables = {"decode": decode_table, "decode_every_shape": every, "context": context}
     engine = [r for r in rows if r["kind"] == "engine-decode" and isinstance(r.get("tokens_per_s"), float)]
-    base = next((r["tokens_per_s"] for r in engine if r["format"] == "auto"), None)
-    if engine and base:
+    for r in engine:
+        r.setdefault("mode", "eager")        # CSVs from before the engine had CUDA graphs: every step eager
+
+    def engine_base(r):
+        return next((x["tokens_per_s"] for x in engine if x["format"] == "auto" and (x["batch"], x["context"],
+                                                                                     x["mode"]) ==
+                     (r["batch"], r["context"], r["mode"])), None)
+    if engine:
+        order = {"replayed": 0, "eager": 1}
+        listed = sorted(engine, key=lambda r: (-r["batch"], r["context"], order.get(r["mode"], 2)))
         tables["engine"] = {
-            "caption": "The engine: decode tokens/s per format (`python -m minikv.bench engine --device cuda`, the "
-                       "engine-decode rows of the CSV)",
-            "columns": ["kv_cache_dtype", "ms / step", "tokens/s", "vs bf16"],
-            "rows": [[r["format"], f"{r['ms']:.1f}", f"{r['tokens_per_s']:,.0f}", _ratio(r["tokens_per_s"] / base)]
-                     for r in engine]}
+            "caption": "The engine: decode tokens/s per format, context and mode (`python -m minikv.bench attention "
+                       "--engine`, the engine-decode rows of the CSV; replayed: CUDA graphs, eager: "
+                       "enforce_eager=True, sdpa-graph: the same model's step with torch SDPA over a contiguous "
+                       "bf16 cache, captured; vs bf16: against bf16 at the same batch, context and mode)",
+            "columns": ["kv_cache_dtype", "batch", "context", "mode", "ms / step", "tokens/s", "vs bf16",
+                        "prefill tokens/s"],
+            "rows": [[r["format"], int(r["batch"]), int(r["context"]), r["mode"], f"{r['ms']:.2f}",
+                      f"{r['tokens_per_s']:,.0f}", _ratio(r["tokens_per_s"] / engine_base(r)) if engine_base(r)
+                      else "–", f"{r['prefill_tokens_per_s']:,.0f}" if isinstance(r.get("prefill_tokens_per_s"),
+                                                                                 float) else "–"]
+                     for r in listed]}
+        main = engine[0]        # the engine bench measures its main batch and context first
         for r in engine:
-            q[f"engine_x_bf16_{_key(r['format'])}"] = {
-                "value": r["tokens_per_s"] / base, "display": _ratio(r["tokens_per_s"] / base),
-                "statistic": f"engine decode tokens/s of {r['format']} / bf16's"}
+            if (r["batch"], r["context"], r["mode"]) == (main["batch"], main["context"], main["mode"]):
+                x = r["tokens_per_s"] / engine_base(r)
+                q[f"engine_x_bf16_{_key(r['format'])}"] = {
+                    "value": x, "display": _ratio(x),
+                    "statistic": f"engine decode tokens/s of {r['format']} / bf16's, batch {int(r['batch'])}, "
+                                 f"context {int(r['context'])}, {r['mode']}"}
+    peer = [r for r in decode if isinstance(r.get("flashinfer_ms"), float)]
+    if peer:
+        tables["flashinfer"] = {
+            "caption": f"Against FlashInfer {peer[0].get('flashinfer', '')}'s paged decode on the same pools, block "
+                       "tables and queries (`--peer flashinfer`: the faster of its tensor-core and CUDA-core "
+                       "variants; max |diff|: its output against minikv's)",
+            "columns": ["format", "batch", "context", "minikv µs", "FlashInfer µs", "FlashInfer / minikv",
+                        "FlashInfer variant", "max abs diff"],
+            "rows": [[r["format"], int(r["batch"]), int(r["context"]), f"{1e3 * r['ms']:.1f}",
+                      f"{1e3 * r['flashinfer_ms']:.1f}", f"{r['flashinfer_over_minikv']:.2f}",
+                      r["flashinfer_variant"], f"{r['flashinfer_max_abs_diff']:.2g}"] for r in peer]}
     try:
         sys.path.insert(0, str(repo))
         from minikv.bench.attention import format_ratio, targets  # the definitions the benchmark prints
+        from minikv.bench.engine import targets as engine_targets
     except ImportError as e:
         raise ResultsError(f"cannot import minikv.bench.attention for the GPU targets ({e}); run inside .venv") from e
     finally:
@@ -376,7 +407,8 @@ def load_gpu(repo: Path) -> dict | None:
                    "as `minikv.bench.attention.format_ratio` prints them)",
         "columns": ["target", "goal", "measured", "verdict"],
         "rows": [[what, f"{goal:.2f}x", format_ratio(value), "met" if value >= goal else "missed"]
-                 for what, value, goal in targets(rows)]}
+                 for what, value, goal in targets(rows) + (engine_targets(engine) if any(
+                     "decode_tokens_per_s" in r for r in engine) else [])]}
     step_path = repo / GPU_STEP_CSV
     if step_path.exists():
         with open(step_path, newline="") as f:
@@ -392,10 +424,12 @@ def load_gpu(repo: Path) -> dict | None:
             x = float(r["tokens_per_s"]) / base
             q[f"step_x_bf16_{_key(r['format'])}"] = {"value": x, "display": _ratio(x),
                                                       "statistic": f"decode-step tokens/s of {r['format']} / bf16's"}
-    return {"name": "gpu", "command": "python -m minikv.bench attention --csv notebooks/data/gpu_attention.csv",
+    return {"name": "gpu", "command": "python -m minikv.bench attention --engine --peer flashinfer --csv "
+                                      "notebooks/data/gpu_attention.csv",
             "quantities": q, "tables": tables,
-            "_source": "`notebooks/data/gpu_attention.csv` and `gpu_decode_step.csv`, recorded on an H200 by notebook 05 "
-                       "(`python -m minikv.bench attention`, `python -m minikv.bench.decode_step`)"}
+            "_source": "`notebooks/data/gpu_attention.csv` (one run of `bash tools/gpu.sh bench` on an H200: "
+                       "`python -m minikv.bench attention --engine --peer flashinfer`) and `gpu_decode_step.csv` "
+                       "(`python -m minikv.bench.decode_step`, an earlier run)"}
 
 
 # ---- the shipped models -------------------------------------------------------------------------------------------
