@@ -455,7 +455,7 @@ for launch, what in ((0, "bf16"), (2, "int8 p.t.h., row window"), (6, "int8 p.t.
 #   16-byte aligned and a tile's scales in one contiguous read; it makes the same formats faster than bf16 at every
 #   large shape, close to fp8 per tensor, which reads the same rows without scales.
 # * **What is left** is the 1-byte kernel's own ceiling, the same for fp8 and both block-placed formats (1.34x to
-#   1.39x bf16 at batch 64 / context 4096, where the bytes allow 1.94x to 2x: exercise 1): in the same profile
+#   1.39x bf16 at batch 64 / context 4096, well short of what their bytes allow: exercise 1): in the same profile
 #   their kernel holds about 107 KiB of shared memory per program (five tiles of K and V in flight and V's float16 copy, which the PV dot product needs transposed), so
 #   two programs fit an SM where bf16's kernel fits four, and it reaches 62% of DRAM bandwidth where bf16's reaches
 #   92%. Closing it needs more bytes in flight per byte of shared memory (V transposed from its 1-byte form instead
