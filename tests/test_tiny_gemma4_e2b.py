@@ -95,7 +95,11 @@ def test_every_feature_matches_transformers(random_pair):
     want = hf(ids).logits
     assert (ours.logits(ids) - want).abs().max() < 1e-4 * want.abs().max()
     incremental = hf_incremental_logits(hf, ids, prefill=9)
-    assert (minikv_incremental_logits(ours, ids, prefill=9) - incremental).abs().max() < 1e-4 * want.abs().max()
+    # The cached steps differ from the full forward by about 1% of the largest logit in both libraries alike (0.044
+    # of 5.17 here: every parameter random, norms included), so the two libraries' different float32 orders within
+    # a cached step show more there: 1.1e-3 apart on an AMD EPYC CPU (the full forward: identical), over the 1e-4
+    # bound that held on an earlier machine. The bound (2.6e-3 here) stays 17x below that 0.044.
+    assert (minikv_incremental_logits(ours, ids, prefill=9) - incremental).abs().max() < 5e-4 * want.abs().max()
     expected = hf.generate(ids[:, :9], max_new_tokens=6, do_sample=False)[:, 9:]
     assert torch.equal(ours.greedy(ids[:, :9], 6), expected)
 
