@@ -146,28 +146,33 @@ def roofline_bars_figure(rows: Sequence[dict], shapes: Sequence[tuple[int, int]]
     return fig
 
 
-def sdpa_ratio_figure(rows: Sequence[dict], title: str = "Against the best unpaged bf16 kernel: SDPA time / "
-                                                         "minikv time") -> Figure:
-    """SDPA's time on a contiguous bf16 cache over minikv's time on each format, against the batch, one panel per
-    context length; above the dashed line at 1, minikv on that format is faster than SDPA on bf16."""
-    decode = _decode(rows)
+def _ratio_panels(decode: list[dict], column: str, other: str, height: float, title: str) -> Figure:
+    """`column` (another kernel's time over minikv's) against the batch, one panel per context length, a line per
+    format, with the dashed line at 1 where minikv is as fast as `other`."""
     contexts = sorted({int(r["context"]) for r in decode})
-    fig, axes = _new_figure(1, len(contexts), figsize=(MAX_WIDTH_IN, 3.8), sharey=True)
+    fig, axes = _new_figure(1, len(contexts), figsize=(MAX_WIDTH_IN, height), sharey=True)
     axes = np.atleast_1d(axes)
     for ax, ctx in zip(axes, contexts):
         for fmt in _formats(decode):
-            pts = sorted((int(r["batch"]), r["sdpa_over_minikv"]) for r in decode
+            pts = sorted((int(r["batch"]), float(r[column])) for r in decode
                          if r["format"] == fmt and int(r["context"]) == ctx)
-            ax.plot([b for b, _ in pts], [s for _, s in pts], **style(fmt))
+            ax.plot([b for b, _ in pts], [v for _, v in pts], **style(fmt))
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_title(f"context {ctx}", fontsize=FONT + 1)
         ax.set_xlabel("batch", fontsize=FONT + 1)
         ax.tick_params(labelsize=FONT)
-    axes[0].set_ylabel("SDPA time / minikv time", fontsize=FONT + 1)
-    _legend_below(fig, _formats(decode), [Line2D([], [], color="black", linestyle="--", label="as fast as SDPA")])
+    axes[0].set_ylabel(f"{other} time / minikv time", fontsize=FONT + 1)
+    _legend_below(fig, _formats(decode), [Line2D([], [], color="black", linestyle="--", label=f"as fast as {other}")])
     fig.suptitle(title, fontsize=10)
     return fig
+
+
+def sdpa_ratio_figure(rows: Sequence[dict], title: str = "Against the best unpaged bf16 kernel: SDPA time / "
+                                                         "minikv time") -> Figure:
+    """SDPA's time on a contiguous bf16 cache over minikv's time on each format, against the batch, one panel per
+    context length; above the dashed line at 1, minikv on that format is faster than SDPA on bf16."""
+    return _ratio_panels(_decode(rows), "sdpa_over_minikv", "SDPA", 3.8, title)
 
 
 def peer_figure(rows: Sequence[dict], title: str = "Against FlashInfer's paged decode on the same pools: "
@@ -177,23 +182,7 @@ def peer_figure(rows: Sequence[dict], title: str = "Against FlashInfer's paged d
     decode = [r for r in _decode(rows) if r.get("flashinfer_ms") not in (None, "")]
     if not decode:
         raise ValueError("no FlashInfer figures: the CSV was recorded without --peer flashinfer")
-    contexts = sorted({int(r["context"]) for r in decode})
-    fig, axes = _new_figure(1, len(contexts), figsize=(MAX_WIDTH_IN, 3.6), sharey=True)
-    axes = np.atleast_1d(axes)
-    for ax, ctx in zip(axes, contexts):
-        for fmt in _formats(decode):
-            pts = sorted((int(r["batch"]), float(r["flashinfer_over_minikv"])) for r in decode
-                         if r["format"] == fmt and int(r["context"]) == ctx)
-            ax.plot([b for b, _ in pts], [v for _, v in pts], **style(fmt))
-        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"context {ctx}", fontsize=FONT + 1)
-        ax.set_xlabel("batch", fontsize=FONT + 1)
-        ax.tick_params(labelsize=FONT)
-    axes[0].set_ylabel("FlashInfer time / minikv time", fontsize=FONT + 1)
-    _legend_below(fig, _formats(decode), [Line2D([], [], color="black", linestyle="--", label="as fast as FlashInfer")])
-    fig.suptitle(title, fontsize=10)
-    return fig
+    return _ratio_panels(decode, "flashinfer_over_minikv", "FlashInfer", 3.6, title)
 
 
 ENGINE_MODES = {"replayed": ("-", "CUDA graphs (the default)"), "eager": ("--", "eager (enforce_eager=True)")}

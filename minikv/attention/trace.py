@@ -37,7 +37,7 @@ class CacheEvent:
     `wrote`: the layer wrote new K/V into that pool this step; `read`: its attention read K/V from it.
     `context_path`: cross attention's context (prefill) step only: "fused" (K/V read back from the paged cache)
     or "unfused" (K/V from the 16-bit workspace); None otherwise. `context_dispatch`: why it took that path:
-    "by shape (q_len 512 > 64)" when minikv's fused configuration picked it from the step's longest query
+    "by shape (q_len 512 > 16)" when minikv's fused configuration picked it from the step's longest query
     (minikv.attention.cross.context_path_for), "by config (...)" when the layer's configuration fixed it
     (upstream's fallback, the historical B2 read, a float32 model); None when `context_path` is. `read_layout`:
     the layout its read addressed the pool with (None when it read nothing).
