@@ -46,8 +46,6 @@ from .addressing import (FP8, SCALE_WORD, INT8_PTH, check_block_tables, check_fl
                          read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales)
 from .mode import INTERPRETED, require_device
 
-_pow2 = launch._pow2
-
 LOG2E = math.log2(math.e)
 MERGE_CHUNK: tl.constexpr = tl.constexpr(16)    # splits merged per vector load (more loop over chunks)
 TAIL: tl.constexpr = tl.constexpr(16)           # "row" window reads: bytes of a row's aligned tail piece
@@ -311,133 +309,6 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
 
 
 
-QUAD: tl.constexpr = tl.constexpr(launch.QUAD_HEADS)   # "row" quads: kv heads (rows of one token) per program
-QUAD_TAIL: tl.constexpr = tl.constexpr(32)
-
-
-@triton.jit(do_not_specialize=["num_splits", "window"])
-def _decode_row_quads_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr,
-                             part_ml_ptr, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, block_stride,
-                             kv_stride, slot_stride, row_stride, qk_scale, num_splits, window, bias_ptr,
-                             bias_width, FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr,
-                             BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
-                             DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr, CONVERT_ASM: tl.constexpr,
-                             K_PURE: tl.constexpr, V_PURE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The "row" placement read four kv heads at a time (ROW_QUADS; see row_quads_apply).
-
-    A row is HEAD_SIZE codes and its scale: HEAD_SIZE + 4 bytes, 4-byte aligned only. But the rows of four
-    consecutive kv heads of one token, 4 * HEAD_SIZE + 16 bytes, start on a 16-byte boundary when the first of
-    them is a multiple of four, so this program (one sequence, kv heads 4u .. 4u + 3, one split) reads each token's
-    four rows as one aligned piece: a main window of 4 * HEAD_SIZE bytes and a 16-byte tail, in 16-byte vectors.
-
-    Its query rows are (kv head k of the four, query head g of k's group): row r = k * BLOCK_G + g. Row r's q is
-    placed where kv head k's codes are in the piece (columns k * (HEAD_SIZE + 4) ...) and is zero elsewhere, so one
-    dot product over the piece gives every row the score against its own kv head and nothing else: the other
-    heads' codes and the scales meet q's zeros (e4m3 codes are read NaN-free for that). The P.V dot product
-    likewise fills, in row r, the columns of every head, and only kv head k's are stored. The products are four
-    times those of one kv head, but the rows are four times as many too: a group of 4 query heads fills the
-    16 rows of a tensor-core tile that one kv head alone leaves three-quarters empty.
-    """
-    b = tl.program_id(0)
-    quad = tl.program_id(1)
-    split = tl.program_id(2)
-    ROW: tl.constexpr = HEAD_SIZE + 4
-    WIDTH: tl.constexpr = QUAD * HEAD_SIZE            # the main window; the tail is TAIL bytes after it
-    seq_len = tl.load(seq_lens_ptr + b)
-    r = tl.arange(0, BLOCK_M)
-    k_of_r = r // BLOCK_G
-    g = r % BLOCK_G
-    row_valid = (g < GROUP) & (k_of_r < QUAD)
-    heads = (quad * QUAD + k_of_r) * GROUP + g          # the query head of each row
-    c = tl.arange(0, WIDTH)
-    # the tail: TAIL bytes, in a tile of QUAD_TAIL columns (the rest masked off: never read) so that no dot
-    # product's result is square, which would make Triton spread its warps over the 16 rows instead of the columns
-    e = WIDTH + tl.arange(0, QUAD_TAIL)
-    in_tail = e < WIDTH + TAIL
-    # each row's own columns: where its kv head's codes are in the piece, and which element each one is
-    own = k_of_r[:, None] * ROW
-    main_elem = c[None, :] - own
-    tail_elem = e[None, :] - own
-    main_own = row_valid[:, None] & (main_elem >= 0) & (main_elem < HEAD_SIZE)
-    tail_own = row_valid[:, None] & (tail_elem >= 0) & (tail_elem < HEAD_SIZE)
-    main_code = (c % ROW) < HEAD_SIZE                   # columns holding a code of some head (not a scale byte)
-    tail_code = (e % ROW) < HEAD_SIZE
-    table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    quad_row = quad.to(tl.int64) * (QUAD * ROW)
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
-    q = tl.load(q_rows + main_elem, mask=main_own, other=0.0)
-    q_tail = tl.load(q_rows + tail_elem, mask=tail_own, other=0.0)
-    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
-    start = first + split * chunk
-    end = tl.minimum(start + chunk, seq_len)
-
-    if SCALED_F16:
-        amax = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), axis=1), tl.max(tl.abs(q_tail.to(tl.float32)), axis=1))
-        q_pow2 = _pow2_row_scale(amax)
-        q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
-        q_tail = (q_tail.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
-        s_scale = qk_scale / q_pow2[:, None]
-    else:
-        if DOT_F32:
-            q = q.to(tl.float32)
-            q_tail = q_tail.to(tl.float32)
-        s_scale = qk_scale
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, WIDTH], tl.float32)
-    acc_tail = tl.zeros([BLOCK_M, QUAD_TAIL], tl.float32)
-    scale_col = own + HEAD_SIZE                         # [BLOCK_M, 1]: byte of each row's scale in the piece
-    for start_n in range(start, end, BLOCK_N):
-        n = start_n + tl.arange(0, BLOCK_N)
-        valid = n < end
-        pieces = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, quad_row, 16)
-        k = _window_codes_to(tl.load(codes_ptr + pieces[:, None] + c[None, :], mask=valid[:, None], other=0.0),
-                             FMT, q.dtype, CONVERT_ASM, K_PURE, main_code)
-        k_tail = _window_codes_to(tl.load(codes_ptr + pieces[:, None] + e[None, :],
-                                          mask=valid[:, None] & in_tail[None, :], other=0.0), FMT, q.dtype, CONVERT_ASM, K_PURE, tail_code)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = tl.dot(q_tail, tl.trans(k_tail), s, input_precision=DOT_PRECISION) * s_scale
-        scale_mask = row_valid[:, None] & valid[None, :]
-        s = s * tl.load(scales_ptr + (pieces[None, :] + scale_col) // SCALE_WORD, mask=scale_mask, other=1.0)
-        if HAS_BIAS:
-            s = s + _relative_bias(bias_ptr, bias_width, heads, row_valid, seq_len - 1 - n)
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        p = p * tl.load(scales_ptr + (kv_stride + pieces[None, :] + scale_col) // SCALE_WORD, mask=scale_mask,
-                        other=1.0)
-        # V's other-head columns and scale bytes reach only accumulator columns that are never stored
-        v = tl.load(codes_ptr + kv_stride + pieces[:, None] + c[None, :], mask=valid[:, None], other=0.0)
-        v_tail = tl.load(codes_ptr + kv_stride + pieces[:, None] + e[None, :], mask=valid[:, None] & in_tail[None, :],
-                         other=0.0)
-        acc = tl.dot(p.to(q.dtype), _codes_to(v, FMT, q.dtype, CONVERT_ASM, V_PURE), acc * alpha[:, None],
-                     input_precision=DOT_PRECISION)
-        acc_tail = tl.dot(p.to(q.dtype), _codes_to(v_tail, FMT, q.dtype, CONVERT_ASM, V_PURE),
-                          acc_tail * alpha[:, None], input_precision=DOT_PRECISION)
-        m = m_new
-
-    # The masks and element offsets again, from the runtime row stride (equal to ROW): computed from the
-    # constant, the compiler would keep the [BLOCK_M, WIDTH] ones of the q loads alive through the loop instead
-    main_elem = c[None, :] - k_of_r[:, None] * row_stride
-    tail_elem = e[None, :] - k_of_r[:, None] * row_stride
-    main_own = row_valid[:, None] & (main_elem >= 0) & (main_elem < HEAD_SIZE)
-    tail_own = row_valid[:, None] & (tail_elem >= 0) & (tail_elem < HEAD_SIZE)
-    if not SPLIT:
-        out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh
-        tl.store(out_rows + main_elem, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=main_own)
-        tl.store(out_rows + tail_elem, (acc_tail / l[:, None]).to(out_ptr.dtype.element_ty), mask=tail_own)
-    else:
-        part = (b.to(tl.int64) * (tl.num_programs(1) * QUAD * GROUP) + heads) * num_splits + split
-        tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + main_elem, acc, mask=main_own)
-        tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + tail_elem, acc_tail, mask=tail_own)
-        tl.store(part_ml_ptr + part * 2, m, mask=row_valid)
-        tl.store(part_ml_ptr + part * 2 + 1, l, mask=row_valid)
-
-
 @triton.jit
 def _merge_head(part_acc_ptr, part_ml_ptr, first, num_splits, out_row_ptr, HEAD_SIZE: tl.constexpr,
                 CHUNK: tl.constexpr):
@@ -524,17 +395,6 @@ def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> N
     check_block_tables(block_tables, seq_lens, spec, capacity)
 
 
-def row_quads_apply(pool: torch.Tensor, spec) -> bool:
-    """Whether the "row" placement can be read four kv heads at a time (`_decode_row_quads_kernel`): 1-byte codes,
-    rows of head_size codes and their scale (head_size + 4 bytes), kv heads a multiple of four, head size at most
-    QUAD_MAX_HEAD_SIZE, and the pool's first byte and the block, half and slot strides on 16-byte boundaries."""
-    return (formats.has_inline_scales(spec.fmt) and spec.placement == formats.ROW and spec.elem_bytes == 1
-            and spec.row_bytes == spec.head_size + 4 and spec.scale_offset == spec.head_size
-            and spec.num_kv_heads % launch.QUAD_HEADS == 0 and spec.head_size <= launch.QUAD_MAX_HEAD_SIZE
-            and pool.data_ptr() % 16 == 0
-            and all(stride % 16 == 0 for stride in (spec.block_bytes, spec.kv_bytes, spec.slot_bytes)))
-
-
 def row_window_applies(pool: torch.Tensor, spec) -> bool:
     """Whether the "row" placement can be read in aligned 16-byte pieces (ROW_WINDOW): 1-byte codes with inline
     scales after each row, and every block, half and slot stride (and the pool's first byte) on a 16-byte
@@ -605,40 +465,23 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     # 1-byte codes with a 16-bit q: dot products in float16 (q rescaled by a power of two per row), see
     # _pow2_row_scale; the codes convert to float16 exactly and more cheaply than to bfloat16
     scaled_f16 = cfg.f16_dot and spec.elem_bytes == 1 and q.dtype != torch.float32
-    if cfg.row_quads and row_quads_apply(pool, spec) and (INTERPRETED or q.dtype != torch.float32):
-        block_g = _pow2(group)
-        _decode_row_quads_kernel[(batch, spec.num_kv_heads // launch.QUAD_HEADS, cfg.num_splits)](
-            q, codes, scales, block_tables, seq_lens, out, part_acc, part_ml,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-            spec.block_bytes, spec.kv_bytes, spec.slot_bytes, spec.row_bytes, qk_scale, cfg.num_splits,
-            int(sliding_window or 0),
-            q if rel_bias is None else rel_bias, 1 if rel_bias is None else rel_bias.shape[1],
-            FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=block_g,
-            BLOCK_M=max(launch.QUAD_HEADS * block_g, 1 if INTERPRETED else 16), BLOCK_N=cfg.block_n, SPLIT=split,
-            DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32", SCALED_F16=scaled_f16,
-            CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure, V_PURE=cfg.v_pure,
-            HAS_BIAS=rel_bias is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
-        merge = split
-    else:
-        merge = split and not cfg.merge_in_kernel
-        _decode_kernel[(batch, spec.num_kv_heads, cfg.num_splits)](
-            q, codes, scales, block_tables, seq_lens, out, part_acc, part_ml, counters,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-            *element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2], qk_scale, float(v_scale),
-            cfg.num_splits, int(sliding_window or 0), q if rel_bias is None else rel_bias,
-            1 if rel_bias is None else rel_bias.shape[1],
-            FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
-            BLOCK_N=cfg.block_n, SPLIT=split, MERGE_IN_KERNEL=split and cfg.merge_in_kernel,
-            HAS_SCALES=has_scales, ROW_ALIGN=row_alignment(spec), SCALE_PLACEMENT=spec.placement,
-            SCALE_ALIGN=scale_alignment(spec), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
-            SCALED_F16=scaled_f16, CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure,
-            V_PURE=cfg.v_pure,
-            HAS_BIAS=rel_bias is not None, ROW_WINDOW=cfg.row_window and row_window_applies(pool, spec)
-            and (INTERPRETED or q.dtype != torch.float32),       # a float32 q on a GPU: tiles too large for it
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
-    if merge:
+    _decode_kernel[(batch, spec.num_kv_heads, cfg.num_splits)](
+        q, codes, scales, block_tables, seq_lens, out, part_acc, part_ml, counters,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        *element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2], qk_scale, float(v_scale),
+        cfg.num_splits, int(sliding_window or 0), q if rel_bias is None else rel_bias,
+        1 if rel_bias is None else rel_bias.shape[1],
+        FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
+        BLOCK_N=cfg.block_n, SPLIT=split, MERGE_IN_KERNEL=split and cfg.merge_in_kernel,
+        HAS_SCALES=has_scales, ROW_ALIGN=row_alignment(spec), SCALE_PLACEMENT=spec.placement,
+        SCALE_ALIGN=scale_alignment(spec), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
+        SCALED_F16=scaled_f16, CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure,
+        V_PURE=cfg.v_pure,
+        HAS_BIAS=rel_bias is not None, ROW_WINDOW=cfg.row_window and row_window_applies(pool, spec)
+        and (INTERPRETED or q.dtype != torch.float32),       # a float32 q on a GPU: tiles too large for it
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
+    if split and not cfg.merge_in_kernel:
         _merge_splits_kernel[(batch, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
                                                  cfg.num_splits, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK)
     return out

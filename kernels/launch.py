@@ -44,8 +44,6 @@ class DecodeConfig:
     max_registers: int | None = None   # a cap on registers per thread (more programs per SM), or the compiler's
     row_window: bool = True        # "row" placement: read each row as aligned 16-byte pieces where the strides
                                    # allow it (decode_attention.row_window_applies), else 4-byte loads
-    row_quads: bool = True         # "row" placement: read four kv heads' rows as one aligned piece where the
-                                   # shapes allow it (decode_attention.row_quads_apply; before row_window)
 
 
 @dataclass(frozen=True)
@@ -98,19 +96,6 @@ DECODE_WAVES = 1.0
 DECODE_MIN_TILES = 2
 DECODE_MAX_SPLITS = 64
 DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
-# The "row" placement read four kv heads at a time (decode_attention._decode_row_quads_kernel): one program per
-# sequence and four kv heads, QUAD_TOKENS tokens of all four heads' rows per tile.
-QUAD_HEADS = 4
-QUAD_MAX_HEAD_SIZE = 256
-QUAD_TOKENS = 16
-QUAD_WARPS = 4
-QUAD_STAGES = 5
-
-
-def row_quads_fit(num_kv_heads: int, head_size: int, elem_bytes: int, fmt: int | None, placement: int) -> bool:
-    """Whether decode_attention.row_quads_apply can hold for a cache of these shapes (it also checks the pool)."""
-    return (fmt is not None and formats.has_inline_scales(fmt) and placement == formats.ROW and elem_bytes == 1
-            and num_kv_heads % QUAD_HEADS == 0 and head_size <= QUAD_MAX_HEAD_SIZE)
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms: int) -> int:
@@ -130,17 +115,11 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         # row_window off: the interpreter keeps its one summation order (recorded CPU outputs stay as they are);
         # the tests turn it on to check the GPU's path here
-        return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1, row_window=False,
-                            row_quads=False)
+        return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1, row_window=False)
     block_g = max(16, _pow2(group))
     block_n = max(16, min(DECODE_MAX_TOKENS, DECODE_TILE_BYTES // (head_size * elem_bytes)))
     splits = decode_splits(batch, num_kv_heads, max_len, block_n, sms or num_sms(device.index or 0))
     one_byte = elem_bytes == 1
-    if row_quads_fit(num_kv_heads, head_size, elem_bytes, fmt, placement):
-        block_n = QUAD_TOKENS
-        splits = decode_splits(batch, num_kv_heads // QUAD_HEADS, max_len, block_n, sms or num_sms(device.index or 0))
-        return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=QUAD_WARPS,
-                            num_stages=QUAD_STAGES, f16_dot=True, convert_asm=True)
     return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4,
                         num_stages=DECODE_STAGES[elem_bytes], f16_dot=one_byte, convert_asm=one_byte)
 

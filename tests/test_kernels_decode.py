@@ -204,49 +204,6 @@ def test_row_window_reads(kv_cache_dtype, dtype, f16, num_splits, heads, head_si
                                paged_decode_attention_reference(*args).float(), **attention_tolerance(dtype))
 
 
-# The "row" placement read four kv heads at a time (ROW_QUADS, the GPU's path where kv heads are a multiple of
-# four): GQA groups of 1, 2, 4 and 8, several splits, a sliding window and T5's bias; NaN-pattern bytes (0x7F) where
-# no row is written, so a score or output that took a byte outside its own row would show.
-ROW_QUAD_CASES = [("int8_per_token_head", torch.float16, True, 1, (16, 4), 32, 16, 0, False),
-                  ("fp8_per_token_head", torch.float32, False, 3, (8, 4), 32, 16, 0, False),
-                  ("int8_per_token_head", torch.float32, False, 3, (32, 8), 64, 8, 20, False),
-                  ("fp8_per_token_head", torch.float16, True, 2, (4, 4), 16, 32, 0, True),
-                  ("fp8_per_token_head", torch.float16, False, 1, (64, 8), 128, 16, 0, False),
-                  ("int8_per_token_head", torch.float16, True, 2, (8, 8), 256, 16, 9, True)]
-
-
-@pytest.mark.parametrize("kv_cache_dtype,dtype,f16,num_splits,heads,head_size,block_size,window,bias",
-                         ROW_QUAD_CASES)
-def test_row_quad_reads(kv_cache_dtype, dtype, f16, num_splits, heads, head_size, block_size, window, bias):
-    from minikv.kernels.decode_attention import row_quads_apply
-    (num_heads, kv_heads), lens = heads, [1, 17, 40, 5]
-    spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
-    tables, num_blocks = random_block_tables(lens, block_size)
-    pool = make_pool(spec, num_blocks)
-    pool.fill_(0x7F)
-    fill_sequences(pool, spec, tables, lens, dtype, 0.61, 1.7)
-    assert row_quads_apply(pool, spec)
-    q = torch.randn(len(lens), num_heads, head_size).to(dtype)
-    rel_bias = torch.randn(num_heads, 12) if bias else None
-    args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, head_size ** -0.5)
-    kwargs = dict(sliding_window=window, rel_bias=rel_bias)
-    cfg = decode_config(spec, q, lens, row_quads=True, block_n=16, f16_dot=f16, num_splits=num_splits)
-    torch.testing.assert_close(paged_decode_attention(*args, config=cfg, **kwargs).float(),
-                               paged_decode_attention_reference(*args, **kwargs).float(), **attention_tolerance(dtype))
-
-
-def test_row_quads_need_four_kv_heads_and_aligned_strides():
-    from minikv.kernels.decode_attention import row_quads_apply
-    for kv_heads, head_size, placement, applies in [(1, 32, "row", False), (2, 32, "row", False),
-                                                    (4, 32, "row", True), (8, 256, "row", True),
-                                                    (8, 512, "row", False), (4, 32, "block", False)]:
-        spec = make_spec("int8_per_token_head", torch.float16, kv_heads, head_size, 16, placement)
-        assert row_quads_apply(make_pool(spec, 2), spec) is applies
-    spec = make_spec("int8_per_token_head", torch.float16, 4, 32, 16)
-    shifted = torch.zeros(2 * spec.block_bytes + 4, dtype=torch.uint8)[4:].view(2, spec.block_bytes)
-    assert row_quads_apply(make_pool(spec, 3)[1:], spec) and not row_quads_apply(shifted, spec)
-
-
 def test_row_window_needs_16_byte_strides():
     """One kv head of 32 codes: 36-byte slots, so the rows' phases differ and the 4-byte path reads them."""
     from minikv.kernels.decode_attention import row_window_applies

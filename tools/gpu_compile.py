@@ -69,7 +69,6 @@ class _CompileOnly:
 def _compile_only():
     """Every decode kernel launch compiles (for sm_90) and records instead of running."""
     dec._decode_kernel = _CompileOnly(dec._decode_kernel)
-    dec._decode_row_quads_kernel = _CompileOnly(dec._decode_row_quads_kernel)
     dec._merge_splits_kernel = _CompileOnly(dec._merge_splits_kernel)
 
 
@@ -130,7 +129,6 @@ CASES = {
     "auto": dict(fmt="auto", placement="row"),
     "fp8": dict(fmt="fp8", placement="row"),
     "int8-row": dict(fmt="int8_per_token_head", placement="row"),
-    "int8-row-window": dict(fmt="int8_per_token_head", placement="row", row_quads=False),
     "int8-block": dict(fmt="int8_per_token_head", placement="block"),
     "fp8pth-row": dict(fmt="fp8_per_token_head", placement="row"),
     "fp8pth-block": dict(fmt="fp8_per_token_head", placement="block"),
