@@ -55,6 +55,13 @@ class ContextConfig:
     f16_dot: bool = False  # paged 1-byte formats, 16-bit q: float16 dot products (q rescaled by a power of two)
 
 
+@dataclass(frozen=True)
+class NormConfig:
+    block_r: int          # rows per program
+    block_d: int          # the row's length, padded to a power of two
+    num_warps: int = 4
+
+
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
@@ -78,6 +85,16 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
     return WriteConfig(block_t=min(_pow2(num_tokens), max(1, 4096 // per_token)), block_h=block_h, num_warps=4)
 
 
+def norm_config(rows: int, d: int) -> NormConfig:
+    """kernels/rms_norm.py: on a GPU a few thousand elements per program (the norm is memory-bound and tiny at
+    decode; 4 warps hold 4,096 float32 values in 32 registers a thread); interpreted, as many rows as one tile."""
+    block_d = _pow2(d)
+    if INTERPRETED:
+        return NormConfig(block_r=min(_pow2(rows), max(1, CPU_TILE_ELEMENTS // block_d)), block_d=block_d)
+    block_r = max(1, min(_pow2(rows), 4096 // block_d))
+    return NormConfig(block_r=block_r, block_d=block_d, num_warps=4 if block_r * block_d <= 4096 else 8)
+
+
 # Decode on a GPU (kernels/decode_attention.py): sized from the machine, not from a table of measured shapes. A
 # program holds one tile of q, scores and accumulator in registers and its K and V tiles in shared memory; a tile
 # holds DECODE_TILE_BYTES of K (and as many of V), so 1-byte tiles hold twice the tokens of 16-bit ones, up to
@@ -96,13 +113,20 @@ DECODE_WAVES = 1.0
 DECODE_MIN_TILES = 2
 DECODE_MAX_SPLITS = 64
 DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
+# Head sizes above 128 (gemma-4-E2B's 256 and 512) in 1- and 2-byte formats, measured at that model's shapes (8 query
+# heads over 1 KV head, batch 64, context 8192: results/gpu/v4-profile/e2b_decode_sweep.csv, 1.1-1.9x faster than
+# the rule above): (block_n, num_stages) for the "row" placement of the per-token-head formats and for every other
+# format, with DECODE_LARGE_HEAD_PROGRAMS_PER_SM program slots per SM for the split count.
+DECODE_LARGE_HEAD = {"row placement": (16, 5), "other": (32, 4)}
+DECODE_LARGE_HEAD_PROGRAMS_PER_SM = 2
 
 
-def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms: int) -> int:
+def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms: int,
+                  programs_per_sm: int = DECODE_PROGRAMS_PER_SM) -> int:
     """Programs per (sequence, kv head): enough for DECODE_WAVES rounds of all SMs' program slots, each split
     walking at least DECODE_MIN_TILES tiles of the longest sequence (max_len)."""
     programs = batch * num_kv_heads
-    wanted = round(DECODE_WAVES * sms * DECODE_PROGRAMS_PER_SM / programs)
+    wanted = round(DECODE_WAVES * sms * programs_per_sm / programs)
     return max(1, min(wanted, max_len // (DECODE_MIN_TILES * block_n), DECODE_MAX_SPLITS))
 
 
@@ -117,11 +141,17 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
         # the tests turn it on to check the GPU's path here
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1, row_window=False)
     block_g = max(16, _pow2(group))
-    block_n = max(16, min(DECODE_MAX_TOKENS, DECODE_TILE_BYTES // (head_size * elem_bytes)))
-    splits = decode_splits(batch, num_kv_heads, max_len, block_n, sms or num_sms(device.index or 0))
+    sms = sms or num_sms(device.index or 0)
     one_byte = elem_bytes == 1
-    return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4,
-                        num_stages=DECODE_STAGES[elem_bytes], f16_dot=one_byte, convert_asm=one_byte)
+    if head_size > 128 and elem_bytes <= 2:
+        row_scales = fmt is not None and formats.has_inline_scales(fmt) and placement == formats.ROW
+        block_n, stages = DECODE_LARGE_HEAD["row placement" if row_scales else "other"]
+        splits = decode_splits(batch, num_kv_heads, max_len, block_n, sms, DECODE_LARGE_HEAD_PROGRAMS_PER_SM)
+    else:
+        block_n = max(16, min(DECODE_MAX_TOKENS, DECODE_TILE_BYTES // (head_size * elem_bytes)))
+        splits, stages = decode_splits(batch, num_kv_heads, max_len, block_n, sms), DECODE_STAGES[elem_bytes]
+    return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4, num_stages=stages,
+                        f16_dot=one_byte, convert_asm=one_byte)
 
 
 # Context launch configurations measured on an NVIDIA H200 (bf16, head size 128; raw timings in

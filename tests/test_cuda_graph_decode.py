@@ -10,7 +10,7 @@ import pytest
 import minikv
 from minikv.config import EngineConfig
 from minikv.engine import cuda_graph
-from minikv.engine.cuda_graph import EagerCapture, batch_buckets, bucket_for, pad_decode_batch
+from minikv.engine.cuda_graph import EagerCapture, HostBlockTables, batch_buckets, bucket_for, pad_decode_batch
 
 
 @pytest.mark.parametrize("max_num_seqs, buckets", [(1, (1,)), (6, (1, 2, 4, 6)), (8, (1, 2, 4, 8)),
@@ -36,6 +36,29 @@ def test_padding_rows_use_only_the_reserved_block():
     assert batch.block_tables.tolist() == [[3, 0, 0, 0, 0], [1, 4, 2, 0, 0], [9, 0, 0, 0, 0], [9, 0, 0, 0, 0]]
     with pytest.raises(ValueError, match="does not fit"):
         pad_decode_batch(seqs, 4, width=2, block_size=4, dummy_block=9)
+
+
+def test_kept_host_tables_equal_tables_written_anew_step_after_step():
+    """HostBlockTables writes only what grew; after appends, a replaced list (a preemption's new table), a batch
+    that shrank and one that grew again, its rows equal a fresh fill's, zeros and padding included."""
+    import random
+    rng = random.Random(0)
+    kept = HostBlockTables(8, 12, "block table")
+    seqs = [[rng.randrange(50) for _ in range(rng.randrange(1, 6))] for _ in range(6)]
+    for step in range(40):
+        for t in seqs:
+            if len(t) < 12 and rng.random() < 0.4:
+                t.append(rng.randrange(50))                       # may_append
+        if step % 7 == 3:       # preempted, then allocated anew (its prompt and outputs): a new list, no shorter
+            k = rng.randrange(len(seqs))
+            seqs[k] = [rng.randrange(50) for _ in range(min(12, len(seqs[k]) + 1))]
+        if step % 11 == 5:
+            seqs = seqs[:3] if len(seqs) > 3 else seqs + [[1, 2]] * 3
+        bucket = 4 if len(seqs) <= 4 else 8
+        want = HostBlockTables(bucket, 12, "block table").fill(seqs, bucket, 49)
+        assert kept.fill(seqs, bucket, 49).tolist() == want.tolist(), f"step {step}"
+    with pytest.raises(ValueError, match="does not fit"):
+        kept.fill([list(range(13))], 1, 0)
 
 
 def _run(prompts, graphs: bool, monkeypatch, max_tokens=3):

@@ -80,7 +80,6 @@ class SdpaDecodeStep:
 
     @torch.no_grad()
     def logits(self) -> torch.Tensor:
-        from minikv.models.gemma4 import apply_rope
         m, c, b, last = self.model.model, self.model.config, self.batch, self.context - 1
         ids = self.input_ids[:, None]
         x = m.embed_tokens(ids)                                                   # [B, 1, H]
@@ -89,7 +88,7 @@ class SdpaDecodeStep:
         for i, layer in enumerate(m.layers):
             attn, (cos, sin) = layer.self_attn, rope[c.layer_types[i]]
             h = layer.input_layernorm(x)
-            q = apply_rope(attn.q_norm(attn.q_proj(h).view(b, 1, attn.num_heads, attn.head_dim)), cos, sin)
+            q = attn.q_norm(attn.q_proj(h).view(b, 1, attn.num_heads, attn.head_dim), cos=cos, sin=sin)
             if not attn.kv_shared:
                 k, v = attn.project_kv(h, cos, sin)                               # [B, 1, kv_heads, D]
                 self.caches[i][0][:, :, last] = k[:, 0]
@@ -98,11 +97,11 @@ class SdpaDecodeStep:
             start = 0 if attn.window is None else max(0, self.context - attn.window)
             groups = q.view(b, attn.num_kv_heads, attn.num_heads // attn.num_kv_heads, attn.head_dim)
             out = F.scaled_dot_product_attention(groups, k_cache[:, :, start:], v_cache[:, :, start:], scale=1.0)
-            x = x + layer.post_attention_layernorm(attn.o_proj(out.reshape(b, 1, -1)))
-            x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+            x = layer.post_attention_layernorm(attn.o_proj(out.reshape(b, 1, -1)), residual=x)
+            x = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)), residual=x)
             if ple is not None:
                 gated = layer.act(layer.per_layer_input_gate(x)) * ple[:, :, i]
-                x = x + layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
+                x = layer.post_per_layer_input_norm(layer.per_layer_projection(gated), residual=x)
             x = x * layer.layer_scalar
         return self.model.compute_logits(m.norm(x))[:, 0]
 

@@ -65,21 +65,49 @@ class DecodeBatch:
     cross_block_tables: np.ndarray | None = None
 
 
-def _tables(tables, bucket: int, width: int, pad_block: int, what: str) -> np.ndarray:
-    out = np.zeros((bucket, width), dtype=np.int32)
-    for i, table in enumerate(tables):
-        if len(table) > width:
-            raise ValueError(f"a {what} of {len(table)} blocks does not fit the graphs' {width}-block tables")
-        out[i, :len(table)] = table
-    out[len(tables):, 0] = pad_block
-    return out
+class HostBlockTables:
+    """Block tables on the host, int32 [rows, width], kept from one decode step to the next.
+
+    Converting a Python list of block ids to numpy costs about 10 us per 512 entries, so writing every row anew
+    was a millisecond of each step at batch 64 and context 8192. Between two steps a running sequence's table only
+    grows: the block manager appends to it (may_append) and otherwise replaces the list whole (allocate after a
+    preemption, deallocate). So a row that holds the same list object as at the last step gets only its new
+    entries, and any other row is written whole. Each row keeps a reference to its list, so that list's identity
+    cannot pass to another list while the row relies on it."""
+
+    def __init__(self, rows: int, width: int, what: str):
+        self.array = np.zeros((rows, width), dtype=np.int32)
+        self.what = what
+        self._lists: list = [None] * rows
+        self._written = [0] * rows
+
+    def fill(self, tables, bucket: int, pad_block: int) -> np.ndarray:
+        """The first `bucket` rows: `tables` (zeros past each table's end), then padding rows reading `pad_block`."""
+        width = self.array.shape[1]
+        for i, table in enumerate(tables):
+            n = len(table)
+            if n > width:
+                raise ValueError(f"a {self.what} of {n} blocks does not fit the graphs' {width}-block tables")
+            start = self._written[i] if self._lists[i] is table and self._written[i] <= n else 0
+            if start == 0:
+                self.array[i, n:] = 0
+            if n > start:
+                self.array[i, start:n] = table[start:]
+            self._lists[i], self._written[i] = table, n
+        pad = slice(len(tables), bucket)
+        self.array[pad] = 0
+        self.array[pad, 0] = pad_block
+        self._lists[pad] = [None] * (bucket - len(tables))
+        return self.array[:bucket]
 
 
 def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block: int,
-                     cross_width: int = 0) -> DecodeBatch:
+                     cross_width: int = 0, tables: HostBlockTables | None = None,
+                     cross_tables: HostBlockTables | None = None) -> DecodeBatch:
     """The decode inputs of `seqs` (one new token each) padded to `bucket` rows: padding rows write their token into
     slot 0 of `dummy_block` and read that one token back; encoder-decoder padding rows read one encoder token of
-    cross block 0 (a read only: decode steps write nothing to the cross pool)."""
+    cross block 0 (a read only: decode steps write nothing to the cross pool). `tables` / `cross_tables`: the
+    host tables kept from the last step (None: written anew); the batch's tables are views of them."""
     n = len(seqs)
     if n > bucket:
         raise ValueError(f"{n} sequences do not fit a bucket of {bucket}")
@@ -93,11 +121,12 @@ def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block
         positions=column(last, 0),
         slots=column([slot_of(s.block_table, p, block_size) for s, p in zip(seqs, last)], dummy_block * block_size),
         seq_lens=column([len(s) for s in seqs], 1),
-        block_tables=_tables([s.block_table for s in seqs], bucket, width, dummy_block, "block table"))
+        block_tables=(tables or HostBlockTables(bucket, width, "block table")).fill(
+            [s.block_table for s in seqs], bucket, dummy_block))
     if cross_width:
         batch["encoder_lens"] = column([len(s.encoder_token_ids) for s in seqs], 1)
-        batch["cross_block_tables"] = _tables([s.cross_block_table for s in seqs], bucket, cross_width, 0,
-                                              "cross block table")
+        batch["cross_block_tables"] = (cross_tables or HostBlockTables(bucket, cross_width, "cross block table")).fill(
+            [s.cross_block_table for s in seqs], bucket, 0)
     return DecodeBatch(bucket, n, **batch)
 
 
@@ -180,6 +209,8 @@ class DecodeGraphs:
         self.seam = seam if seam is not None else CudaGraphCapture()
         self.captured: dict[int, _Captured] = {}
         self._static: dict[str, torch.Tensor] | None = None
+        self._host_tables = HostBlockTables(self.buckets[-1], width, "block table")
+        self._host_cross = HostBlockTables(self.buckets[-1], max(1, cross_width), "cross block table")
 
     def fits(self, seqs) -> bool:
         """Whether a decode batch can run through a graph: a bucket holds it and every block table fits."""
@@ -227,7 +258,8 @@ class DecodeGraphs:
         """One decode step of `seqs` through its bucket's graph (captured first if this is the bucket's first
         step). Returns the step's context (trace) and the logits of the real rows."""
         bucket = bucket_for(len(seqs), self.buckets)
-        batch = pad_decode_batch(seqs, bucket, self.width, self.block_size, self.dummy_block, self.cross_width)
+        batch = pad_decode_batch(seqs, bucket, self.width, self.block_size, self.dummy_block, self.cross_width,
+                                 self._host_tables, self._host_cross)
         views = self._load(batch)
         md = self._metadata(views)
         captured = self.captured.get(bucket)

@@ -39,6 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minikv.models.gemma4_config import FULL, SLIDING, Gemma4Config, Gemma4ConfigError  # noqa: F401
+from minikv.kernels.mode import INTERPRETED
+from minikv.kernels.rms_norm import rms_norm
 from minikv.models.layers import Attention, check_token_inputs
 
 _ACTIVATIONS = {
@@ -52,19 +54,28 @@ _ACTIVATIONS = {
 
 # ---- building blocks --------------------------------------------------------------------------------------------
 class Gemma4RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps), in float32, times `weight` (absent for the value norm: `with_scale=False`)."""
+    """x / sqrt(mean(x^2) + eps), in float32, times `weight` (absent for the value norm: `with_scale=False`), in
+    x's dtype. The step that follows a norm in the model can be handed to it: RoPE (`cos`, `sin`: q and k) or the
+    residual add (`residual`: the norms after attention and the MLP). On CUDA, in inference, one launch of
+    minikv.kernels.rms_norm does all of it (written as below it is about nine launches, and RoPE five more)."""
 
     def __init__(self, dim: int, eps: float = 1e-6, with_scale: bool = True):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, cos: torch.Tensor | None = None,
+                sin: torch.Tensor | None = None) -> torch.Tensor:
+        if x.is_cuda and not INTERPRETED and not torch.is_grad_enabled():     # the kernel has no backward pass
+            return rms_norm(x, self.weight, self.eps, residual=residual, cos=cos, sin=sin, validate=False)
         xf = x.float()
         out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
         if self.weight is not None:
             out = out * self.weight.float()
-        return out.to(x.dtype)
+        out = out.to(x.dtype)
+        if cos is not None:
+            out = apply_rope(out, cos, sin)
+        return out if residual is None else residual + out
 
 
 class ScaledEmbedding(nn.Embedding):
@@ -171,11 +182,11 @@ class Gemma4Attention(nn.Module):
         shape = (*x.shape[:-1], self.num_kv_heads, self.head_dim)
         k = self.k_proj(x).view(shape)
         v = k if self.v_proj is None else self.v_proj(x).view(shape)     # k_eq_v: the raw key projection
-        return apply_rope(self.k_norm(k), cos, sin), self.v_norm(v)
+        return self.k_norm(k, cos=cos, sin=sin), self.v_norm(v)
 
     def forward(self, x, cos, sin, positions, produced: dict, cache: DenseKVCache | None, ctx=None):
         shape = (*x.shape[:-1], self.num_heads, self.head_dim)
-        q = apply_rope(self.q_norm(self.q_proj(x).view(shape)), cos, sin)
+        q = self.q_norm(self.q_proj(x).view(shape), cos=cos, sin=sin)
         if ctx is not None:                                       # engine mode: x is one flattened row [1, T, H]
             return self.o_proj(self.engine_attention(q, x, cos, sin, ctx).reshape(*x.shape[:-1], -1))
         q = q.transpose(1, 2)
@@ -234,12 +245,12 @@ class Gemma4DecoderLayer(nn.Module):
             self.post_per_layer_input_norm = Gemma4RMSNorm(h, eps)
 
     def forward(self, x, per_layer_input, cos, sin, positions, produced, cache, ctx=None):
-        x = x + self.post_attention_layernorm(
-            self.self_attn(self.input_layernorm(x), cos, sin, positions, produced, cache, ctx))
-        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = self.post_attention_layernorm(
+            self.self_attn(self.input_layernorm(x), cos, sin, positions, produced, cache, ctx), residual=x)
+        x = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)), residual=x)
         if self.ple_dim:
             gated = self.act(self.per_layer_input_gate(x)) * per_layer_input
-            x = x + self.post_per_layer_input_norm(self.per_layer_projection(gated))
+            x = self.post_per_layer_input_norm(self.per_layer_projection(gated), residual=x)
         return x * self.layer_scalar
 
 

@@ -1,0 +1,143 @@
+"""rms_norm: Gemma's RMSNorm in one launch, with the two steps that follow it in the model fused in when asked.
+
+    out = rms_norm(x, weight, eps)                    # x / sqrt(mean(x^2) + eps) * weight, in x's dtype
+    out = rms_norm(x, weight, eps, cos=cos, sin=sin)  # ... then rotated by RoPE (q and k: rows are heads)
+    out = rms_norm(x, weight, eps, residual=r)        # r + the norm (the sandwich norms after attention and MLP)
+
+Why it exists: written with torch ops, one norm is about nine kernel launches (a float32 copy of x, its square,
+the mean, the epsilon, the reciprocal square root, two products, the weight's float32 copy, the cast back), and
+RoPE five more. A gemma-4-E2B-sized decode step held 3,330 launches, 2,926 of them such elementwise work, 5.6 ms
+of the step's 9.7 ms of kernel time at batch 64 (results/gpu/v4-profile/steps.txt). On a GPU each launch costs a
+few microseconds whatever its size; this kernel does a row's norm (and its RoPE or residual) in one.
+
+The result is the torch formula's, rounded as it rounds: the norm in float32, rounded once to x's dtype; RoPE and
+the residual add then in float32 with a rounding to x's dtype after each product and each sum, as torch does for a
+16-bit tensor (each elementwise op computes in float32 and stores in the tensor's dtype). Only the order of the
+mean's additions differs from torch's, which can move an output by one unit in its last place.
+
+`rms_norm_reference` is that torch formula, and what the model runs on a CPU (minikv.models.gemma4); the kernel is
+what it runs on CUDA. Both share the argument checks.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import launch
+from .errors import InvalidTypeError, InvalidValueError
+from .mode import require_device
+
+
+@triton.jit
+def _round(x, DTYPE: tl.constexpr):
+    """x (float32) rounded to DTYPE and back: what storing it in a DTYPE tensor keeps."""
+    return x.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, weight_ptr, residual_ptr, cos_ptr, sin_ptr, out_ptr, rows, rows_per_token, eps,
+                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                     HAS_RESIDUAL: tl.constexpr, HAS_ROPE: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    d = tl.arange(0, BLOCK_D)
+    mask = (r < rows)[:, None] & (d < D)[None, :]
+    at = r.to(tl.int64)[:, None] * D + d[None, :]
+    dtype = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    y = x * inv_rms[:, None]
+    if HAS_WEIGHT:
+        y = y * tl.load(weight_ptr + d, mask=d < D, other=0.0).to(tl.float32)[None, :]
+    y = _round(y, dtype)
+    if HAS_ROPE:
+        # RoPE pairs element i with i + D/2: the partner's normed value is computed from its own load of x (the
+        # row is in L1), then out = y * cos + rotate_half(y) * sin, each product and the sum rounded as torch does
+        half: tl.constexpr = D // 2
+        partner = (d + half) % D
+        x_p = tl.load(x_ptr + r.to(tl.int64)[:, None] * D + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+        y_p = x_p * inv_rms[:, None]
+        if HAS_WEIGHT:
+            y_p = y_p * tl.load(weight_ptr + partner, mask=d < D, other=0.0).to(tl.float32)[None, :]
+        y_p = _round(y_p, dtype)
+        rotated = tl.where((d < half)[None, :], -y_p, y_p)
+        token = (r // rows_per_token).to(tl.int64)[:, None] * D + d[None, :]
+        cos = tl.load(cos_ptr + token, mask=mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + token, mask=mask, other=0.0).to(tl.float32)
+        y = _round(_round(y * cos, dtype) + _round(rotated * sin, dtype), dtype)
+    if HAS_RESIDUAL:
+        y = _round(tl.load(residual_ptr + at, mask=mask, other=0.0).to(tl.float32) + y, dtype)
+    tl.store(out_ptr + at, y.to(dtype), mask=mask)
+
+
+def _check(x, weight, eps, residual, cos, sin) -> None:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
+        raise InvalidTypeError(f"x must be a floating-point tensor, got {type(x).__name__} "
+                               f"{getattr(x, 'dtype', '')}")
+    if not isinstance(eps, float) or not eps > 0:
+        raise InvalidValueError(f"eps must be a positive float, got {eps!r}")
+    d = x.shape[-1]
+    if weight is not None and (not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (d,)):
+        raise InvalidValueError(f"weight must be a tensor of shape [{d}], got {getattr(weight, 'shape', weight)}")
+    if residual is not None and (not isinstance(residual, torch.Tensor) or residual.shape != x.shape
+                                 or residual.dtype != x.dtype):
+        raise InvalidValueError(f"residual must match x ({x.dtype} {list(x.shape)}), got "
+                                f"{getattr(residual, 'dtype', '')} {list(getattr(residual, 'shape', []))}")
+    if (cos is None) != (sin is None):
+        raise InvalidValueError("cos and sin come together (RoPE), or neither")
+    if cos is not None:
+        if residual is not None:
+            raise InvalidValueError("RoPE and a residual are never fused together: the model has no such step")
+        if x.dim() < 2 or d % 2:
+            raise InvalidValueError(f"RoPE needs x [..., heads, D] with an even D, got {list(x.shape)}")
+        want = (*x.shape[:-2], d)
+        for name, t in (("cos", cos), ("sin", sin)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != x.dtype:
+                raise InvalidValueError(f"{name} must be {x.dtype} of shape {list(want)} (x's without the heads), "
+                                        f"got {getattr(t, 'dtype', '')} {list(getattr(t, 'shape', []))}")
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                       residual: torch.Tensor | None = None, cos: torch.Tensor | None = None,
+                       sin: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
+    """The torch formula: RMSNorm in float32 rounded to x's dtype; then RoPE (cos, sin [..., D] for x
+    [..., heads, D]) or residual + the norm, in x's dtype."""
+    if validate:
+        _check(x, weight, eps, residual, cos, sin)
+    xf = x.float()
+    out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        out = out * weight.float()
+    out = out.to(x.dtype)
+    if cos is not None:
+        half = out.shape[-1] // 2
+        rotated = torch.cat([-out[..., half:], out[..., :half]], dim=-1)
+        out = out * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
+    if residual is not None:
+        out = residual + out
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
+             cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+             validate: bool = True) -> torch.Tensor:
+    """rms_norm_reference's result from one kernel launch (compiled on CUDA, interpreted on a CPU)."""
+    if validate:
+        _check(x, weight, eps, residual, cos, sin)
+        require_device(*(t for t in (x, weight, residual, cos, sin) if t is not None))
+    d = x.shape[-1]
+    x2 = x.contiguous()
+    out = torch.empty_like(x2)
+    rows = x2.numel() // d
+    if rows == 0:
+        return out
+    cfg = launch.norm_config(rows, d)
+    rows_per_token = x.shape[-2] if cos is not None else 1
+    cos_c = cos.contiguous() if cos is not None else x2
+    sin_c = sin.contiguous() if sin is not None else x2
+    _rms_norm_kernel[(triton.cdiv(rows, cfg.block_r),)](
+        x2, weight if weight is not None else x2, residual.contiguous() if residual is not None else x2,
+        cos_c, sin_c, out, rows, rows_per_token, float(eps),
+        D=d, BLOCK_D=cfg.block_d, BLOCK_R=cfg.block_r, HAS_WEIGHT=weight is not None,
+        HAS_RESIDUAL=residual is not None, HAS_ROPE=cos is not None, num_warps=cfg.num_warps)
+    return out

@@ -1,0 +1,131 @@
+"""kernels/rms_norm.py: the fused RMSNorm (with RoPE or a residual) against its torch reference, interpreted on a CPU
+and compiled on CUDA (bfloat16 included); its argument checks; the model's norms on CUDA against the torch ones."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minikv.kernels.errors import InvalidTypeError, InvalidValueError
+from minikv.kernels.rms_norm import rms_norm, rms_norm_reference
+
+FEATURES = ["plain", "no weight", "rope", "residual"]
+SHAPES = [((1,), 16), ((7,), 96), ((2, 3), 256), ((3,), 1536), ((2, 5, 4), 64), ((9, 1), 512)]
+
+
+def case(feature, lead, d, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(*lead, d, generator=gen) * 3).to(dtype).to(device)
+    weight = None if feature == "no weight" else (torch.randn(d, generator=gen) * 0.1 + 1).to(dtype).to(device)
+    kw = {}
+    if feature == "rope":
+        angles = torch.rand(*lead[:-1], d, generator=gen) * 6.28
+        kw = dict(cos=angles.cos().to(dtype).to(device), sin=angles.sin().to(dtype).to(device))
+    if feature == "residual":
+        kw = dict(residual=torch.randn(*lead, d, generator=gen).to(dtype).to(device))
+    return x, weight, kw
+
+
+def assert_within_rounding(got, want, normed):
+    """Equal up to one rounding of the norm: the kernel adds the mean's squares in another order (and a GPU's
+    reciprocal square root is not torch's), which can move a normed value (`normed`, the reference's plain norm) by
+    a unit in its last place; RoPE and the residual carry that unit into their products and sums, whose own
+    roundings then add one unit of the result. So: two units of the result plus two of the row's largest normed
+    value (a sum of two terms can cancel to far less than either)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    g, w = got.float(), want.float()
+    eps = torch.finfo(want.dtype).eps * (4 if want.dtype == torch.float32 else 1)
+    row_scale = normed.float().abs().amax(dim=-1, keepdim=True)
+    bound = 2 * eps * (w.abs() + row_scale) + 1e-30
+    worst = ((g - w).abs() / bound).max().item()
+    assert worst <= 1, f"differs by {worst:.2f}x the rounding bound"
+
+
+def _skip_rope(feature, lead, d):
+    if feature == "rope" and len(lead) < 2:
+        pytest.skip("RoPE needs a heads axis")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("lead,d", SHAPES)
+@pytest.mark.parametrize("feature", FEATURES)
+def test_kernel_matches_reference_interpreted(feature, lead, d, dtype):
+    import minikv.kernels as k
+    if not k.INTERPRETED:
+        pytest.skip("compiled mode: the GPU test below covers it")
+    _skip_rope(feature, lead, d)
+    x, weight, kw = case(feature, lead, d, dtype, "cpu")
+    assert_within_rounding(rms_norm(x, weight, 1e-6, **kw), rms_norm_reference(x, weight, 1e-6, **kw),
+                           rms_norm_reference(x, weight, 1e-6))
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_reference_is_the_models_torch_path(feature):
+    """The reference is, bit for bit, what the model's norm computes with torch ops (on a CPU, or in training)."""
+    from minikv.models.gemma4 import Gemma4RMSNorm
+    x, weight, kw = case(feature, (2, 5, 4), 64, torch.float16, "cpu")
+    norm = Gemma4RMSNorm(64, 1e-6, with_scale=weight is not None).to(torch.float16)
+    if weight is not None:
+        norm.weight.data.copy_(weight)
+    with torch.no_grad():
+        assert torch.equal(norm(x, **kw), rms_norm_reference(x, weight, 1e-6, **kw))
+
+
+def test_zero_rows_give_an_empty_result():
+    x = torch.empty(0, 32)
+    assert rms_norm(x, None, 1e-6).shape == (0, 32)
+
+
+@pytest.mark.parametrize("bad,error", [
+    (dict(x=torch.arange(4)), InvalidTypeError),
+    (dict(eps=0.0), InvalidValueError),
+    (dict(weight=torch.ones(7)), InvalidValueError),
+    (dict(cos=torch.ones(3, 8)), InvalidValueError),                                # sin missing
+    (dict(cos=torch.ones(3, 8), sin=torch.ones(3, 8), residual=torch.ones(3, 2, 8)), InvalidValueError),
+    (dict(cos=torch.ones(3, 8, dtype=torch.float64), sin=torch.ones(3, 8, dtype=torch.float64)), InvalidValueError),
+    (dict(x=torch.ones(3, 2, 7), weight=None, cos=torch.ones(3, 7), sin=torch.ones(3, 7)), InvalidValueError),
+    (dict(residual=torch.ones(3, 2, 8, dtype=torch.float64)), InvalidValueError),
+])
+def test_bad_arguments_are_refused_clearly(bad, error):
+    args = dict(x=torch.ones(3, 2, 8), weight=torch.ones(8), eps=1e-6) | bad
+    for fn in (rms_norm, rms_norm_reference):
+        with pytest.raises(error):
+            fn(**args)
+
+
+# ---- compiled on CUDA ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("lead,d", SHAPES + [((64, 8), 512), ((16384,), 1536)])
+@pytest.mark.parametrize("feature", FEATURES)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kernel_matches_reference_on_gpu(feature, lead, d, dtype):
+    _skip_rope(feature, lead, d)
+    x, weight, kw = case(feature, lead, d, dtype, "cuda")
+    assert_within_rounding(rms_norm(x, weight, 1e-6, **kw), rms_norm_reference(x, weight, 1e-6, **kw),
+                           rms_norm_reference(x, weight, 1e-6))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_model_with_fused_norms_is_as_accurate_as_the_torch_norms_on_gpu():
+    """The E2B-like model (10 layers, random weights) in bfloat16 on CUDA, against the same weights in float32: the
+    fused norms (inference) stay as close to float32 as the torch formula (taken where gradients are on) does,
+    and pick the same greedy tokens nearly everywhere. (A random model amplifies a last-bit difference through its
+    layers, so fused and torch bfloat16 logits are compared through their distance to float32, not to each
+    other.)"""
+    import copy
+    from minikv.bench.sdpa_step import e2b_like_model
+    model = e2b_like_model("cuda", num_hidden_layers=10, num_kv_shared_layers=4)
+    exact = copy.deepcopy(model).float()
+    ids = torch.randint(model.config.vocab_size, (4, 32), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(0))
+    with torch.enable_grad():
+        plain = model.compute_logits(model(ids))
+        want = exact.compute_logits(exact(ids))
+    with torch.no_grad():
+        fused = model.logits(ids)
+    err_fused, err_plain = ((x - want).abs().max().item() for x in (fused, plain))
+    assert err_fused <= 1.5 * err_plain + 1e-3, (err_fused, err_plain)
+    assert (fused.argmax(-1) == plain.argmax(-1)).float().mean().item() >= 0.9
