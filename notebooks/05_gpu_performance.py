@@ -373,6 +373,43 @@ for c in engine_contexts:
     print(f"  context {c}: " + ", ".join(cells))
 
 # %% [markdown]
+# ### Where a decode step's time goes
+#
+# The same engine profiled with `torch.profiler` (`../results/gpu/v4-profile/engine_profile.py steps`: launched
+# eagerly, so that every kernel is seen; bf16 and int8 per-token-head, batch 64, context 8192), each kernel's time
+# put in a category by its name. Two runs on the H200: before and after the model's RMSNorms became one kernel
+# each (`kernels/rms_norm.py`, RoPE and the residual add fused in where they follow a norm). Written with torch
+# ops, one norm is about nine launches (a float32 copy, the square, the mean, the epsilon, the reciprocal square
+# root, two products, the weight's copy, the cast back) and RoPE five more, and gemma-4 has up to eight norms
+# per layer: that was most of the step's launches, each a few microseconds however small. The last line bounds
+# what a 1-byte cache can do for this model: even read at its byte limit (half of bf16's attention time), it
+# shortens only the attention part of a step.
+
+# %%
+PROFILES = DATA.resolve().parents[2] / "results" / "gpu"
+profile = {name: [r for r in csv.DictReader(open(PROFILES / folder / "steps_8192.csv")) if r["launches_per_step"]]
+           for name, folder in (("torch norms", "v4-profile"), ("fused norms", "v4-fused-norm"))}
+print(f"{'decode step, context 8192':30s} {'torch norms':>22s} {'fused norms':>22s}")
+for fmt in ("auto", "int8_per_token_head"):
+    for cat in ("decode attention", "matmul", "KV cache write", "other", "all kernels"):
+        cells = []
+        for name in profile:
+            got = [r for r in profile[name] if (r["format"], r["phase"]) == (fmt, "decode")
+                   and cat in (r["category"], "all kernels")]
+            ms_ = sum(float(r["ms_per_step"]) for r in got)
+            n = sum(float(r["launches_per_step"]) for r in got)
+            cells.append(f"{ms_:6.2f} ms {n:5.0f} launches")
+        print(f"{short.get(fmt, fmt) + ' ' + cat:30s} {cells[0]:>22s} {cells[1]:>22s}")
+fused = {r["category"]: float(r["ms_per_step"]) for r in profile["fused norms"]
+         if (r["format"], r["phase"]) == ("auto", "decode")}
+kernels_ms = sum(fused.values())
+wall_ms = 1e3 * main_batch / tps[("auto", main_batch, 8192, "replayed")]
+print(f"bf16 at context 8192, fused norms: attention {fused['decode attention'] / kernels_ms:.0%} of the kernel "
+      f"time; a 1-byte cache at its byte limit would make the step at most "
+      f"{kernels_ms / (kernels_ms - fused['decode attention'] / 2):.2f}x faster in kernel time, "
+      f"{wall_ms / (wall_ms - fused['decode attention'] / 2):.2f}x in the engine's time per step")
+
+# %% [markdown]
 # ## What the figures say
 #
 # The cell below checks each statement of this section against the CSV (it fails if a new recording changes one),
@@ -407,8 +444,12 @@ for f in ("auto", "fp8"):
 graphs_over_eager = {c: tps[("auto", main_batch, c, "replayed")] / tps[("auto", main_batch, c, "eager")]
                      for c in engine_contexts}
 assert all(x > 3 for x in graphs_over_eager.values())                                     # graphs: several x eager
-assert all(tps[(f, main_batch, c, "replayed")] < tps[("auto", main_batch, c, "replayed")]  # row p.t.h.: slower
-           for f in row_pth for c in engine_contexts)                                     # end to end too
+replay = {(r["format"], int(r["context"])): float(r["graph_replay_ms"]) for r in engine_rows
+          if r["mode"] == "replayed" and int(r["batch"]) == main_batch}
+assert all(replay[(f, c)] > replay[("auto", c)] for f in row_pth for c in engine_contexts)  # row p.t.h.: slower
+assert replay[("fp8", max(engine_contexts))] < replay[("auto", max(engine_contexts))]     # fp8: faster, longest
+assert all(0.6 < replay[(f, c)] / (1e3 * main_batch / tps[(f, main_batch, c, "replayed")]) < 0.95  # host: 5-40%
+           for f in engine_formats for c in engine_contexts)
 assert one["replayed"] < one["sdpa-graph"] < one["eager"]                                 # batch 1
 print("bf16 engine decode, graphs over eager at batch 64: "
       + ", ".join(f"context {c} {x:.1f}x" for c, x in graphs_over_eager.items()))
@@ -454,20 +495,22 @@ for launch, what in ((0, "bf16"), (2, "int8 p.t.h., row window"), (6, "int8 p.t.
 #   (`../results/gpu/decode-speed/ncu_summary.txt`). The **fix** is the block placement: the same bytes, rows
 #   16-byte aligned and a tile's scales in one contiguous read; it makes the same formats faster than bf16 at every
 #   large shape, close to fp8 per tensor, which reads the same rows without scales.
-# * **What is left** is the 1-byte kernel's own ceiling, the same for fp8 and both block-placed formats (1.34x to
-#   1.39x bf16 at batch 64 / context 4096, well short of what their bytes allow: exercise 1): in the same profile
+# * **What is left** is the 1-byte kernel's own ceiling, the same for fp8 and both block-placed formats (1.354x to
+#   1.402x bf16 at batch 64 / context 4096, well short of what their bytes allow: exercise 1): in the same profile
 #   their kernel holds about 107 KiB of shared memory per program (five tiles of K and V in flight and V's float16 copy, which the PV dot product needs transposed), so
 #   two programs fit an SM where bf16's kernel fits four, and it reaches 62% of DRAM bandwidth where bf16's reaches
 #   92%. Closing it needs more bytes in flight per byte of shared memory (V transposed from its 1-byte form instead
 #   of a float16 copy) and fewer instructions per token.
-# * **The engine** with CUDA graphs decodes several times faster than launched eagerly, and within 10-20% of its
-#   own captured step replayed back to back (the host's share: scheduling, input copies, sampling). End to end the
-#   formats now differ as their kernels do: the row-placed per-token-head formats are slower than bf16 at every
-#   context, and fp8 per tensor moves ahead of bf16 only at the longest context, where the cache is a large part of
-#   a step. At batch 1 the engine's step is a little faster than the same model's step with torch SDPA over a
-#   contiguous cache, both captured. Its prefill tokens/s in the graph runs include Triton compiles for new shapes
-#   (the eager runs, measured right after at the same shapes, prefill 2.6-12x faster at contexts 512 and 2048;
-#   at 8192, where nothing new compiles, the two agree): read the eager runs' prefill figures, still short of the target.
+# * **The engine** with CUDA graphs decodes several times faster than launched eagerly. The host's share of a step
+#   (scheduling, input copies, sampling: the engine's time per step against its captured step replayed back to
+#   back) is 5-40%, and it is now what the step-versus-replay targets miss by, since the fused norms made the GPU's
+#   part of a step about half what it was (the profile above). Its GPU time differs by format as the kernels do:
+#   the row-placed per-token-head formats' captured steps are slower than bf16's at every context, and fp8 per
+#   tensor's is the fastest at the longest context, where the cache is the largest part of a step; in tokens/s the
+#   host's share, which varies from run to run, can reorder formats whose steps are close. At batch 1 the engine's
+#   step is faster than the same model's step with torch SDPA over a contiguous cache, both captured (the table
+#   above). Prefill runs eagerly in both modes, one varlen context-attention launch per layer: its tokens/s per
+#   run are in the table and the targets cell.
 # * **The cross-attention context step**: with a few queries per sequence the fused kernel, reading fp8 from the
 #   paged cache, beats the unfused one reading bf16; from 32 queries per sequence it is slower, so the engine
 #   dispatches by shape and the step is never slower than unfused. Causal prefill stays short of SDPA's TFLOP/s
