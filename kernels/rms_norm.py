@@ -15,8 +15,10 @@ the residual add then in float32 with a rounding to x's dtype after each product
 16-bit tensor (each elementwise op computes in float32 and stores in the tensor's dtype). Only the order of the
 mean's additions differs from torch's, which can move an output by one unit in its last place.
 
-`rms_norm_reference` is that torch formula, and what the model runs on a CPU (minikv.models.gemma4); the kernel is
-what it runs on CUDA. Both share the argument checks.
+`rms_norm_reference` is that torch formula. The model (minikv.models.gemma4, which this package may not import)
+writes the same ops itself and runs them on a CPU or with gradients on, and this kernel on CUDA in inference;
+tests/test_rms_norm.py holds the model's ops and the reference bit-identical. Kernel and reference share the
+argument checks.
 """
 from __future__ import annotations
 

@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minikv.models.gemma4_config import FULL, SLIDING, Gemma4Config, Gemma4ConfigError  # noqa: F401
 from minikv.kernels.mode import INTERPRETED
 from minikv.kernels.rms_norm import rms_norm
+from minikv.models.gemma4_config import FULL, SLIDING, Gemma4Config, Gemma4ConfigError  # noqa: F401
 from minikv.models.layers import Attention, check_token_inputs
 
 _ACTIVATIONS = {
