@@ -22,11 +22,11 @@ How the 1-byte formats reach the memory's speed:
 Split-K: one program per (sequence, kv head) is too few to keep a GPU's memory system busy at small batches, so
 the tokens of a sequence are split over num_splits programs (launch.decode_config sizes it from the number of
 SMs) that each write a partial (max, sum, unnormalized output). A second kernel merges the partials, or, with
-MERGE_IN_KERNEL, the last of a sequence's programs to finish (an atomic counter per (sequence, kv head)): no
+the launch's merge_in_kernel, the last of a sequence's programs to finish (an atomic counter per (sequence, kv head)): no
 second launch, but on an H200 that was measured slower (the merge then waits in one program per sequence), so the
 engine's configuration keeps the second kernel.
 
-Both scale placements run this one kernel (SCALE_PLACEMENT says where the scales are). vLLM's "row" placement
+Both scale placements run this one kernel (PLACEMENT says where the scales are). vLLM's "row" placement
 puts each fp32 scale right after its row, so a row is head_size + 4 bytes and starts only 4-byte aligned; read as
 is, its loads are 4 bytes wide. Where every block and slot stride is a multiple of 16 bytes, all rows of one kv
 head sit at the same offset ("phase") past a 16-byte boundary, and ROW_WINDOW reads each row as two aligned
@@ -41,14 +41,20 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (FP8, SCALE_WORD, INT8_PTH, check_block_tables, check_float_tensor, check_int_tensor, check_pool,
-                         check_query_against_cache, check_spec, element_strides, gather_sequence, paged_rows,
-                         read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales)
+from .addressing import (FP8, FP8_PTH, INT8_PTH, SCALE_WORD, check_block_tables, check_float_tensor,
+                         check_int_tensor, check_pool, check_query_against_cache, check_spec, element_strides,
+                         gather_sequence, paged_rows, read_views, row_alignment, scale_alignment,
+                         scale_word_strides, tile_scales)
 from .mode import INTERPRETED, require_device
 
 LOG2E = math.log2(math.e)
 MERGE_CHUNK: tl.constexpr = tl.constexpr(16)    # splits merged per vector load (more loop over chunks)
 TAIL: tl.constexpr = tl.constexpr(16)           # "row" window reads: bytes of a row's aligned tail piece
+# How the dot products meet the codes (_decode_kernel's DOT): in q's own dtype, in float32 (float32 models, and
+# always in the interpreter), or in float16 with q rescaled per row (1-byte codes, 16-bit q: `_pow2_row_scale`).
+DOT_Q: tl.constexpr = tl.constexpr(0)
+DOT_F32: tl.constexpr = tl.constexpr(1)
+DOT_F16: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
@@ -145,6 +151,125 @@ def _codes_to(codes, FMT: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr, 
 
 
 @triton.jit
+def _dot(a, b, acc, DOT: tl.constexpr):
+    """tl.dot, in IEEE float32 for DOT_F32 (TF32 is never wanted; the flag is ignored for 16-bit operands)."""
+    if DOT == DOT_F32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision="tf32")
+
+
+@triton.jit
+def _load_q(q_rows, head_mask, phase, HEAD_SIZE: tl.constexpr, ROW_WINDOW: tl.constexpr):
+    """q [BLOCK_G, HEAD_SIZE] of one GQA group, and with ROW_WINDOW its tail [BLOCK_G, TAIL], both in the rotated
+    column order of the row window (zeros where a column holds no code of the row); without, the tail is q."""
+    d = tl.arange(0, HEAD_SIZE)
+    if ROW_WINDOW:
+        e = tl.arange(0, TAIL)
+        q = tl.load(q_rows + (d - phase)[None, :], mask=head_mask[:, None] & (d >= phase)[None, :], other=0.0)
+        q_tail = tl.load(q_rows + (HEAD_SIZE - phase + e)[None, :], mask=head_mask[:, None] & (e < phase)[None, :],
+                         other=0.0)
+        return q, q_tail
+    else:
+        q = tl.load(q_rows + d[None, :], mask=head_mask[:, None], other=0.0)
+        return q, q
+
+
+@triton.jit
+def _dot_operands(q, q_tail, qk_scale, DOT: tl.constexpr, ROW_WINDOW: tl.constexpr):
+    """q (and the row window's q_tail) as the dot products' operand, and the factor that turns their products into
+    base-2 logits. DOT_F16: each row times a power of two (`_pow2_row_scale`), divided out of the factor."""
+    if DOT == DOT_F16:
+        amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
+        if ROW_WINDOW:
+            amax = tl.maximum(amax, tl.max(tl.abs(q_tail.to(tl.float32)), axis=1))
+        q_pow2 = _pow2_row_scale(amax)
+        q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
+        if ROW_WINDOW:
+            q_tail = (q_tail.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
+        return q, q_tail, qk_scale / q_pow2[:, None]
+    elif DOT == DOT_F32:
+        q = q.to(tl.float32)
+        if ROW_WINDOW:
+            q_tail = q_tail.to(tl.float32)
+        return q, q_tail, qk_scale
+    else:
+        return q, q_tail, qk_scale
+
+
+@triton.jit
+def _split_range(seq_len, window, num_splits, split, BLOCK_N: tl.constexpr):
+    """[start, end) of the tokens this split reads: whole tiles of an even share of the sequence's last `window`
+    tokens (window 0: all of them)."""
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + split * chunk
+    return start, tl.minimum(start + chunk, seq_len)
+
+
+@triton.jit
+def _qk(k_ptrs, valid, q, q_tail, phase, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, DOT: tl.constexpr,
+        CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
+    """q times a tile of K codes (rows at k_ptrs [BLOCK_N, 1]), scales not applied: [BLOCK_G, BLOCK_N]. With
+    ROW_WINDOW two products, the aligned main window's and the tail's; q's zeros cancel the columns outside the row,
+    which hold other bytes (a neighbour's scale, say) and so must not be NaNs."""
+    d = tl.arange(0, HEAD_SIZE)
+    if ROW_WINDOW:
+        e = tl.arange(0, TAIL)
+        k = _window_codes_to(tl.load(k_ptrs + d[None, :], mask=valid[:, None], other=0.0), FMT, q.dtype,
+                             CONVERT[0], CONVERT[1], d >= phase)
+        k_tail = _window_codes_to(tl.load(k_ptrs + HEAD_SIZE + e[None, :], mask=valid[:, None], other=0.0), FMT,
+                                  q.dtype, CONVERT[0], CONVERT[1], e < phase)
+        return _dot(q_tail, tl.trans(k_tail), _dot(q, tl.trans(k), None, DOT), DOT)
+    else:
+        k = tl.load(k_ptrs + d[None, :], mask=valid[:, None], other=0.0)
+        return _dot(q, tl.trans(_codes_to(k, FMT, q.dtype, CONVERT[0], CONVERT[1])), None, DOT)
+
+
+@triton.jit
+def _pv(v_ptrs, valid, p, acc, acc_tail, alpha, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, DOT: tl.constexpr,
+        CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
+    """acc (and the row window's acc_tail), rescaled by alpha, plus p times a tile of V codes (rows at v_ptrs). V's
+    stray window columns only reach the accumulator's stray columns, which are never stored."""
+    d = tl.arange(0, HEAD_SIZE)
+    v = tl.load(v_ptrs + d[None, :], mask=valid[:, None], other=0.0)
+    if ROW_WINDOW:
+        v_tail = tl.load(v_ptrs + HEAD_SIZE + tl.arange(0, TAIL)[None, :], mask=valid[:, None], other=0.0)
+        acc_tail = _dot(p, _codes_to(v_tail, FMT, p.dtype, CONVERT[0], CONVERT[2]), acc_tail * alpha[:, None], DOT)
+    return _dot(p, _codes_to(v, FMT, p.dtype, CONVERT[0], CONVERT[2]), acc * alpha[:, None], DOT), acc_tail
+
+
+@triton.jit
+def _store_rows(row_ptrs, values, tail, head_mask, phase, HEAD_SIZE: tl.constexpr, ROW_WINDOW: tl.constexpr):
+    """Store a [BLOCK_G, HEAD_SIZE] tile at row_ptrs [BLOCK_G, 1], rotated back from the row window's column order:
+    window column c holds element c - phase, tail column e element HEAD_SIZE - phase + e."""
+    d = tl.arange(0, HEAD_SIZE)
+    if ROW_WINDOW:
+        e = tl.arange(0, TAIL)
+        tl.store(row_ptrs + (d - phase)[None, :], values, mask=head_mask[:, None] & (d >= phase)[None, :])
+        tl.store(row_ptrs + (HEAD_SIZE - phase + e)[None, :], tail, mask=head_mask[:, None] & (e < phase)[None, :])
+    else:
+        tl.store(row_ptrs + d[None, :], values, mask=head_mask[:, None])
+
+
+@triton.jit
+def _merge_if_last(partials, counters_ptr, out_ptr, strides, b, kv_head, num_splits, GROUP: tl.constexpr,
+                   HEAD_SIZE: tl.constexpr):
+    """merge_in_kernel: the last of this (sequence, kv head)'s programs to get here merges every partial. The
+    barrier puts all this program's stores before its increment (acq_rel: the increment publishes them, and the
+    last program's reads see everyone's), and the last one sets the counter back to 0 for the next launch (so a
+    CUDA graph can replay it)."""
+    tl.debug_barrier()
+    counter = counters_ptr + b * tl.num_programs(1) + kv_head
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+        for h in tl.static_range(GROUP):
+            head = kv_head * GROUP + h
+            _merge_head(partials[0], partials[1], (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + head) * num_splits,
+                        num_splits, out_ptr + b.to(tl.int64) * strides[2] + head * strides[3], HEAD_SIZE, MERGE_CHUNK)
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _relative_bias(bias_ptr, bias_width, heads, head_valid, distance):
     """T5's additive bias for scores [heads, keys], in the kernels' log2 units: bias[head, min(distance,
     bias_width - 1)] from a float32 table [num_heads, bias_width]; distance = query position - key position."""
@@ -154,159 +279,81 @@ def _relative_bias(bias_ptr, bias_width, heads, head_valid, distance):
 
 
 @triton.jit(do_not_specialize=["num_splits", "window"])
-def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-                   counters_ptr, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
-                   block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words,
-                   scale_head_words, qk_scale, v_layer_scale, num_splits, window, bias_ptr, bias_width,
-                   FMT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
-                   HAS_SCALES: tl.constexpr, ROW_ALIGN: tl.constexpr,
-                   SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr, DOT_F32: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, SCALED_F16: tl.constexpr, CONVERT_ASM: tl.constexpr,
-                   K_PURE: tl.constexpr, V_PURE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   ROW_WINDOW: tl.constexpr):
+def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, partials, counters_ptr, bias_ptr,
+                   strides, layout, qk_scale, v_scale, num_splits, window,
+                   FMT: tl.constexpr, PLACEMENT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr,
+                   DOT: tl.constexpr, CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
+    """One (sequence, kv head, split): the split's tokens attended by the kv head's GROUP query heads.
+
+    strides (elements): q and out per sequence and per head, the block table's row, the bias table's row.
+    layout (`element_strides`, then scale words): block, K-to-V half, slot, kv head row, scale offset (bytes),
+    scale slot and head strides. partials: None, or the (acc, max-and-sum) buffers of a split launch;
+    counters_ptr: None, or the in-kernel merge's counters; bias_ptr: None, or T5's bias table.
+    ALIGN: (row, scale) alignments; DOT: DOT_Q, DOT_F32 or DOT_F16; CONVERT: (inline PTX, K pure, V pure)."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
     g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, HEAD_SIZE)
     heads = kv_head * GROUP + g
     head_mask = g < GROUP
-    table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    head_row = kv_head.to(tl.int64) * row_stride
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
-    if ROW_WINDOW:
-        # "row" placement, 1-byte codes: every row of this kv head starts `phase` bytes past a 16-byte boundary
-        # (the launcher checked that the block and slot strides are multiples of 16). Each row is read as two
-        # aligned pieces, so every load is a 16-byte vector: the main window [row - phase, row - phase + D) and
-        # the tail [row - phase + D, row - phase + D + 16), which holds the row's last `phase` codes, then its
-        # scale. Column c of the window is code c - phase, column e of the tail code D - phase + e; q is loaded
-        # in the same rotated order (zeros where a column holds no code of this row), so the dot products need
-        # no shuffle of the codes, and the accumulator is rotated back when it is stored.
-        phase = (head_row % 16).to(tl.int32)
-        e = tl.arange(0, TAIL)
-        main_code = d >= phase
-        tail_code = e < phase
-        q = tl.load(q_rows + (d - phase)[None, :], mask=head_mask[:, None] & main_code[None, :], other=0.0)
-        q_tail = tl.load(q_rows + (HEAD_SIZE - phase + e)[None, :], mask=head_mask[:, None] & tail_code[None, :],
-                         other=0.0)
-    else:
-        q = tl.load(q_rows + d[None, :], mask=head_mask[:, None], other=0.0)
-    # sliding window (0 = none): only the last `window` tokens, the query's own included, are read at all
-    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
-    start = first + split * chunk
-    end = tl.minimum(start + chunk, seq_len)
-
-    if SCALED_F16:
-        amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
-        if ROW_WINDOW:
-            amax = tl.maximum(amax, tl.max(tl.abs(q_tail.to(tl.float32)), axis=1))
-        q_pow2 = _pow2_row_scale(amax)
-        q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
-        if ROW_WINDOW:
-            q_tail = (q_tail.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
-        s_scale = qk_scale / q_pow2[:, None]
-    else:
-        if DOT_F32:
-            q = q.to(tl.float32)
-            if ROW_WINDOW:
-                q_tail = q_tail.to(tl.float32)
-        s_scale = qk_scale
+    table = block_tables_ptr + b.to(tl.int64) * strides[4]
+    head_row = kv_head.to(tl.int64) * layout[3]
+    # ROW_WINDOW ("row" placement, 1-byte codes): every row of this kv head starts `phase` bytes past a 16-byte
+    # boundary, so each row is read as two aligned 16-byte-vector pieces: the main window [row - phase, row - phase
+    # + D) and the tail [row - phase + D, + 16), which holds the row's last `phase` codes, then its scale. q is
+    # loaded in the same rotated order, so the dot products need no shuffle, and the output is rotated back.
+    phase = (head_row % 16).to(tl.int32) if ROW_WINDOW else 0
+    q, q_tail = _load_q(q_ptr + b.to(tl.int64) * strides[0] + heads[:, None] * strides[1], head_mask, phase,
+                        HEAD_SIZE, ROW_WINDOW)
+    start, end = _split_range(seq_len, window, num_splits, split, BLOCK_N)
+    q, q_tail, s_scale = _dot_operands(q, q_tail, qk_scale, DOT, ROW_WINDOW)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_SIZE], tl.float32)
-    if ROW_WINDOW:
-        acc_tail = tl.zeros([BLOCK_G, TAIL], tl.float32)
-    head_scale = scale_offset // SCALE_WORD + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
-    block_words = block_stride // SCALE_WORD
+    acc_tail = tl.zeros([BLOCK_G, TAIL], tl.float32)                    # ROW_WINDOW only
+    scales_ptr = codes_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
+    head_scale = layout[4] // SCALE_WORD + kv_head.to(tl.int64) * layout[6]      # "block" placement only
+    block_words = layout[0] // SCALE_WORD
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         valid = n < end
-        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row, ROW_ALIGN)
-        if ROW_WINDOW:
-            window_rows = tl.multiple_of(tl.where(valid, rows - phase, 0), 16)
-            # columns outside the row hold other bytes (a neighbour's scale, say), which can be e4m3 NaNs
-            k = _window_codes_to(tl.load(codes_ptr + window_rows[:, None] + d[None, :], mask=valid[:, None],
-                                         other=0.0), FMT, q.dtype, CONVERT_ASM, K_PURE, main_code)
-            k_tail = _window_codes_to(tl.load(codes_ptr + window_rows[:, None] + HEAD_SIZE + e[None, :],
-                                              mask=valid[:, None], other=0.0), FMT, q.dtype, CONVERT_ASM, K_PURE,
-                                      tail_code)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-            s = tl.dot(q_tail, tl.trans(k_tail), s, input_precision=DOT_PRECISION) * s_scale
-        else:
-            k = tl.load(codes_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(_codes_to(k, FMT, q.dtype, CONVERT_ASM, K_PURE)),
-                       input_precision=DOT_PRECISION) * s_scale
-        if HAS_SCALES:
-            k_scale = tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_words,
-                                  scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-            s = s * k_scale[None, :]
-        if HAS_BIAS:
-            s = s + _relative_bias(bias_ptr, bias_width, heads, head_mask, seq_len - 1 - n)
+        rows = paged_rows(table, n, valid, BLOCK_SIZE, layout[0], layout[2], head_row, ALIGN[0])
+        code_rows = tl.multiple_of(tl.where(valid, rows - phase, 0), 16) if ROW_WINDOW else rows
+        s = _qk(codes_ptr + code_rows[:, None], valid, q, q_tail, phase, FMT, HEAD_SIZE, DOT, CONVERT,
+                ROW_WINDOW) * s_scale
+        if FMT == INT8_PTH or FMT == FP8_PTH:
+            s = s * tile_scales(scales_ptr, table, n, rows, valid, 0, layout[4], block_words, layout[5], head_scale,
+                                BLOCK_SIZE, PLACEMENT, ALIGN[1])[None, :]
+        if bias_ptr is not None:
+            s = s + _relative_bias(bias_ptr, strides[5], heads, head_mask, seq_len - 1 - n)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        if HAS_SCALES:
-            v_scale = tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_words,
-                                  scale_slot_words, head_scale, BLOCK_SIZE, SCALE_PLACEMENT, SCALE_ALIGN)
-            p = p * v_scale[None, :]
-        if ROW_WINDOW:
-            # V's stray columns only reach the accumulator's stray columns, which are never stored
-            v = tl.load(codes_ptr + kv_stride + window_rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-            v_tail = tl.load(codes_ptr + kv_stride + window_rows[:, None] + HEAD_SIZE + e[None, :],
-                             mask=valid[:, None], other=0.0)
-            acc_tail = tl.dot(p.to(q.dtype), _codes_to(v_tail, FMT, q.dtype, CONVERT_ASM, V_PURE),
-                              acc_tail * alpha[:, None], input_precision=DOT_PRECISION)
-        else:
-            v = tl.load(codes_ptr + kv_stride + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        acc = tl.dot(p.to(q.dtype), _codes_to(v, FMT, q.dtype, CONVERT_ASM, V_PURE), acc * alpha[:, None],
-                     input_precision=DOT_PRECISION)
+        if FMT == INT8_PTH or FMT == FP8_PTH:
+            p = p * tile_scales(scales_ptr, table, n, rows, valid, layout[1], layout[4], block_words, layout[5],
+                                head_scale, BLOCK_SIZE, PLACEMENT, ALIGN[1])[None, :]
+        acc, acc_tail = _pv(codes_ptr + layout[1] + code_rows[:, None], valid, p.to(q.dtype), acc, acc_tail, alpha,
+                            FMT, HEAD_SIZE, DOT, CONVERT, ROW_WINDOW)
         m = m_new
     if FMT == FP8:
-        acc = acc * v_layer_scale
-
-    # ROW_WINDOW: window column c holds code c - phase, tail column e code HEAD_SIZE - phase + e
-    if ROW_WINDOW:
-        col = d - phase
-        col_mask = head_mask[:, None] & main_code[None, :]
-    else:
-        col = d
-        col_mask = head_mask[:, None]
-    out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh
-    if not SPLIT:
-        tl.store(out_rows + col[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=col_mask)
-        if ROW_WINDOW:
-            tl.store(out_rows + (HEAD_SIZE - phase + e)[None, :], (acc_tail / l[:, None]).to(out_ptr.dtype.element_ty),
-                     mask=head_mask[:, None] & tail_code[None, :])
+        acc = acc * v_scale
+    if partials is None:
+        out_type = out_ptr.dtype.element_ty
+        _store_rows(out_ptr + b.to(tl.int64) * strides[2] + heads[:, None] * strides[3],
+                    (acc / l[:, None]).to(out_type), (acc_tail / l[:, None]).to(out_type), head_mask, phase,
+                    HEAD_SIZE, ROW_WINDOW)
     else:
         # partials laid out [B, Hq, num_splits, D] and [B, Hq, num_splits, 2] (max, sum)
         part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
-        tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + col[None, :], acc, mask=col_mask)
-        if ROW_WINDOW:
-            tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + (HEAD_SIZE - phase + e)[None, :], acc_tail,
-                     mask=head_mask[:, None] & tail_code[None, :])
-        tl.store(part_ml_ptr + part * 2, m, mask=head_mask)
-        tl.store(part_ml_ptr + part * 2 + 1, l, mask=head_mask)
-        if MERGE_IN_KERNEL:
-            # The last of this (sequence, kv head)'s programs to get here merges every partial: the barrier
-            # puts all this program's stores before its increment (acq_rel: the increment publishes them, and the
-            # last program's reads below see everyone's), and the last one sets the counter back to 0 for the
-            # next launch (so a CUDA graph can replay it).
-            tl.debug_barrier()
-            counter = counters_ptr + b * tl.num_programs(1) + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-                for h in tl.static_range(GROUP):
-                    head = kv_head * GROUP + h
-                    _merge_head(part_acc_ptr, part_ml_ptr,
-                                (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + head) * num_splits, num_splits,
-                                out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh, HEAD_SIZE, MERGE_CHUNK)
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-
-
+        _store_rows(partials[0] + part[:, None] * HEAD_SIZE, acc, acc_tail, head_mask, phase, HEAD_SIZE, ROW_WINDOW)
+        tl.store(partials[1] + part * 2, m, mask=head_mask)
+        tl.store(partials[1] + part * 2 + 1, l, mask=head_mask)
+        if counters_ptr is not None:
+            _merge_if_last(partials, counters_ptr, out_ptr, strides, b, kv_head, num_splits, GROUP, HEAD_SIZE)
 
 
 @triton.jit
@@ -338,7 +385,7 @@ def _merge_head(part_acc_ptr, part_ml_ptr, first, num_splits, out_row_ptr, HEAD_
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_splits,
                          HEAD_SIZE: tl.constexpr, CHUNK: tl.constexpr):
-    """The separate merge (when MERGE_IN_KERNEL is off): one program per (sequence, query head)."""
+    """The separate merge (when merge_in_kernel is off): one program per (sequence, query head)."""
     b = tl.program_id(0)
     head = tl.program_id(1)
     _merge_head(part_acc_ptr, part_ml_ptr, (b.to(tl.int64) * tl.num_programs(1) + head) * num_splits, num_splits,
@@ -450,39 +497,33 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         config = launch.decode_config(batch, spec.num_kv_heads, group, head_size, spec.elem_bytes, max_len,
                                       q.device, fmt=spec.fmt, placement=spec.placement)
     cfg = config
-    has_scales = formats.has_inline_scales(spec.fmt)
-    codes, scales = read_views(pool, spec)
+    codes, _ = read_views(pool, spec)
     split = cfg.num_splits > 1
-    counters = out
+    partials = counters = None
     if split:
-        part_acc = torch.empty(batch, num_heads, cfg.num_splits, head_size, dtype=torch.float32, device=q.device)
-        part_ml = torch.empty(batch, num_heads, cfg.num_splits, 2, dtype=torch.float32, device=q.device)
+        partials = (torch.empty(batch, num_heads, cfg.num_splits, head_size, dtype=torch.float32, device=q.device),
+                    torch.empty(batch, num_heads, cfg.num_splits, 2, dtype=torch.float32, device=q.device))
         if cfg.merge_in_kernel:
             counters = _split_counters(q.device, batch * spec.num_kv_heads)
-    else:
-        part_acc = part_ml = out
-    dot_f32 = launch.dot_in_float32(q.dtype)       # "tf32" below is ignored for 16-bit operands
     # 1-byte codes with a 16-bit q: dot products in float16 (q rescaled by a power of two per row), see
     # _pow2_row_scale; the codes convert to float16 exactly and more cheaply than to bfloat16
     scaled_f16 = cfg.f16_dot and spec.elem_bytes == 1 and q.dtype != torch.float32
+    dot = (DOT_F16 if scaled_f16 else DOT_F32 if launch.dot_in_float32(q.dtype) else DOT_Q).value
     _decode_kernel[(batch, spec.num_kv_heads, cfg.num_splits)](
-        q, codes, scales, block_tables, seq_lens, out, part_acc, part_ml, counters,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        *element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2], qk_scale, float(v_scale),
-        cfg.num_splits, int(sliding_window or 0), q if rel_bias is None else rel_bias,
-        1 if rel_bias is None else rel_bias.shape[1],
-        FMT=spec.fmt, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size, BLOCK_G=cfg.block_g,
-        BLOCK_N=cfg.block_n, SPLIT=split, MERGE_IN_KERNEL=split and cfg.merge_in_kernel,
-        HAS_SCALES=has_scales, ROW_ALIGN=row_alignment(spec), SCALE_PLACEMENT=spec.placement,
-        SCALE_ALIGN=scale_alignment(spec), DOT_F32=dot_f32, DOT_PRECISION="ieee" if dot_f32 else "tf32",
-        SCALED_F16=scaled_f16, CONVERT_ASM=cfg.convert_asm and scaled_f16, K_PURE=cfg.k_pure,
-        V_PURE=cfg.v_pure,
-        HAS_BIAS=rel_bias is not None, ROW_WINDOW=cfg.row_window and row_window_applies(pool, spec)
+        q, out, codes, block_tables, seq_lens, partials, counters, rel_bias,
+        (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+         1 if rel_bias is None else rel_bias.shape[1]),
+        (*element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2]), qk_scale, float(v_scale),
+        cfg.num_splits, int(sliding_window or 0),
+        FMT=spec.fmt, PLACEMENT=spec.placement, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size,
+        BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n, ALIGN=(row_alignment(spec), scale_alignment(spec)), DOT=dot,
+        CONVERT=(cfg.convert_asm and scaled_f16, cfg.k_pure, cfg.v_pure),
+        ROW_WINDOW=cfg.row_window and row_window_applies(pool, spec)
         and (INTERPRETED or q.dtype != torch.float32),       # a float32 q on a GPU: tiles too large for it
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
     if split and not cfg.merge_in_kernel:
-        _merge_splits_kernel[(batch, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1),
+        _merge_splits_kernel[(batch, num_heads)](*partials, out, out.stride(0), out.stride(1),
                                                  cfg.num_splits, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK)
     return out
 
