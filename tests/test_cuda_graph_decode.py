@@ -40,10 +40,12 @@ def test_padding_rows_use_only_the_reserved_block():
 
 def test_kept_host_tables_equal_tables_written_anew_step_after_step():
     """HostBlockTables writes only what grew; after appends, a replaced list (a preemption's new table), a batch
-    that shrank and one that grew again, its rows equal a fresh fill's, zeros and padding included."""
+    that shrank and one that grew again, its rows equal a fresh fill's, zeros and padding included, and a copy
+    that takes only each fill's `changed` part stays equal to it."""
     import random
     rng = random.Random(0)
     kept = HostBlockTables(8, 12, "block table")
+    mirror = kept.array.copy()
     seqs = [[rng.randrange(50) for _ in range(rng.randrange(1, 6))] for _ in range(6)]
     for step in range(40):
         for t in seqs:
@@ -57,6 +59,11 @@ def test_kept_host_tables_equal_tables_written_anew_step_after_step():
         bucket = 4 if len(seqs) <= 4 else 8
         want = HostBlockTables(bucket, 12, "block table").fill(seqs, bucket, 49)
         assert kept.fill(seqs, bucket, 49).tolist() == want.tolist(), f"step {step}"
+        if kept.changed is not None:            # what a device copy of the tables gets: the changed part alone
+            r0, r1, c0, c1 = kept.changed
+            mirror[r0:r1, c0:c1] = kept.array[r0:r1, c0:c1]
+        assert mirror.tolist() == kept.array.tolist(), f"step {step}"
+    assert kept.fill(seqs, bucket, 49) is not None and kept.changed is None      # nothing grew: nothing to copy
     with pytest.raises(ValueError, match="does not fit"):
         kept.fill([list(range(13))], 1, 0)
 

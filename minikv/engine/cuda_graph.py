@@ -65,6 +65,9 @@ class DecodeBatch:
     cross_block_tables: np.ndarray | None = None
 
 
+_PADDING = object()           # HostBlockTables: a row that holds the padding table
+
+
 class HostBlockTables:
     """Block tables on the host, int32 [rows, width], kept from one decode step to the next.
 
@@ -73,17 +76,20 @@ class HostBlockTables:
     grows: the block manager appends to it (may_append) and otherwise replaces the list whole (allocate after a
     preemption, deallocate). So a row that holds the same list object as at the last step gets only its new
     entries, and any other row is written whole. Each row keeps a reference to its list, so that list's identity
-    cannot pass to another list while the row relies on it."""
+    cannot pass to another list while the row relies on it. `changed` says which part of the array the last fill
+    wrote (rows [r0, r1) x columns [c0, c1), or None): all a device copy of the array needs to follow it."""
 
     def __init__(self, rows: int, width: int, what: str):
         self.array = np.zeros((rows, width), dtype=np.int32)
         self.what = what
         self._lists: list = [None] * rows
         self._written = [0] * rows
+        self.changed: tuple[int, int, int, int] | None = None
 
     def fill(self, tables, bucket: int, pad_block: int) -> np.ndarray:
         """The first `bucket` rows: `tables` (zeros past each table's end), then padding rows reading `pad_block`."""
         width = self.array.shape[1]
+        rows, lo, hi = [], width, 0
         for i, table in enumerate(tables):
             n = len(table)
             if n > width:
@@ -91,13 +97,21 @@ class HostBlockTables:
             start = self._written[i] if self._lists[i] is table and self._written[i] <= n else 0
             if start == 0:
                 self.array[i, n:] = 0
+                rows.append(i)
+                lo, hi = 0, width
             if n > start:
                 self.array[i, start:n] = table[start:]
+                rows.append(i)
+                lo, hi = min(lo, start), max(hi, n)
             self._lists[i], self._written[i] = table, n
-        pad = slice(len(tables), bucket)
-        self.array[pad] = 0
-        self.array[pad, 0] = pad_block
-        self._lists[pad] = [None] * (bucket - len(tables))
+        for i in range(len(tables), bucket):
+            if self._lists[i] is not _PADDING or self.array[i, 0] != pad_block:
+                self.array[i] = 0
+                self.array[i, 0] = pad_block
+                self._lists[i], self._written[i] = _PADDING, 0
+                rows.append(i)
+                lo, hi = 0, width
+        self.changed = (min(rows), max(rows) + 1, lo, hi) if rows else None
         return self.array[:bucket]
 
 
@@ -225,10 +239,14 @@ class DecodeGraphs:
     def _buffers(self) -> dict[str, torch.Tensor]:
         if self._static is None:
             n, dev = self.buckets[-1], self.device
+            # input ids, positions, slots and sequence lengths: one int64 [4, n] buffer, one copy per step
+            inputs = torch.zeros(4, n, dtype=torch.long, device=dev)
+            self._staged = torch.zeros(4, n, dtype=torch.long, pin_memory=dev.type == "cuda")
             self._static = {
-                "input_ids": torch.zeros(n, dtype=torch.long, device=dev),
-                "positions": torch.zeros(n, dtype=torch.long, device=dev),
-                "slots": torch.zeros(n, dtype=torch.int64, device=dev),
+                "token_inputs": inputs,
+                "input_ids": inputs[0],
+                "positions": inputs[1],
+                "slots": inputs[2],
                 "seq_lens": torch.ones(n, dtype=torch.int32, device=dev),
                 "block_tables": torch.zeros(n, self.width, dtype=torch.int32, device=dev),
                 "query_start_loc": torch.arange(n + 1, dtype=torch.int32, device=dev),
@@ -238,13 +256,26 @@ class DecodeGraphs:
         return self._static
 
     def _load(self, batch: DecodeBatch) -> dict[str, torch.Tensor]:
-        """Copy the padded batch into the static buffers; return the bucket's views of them."""
+        """Copy the padded batch into the static buffers; return the bucket's views of them. The per-token inputs
+        go in one copy; the block tables stay on the device from step to step, and only the part of them that
+        the host tables changed is copied (`HostBlockTables.changed`): at most one column per block boundary, so
+        the step's host work does not grow with the context."""
         buf, b = self._buffers(), batch.bucket
-        names = ["input_ids", "positions", "slots", "seq_lens", "block_tables"]
-        names += ["encoder_lens", "cross_block_tables"] if self.cross_width else []
-        for name in names:
-            buf[name][:b].copy_(torch.from_numpy(getattr(batch, name)))
-        return {name: t[: b + 1] if name == "query_start_loc" else t[:b] for name, t in buf.items()}
+        staged = self._staged
+        for row, name in enumerate(("input_ids", "positions", "slots", "seq_lens")):
+            staged[row, :b] = torch.from_numpy(getattr(batch, name))
+        buf["token_inputs"][:, :b].copy_(staged[:, :b], non_blocking=True)
+        buf["seq_lens"][:b].copy_(buf["token_inputs"][3, :b])
+        tables = [("block_tables", self._host_tables)] + ([("cross_block_tables", self._host_cross)]
+                                                          if self.cross_width else [])
+        for name, host in tables:
+            if host.changed is not None:
+                r0, r1, c0, c1 = host.changed
+                buf[name][r0:r1, c0:c1].copy_(torch.from_numpy(np.ascontiguousarray(host.array[r0:r1, c0:c1])))
+        if self.cross_width:
+            buf["encoder_lens"][:b].copy_(torch.from_numpy(batch.encoder_lens))
+        return {name: t[: b + 1] if name == "query_start_loc" else t[:b] for name, t in buf.items()
+                if name != "token_inputs"}
 
     def _metadata(self, views: dict[str, torch.Tensor]) -> AttentionMetadata:
         md = AttentionMetadata(is_prefill=False, slot_mapping=views["slots"], query_start_loc=views["query_start_loc"],
