@@ -24,8 +24,8 @@ def _row(fmt, batch, context, mode, tps, **more):
 
 def _rows():
     """A run in plan order: the main context (2048) first, batch 1, then 8192 and 512."""
-    rows = [_row(f, 64, 2048, "replayed", 4000 + 100 * i, graph_replay_tokens_per_s=5000.0, graph_replay_ms=12.8)
-            for i, f in enumerate(FORMATS)]
+    rows = [_row(f, 64, 2048, "replayed", 4000 + 100 * i, graph_replay_tokens_per_s=5000.0, graph_replay_ms=12.8,
+                 bound_ms=6.4 + i) for i, f in enumerate(FORMATS)]
     rows += [_row("auto", 64, 2048, "eager", 800), _row("int8_per_token_head", 64, 2048, "eager", 790),
              _row("auto", 64, 2048, "sdpa-graph", 8000)]
     rows += [_row("auto", 1, 2048, "replayed", 125, graph_replay_ms=7.5), _row("auto", 1, 2048, "eager", 17),
@@ -80,8 +80,14 @@ def test_format_options():
 
 def test_targets_ignore_the_eager_and_sdpa_rows_and_the_other_contexts():
     got = {what: round(value, 4) for what, value, _ in engine.targets(_rows())}
-    assert len(got) == 4 + 3 + 1 + 4
-    assert got["engine decode tokens/s vs the same model's graph-captured step, fp8, batch 64, context 2048"] == 0.82
+    assert len(got) == 4 + 3 + 4 + 3 + 1 + 4
+    assert got["engine decode step vs its own graph replay, fp8, batch 64, context 2048"] == 0.82
+    for ctx, tps in ((2048, 4000), (8192, 3600), (512, 4500)):     # SDPA step ms / engine step ms, bf16
+        assert got[f"engine decode step vs the SDPA graph step, bf16, batch 64, context {ctx}"] == round(
+            (64000 / 8000 if ctx == 2048 else 64000 / 7000) / (64000 / tps), 4)
+    for i, f in enumerate(FORMATS):
+        assert got[f"graph replay vs the physical bound (bytes read / copy bandwidth), {f}, batch 64, context "
+                   "2048"] == round((6.4 + i) / 12.8, 4)
     for i, f in enumerate(FORMATS[1:], 1):           # the 1-byte formats against bf16 at the longest context
         assert got[f"{f} vs bf16 engine decode tokens/s, batch 64, context 8192 (default placement)"] == round(
             (3600 + 200 * i) / 3600, 4)
@@ -115,13 +121,15 @@ def test_reports_the_sdpa_step_over_the_engine_at_each_batch_and_context():
 def stubbed(monkeypatch):
     calls = []
 
-    def decode_speed(path, fmt, batch, context, new_tokens, enforce_eager=None, profile=None):
+    def decode_speed(path, fmt, batch, context, new_tokens, enforce_eager=None, profile=None, copy_GBps=None):
+        assert copy_GBps == 4000.0
         calls.append((fmt, batch, context, enforce_eager))
         tps = (800 if enforce_eager else 4000) + (fmt != "auto") * 400 - context / 100
         return _row(fmt, batch, context, "eager" if enforce_eager else "replayed", tps)
 
     monkeypatch.setattr(engine, "e2b_like_checkpoint", lambda path, **kw: calls.append(("checkpoint", kw)))
     monkeypatch.setattr(engine, "gpu_decode_speed", decode_speed)
+    monkeypatch.setattr(engine, "copy_bandwidth", lambda: 4000.0)
     monkeypatch.setattr(engine, "sdpa_row", lambda b, c: _row("auto", b, c, "sdpa-graph", 10000, timing="cuda graph"))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stub")
     return calls
@@ -221,3 +229,21 @@ def test_sdpa_step_computes_what_the_dense_model_does(context):
     torch.testing.assert_close(step.logits(), want, atol=2e-5, rtol=1e-4)
     assert torch.equal(step(), want.argmax(-1))
     torch.testing.assert_close(step.logits(), want, atol=2e-5, rtol=1e-4)    # the rewrite of the last slot
+
+
+def test_decode_step_bytes_counts_weights_once_and_kv_per_sequence_and_window():
+    import minikv
+    llm = minikv.LLM(model="tiny-gemma4", backend="torch", max_num_seqs=2, seed=0)
+    model, bindings = llm.runner.model, [b for b in llm.runner.bindings.values() if b.kind == "self"]
+    windows = [getattr(b.impl, "sliding_window", 0) or 0 for b in bindings]
+    assert any(windows) and not all(windows)         # the tiny model has sliding and full layers
+    short, long = min(w for w in windows if w) // 2, 4 * max(windows)
+    per_token = {c: sum(b.layout.bytes_per_token() * min(c, w or c) for b, w in zip(bindings, windows))
+                 for c in (short, long)}
+    one, two = engine.decode_step_bytes(llm, 1, short), engine.decode_step_bytes(llm, 2, short)
+    row_bytes = sum(m.weight.shape[1] * m.weight.element_size() for m in model.modules()
+                    if isinstance(m, torch.nn.Embedding))
+    assert two - one == per_token[short] + row_bytes                 # one more sequence: its K/V and its rows
+    assert engine.decode_step_bytes(llm, 1, long) - one == per_token[long] - per_token[short]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert one > weights / 2 and one < 2 * weights + per_token[short] + row_bytes

@@ -15,7 +15,8 @@
 
 Prints a table and writes CSV (--csv). Needs CUDA. Columns of the CSV (one row per case): kind (decode, prefill,
 cross-context, engine-decode), format, batch, context, q_len, ms, GBps, bytes, pct_copy, sdpa_ms,
-sdpa_over_minikv, TFLOPs, unfused_over_fused, timing, sdpa_timing, the ceilings (copy_GBps, read_GBps), gpu,
+sdpa_over_minikv, TFLOPs, unfused_over_fused, timing, sdpa_timing, each timing's spread (min_ms, max_ms, remeasured,
+noisy; sdpa_ and flashinfer_ before them for the peers': minikv.bench.timing), the ceilings (copy_GBps, read_GBps), gpu,
 torch, triton; kernel (how the decode kernel read the cache: "pipelined", or "row-window" for the row placement's
 aligned reads), splits, block_n, stages (its launch configuration), tokens_per_s (engine-decode rows);
 engine_path, unfused_over_engine (fused cross-context rows: the path the engine takes at that q_len, and its speed
@@ -32,7 +33,7 @@ import sys
 
 import torch
 
-from minikv.bench.timing import Timing, format_ratio, time_ms  # noqa: F401 (format_ratio: re-exported)
+from minikv.bench.timing import NOISY, REMEASURES, Timing, format_ratio, time_ms  # noqa: F401 (format_ratio: re-exported)
 
 FORMATS = ("auto", "fp8", "fp8_per_token_head", "int8_per_token_head", "fp8_per_token_head/block",
            "int8_per_token_head/block")
@@ -110,11 +111,13 @@ def decode_case(fmt: str, batch: int, ctx: int, peer=None) -> dict:
     from minikv.kernels.decode_attention import paged_decode_attention
     layout, pool, tables, lens, q, out = decode_problem(fmt, batch, ctx)
     sm = D ** -0.5
-    ms, how = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, spec=layout, sm_scale=sm, out=out,
-                                                      validate=False))
+    timing = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, spec=layout, sm_scale=sm, out=out,
+                                                     validate=False))
+    ms, how = timing
     nbytes = batch * ctx * layout.bytes_per_token() + 2 * q.numel() * q.element_size() + tables.numel() * 4
     row = {"kind": "decode", "format": fmt, "batch": batch, "context": ctx, "ms": ms,
-           "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": how, **decode_launch(layout, batch, ctx)}
+           "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": how, **timing.columns(),
+           **decode_launch(layout, batch, ctx)}
     if peer is not None and layout.scale_placement == "row":
         row.update(peer.measure(layout, pool, tables, lens, q, sm, out, _time_ms))
         if "flashinfer_ms" in row:
@@ -166,9 +169,10 @@ def prefill_cases(batch: int = 8, length: int = 4096) -> list[dict]:
     }
     rows = []
     for name, fn in cases.items():
-        ms, how = _time_ms(fn, reps=10)
+        timing = _time_ms(fn, reps=10)
+        ms, how = timing
         rows.append({"kind": "prefill", "format": name, "batch": batch, "context": length, "q_len": length,
-                     "ms": ms, "TFLOPs": flops / ms / 1e9, "timing": how})
+                     "ms": ms, "TFLOPs": flops / ms / 1e9, "timing": how, **timing.columns()})
     return rows
 
 
@@ -193,17 +197,18 @@ def cross_context_cases(shapes=((64, 1, 1024), (64, 16, 1024), (32, 64, 2048), (
         pool, tables = _paged_copy(k, v, layout, batch, enc)
         lens = torch.full((batch,), enc, dtype=torch.int32, device="cuda")
         flops = 4 * batch * HQ * qlen * enc * D
-        fused, fused_timing = _time_ms(lambda: paged_context_attention(
+        fused_t = _time_ms(lambda: paged_context_attention(
             q, pool, tables, cu_q, lens, spec=layout, causal=False, sm_scale=sm, validate=False))
-        unfused, unfused_timing = _time_ms(lambda: context_attention(
+        unfused_t = _time_ms(lambda: context_attention(
             q, k, v, cu_q, cu_k, causal=False, sm_scale=sm, validate=False))
+        (fused, fused_timing), (unfused, unfused_timing) = fused_t, unfused_t
         path = context_path_for(qlen)
         engine = {"engine_path": path, "unfused_over_engine": unfused / (fused if path == "fused" else unfused)}
-        for name, ms, how, extra in (("cross, fp8 paged (fused, taught)", fused, fused_timing, engine),
-                                     ("cross, bf16 workspace (unfused)", unfused, unfused_timing, {})):
+        for name, t, extra in (("cross, fp8 paged (fused, taught)", fused_t, engine),
+                               ("cross, bf16 workspace (unfused)", unfused_t, {})):
             rows.append({"kind": "cross-context", "format": name, "batch": batch, "context": enc, "q_len": qlen,
-                         "ms": ms, "TFLOPs": flops / ms / 1e9, "unfused_over_fused": unfused / fused,
-                         "timing": how, **extra})
+                         "ms": t.ms, "TFLOPs": flops / t.ms / 1e9, "unfused_over_fused": unfused / fused,
+                         "timing": t.how, **t.columns(), **extra})
     return rows
 
 
@@ -227,20 +232,22 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine
     ceil = ceilings()
     log(f"ceilings: device-to-device copy {ceil['copy_GBps']:.0f} GB/s, read-only sum {ceil['read_GBps']:.0f} GB/s")
     rows = []
-    log(f"\n{'format':26s} {'batch':>5s} {'context':>7s} {'minikv us':>10s} {'GB/s':>7s} {'% copy':>7s} "
+    log(f"\n{'format':26s} {'batch':>5s} {'context':>7s} {'minikv us':>10s} {'spread':>7s} {'GB/s':>7s} {'% copy':>7s} "
         f"{'SDPA us':>8s} {'SDPA/minikv':>11s}" + (f" {'FI us':>8s} {'FI/minikv':>9s}" if peer_decode else ""))
     for batch in batches:
         for ctx in contexts:
-            sdpa, sdpa_timing = sdpa_decode_ms(batch, ctx)
+            sdpa_t = sdpa_decode_ms(batch, ctx)
+            sdpa, sdpa_timing = sdpa_t
             torch.cuda.empty_cache()
             for fmt in FORMATS:
                 r = decode_case(fmt, batch, ctx, peer_decode)
                 r.update(sdpa_ms=sdpa, sdpa_over_minikv=sdpa / r["ms"], pct_copy=100 * r["GBps"] / ceil["copy_GBps"],
-                         sdpa_timing=sdpa_timing)
+                         sdpa_timing=sdpa_timing, **sdpa_t.columns("sdpa_"))
                 rows.append(r)
-                log(f"{fmt:26s} {batch:5d} {ctx:7d} {1e3 * r['ms']:10.1f} {r['GBps']:7.0f} {r['pct_copy']:6.0f}% "
-                    f"{1e3 * sdpa:8.1f} {r['sdpa_over_minikv']:11.2f}" + _peer_columns(r, peer_decode)
-                    + ("" if r["timing"] == sdpa_timing == "cuda graph" else "  (eager)"))
+                log(f"{fmt:26s} {batch:5d} {ctx:7d} {1e3 * r['ms']:10.1f} {_spread(r, ''):>7s} {r['GBps']:7.0f} "
+                    f"{r['pct_copy']:6.0f}% {1e3 * sdpa:8.1f} {r['sdpa_over_minikv']:11.2f}"
+                    + _peer_columns(r, peer_decode)
+                    + ("" if r["timing"] == sdpa_timing == "cuda graph" else "  (eager)") + _noisy(r))
                 torch.cuda.empty_cache()
     _save(rows, ceil, gpu, csv_path)
     log(f"\n{'context attention':34s} {'batch':>5s} {'q_len':>6s} {'kv_len':>6s} {'ms':>8s} {'TFLOP/s':>8s}")
@@ -259,6 +266,7 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine
         rows += [{"kind": "engine-decode", **r, "ms": r["decode_ms_per_step"], "tokens_per_s": r["decode_tokens_per_s"],
                   "timing": r.get("timing", "wall clock")} for r in engine_rows]
     _save(rows, ceil, gpu, csv_path)
+    log("\n" + noise_summary(rows))
     log("\ntargets (ratios within this run):")
     for line in format_targets(rows):
         log(line)
@@ -277,6 +285,34 @@ def _save(rows: list[dict], ceil: dict, gpu: str, csv_path) -> None:
                  triton=triton.__version__)
     if csv_path:
         write_csv(rows, csv_path)
+
+
+def _spread(row: dict, prefix: str) -> str:
+    """The spread of a row's timing (max / min of its repeats - 1), as a percentage."""
+    lo, hi = row.get(f"{prefix}min_ms"), row.get(f"{prefix}max_ms")
+    return f"{100 * (float(hi) / float(lo) - 1):.0f}%" if lo and hi else "-"
+
+
+def _noisy(row: dict) -> str:
+    """"  noisy: ..." naming the timings of the row whose spread stayed above timing.NOISY after re-measuring."""
+    names = [name for name, prefix in (("minikv", ""), ("SDPA", "sdpa_"), ("FlashInfer", "flashinfer_"))
+             if str(row.get(f"{prefix}noisy")) == "True"]
+    return f"  noisy: {', '.join(names)} (re-measured {REMEASURES}x)" if names else ""
+
+
+def noise_summary(rows: list[dict]) -> str:
+    """How many of the run's timings were re-measured, and which stayed noisy."""
+    taken = again = 0
+    noisy = []
+    for r in rows:
+        for prefix in ("", "sdpa_", "flashinfer_"):
+            if f"{prefix}remeasured" in r:
+                taken += 1
+                again += int(r[f"{prefix}remeasured"]) > 0
+                if str(r[f"{prefix}noisy"]) == "True":
+                    noisy.append(f"{prefix or 'minikv_'}{r['format']}@{r['batch']}x{r['context']}")
+    return (f"spread: {again} of {taken} timings re-measured (spread over {100 * NOISY:.0f}%); "
+            f"{len(noisy)} still noisy" + (f": {', '.join(noisy)}" if noisy else ""))
 
 
 def _peer_columns(row: dict, peer) -> str:
