@@ -247,3 +247,18 @@ def test_decode_step_bytes_counts_weights_once_and_kv_per_sequence_and_window():
     assert engine.decode_step_bytes(llm, 1, long) - one == per_token[long] - per_token[short]
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     assert one > weights / 2 and one < 2 * weights + per_token[short] + row_bytes
+
+
+def test_capacity_runs_fit_the_budget_and_are_summarised(stubbed):
+    for fmt in FORMATS:
+        b = engine.capacity_batch(fmt, 8192, 16, new_tokens=16)
+        per_seq = engine.kv_bytes_per_sequence(fmt, 8192 + 16)
+        assert b * per_seq <= 16 * 2**30 < (b + 1) * per_seq
+    assert engine.capacity_batch("int8_per_token_head") > 1.8 * engine.capacity_batch("auto")   # 1 byte vs 2
+    rows = engine.gpu_rows(("auto", "fp8"), 64, 2048, 16, log=lambda line: None, contexts=(2048,), extras=False,
+                           capacity=True)
+    assert stubbed[0] == ("checkpoint", {"max_position_embeddings": 8192 + 32})
+    cap = [(r["format"], r["batch"], r["context"]) for r in rows if r["mode"] == "capacity"]
+    assert cap == [(f, engine.capacity_batch(f), 8192) for f in ("auto", "fp8")]
+    text = "\n".join(engine.summary(rows))
+    assert f"fp8                    batch {engine.capacity_batch('fp8'):4d}" in text and "x bf16's" in text

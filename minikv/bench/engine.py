@@ -22,7 +22,11 @@ time (scheduler, input copies, sampling and all). Beside it, in the same run (`p
 * batch 1: the time per output token of bf16, with graphs, eagerly, and the SDPA step's;
 * every format again at each of `--contexts` (default 512, 2048, 8192; `--context` is the main one, 2048), with
   graphs and (`--eager-formats`) eagerly, and the SDPA step: tokens/s against context length;
-* prefill tokens/s per run (64 prompts of the run's context) and each run's wall seconds (run_s).
+* prefill tokens/s per run (64 prompts of the run's context) and each run's wall seconds (run_s);
+* beside each engine row, its physical bound: the bytes a decode step must read (`decode_step_bytes`) over the
+  device-to-device copy bandwidth measured at the start (bound_ms), and the spread of its steady steps;
+* `--capacity`: each format at the most sequences whose KV fits CAPACITY_GIB at CAPACITY_CONTEXT (mode
+  "capacity"): what a 1-byte cache buys a user who is out of memory.
 
 The targets, each a ratio within the run (at `--context`, the 1-byte formats' at the longest context), are
 printed met/MISSED last; before them, with no target, the SDPA step's time per output token over the engine's.
@@ -206,6 +210,31 @@ CONTEXTS = (512, 2048, 8192)
 EAGER_FORMATS = ("auto", "int8_per_token_head")
 
 
+CAPACITY_GIB = 16           # the KV budget of the capacity runs
+CAPACITY_CONTEXT = 8192
+
+
+def kv_bytes_per_sequence(kv_cache_dtype: str, context: int, block_size: int = 16) -> int:
+    """KV bytes one sequence of `context` tokens holds in the bench's model (minikv.bench.sdpa_step's config): every
+    layer that owns a cache, its tokens rounded up to whole blocks, in `kv_cache_dtype` (default placement)."""
+    import torch
+
+    from minikv.bench.sdpa_step import e2b_like_config
+    from minikv.cache.layout import KVLayout
+    from minikv.models.gemma4 import Gemma4Config
+    config = Gemma4Config.from_hf_dict(e2b_like_config())
+    tokens = -(-context // block_size) * block_size
+    return sum(tokens * KVLayout(kv_cache_dtype, torch.bfloat16, config.layer_kv_heads[i], config.layer_head_dims[i],
+                                 block_size).bytes_per_token()
+               for i in range(config.num_hidden_layers) if config.kv_sources[i] == i)
+
+
+def capacity_batch(kv_cache_dtype: str, context: int = CAPACITY_CONTEXT, budget_gib: float = CAPACITY_GIB,
+                   new_tokens: int = 16) -> int:
+    """The most sequences of `context` prompt tokens (and `new_tokens` more) whose KV fits `budget_gib`."""
+    return int(budget_gib * 2**30 // kv_bytes_per_sequence(kv_cache_dtype, context + new_tokens))
+
+
 def plan(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, contexts=CONTEXTS,
          eager_formats=EAGER_FORMATS, context_formats=None, extras: bool = True) -> list[tuple[str, int, int, str]]:
     """The runs of `gpu_rows`, in order: (format, batch, context, how), how "graph", "eager" or "sdpa".
@@ -228,12 +257,15 @@ def plan(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, 
 
 def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, new_tokens: int = 16,
              log=print, contexts=CONTEXTS, eager_formats=EAGER_FORMATS, context_formats=None, csv_path=None,
-             extras: bool = True, profile: bool = False) -> list[dict]:
+             extras: bool = True, profile: bool = False, capacity: bool = False) -> list[dict]:
     """Decode speed per format on a fresh E2B-like checkpoint, the runs of `plan`; one dict per (format, batch,
     context, mode), mode "replayed" (graphs), "eager" or "sdpa-graph" (x_auto: speed over auto's at the same
     batch, context and mode, engine rows only; run_s: the run's wall seconds, the LLM's construction included)."""
     import torch
     runs = plan(kv_cache_dtypes, batch, context, contexts, eager_formats, context_formats, extras)
+    if capacity:        # per format, the most sequences whose KV fits CAPACITY_GIB at CAPACITY_CONTEXT
+        runs += [(f, capacity_batch(f, new_tokens=new_tokens), CAPACITY_CONTEXT, "capacity") for f in kv_cache_dtypes]
+    longest = max([context, *contexts] + ([CAPACITY_CONTEXT] if capacity else []))
     log(f"gemma-4-E2B-like model (random weights, bf16), batch {batch}, prompts of {context} tokens (and "
         f"{', '.join(str(c) for c in sorted(set(contexts) - {context})) or 'no other'}), {new_tokens} new "
         f"tokens, {len(runs)} runs, {torch.cuda.get_device_name()}")
@@ -242,7 +274,7 @@ def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 20
     log(f"measured device-to-device copy: {copy_GBps:.0f} GB/s (the physical bound of a step: the bytes it must "
         f"read / this)")
     with tempfile.TemporaryDirectory() as path:
-        e2b_like_checkpoint(path, max_position_embeddings=max(4096, max([context, *contexts]) + new_tokens + 16))
+        e2b_like_checkpoint(path, max_position_embeddings=max(4096, longest + new_tokens + 16))
         for i, (fmt, b, ctx, how) in enumerate(runs):
             start = time.perf_counter()
             prof = cProfile.Profile() if profile and i == 0 else None
@@ -256,6 +288,8 @@ def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 20
             else:
                 r = gpu_decode_speed(path, fmt, b, ctx, new_tokens, enforce_eager=True if how == "eager" else None,
                                      profile=prof, copy_GBps=copy_GBps)
+                if how == "capacity":
+                    r.update(mode="capacity", kv_budget_gib=CAPACITY_GIB)
             r["run_s"] = time.perf_counter() - start
             if prof is not None:
                 text = io.StringIO()
@@ -356,6 +390,14 @@ def summary(rows: list[dict]) -> list[str]:
     if b1:
         lines.append("batch 1, bf16: time per output token " + ", ".join(
             f"{m} {r['decode_ms_per_step']:.2f} ms" for m, r in sorted(b1.items())))
+    cap = [r for r in rows if r["mode"] == "capacity"]
+    base = next((r for r in cap if r["format"] == "auto"), None)
+    if cap:
+        lines.append(f"\ncapacity: the most sequences whose KV fits {CAPACITY_GIB} GiB at context {CAPACITY_CONTEXT}, "
+                     "and decode tokens/s at that batch:")
+        lines += [f"  {r['format']:22s} batch {int(r['batch']):4d}  {float(r['decode_tokens_per_s']):8.0f} tokens/s"
+                  + (f"  ({float(r['decode_tokens_per_s']) / float(base['decode_tokens_per_s']):.2f}x bf16's)"
+                     if base else "") for r in cap]
     if reports(rows):
         lines.append("\nreported beside the targets (ratios within this run, no target):")
         lines += [f"report {format_ratio(value):>7s}  {what}" for what, value in reports(rows)]
@@ -375,7 +417,7 @@ def gpu_main(args) -> int:
     rows = gpu_rows(args.kv_cache_dtypes, args.batch, args.context, args.new_tokens, log=log,
                     contexts=contexts_of(args), eager_formats=args.eager_formats,
                     context_formats=args.context_formats, csv_path=args.csv, extras=not args.no_extras,
-                    profile=args.profile)
+                    profile=args.profile, capacity=args.capacity)
     for line in summary(rows):
         log(line)
     if args.csv:
@@ -413,6 +455,9 @@ def parser():
                    help="GPU, older form: --contexts CONTEXT N (0: --context alone)")
     p.add_argument("--no-extras", action="store_true", help="GPU: no eager, batch-1 and SDPA-step runs")
     p.add_argument("--profile", action="store_true", help="GPU: cProfile the first format's decode steps")
+    p.add_argument("--capacity", action="store_true",
+                   help=f"GPU: also each format at the most sequences whose KV fits {CAPACITY_GIB} GiB at context "
+                        f"{CAPACITY_CONTEXT}")
     p.add_argument("--csv", default=None, help="GPU: write the rows here")
     return p
 
