@@ -33,7 +33,8 @@ import sys
 
 import torch
 
-from minikv.bench.timing import NOISY, REMEASURES, Timing, format_ratio, time_ms  # noqa: F401 (format_ratio: re-exported)
+from minikv.bench.timing import (NOISY, REMEASURES, Timing, ceilings, format_ratio,  # noqa: F401 (re-exported)
+                                 time_ms)
 
 FORMATS = ("auto", "fp8", "fp8_per_token_head", "int8_per_token_head", "fp8_per_token_head/block",
            "int8_per_token_head/block")
@@ -50,18 +51,6 @@ HQ, HKV, D, BS = 32, 8, 128, 16
 def _time_ms(fn, reps: int = 20, graph: bool = True) -> Timing:
     """GPU time of `fn`: CUDA events, L2 flushed, replayed from a CUDA graph where it can be captured."""
     return time_ms(fn, "cuda", reps=reps, graph=graph)
-
-
-def ceilings(gib: float = 4.0) -> dict[str, float]:
-    n = int(gib * 2**30) // 4
-    a = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
-    b = torch.empty_like(a)
-    # Eager: a captured copy becomes a copy-engine node, slower than the copy kernel torch launches eagerly;
-    # at 4 GiB the launch overhead is nothing anyway.
-    copy_ms = _time_ms(lambda: b.copy_(a), graph=False).ms
-    read_ms = _time_ms(lambda: a.sum(), graph=False).ms
-    nbytes = a.numel() * 4
-    return {"copy_GBps": 2 * nbytes / copy_ms / 1e6, "read_GBps": nbytes / read_ms / 1e6}
 
 
 def _fill_pool(pool: torch.Tensor, layout, seed: int = 0) -> None:

@@ -111,8 +111,8 @@ def decode_step_bytes(llm, batch: int, context: int) -> int:
 
 
 def copy_bandwidth() -> float:
-    """The device-to-device copy's GB/s (bytes read and written), measured now (minikv.bench.attention.ceilings)."""
-    from minikv.bench.attention import ceilings
+    """The device-to-device copy's GB/s (bytes read and written), measured now (minikv.bench.timing.ceilings)."""
+    from minikv.bench.timing import ceilings
     return ceilings(gib=2.0)["copy_GBps"]
 
 

@@ -104,3 +104,16 @@ def format_ratio(value: float) -> str:
     """A ratio to three decimals, rounded down (toward the target it is compared with from below), so a printed
     ratio reaches its target only when the measured one does: never "MISSED 0.700x (target 0.70x)"."""
     return f"{math.floor(value * 1000) / 1000:.3f}x"
+
+
+def ceilings(gib: float = 4.0) -> dict[str, float]:
+    """The GPU's memory ceilings, measured now on `gib` GiB: a device-to-device copy (bytes read and written) and a
+    read-only pass (a sum), in GB/s. Eager: a captured copy becomes a copy-engine node, slower than the copy kernel
+    torch launches eagerly; at this size the launch overhead is nothing anyway."""
+    n = int(gib * 2**30) // 4
+    a = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
+    b = torch.empty_like(a)
+    copy_ms = time_ms(lambda: b.copy_(a), "cuda", graph=False).ms
+    read_ms = time_ms(lambda: a.sum(), "cuda", graph=False).ms
+    nbytes = a.numel() * 4
+    return {"copy_GBps": 2 * nbytes / copy_ms / 1e6, "read_GBps": nbytes / read_ms / 1e6}
