@@ -298,8 +298,9 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
     g = tl.arange(0, BLOCK_G)
     heads = kv_head * GROUP + g
     head_mask = g < GROUP
+    block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words, scale_head_words = layout
     table = block_tables_ptr + b.to(tl.int64) * strides[4]
-    head_row = kv_head.to(tl.int64) * layout[3]
+    head_row = kv_head.to(tl.int64) * row_stride
     # ROW_WINDOW ("row" placement, 1-byte codes): every row of this kv head starts `phase` bytes past a 16-byte
     # boundary, so each row is read as two aligned 16-byte-vector pieces: the main window [row - phase, row - phase
     # + D) and the tail [row - phase + D, + 16), which holds the row's last `phase` codes, then its scale. q is
@@ -314,18 +315,18 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
     acc = tl.zeros([BLOCK_G, HEAD_SIZE], tl.float32)
     acc_tail = tl.zeros([BLOCK_G, TAIL], tl.float32)                    # ROW_WINDOW only
     scales_ptr = codes_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
-    head_scale = layout[4] // SCALE_WORD + kv_head.to(tl.int64) * layout[6]      # "block" placement only
-    block_words = layout[0] // SCALE_WORD
+    head_scale = scale_offset // SCALE_WORD + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
+    block_words = block_stride // SCALE_WORD
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         valid = n < end
-        rows = paged_rows(table, n, valid, BLOCK_SIZE, layout[0], layout[2], head_row, ALIGN[0])
+        rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row, ALIGN[0])
         code_rows = tl.multiple_of(tl.where(valid, rows - phase, 0), 16) if ROW_WINDOW else rows
         s = _qk(codes_ptr + code_rows[:, None], valid, q, q_tail, phase, FMT, HEAD_SIZE, DOT, CONVERT,
                 ROW_WINDOW) * s_scale
         if FMT == INT8_PTH or FMT == FP8_PTH:
-            s = s * tile_scales(scales_ptr, table, n, rows, valid, 0, layout[4], block_words, layout[5], head_scale,
-                                BLOCK_SIZE, PLACEMENT, ALIGN[1])[None, :]
+            s = s * tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_words, scale_slot_words,
+                                head_scale, BLOCK_SIZE, PLACEMENT, ALIGN[1])[None, :]
         if bias_ptr is not None:
             s = s + _relative_bias(bias_ptr, strides[5], heads, head_mask, seq_len - 1 - n)
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -334,9 +335,9 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         if FMT == INT8_PTH or FMT == FP8_PTH:
-            p = p * tile_scales(scales_ptr, table, n, rows, valid, layout[1], layout[4], block_words, layout[5],
-                                head_scale, BLOCK_SIZE, PLACEMENT, ALIGN[1])[None, :]
-        acc, acc_tail = _pv(codes_ptr + layout[1] + code_rows[:, None], valid, p.to(q.dtype), acc, acc_tail, alpha,
+            p = p * tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_words,
+                                scale_slot_words, head_scale, BLOCK_SIZE, PLACEMENT, ALIGN[1])[None, :]
+        acc, acc_tail = _pv(codes_ptr + kv_stride + code_rows[:, None], valid, p.to(q.dtype), acc, acc_tail, alpha,
                             FMT, HEAD_SIZE, DOT, CONVERT, ROW_WINDOW)
         m = m_new
     if FMT == FP8:
