@@ -1,0 +1,65 @@
+"""torch's scaled_dot_product_attention over the pages gathered for each request, one request at a time.
+
+Every format is read by dequantizing the request's pages (PagedPool.pages) into the query's dtype; masks
+(causal, sliding window) and T5's relative bias go in as SDPA's float attention mask.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minikv.attention.protocol import Adapter, ContextStep, DecodeStep, Features
+
+try:
+    from torch.nn.functional import scaled_dot_product_attention  # noqa: F401
+except ImportError as e:       # torch older than 2.0
+    from . import MissingBackendError
+    raise MissingBackendError("the sdpa backend needs torch>=2.0 (pip install 'minikv[sdpa]')") from e
+
+
+def attend(q, k, v, causal: bool, sm_scale: float, window: int = 0, rel_bias=None):
+    """q [n, Hq, D] over k/v [kv_len, Hkv, D] of one sequence (query i at position kv_len - n + i)."""
+    n, kv_len = q.shape[0], k.shape[0]
+    i = torch.arange(n, device=q.device)[:, None] + (kv_len - n)
+    j = torch.arange(kv_len, device=q.device)[None, :]
+    bias = torch.zeros(q.shape[1], n, kv_len, dtype=torch.float32, device=q.device)
+    if rel_bias is not None:
+        bias = bias + rel_bias[:, (i - j).clamp(0, rel_bias.shape[1] - 1)]
+    if causal:
+        bias = bias.masked_fill(j > i, float("-inf"))
+        if window:
+            bias = bias.masked_fill(j <= i - window, float("-inf"))
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         attn_mask=bias.to(q.dtype)[None], scale=sm_scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)
+
+
+def gather(pool, kv: int, table_row, length: int, dtype) -> torch.Tensor:
+    """[length, Hkv, D]: a request's first `length` tokens of K (kv=0) or V, dequantized into `dtype`."""
+    blocks = table_row[: -(-length // pool.block_size)].to(torch.int64)
+    pages = pool.pages(kv, blocks, dtype)
+    return pages.reshape(-1, *pages.shape[2:])[:length]
+
+
+class Backend(Adapter):
+    name = "sdpa"
+    features = Features()
+
+    def decode_step(self, s: DecodeStep) -> torch.Tensor:
+        out = torch.empty_like(s.q)
+        for b, length in enumerate(s.seq_lens.tolist()):
+            k, v = (gather(s.pool, kv, s.block_tables[b], length, s.q.dtype) for kv in (0, 1))
+            out[b] = attend(s.q[b:b + 1], k, v, True, s.sm_scale, s.sliding_window, s.rel_bias)[0]
+        return out
+
+    def context_step(self, s: ContextStep) -> torch.Tensor:
+        out = torch.empty_like(s.q)
+        cq = s.cu_seqlens_q.tolist()
+        for b, length in enumerate(s.seq_lens.tolist()):
+            if cq[b + 1] == cq[b]:
+                continue
+            k, v = (gather(s.pool, kv, s.block_tables[b], length, s.q.dtype) for kv in (0, 1))
+            out[cq[b]:cq[b + 1]] = attend(s.q[cq[b]:cq[b + 1]], k, v, s.causal, s.sm_scale, s.sliding_window,
+                                          s.rel_bias)
+        return out
