@@ -33,8 +33,12 @@ def paged_flex(q, q_lens, pool, block_tables, seq_lens, causal: bool, sm_scale: 
     logical = torch.full((batch, blocks.numel()), -1, dtype=torch.int64, device=q.device)
     rows = torch.arange(batch, device=q.device)[:, None].expand_as(named)[named]
     logical[rows, compact] = cols.expand_as(named)[named]
-    k, v = (pool.pages(kv, blocks, q.dtype).reshape(1, -1, *pool.k_pages.shape[2:]).transpose(1, 2)
-            for kv in (0, 1))
+    # slots no request holds (the unwritten tail of a last page) may hold any bytes, NaN included: zero them, as
+    # a probability of 0 times NaN would still be NaN
+    places = torch.arange(bs, device=q.device)
+    filled = ((logical[:, :, None] >= 0) & (logical[:, :, None] * bs + places < lens[:, None, None])).any(0)
+    k, v = (torch.where(filled[..., None, None], pool.pages(kv, blocks, q.dtype), 0)
+            .reshape(1, -1, *pool.k_pages.shape[2:]).transpose(1, 2) for kv in (0, 1))
     first_q = lens - q_lens.to(torch.int64)                                # position of each request's row 0
     max_distance = 0 if rel_bias is None else rel_bias.shape[1] - 1
 
