@@ -159,6 +159,8 @@ def _cmd_hunt(args) -> int:
     from minikv.hunt import cli as hunt_cli
     command = "minikv " + shlex.join(args.argv)
     if args.every_defect:
+        if args.backend in hunt_cli.FOREIGN_BACKENDS:
+            raise ValueError(f"--every-defect hunts minikv's engine; leave out --backend {args.backend}")
         if args.reintroduce:
             raise ValueError("--every-defect hunts the fixed engine and then every defect in turn: leave out "
                              "--reintroduce")

@@ -24,7 +24,7 @@ class Features:
 
     formats: tuple[str, ...] = FULL["formats"]            # kv_cache_dtype names
     placements: tuple[str, ...] = ("row", "block")         # scale placements of the per-token-head formats
-    dtypes: tuple[str, ...] = ("float16", "float32")      # query / compute dtypes (by name)
+    dtypes: tuple[str, ...] = ("float32", "float16")      # query / compute dtypes (by name), plainest first
     head_sizes: tuple[int, ...] = FULL["head_sizes"]
     block_sizes: tuple[int, ...] = FULL["block_sizes"]
     sliding_window: bool = True
