@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
+import torch.nn.functional as F
 
 from minikv.kernels import addressing, formats
 
@@ -207,13 +208,12 @@ class Adapter:
 
     def workspace_step(self, s: WorkspaceStep) -> torch.Tensor:
         """Default: torch's scaled_dot_product_attention, one sequence at a time."""
-        from .backends.sdpa import attend
         out = torch.empty_like(s.q)
         cq, ck = s.cu_seqlens_q.tolist(), s.cu_seqlens_k.tolist()
         for b in range(len(cq) - 1):
-            out[cq[b]:cq[b + 1]] = attend(s.q[cq[b]:cq[b + 1]], s.k[ck[b]:ck[b + 1]].to(s.q.dtype),
-                                          s.v[ck[b]:ck[b + 1]].to(s.q.dtype), s.causal, s.sm_scale,
-                                          s.sliding_window, s.rel_bias)
+            out[cq[b]:cq[b + 1]] = sdpa_attend(s.q[cq[b]:cq[b + 1]], s.k[ck[b]:ck[b + 1]].to(s.q.dtype),
+                                               s.v[ck[b]:ck[b + 1]].to(s.q.dtype), s.causal, s.sm_scale,
+                                               s.sliding_window, s.rel_bias)
         return out
 
     # ---- the engine's calls (AttentionBackend) -------------------------------------------------------------
@@ -254,3 +254,21 @@ def quantize(x: torch.Tensor, fmt: int, layer_scale: float = 1.0):
     if fmt == formats.INT8_PTH:
         return torch.round(y).clamp(-table.qmax, table.qmax).to(torch.int8), scale
     return y.clamp(-table.qmax, table.qmax).to(torch.float8_e4m3fn), scale
+
+
+def sdpa_attend(q, k, v, causal: bool, sm_scale: float, window: int = 0, rel_bias=None):
+    """torch SDPA of one request: q [n, Hq, D] over k/v [kv_len, Hkv, D] (query i at position kv_len - n + i)."""
+    n, kv_len = q.shape[0], k.shape[0]
+    i = torch.arange(n, device=q.device)[:, None] + (kv_len - n)
+    j = torch.arange(kv_len, device=q.device)[None, :]
+    bias = torch.zeros(q.shape[1], n, kv_len, dtype=torch.float32, device=q.device)
+    if rel_bias is not None:
+        bias = bias + rel_bias[:, (i - j).clamp(0, rel_bias.shape[1] - 1)]
+    if causal:
+        bias = bias.masked_fill(j > i, float("-inf"))
+        if window:
+            bias = bias.masked_fill(j <= i - window, float("-inf"))
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         attn_mask=bias.to(q.dtype)[None], scale=sm_scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)

@@ -65,8 +65,9 @@ class BackendReport:
     def text(self, portable: bool = False) -> str:
         """The report as the CLI prints it (`portable`: no timings, no values that depend on float rounding)."""
         when = "" if portable else f" in {self.seconds:.1f} s"
-        lines = [f"backend {self.backend} ({self.device}): {self.scenarios_run} scenarios{when}, "
-                 f"{'FOUND' if self.found else 'clean'} (stopped by the {self.stopped_by} limit)"]
+        verdict = "FOUND" if self.found else "clean"
+        lines = [f"backend {self.backend} ({self.device}): {self.scenarios_run} scenarios{when}, {verdict} "
+                 f"(stopped by the {self.stopped_by} limit)"]
         for f in self.families:
             extra = f" ({f.why})" if f.why else ""
             count = "" if f.outcome == "skipped" else f", {f.scenarios} scenarios"
@@ -189,6 +190,27 @@ class _Hunt:
         except _Failed as failed:
             return failed
         return None
+
+
+def warm_up(backend, device: str | None = None) -> list:
+    """Run one case of each kernel variant a hunt calls (every format, head size, decode and context, windowed,
+    causal and cross), so that a backend that compiles on first use (FlashInfer's JIT) is not timed compiling.
+    Returns the violations seen (a clean backend: [])."""
+    from minikv.attention.protocol import Features
+    features = getattr(backend, "features", None) or Features()
+    found = []
+    variants = [("decode", True, 0), ("context", True, 0), ("context", False, 0)]
+    if features.sliding_window:
+        variants += [("decode", True, 4), ("context", True, 4)]
+    for fmt in features.formats:
+        for head in features.head_sizes:
+            for step, causal, window in variants:
+                case = KernelCase("warm-up", step=step, kv_cache_dtype=fmt, dtype=features.dtypes[0], head_size=head,
+                                  block_size=16 if 16 in features.block_sizes else features.block_sizes[0],
+                                  group=2, seq_lens=(20, 9), causal=causal, sliding_window=window,
+                                  scale_placement=features.placements[0])
+                found += check(backend, case, device or features.device)
+    return found
 
 
 def hunt_backend(backend="flexattention", *, families=None, seed: int = 0, budget_s: float | None = 60.0,

@@ -82,7 +82,8 @@ def cases(draw, name: str, features: Features):
     dtype = draw(st.sampled_from(features.dtypes))
     head = _pick(64, features.head_sizes)
     block = _pick(16, features.block_sizes)
-    kw = dict(family=name, dtype=dtype, head_size=head, block_size=block, seed=draw(st.integers(0, 2 ** 16)))
+    kw = {"family": name, "dtype": dtype, "head_size": head, "block_size": block,
+          "seed": draw(st.integers(0, 2 ** 16))}
     step = st.sampled_from(("decode", "context"))
     if name == "block-tables":
         kw.update(step=draw(step), shuffle=draw(st.integers(0, 999)), spare_blocks=draw(st.integers(0, 6)),

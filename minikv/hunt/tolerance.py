@@ -48,7 +48,7 @@ def attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: 
     """(float64 attention output [n, Hq, D], its tolerance) of one request: q [n, Hq, D] in the compute dtype,
     k/v float64 [L, Hkv, D], visible bool [n, L]."""
     u = UNIT_ROUNDOFF[dtype]
-    n, heads, d = q.shape
+    heads, d = q.shape[1:]
     length = k.shape[0]
     group = heads // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)

@@ -38,11 +38,11 @@ def page_lists(block_tables: torch.Tensor, seq_lens: torch.Tensor, page_size: in
 
 class Backend(Adapter):
     name = "flashinfer"
-    features = Features(formats=("auto", "fp8"), placements=("row",), dtypes=("bfloat16", "float16"),
+    features = Features(formats=("auto", "fp8"), placements=("row",), dtypes=("bfloat16",),
                         head_sizes=(64, 128, 256), rel_bias=False, device="cuda",
                         notes={"formats": _NO_PTH, "rel_bias": "FlashInfer's wrappers take no additive score bias",
                                "head_sizes": "FlashInfer's prebuilt and JIT kernels take head sizes 64, 128 and 256",
-                               "dtypes": "FlashInfer computes in 16 bits"})
+                               "dtypes": "hunted in bfloat16 (FlashInfer computes in 16 bits)"})
 
     def __init__(self):
         self._workspace = None

@@ -6,33 +6,14 @@ Every format is read by dequantizing the request's pages (PagedPool.pages) into 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from minikv.attention.protocol import Adapter, ContextStep, DecodeStep, Features
+from minikv.attention.protocol import Adapter, ContextStep, DecodeStep, Features, sdpa_attend as attend
 
 try:
     from torch.nn.functional import scaled_dot_product_attention  # noqa: F401
 except ImportError as e:       # torch older than 2.0
     from . import MissingBackendError
     raise MissingBackendError("the sdpa backend needs torch>=2.0 (pip install 'minikv[sdpa]')") from e
-
-
-def attend(q, k, v, causal: bool, sm_scale: float, window: int = 0, rel_bias=None):
-    """q [n, Hq, D] over k/v [kv_len, Hkv, D] of one sequence (query i at position kv_len - n + i)."""
-    n, kv_len = q.shape[0], k.shape[0]
-    i = torch.arange(n, device=q.device)[:, None] + (kv_len - n)
-    j = torch.arange(kv_len, device=q.device)[None, :]
-    bias = torch.zeros(q.shape[1], n, kv_len, dtype=torch.float32, device=q.device)
-    if rel_bias is not None:
-        bias = bias + rel_bias[:, (i - j).clamp(0, rel_bias.shape[1] - 1)]
-    if causal:
-        bias = bias.masked_fill(j > i, float("-inf"))
-        if window:
-            bias = bias.masked_fill(j <= i - window, float("-inf"))
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         attn_mask=bias.to(q.dtype)[None], scale=sm_scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)
 
 
 def gather(pool, kv: int, table_row, length: int, dtype) -> torch.Tensor:
