@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     data = {"name": Path(args.results).stem, "command": "python " + shlex.join(["tools/backend_plants.py", *sys.argv[1:]]
                                                                               if argv is None else argv),
             "machine": {"device": where, "load_average": load},
+            "notebook": "notebooks/06_catching_defects.ipynb",     # the hunter's notebook (tables only, here)
             "quantities": {},
             "tables": {
                 "plants": {"caption": f"Each planted defect found by `minikv hunt --backend` (seed 0, first finding, "
