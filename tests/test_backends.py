@@ -108,6 +108,17 @@ def test_adapters_run_inside_minikvs_models(model, fmt):
     assert outs["sdpa"] == outs["torch"] and outs["flexattention"] == outs["torch"]
 
 
+def test_an_adapter_refuses_what_its_features_lack():
+    """A window or a relative bias the backend cannot apply is refused inside the engine, not ignored."""
+    import dataclasses
+    narrow = backends.get("sdpa")
+    narrow.features = dataclasses.replace(narrow.features, sliding_window=False,
+                                          notes={"sliding_window": "this kernel has no window"})
+    llm = minikv.LLM(model="tiny-gemma4", backend=narrow, max_num_seqs=1)
+    with pytest.raises(NotImplementedError, match="sdpa: this kernel has no window"):
+        llm.generate(llm.task.prompts(1, seed=0), minikv.SamplingParams(max_tokens=2), use_tqdm=False)
+
+
 def test_a_missing_package_is_one_line_naming_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.nn.attention.flex_attention", None)
     monkeypatch.delitem(sys.modules, "minikv.attention.backends.flex", raising=False)

@@ -220,19 +220,30 @@ class Adapter:
     def write_kv(self, key, value, pool, slot_mapping, spec, k_scale=1.0, v_scale=1.0, validate=True) -> None:
         self.write(CacheWrite(key, value, slot_mapping, PagedPool.of(pool, spec, k_scale, v_scale)))
 
+    def _refuse(self, sliding_window, rel_bias) -> None:
+        """What the backend's Features say it lacks is refused, never ignored (one check of two Python values)."""
+        f = self.features
+        if rel_bias is not None and not f.rel_bias:
+            raise NotImplementedError(f"{self.name}: {f.notes.get('rel_bias', 'no relative position bias')}")
+        if sliding_window and not f.sliding_window:
+            raise NotImplementedError(f"{self.name}: {f.notes.get('sliding_window', 'no sliding window')}")
+
     def decode(self, q, pool, block_tables, seq_lens, spec, sm_scale, k_scale=1.0, v_scale=1.0, out=None,
                validate=True, sliding_window=0, rel_bias=None, config=None) -> torch.Tensor:
+        self._refuse(sliding_window, rel_bias)
         result = self.decode_step(DecodeStep(q, PagedPool.of(pool, spec, k_scale, v_scale), block_tables,
                                              seq_lens, float(sm_scale), int(sliding_window or 0), rel_bias))
         return result if out is None else out.copy_(result)
 
     def context(self, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, sm_scale, validate=True, sliding_window=0,
                 rel_bias=None, config=None) -> torch.Tensor:
+        self._refuse(sliding_window, rel_bias)
         return self.workspace_step(WorkspaceStep(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal), float(sm_scale),
                                                  int(sliding_window or 0), rel_bias))
 
     def paged_context(self, q, pool, block_tables, cu_seqlens_q, seq_lens, spec, causal, sm_scale, k_scale=1.0,
                       v_scale=1.0, validate=True, sliding_window=0, rel_bias=None, config=None) -> torch.Tensor:
+        self._refuse(sliding_window, rel_bias)
         return self.context_step(ContextStep(q, PagedPool.of(pool, spec, k_scale, v_scale), block_tables,
                                              cu_seqlens_q, seq_lens, bool(causal), float(sm_scale),
                                              int(sliding_window or 0), rel_bias))

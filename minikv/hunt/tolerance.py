@@ -12,9 +12,13 @@ the D-term sums carry D u32, the score is rounded (u) and the exponent's argumen
 
     |ds_j| <= sm sum_d |q_d k_jd| (2u + D u32) + (|s_j| + |s_j - max s|) u =: Delta_j .
 
-Scores off by at most Delta move each probability by a factor within exp(+-2 Delta), so the output moves by at most
-expm1(2 max Delta) max_j |v_j - o| (sum p = 1 on both sides). P and V are rounded (u each), the L-term sum carries
-L u32 and the output is rounded (u):  tol = expm1(2 Delta) spread + sum_j p_j |v_j| (2u + L u32) + |o| u.
+Scores off by at most Delta move each probability by a factor within exp(+-2 Delta); as both sets of
+probabilities sum to 1, o' - o = sum_j (p'_j - p_j)(v_j - o), so the output moves by at most
+expm1(2 max Delta) sum_j p_j |v_j - o| (0 for a single visible key). P and V are rounded (u each), the L-term sum
+carries L u32 and the output is rounded (u); a probability below the dtype's smallest normal number (times
+exp(2 Delta)) may be flushed to zero, losing its p_j |v_j|:
+    tol = expm1(2 Delta) sum_j p_j |v_j - o| + sum_j p_j |v_j| (2u + L u32) + |o| u
+          + sum_{j: p_j < tiny exp(2 Delta)} p_j |v_j|.
 """
 from __future__ import annotations
 
@@ -61,7 +65,14 @@ def attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: 
     o = torch.einsum("hqk,khd->qhd", p, v)
     delta = a * (2 * u + d * U32) + (s.abs() + (s - top).abs()) * u
     delta = delta.masked_fill(~visible[None], 0).amax(dim=-1)                 # [Hq, n]
-    spread = torch.maximum(v.amax(dim=0)[None] - o, o - v.amin(dim=0)[None])  # [n, Hq, D]: >= max_j |v_j - o|
+    spread = torch.empty_like(o)                                             # sum_j p_j |v_j - o|, [n, Hq, D]
+    for row in range(0, o.shape[0], 16):                                    # in chunks: [16, Hq, L, D] at most
+        rows = slice(row, row + 16)
+        dev = (v.transpose(0, 1)[None] - o[rows, :, None, :]).abs()          # [r, Hq, L, D]
+        spread[rows] = torch.einsum("hqk,qhkd->qhd", p[:, rows], dev)
     pv = torch.einsum("hqk,khd->qhd", p, v.abs())
-    tol = torch.expm1(2 * delta).transpose(0, 1)[..., None] * spread + pv * (2 * u + length * U32) + o.abs() * u
+    tiny = torch.finfo(dtype).tiny * torch.exp(2 * delta)[..., None]       # [Hq, n, 1]
+    flushed = torch.einsum("hqk,khd->qhd", p * (p < tiny), v.abs())
+    tol = (torch.expm1(2 * delta).transpose(0, 1)[..., None] * spread + pv * (2 * u + length * U32) + o.abs() * u
+           + flushed)
     return o, tol
