@@ -249,7 +249,11 @@ class Adapter:
                                              int(sliding_window or 0), rel_bias))
 
     def __repr__(self) -> str:
-        return f"minikv.attention.backends.get({self.name!r})"
+        """The expression that builds this backend again (a printed reproduction starts from it)."""
+        cls = type(self)
+        if cls.__module__.startswith("minikv.attention.backends."):
+            return f"minikv.attention.backends.get({self.name!r})"
+        return f"{cls.__module__}.{cls.__qualname__}()"
 
 
 def quantize(x: torch.Tensor, fmt: int, layer_scale: float = 1.0):

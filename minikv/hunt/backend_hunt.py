@@ -103,17 +103,13 @@ class BackendReport:
 
 def recipe(backend) -> tuple[str, str]:
     """(the import, the expression) that rebuild `backend` in a printed program."""
-    text = repr(backend)
-    if text.startswith("minikv."):
-        module = text.split("(")[0].rsplit(".", 1)[0]
-        return f"import {module}", text
-    name = getattr(backend, "name", None)
     if type(backend).__name__ == "KernelOps":
-        return "import minikv.attention.backend", f"minikv.attention.backend.get_ops({name!r})"
-    cls = type(backend)
-    if cls.__module__ != "__main__":
-        return f"import {cls.__module__}", f"{cls.__module__}.{cls.__qualname__}()"
-    return "", f"{cls.__qualname__}()   # your backend: define or import it above"
+        return "import minikv.attention.backend", f"minikv.attention.backend.get_ops({backend.name!r})"
+    module = type(backend).__module__
+    if module == "__main__" or "." not in repr(backend) or repr(backend).startswith("<"):
+        return "", f"{type(backend).__qualname__}()   # your backend: define or import it above"
+    text = repr(backend)
+    return f"import {text.split('(')[0].rsplit('.', 1)[0]}", text
 
 
 def program(backend, case: KernelCase, violations: list[Violation]) -> str:

@@ -15,10 +15,11 @@ the D-term sums carry D u32, the score is rounded (u) and the exponent's argumen
 Scores off by at most Delta move each probability by a factor within exp(+-2 Delta); as both sets of
 probabilities sum to 1, o' - o = sum_j (p'_j - p_j)(v_j - o), so the output moves by at most
 expm1(2 max Delta) sum_j p_j |v_j - o| (0 for a single visible key). P and V are rounded (u each), the L-term sum
-carries L u32 and the output is rounded (u); a probability below the dtype's smallest normal number (times
-exp(2 Delta)) may be flushed to zero, losing its p_j |v_j|:
+carries L u32 and the output is rounded (u); a probability within one binade of the dtype's smallest normal number
+(times exp(2 Delta)) may come out as zero, losing its p_j |v_j| (a vectorized exp builds 2^n 2^f and flushes once n
+reaches the exponent's floor, and subnormals may be flushed):
     tol = expm1(2 Delta) sum_j p_j |v_j - o| + sum_j p_j |v_j| (2u + L u32) + |o| u
-          + sum_{j: p_j < tiny exp(2 Delta)} p_j |v_j|.
+          + sum_{j: p_j < 2 tiny exp(2 Delta)} p_j |v_j|.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: 
         dev = (v.transpose(0, 1)[None] - o[rows, :, None, :]).abs()          # [r, Hq, L, D]
         spread[rows] = torch.einsum("hqk,qhkd->qhd", p[:, rows], dev)
     pv = torch.einsum("hqk,khd->qhd", p, v.abs())
-    tiny = torch.finfo(dtype).tiny * torch.exp(2 * delta)[..., None]       # [Hq, n, 1]
+    tiny = 2 * torch.finfo(dtype).tiny * torch.exp(2 * delta)[..., None]   # [Hq, n, 1]
     flushed = torch.einsum("hqk,khd->qhd", p * (p < tiny), v.abs())
     tol = (torch.expm1(2 * delta).transpose(0, 1)[..., None] * spread + pv * (2 * u + length * U32) + o.abs() * u
            + flushed)
