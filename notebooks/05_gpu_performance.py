@@ -167,14 +167,14 @@ for placement in ("row", "block"):
 # %% [markdown]
 # ## Results (from the recorded CSV)
 #
-# Everything from here on reads the committed CSV and prints it once; the figures are `minikv.viz_gpu`'s. Colours
+# Everything from here on reads the committed CSV and prints it once; the figures are `minikv.viz.gpu`'s. Colours
 # name a format in every figure (bf16 blue, fp8 per tensor orange, int8 per-token-head green, fp8 per-token-head
 # purple) and each format has its own marker; the block placement of a per-token-head format has its colour with a
 # dotted line, a hollow marker or a hatched bar. No colour here means "wrong": every kernel measured computes the
 # right answer (tests/test_kernels_gpu.py).
 
 # %%
-from minikv import viz_gpu
+from minikv.viz import gpu as viz_gpu
 from minikv.bench.attention import format_targets
 
 TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing", "kernel", "mode",
@@ -530,7 +530,7 @@ for launch, what in ((0, "bf16"), (2, "int8 p.t.h., row window"), (6, "int8 p.t.
 my_answer_1 = None   # your answer: a speed-up (a number)
 
 # %% tags=["check"]
-from minikv.exercises import check
+from minikv.viz.exercises import check
 
 allowed = nbytes[("auto", 64, 4096)] / nbytes[("int8_per_token_head", 64, 4096)]
 check("Exercise 1", my_answer_1, allowed, abs_tol=0.05)

@@ -1,6 +1,6 @@
 """Every figure the notebooks and the docs show is legible at the size it is shown.
 
-Each figure function of minikv.viz, viz_scale_wipe, viz_cross_stride and viz_gpu is drawn here with inputs the
+Each figure function of minikv.viz and its scale_wipe, cross_stride and gpu modules is drawn here with inputs the
 size of the notebooks' (the GPU figures with the committed CSV itself), and `minikv.viz.legibility_problems` must
 find nothing: no text smaller than 8 pt where the figure is shown (its own width, or the site's column of
 SHOWN_WIDTH_PX if it were wider; no figure is), none cut off by the figure's edge or its axes, no two texts drawn
@@ -21,7 +21,10 @@ from matplotlib.figure import Figure
 
 matplotlib.use("Agg")
 
-from minikv import viz, viz_cross_stride, viz_gpu, viz_scale_wipe
+from minikv import viz
+from minikv.viz import cross_stride as viz_cross_stride
+from minikv.viz import gpu as viz_gpu
+from minikv.viz import scale_wipe as viz_scale_wipe
 from minikv.cache.layout import KVLayout
 from minikv.repro.cross_stride_trace import CrossCausalChain, CrossTimeline
 from minikv.repro.scale_wipe_trace import CausalChain, StorageMap, Timeline
@@ -217,7 +220,7 @@ def test_figure_is_legible_where_it_is_shown(name):
 
 def test_legibility_check_catches_small_overlapping_and_cut_off_text():
     """The check itself must fail on what makes a figure unreadable, or the tests above could never fail."""
-    fig, ax = viz._new_figure(figsize=(4.0, 3.0))
+    fig, ax = viz.new_figure(figsize=(4.0, 3.0))
     ax.text(0.5, 0.5, "tiny", fontsize=5)
     ax.text(0.1, 0.1, "first label", fontsize=9)
     ax.text(0.12, 0.1, "second label", fontsize=9)
@@ -226,7 +229,7 @@ def test_legibility_check_catches_small_overlapping_and_cut_off_text():
     assert "'tiny': 5 pt" in problems
     assert "'first label' and 'second label' overlap" in problems
     assert "cut off" in problems or "past the figure's edge" in problems
-    wide, _ = viz._new_figure(figsize=(8.0, 2.0))
+    wide, _ = viz.new_figure(figsize=(8.0, 2.0))
     wide.text(0.5, 0.5, "8 points", fontsize=8)
     assert viz.legibility_problems(wide) == []
     assert viz.legibility_problems(wide, shown_width_px=400)      # shown at half the width: 4 pt

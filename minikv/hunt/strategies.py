@@ -70,7 +70,7 @@ def prompt_pool(model: str) -> tuple[str, ...]:
     its own tokenizer (`checkpoint_prompts`)."""
     if not is_shipped(model):
         return tuple(sorted(checkpoint_prompts(model), key=lambda p: (len(p), p)))
-    from minikv import tasks
+    from minikv.models import tasks
     return tuple(sorted(tasks.for_model(model).prompts(n=PROMPT_POOL, seed=0), key=lambda p: (len(p), p)))
 
 
@@ -89,7 +89,7 @@ def checkpoint_prompts(model: str, n: int = PROMPT_POOL, seed: int = 0) -> list[
     At most MAX_PROMPT_TOKENS tokens each, so that every prompt fits the model's positions with room to generate."""
     import random
 
-    from minikv import tasks
+    from minikv.models import tasks
     tok = _tokenizer(model)
     out: list[str] = []
     try:
@@ -120,7 +120,7 @@ def checkpoint_prompts(model: str, n: int = PROMPT_POOL, seed: int = 0) -> list[
 def longer_window(model: str, prompt: str, extra_terms: int) -> str:
     """For the arithmetic model: the same sequence with more terms, so two prompts share a prefix (what prefix
     caching reuses). Other models' prompts are returned unchanged."""
-    from minikv import tasks
+    from minikv.models import tasks
     if extra_terms == 0 or not is_shipped(model):
         return prompt
     task = tasks.for_model(model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minikv import provenance
+from minikv.defects import provenance
 from minikv.kernels.errors import InvalidTypeError, InvalidValueError
 
 

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from minikv.viz import FONT, MAX_WIDTH_IN, NEUTRAL, _new_figure
+from .style import FONT, MAX_WIDTH_IN, NEUTRAL, new_figure
 
 COLOUR = {"auto": "C0", "fp8": "C1", "int8_per_token_head": "C2", "fp8_per_token_head": "C4"}
 MARKER = {"auto": "o", "fp8": "D", "int8_per_token_head": "s", "fp8_per_token_head": "^"}
@@ -74,7 +74,7 @@ def bandwidth_figure(rows: Sequence[dict], title: str = "Paged decode bandwidth 
     decode = _decode(rows)
     contexts = sorted({int(r["context"]) for r in decode})
     copy = float(rows[0]["copy_GBps"])
-    fig, axes = _new_figure(1, len(contexts), figsize=(MAX_WIDTH_IN, 3.9), sharey=True)
+    fig, axes = new_figure(1, len(contexts), figsize=(MAX_WIDTH_IN, 3.9), sharey=True)
     axes = np.atleast_1d(axes)
     for ax, ctx in zip(axes, contexts):
         for fmt in _formats(decode):
@@ -98,7 +98,7 @@ def roofline_figure(rows: Sequence[dict], title: str = "Paged decode time agains
     (bytes / copy bandwidth of the same run) as a dashed line. Block-placement points are hollow."""
     decode = _decode(rows)
     copy = float(rows[0]["copy_GBps"])
-    fig, ax = _new_figure(figsize=(MAX_WIDTH_IN, 5.4))
+    fig, ax = new_figure(figsize=(MAX_WIDTH_IN, 5.4))
     order = sorted(_formats(decode), key=lambda f: DRAW_ORDER.index(f) if f in DRAW_ORDER else len(DRAW_ORDER))
     for z, fmt in enumerate(order):
         pts = [(r["bytes"] / 1e6, 1e3 * r["ms"]) for r in decode if r["format"] == fmt]
@@ -125,7 +125,7 @@ def roofline_bars_figure(rows: Sequence[dict], shapes: Sequence[tuple[int, int]]
     copy = float(rows[0]["copy_GBps"])
     by = {(r["format"], int(r["batch"]), int(r["context"])): r for r in decode}
     formats = _formats(decode)
-    fig, axes = _new_figure(1, len(shapes), figsize=(MAX_WIDTH_IN, 4.2), sharey=False)
+    fig, axes = new_figure(1, len(shapes), figsize=(MAX_WIDTH_IN, 4.2), sharey=False)
     axes = np.atleast_1d(axes)
     for ax, (b, c) in zip(axes, shapes):
         x = np.arange(len(formats))
@@ -150,7 +150,7 @@ def _ratio_panels(decode: list[dict], column: str, other: str, height: float, ti
     """`column` (another kernel's time over minikv's) against the batch, one panel per context length, a line per
     format, with the dashed line at 1 where minikv is as fast as `other`."""
     contexts = sorted({int(r["context"]) for r in decode})
-    fig, axes = _new_figure(1, len(contexts), figsize=(MAX_WIDTH_IN, height), sharey=True)
+    fig, axes = new_figure(1, len(contexts), figsize=(MAX_WIDTH_IN, height), sharey=True)
     axes = np.atleast_1d(axes)
     for ax, ctx in zip(axes, contexts):
         for fmt in _formats(decode):
@@ -197,7 +197,7 @@ def engine_context_figure(rows: Sequence[dict], batch: int | None = None,
         raise ValueError("no engine rows: the CSV was recorded without the engine (attention --engine)")
     batch = batch or max(int(r["batch"]) for r in engine)
     engine = [r for r in engine if int(r["batch"]) == batch]
-    fig, ax = _new_figure(1, 1, figsize=(MAX_WIDTH_IN * 0.75, 4.0))
+    fig, ax = new_figure(1, 1, figsize=(MAX_WIDTH_IN * 0.75, 4.0))
     formats = list(dict.fromkeys(f for f in DRAW_ORDER for r in engine if r["format"] == f))
     for fmt in formats:
         for mode, (linestyle, _) in ENGINE_MODES.items():

@@ -27,7 +27,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from minikv.viz import (
+from .style import (
     DPI,
     EMPTY,
     FONT,
@@ -37,8 +37,8 @@ from minikv.viz import (
     POOL_COLOURS,
     RIGHT,
     WRONG,
-    _new_figure,
-    _to_numpy,
+    new_figure,
+    to_numpy,
 )
 
 KB = 1024
@@ -94,7 +94,7 @@ def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
         x_max = max(max([e for blocks in p["doubled"].values() for _, e, _ in blocks] or [0]) for p in panels)
         x_max = int(x_max * 1.04) + 4 * KB
     rows = len(cross_names) + 2
-    fig, axes = _new_figure(len(panels), 1, figsize=(MAX_WIDTH_IN, 1.3 + 0.36 * rows * len(panels)), sharex=True)
+    fig, axes = new_figure(len(panels), 1, figsize=(MAX_WIDTH_IN, 1.3 + 0.36 * rows * len(panels)), sharex=True)
     axes = np.atleast_1d(axes)
     colour = {}
     for ax, p in zip(axes, panels):
@@ -187,14 +187,14 @@ def fp8_row_as_16bit(row_bytes, fp8_values, read_values, title: str = "One FP8 K
 
     row_bytes: [2 * head_size] uint8; fp8_values: [head_size] the FP8 row decoded; read_values: [head_size] the
     16-bit reader's decoding (may hold inf/NaN, drawn at the axis edge)."""
-    raw = _to_numpy(row_bytes, "row_bytes", ndim=1).astype(np.int64)
-    want = _to_numpy(fp8_values, "fp8_values", ndim=1)
-    got = _to_numpy(read_values, "read_values", ndim=1)
+    raw = to_numpy(row_bytes, "row_bytes", ndim=1).astype(np.int64)
+    want = to_numpy(fp8_values, "fp8_values", ndim=1)
+    got = to_numpy(read_values, "read_values", ndim=1)
     n = want.shape[0]
     if raw.shape[0] != 2 * n or got.shape[0] != n:
         raise ValueError(f"row_bytes must hold 2 x head_size bytes and read_values head_size values; got "
                          f"{raw.shape[0]} bytes, {n} FP8 values, {got.shape[0]} read values")
-    fig, (top, bottom) = _new_figure(2, 1, figsize=(MAX_WIDTH_IN, 6.2), height_ratios=(1.3, 2.0))
+    fig, (top, bottom) = new_figure(2, 1, figsize=(MAX_WIDTH_IN, 6.2), height_ratios=(1.3, 2.0))
     bad = ~(np.isfinite(got) & (got == want))
     for line in range(2):
         y = 3.2 - 2.1 * line
@@ -251,10 +251,10 @@ def output_scatter(samples: Mapping[str, object], tolerance: float = 0.02,
     `tolerance` x max|exact| of its panel, green otherwise; the diagonal is where a right output lies."""
     if not samples:
         raise ValueError("samples is empty: pass {version: [(exact, got), ...]}")
-    fig, axes = _new_figure(1, len(samples), figsize=(MAX_WIDTH_IN, 3.6))
+    fig, axes = new_figure(1, len(samples), figsize=(MAX_WIDTH_IN, 3.6))
     axes = np.atleast_1d(axes)
     for ax, (label, pairs) in zip(axes, samples.items()):
-        arr = _to_numpy(pairs, f"samples[{label!r}]", ndim=2)
+        arr = to_numpy(pairs, f"samples[{label!r}]", ndim=2)
         if arr.shape[1] != 2:
             raise ValueError(f"samples[{label!r}] must be (exact, got) pairs, got shape {arr.shape}")
         exact, got = arr[:, 0], arr[:, 1]
@@ -305,7 +305,7 @@ def cross_timeline_figure(*timelines, max_columns: int = 6,
     if not timelines:
         raise ValueError("cross_timeline_figure needs at least one CrossTimeline")
     rows = sum(len(t.layers) + 1.8 for t in timelines)
-    fig, axes = _new_figure(len(timelines), 1, figsize=(MAX_WIDTH_IN, 0.36 * rows + 1.4))
+    fig, axes = new_figure(len(timelines), 1, figsize=(MAX_WIDTH_IN, 0.36 * rows + 1.4))
     axes = np.atleast_1d(axes)
     from matplotlib.colors import ListedColormap
     cmap = ListedColormap([EMPTY, "#d9d9d9", RIGHT, WRONG])

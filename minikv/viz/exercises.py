@@ -5,7 +5,7 @@ engine, computes the true answer and calls `check`, and a folded solution that e
 never prints the true answer, so a check cell's recorded output gives nothing away; with no answer yet it prints
 the same line on every machine, which is what nbval compares.
 
-    from minikv.exercises import check
+    from minikv.viz.exercises import check
     check("Exercise 1", my_answer, [len(t) for t in tables])          # -> None, True or False, and says so
 """
 from __future__ import annotations

@@ -16,12 +16,12 @@ import shlex
 import sys
 import traceback
 
-from minikv.argtypes import UsageParser, model_arg, positive_int
+from minikv.engine.arguments import UsageParser, model_arg, positive_int
 from minikv.config import BACKENDS, KV_CACHE_DTYPES
 
 
 def _cmd_demo(args) -> int:
-    from minikv import demo
+    from minikv.cli import demo
     return demo.main(device=args.device)
 
 
@@ -57,8 +57,8 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    from minikv import evaluate
-    result = evaluate.exact_match(args.model, args.kv_cache_dtype, n=args.n, device=args.device,
+    from minikv.bench import accuracy
+    result = accuracy.exact_match(args.model, args.kv_cache_dtype, n=args.n, device=args.device,
                                   backend=args.backend, max_num_seqs=args.max_num_seqs, task=args.task)
     print(result.report())
     return 0
@@ -183,7 +183,7 @@ def _hunt_every_defect(args, command: str) -> int:
     hunt's own report). Exit 0 when the fixed engine is clean and every defect the model can have is found."""
     import os
 
-    from minikv.bugs import DEFECTS
+    from minikv.defects.registry import DEFECTS
     from minikv.hunt import cli as hunt_cli
     from minikv.hunt import hunt
     from minikv.hunt.reference import LOGIT_TOLERANCE, DenseReference, calibrate
@@ -289,8 +289,8 @@ def _hunt_every_defect(args, command: str) -> int:
 
 
 def _cmd_bugs(args) -> int:
-    from minikv import bugs
-    print(bugs.table())
+    from minikv.defects import registry
+    print(registry.table())
     return 0
 
 
@@ -323,7 +323,7 @@ same weights."""
 
 def demo_doc() -> str:
     """`minikv demo --help`'s description: the demo module's own docstring, so it says what the demo does today."""
-    from minikv import demo
+    from minikv.cli import demo
     return " ".join(demo.__doc__.split("\n\n")[0].split())
 
 
@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # `minikv hunt`: its options live in minikv/hunt/cli.py; --reintroduce is checked here against the
     # registry, so the hunter itself never reads defect names.
-    from minikv.bugs import DEFECTS
+    from minikv.defects.registry import DEFECTS
     from minikv.hunt.cli import add_arguments as hunt_arguments
     h = sub.add_parser("hunt", help="search engine configurations for violated KV-cache invariants "
                                     "(exit 0: clean, 1: found, 2: usage error)",

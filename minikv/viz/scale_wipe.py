@@ -20,7 +20,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from minikv.viz import (
+from .style import (
     DPI,
     EMPTY,
     FONT,
@@ -30,8 +30,8 @@ from minikv.viz import (
     RIGHT,
     SCALE,
     WRONG,
-    _new_figure,
-    _to_numpy,
+    new_figure,
+    to_numpy,
 )
 
 # Cell codes of the timeline: what a layer did in one column, in order.
@@ -86,7 +86,7 @@ def timeline_figure(*timelines, title: str = "Who touches the shared storages, a
     if not timelines:
         raise ValueError("timeline_figure needs at least one Timeline")
     rows = sum(t.num_layers + 1.6 for t in timelines)
-    fig, axes = _new_figure(len(timelines), 1, figsize=(MAX_WIDTH_IN, 0.3 * rows + 1.5))
+    fig, axes = new_figure(len(timelines), 1, figsize=(MAX_WIDTH_IN, 0.3 * rows + 1.5))
     axes = np.atleast_1d(axes)
     for ax, t in zip(axes, timelines):
         grid = np.array([[_cell_state(t.events(layer, c)) for c in t.columns] for layer in range(t.num_layers)])
@@ -121,7 +121,7 @@ def wiped_reads_figure(timeline, title: str = "Which layers read wiped rows, ste
         for j, c in enumerate(columns):
             events = timeline.events(layer, c)
             grid[layer, j] = 3 if "read wiped" in events else 2 if "read" in events else 0
-    fig, ax = _new_figure(figsize=(MAX_WIDTH_IN, 3.4))
+    fig, ax = new_figure(figsize=(MAX_WIDTH_IN, 3.4))
     ax.imshow(grid, cmap=_STATE_CMAP, vmin=0, vmax=3, aspect="auto", interpolation="nearest")
     ax.set_yticks(range(timeline.num_layers), _layer_labels(timeline), fontsize=FONT)
     starts = [j for j, c in enumerate(columns) if timeline.phases.get(c) == "prefill"]
@@ -136,7 +136,7 @@ def wiped_reads_figure(timeline, title: str = "Which layers read wiped rows, ste
 
 
 def _max_abs_per_token(k) -> np.ndarray:
-    array = _to_numpy(k, "K")
+    array = to_numpy(k, "K")
     return np.abs(array.reshape(array.shape[0], -1)).max(axis=1)
 
 
@@ -173,7 +173,7 @@ def causal_chain_figure(chain, inflation: str, title: str | None = None) -> Figu
     ax.legend(fontsize=FONT, loc="center right")
 
     ax = axes[1]
-    fixed, buggy = _to_numpy(chain.attn_fixed, "attn_fixed", 1), _to_numpy(chain.attn_buggy, "attn_buggy", 1)
+    fixed, buggy = to_numpy(chain.attn_fixed, "attn_fixed", 1), to_numpy(chain.attn_buggy, "attn_buggy", 1)
     ax.bar(tokens - 0.2, fixed, width=0.4, color=RIGHT, label="over the fixed keys")
     ax.bar(tokens + 0.2, buggy, width=0.4, color=WRONG, label="over the wiped keys")
     ax.set_xlabel("prompt token (key)", fontsize=FONT + 1)
@@ -319,7 +319,7 @@ def request_sources_grid(damaged: Sequence[bool], max_num_seqs: int, sources: Ma
     grid = np.full((rows, max_num_seqs), 0)
     for i, bad in enumerate(flags):
         grid[i // max_num_seqs, i % max_num_seqs] = 3 if bad else 2
-    fig, ax = _new_figure(figsize=(1.1 * max_num_seqs + 2.6, 0.75 * rows + 1.4))
+    fig, ax = new_figure(figsize=(1.1 * max_num_seqs + 2.6, 0.75 * rows + 1.4))
     ax.imshow(grid, cmap=_STATE_CMAP, vmin=0, vmax=3, aspect="auto", interpolation="nearest")
     for i in range(len(flags)):
         text = f"{i}" + (f"\nfrom {sources[i]}" if i in sources else "")

@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from minikv import tasks
+from minikv.models import tasks
 from minikv.models.registry import MODEL_NAMES
 
 
