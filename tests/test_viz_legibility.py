@@ -168,28 +168,28 @@ FIGURES = {
     "viz.pool_byte_map": lambda: viz.pool_byte_map(_byte_panels()[1]["regions"], [(4 * KB, 8 * KB)],
                                                    [(4 * KB, 12 * KB)], pool="cross.decoder.0.cross_attn"),
     "viz.bandwidth_plot": lambda: viz.bandwidth_plot([("decode auto", 3000.0), ("decode int8", 2400.0)], 4000.0),
-    "viz_scale_wipe.timeline_figure": lambda: viz_scale_wipe.timeline_figure(_timeline(True), _timeline(False)),
-    "viz_scale_wipe.wiped_reads_figure": lambda: viz_scale_wipe.wiped_reads_figure(_timeline(True)),
-    "viz_scale_wipe.causal_chain_figure": lambda: viz_scale_wipe.causal_chain_figure(_chain(), "x41"),
-    "viz_scale_wipe.storage_byte_map": lambda: viz_scale_wipe.storage_byte_map(_storage_map()),
-    "viz_scale_wipe.request_sources_grid": lambda: viz_scale_wipe.request_sources_grid(
+    "viz.scale_wipe.timeline_figure": lambda: viz_scale_wipe.timeline_figure(_timeline(True), _timeline(False)),
+    "viz.scale_wipe.wiped_reads_figure": lambda: viz_scale_wipe.wiped_reads_figure(_timeline(True)),
+    "viz.scale_wipe.causal_chain_figure": lambda: viz_scale_wipe.causal_chain_figure(_chain(), "x41"),
+    "viz.scale_wipe.storage_byte_map": lambda: viz_scale_wipe.storage_byte_map(_storage_map()),
+    "viz.scale_wipe.request_sources_grid": lambda: viz_scale_wipe.request_sources_grid(
         [i in (0, 1, 2, 3, 8, 9, 10, 11) for i in range(12)], 4, {8: 0, 9: 1, 10: 2, 11: 3},
         title="Buggy, prefix caching"),
-    "viz_cross_stride.stride_byte_map": lambda: viz_cross_stride.stride_byte_map(_byte_panels()),
-    "viz_cross_stride.fp8_row_as_16bit": lambda: viz_cross_stride.fp8_row_as_16bit(*_fp8_row()),
-    "viz_cross_stride.output_scatter": lambda: viz_cross_stride.output_scatter(
+    "viz.cross_stride.stride_byte_map": lambda: viz_cross_stride.stride_byte_map(_byte_panels()),
+    "viz.cross_stride.fp8_row_as_16bit": lambda: viz_cross_stride.fp8_row_as_16bit(*_fp8_row()),
+    "viz.cross_stride.output_scatter": lambda: viz_cross_stride.output_scatter(
         {f"{v} ({p})": list(zip(RNG.normal(size=200), RNG.normal(size=200) * s))
          for v, p, s in (("historical", "fused", 5), ("fallback", "unfused", 1), ("taught-fused", "fused", 1))}),
-    "viz_cross_stride.cross_timeline_figure": lambda: viz_cross_stride.cross_timeline_figure(_cross_timeline(True),
+    "viz.cross_stride.cross_timeline_figure": lambda: viz_cross_stride.cross_timeline_figure(_cross_timeline(True),
                                                                                              _cross_timeline(False)),
-    "viz_cross_stride.cross_causal_chain_figure": lambda: viz_cross_stride.cross_causal_chain_figure(_cross_chain()),
-    "viz_gpu.bandwidth_figure": lambda: viz_gpu.bandwidth_figure(_gpu_rows()),
-    "viz_gpu.roofline_figure": lambda: viz_gpu.roofline_figure(_gpu_rows()),
-    "viz_gpu.roofline_bars_figure": lambda: viz_gpu.roofline_bars_figure(_gpu_rows(), [(64, 4096), (16, 16384),
+    "viz.cross_stride.cross_causal_chain_figure": lambda: viz_cross_stride.cross_causal_chain_figure(_cross_chain()),
+    "viz.gpu.bandwidth_figure": lambda: viz_gpu.bandwidth_figure(_gpu_rows()),
+    "viz.gpu.roofline_figure": lambda: viz_gpu.roofline_figure(_gpu_rows()),
+    "viz.gpu.roofline_bars_figure": lambda: viz_gpu.roofline_bars_figure(_gpu_rows(), [(64, 4096), (16, 16384),
                                                                                         (256, 16384)]),
-    "viz_gpu.sdpa_ratio_figure": lambda: viz_gpu.sdpa_ratio_figure(_gpu_rows()),
-    "viz_gpu.peer_figure": lambda: viz_gpu.peer_figure(_gpu_rows()),
-    "viz_gpu.engine_context_figure": lambda: viz_gpu.engine_context_figure(_gpu_rows()),
+    "viz.gpu.sdpa_ratio_figure": lambda: viz_gpu.sdpa_ratio_figure(_gpu_rows()),
+    "viz.gpu.peer_figure": lambda: viz_gpu.peer_figure(_gpu_rows()),
+    "viz.gpu.engine_context_figure": lambda: viz_gpu.engine_context_figure(_gpu_rows()),
 }
 
 

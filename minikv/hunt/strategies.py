@@ -137,7 +137,7 @@ def longer_window(model: str, prompt: str, extra_terms: int) -> str:
     return prompt
 
 
-def _tokens(model: str, prompt: str) -> tuple[int, int]:
+def token_counts(model: str, prompt: str) -> tuple[int, int]:
     """(decoder prompt tokens, encoder tokens) of a prompt."""
     n = len(_tokenizer(model).encode(prompt))
     if model_is_encoder_decoder(model):
@@ -252,7 +252,7 @@ def scenarios(draw, cell: tuple[str, str, str]):
     placement = draw(st.sampled_from(("row", "block"))) if per_token_head else "row"
     repeat = draw(st.booleans())
     sleep = draw(st.sampled_from((None, "discard", "free"))) if repeat else None
-    sizes = [_tokens(model, r.prompt) for r in reqs]
+    sizes = [token_counts(model, r.prompt) for r in reqs]
     extra = draw(st.one_of(st.none(), st.integers(0, MAX_EXTRA_BLOCKS)))
     num_blocks = None if extra is None else extra + max(
         blocks_for(dec + r.max_tokens - 1, block_size) for r, (dec, _) in zip(reqs, sizes))

@@ -115,13 +115,13 @@ def arena_runs(prompts, reference, need: int, factor: float = 1.5, device="cpu",
 
 def arena_rows(runs: list[tuple[str, PoolRun]], n: int) -> list[list]:
     return [[arena, "on" if r.sanitize else "off", r.blocks,
-             r.outcome + (f" ({_of(r.wrong, n)})" if r.outcome == "wrong tokens" else "")] for arena, r in runs]
+             r.outcome + (f" ({wrong_of(r.wrong, n)})" if r.outcome == "wrong tokens" else "")] for arena, r in runs]
 
 
 ARENA_COLUMNS = ["arena", "sanitizer", "cross pool blocks", "historical stride"]
 
 
-def _of(wrong: list[int], n: int) -> str:
+def wrong_of(wrong: list[int], n: int) -> str:
     return f"{len(wrong)} of {n}"
 
 
