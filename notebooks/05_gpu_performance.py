@@ -375,7 +375,7 @@ for c in engine_contexts:
 # %% [markdown]
 # ### Where a decode step's time goes
 #
-# The same engine profiled with `torch.profiler` (`../results/gpu/v4-profile/engine_profile.py steps`: launched
+# The same engine profiled with `torch.profiler` (`../tools/gpu_probes/engine_step_profile.py steps`: launched
 # eagerly, so that every kernel is seen; bf16 and int8 per-token-head, batch 64, context 8192), each kernel's time
 # put in a category by its name. Two runs on the H200: before and after the model's RMSNorms became one kernel
 # each (`kernels/rms_norm.py`, RoPE and the residual add fused in where they follow a norm). Written with torch
@@ -388,7 +388,7 @@ for c in engine_contexts:
 # %%
 PROFILES = DATA.resolve().parents[2] / "results" / "gpu"
 profile = {name: [r for r in csv.DictReader(open(PROFILES / folder / "steps_8192.csv")) if r["launches_per_step"]]
-           for name, folder in (("torch norms", "v4-profile"), ("fused norms", "v4-fused-norm"))}
+           for name, folder in (("torch norms", "decode-profile"), ("fused norms", "engine-fused-norm"))}
 print(f"{'decode step, context 8192':30s} {'torch norms':>22s} {'fused norms':>22s}")
 for fmt in ("auto", "int8_per_token_head"):
     for cat in ("decode attention", "matmul", "KV cache write", "other", "all kernels"):

@@ -1,7 +1,7 @@
-# bash results/gpu/v4-final/run.sh STEP... (repository root, CUDA machine, .whl/ carried): tools/gpu.sh's steps
+# bash tools/gpu_probes/recorded_run.sh STEP... (repository root, CUDA machine, .whl/ carried): tools/gpu.sh's steps
 # (`bench`: the recorded run: kernels, FlashInfer, the engine; `tests`: `make test-gpu`'s steps from an empty
 # Triton cache); the files kept are copied to $OUT (at most 8 come back from the device)
-G=/tmp/gpu-final
+G=/tmp/gpu-recorded-run
 rm -rf $G; mkdir -p $G
 OUT=$G TRITON_CACHE_DIR=fresh bash tools/gpu.sh "$@" > $G/all.txt 2>&1
 echo "gpu.sh exit $?"

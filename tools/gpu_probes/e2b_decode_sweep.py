@@ -1,12 +1,12 @@
 """Decode launch configurations at the engine bench's attention shapes (gemma-4-E2B: 8 query heads over 1 KV head),
 batch 64, context 8192, on a CUDA machine:
 
-    python results/gpu/v4-profile/e2b_decode_sweep.py OUT_DIR
+    python tools/gpu_probes/e2b_decode_sweep.py OUT_DIR
 
 The full layers (head size 512, no window) and the sliding ones (256, window 512), every format in the default
 "row" placement: launch.decode_config's own choice ("default") and a grid of (block_n, warps, stages) at its
 split count, half and twice it. Each candidate is checked against the torch reference on a small problem first.
-Timings: CUDA-graph replay, L2 flushed (minikv.bench.attention._time_ms). Writes e2b_decode_sweep.csv.
+Timings: CUDA-graph replay, L2 flushed (minikv.bench.attention.cuda_time_ms). Writes e2b_decode_sweep.csv.
 """
 import csv
 import dataclasses
@@ -22,13 +22,13 @@ GRID = list(itertools.product((16, 32), (4, 8), (3, 4, 5)))
 
 
 def problem(fmt, head_size, batch, ctx):
-    from minikv.bench.attention import _fill_pool
+    from minikv.bench.attention import fill_pool
     from minikv.cache.layout import KVLayout
     torch.manual_seed(0)
     layout = KVLayout(fmt, torch.bfloat16, 1, head_size, 16, "row")
     blocks = batch * ((ctx + 15) // 16)
     pool = torch.empty(blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
-    _fill_pool(pool, layout)
+    fill_pool(pool, layout)
     tables = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, 8, head_size, dtype=torch.bfloat16, device="cuda")
@@ -76,7 +76,7 @@ def check(job):
 def main(out_dir):
     import multiprocessing as mp
     import time
-    from minikv.bench.attention import _time_ms
+    from minikv.bench.attention import cuda_time_ms
     from minikv.kernels import paged_decode_attention
     os.makedirs(out_dir, exist_ok=True)
     f = open(os.path.join(out_dir, "e2b_decode_sweep.csv"), "w", newline="")
@@ -102,7 +102,7 @@ def main(out_dir):
                     if isinstance(diff, str):
                         raise RuntimeError(diff)
                     r["max_abs_diff"] = diff
-                    r["us"] = 1e3 * _time_ms(lambda: paged_decode_attention(
+                    r["us"] = 1e3 * cuda_time_ms(lambda: paged_decode_attention(
                         q, pool, tables, lens, layout, head_size ** -0.5, sliding_window=window, validate=False,
                         config=cfg)).ms
                     if best is None or r["us"] < best[0]:

@@ -1,4 +1,4 @@
-# one-off (not committed): one launch each, for ncu: minikv bf16 decode vs SDPA at batch 16 / context 512, causal paged context
+# One launch each, for Nsight Compute (tools/gpu_probes/ncu_attention.sh): minikv bf16 decode vs SDPA at batch 16 / context 512, causal paged context
 import sys, torch
 import torch.nn.functional as F
 from minikv.bench import attention as a
@@ -19,7 +19,7 @@ else:
     q = torch.randn(B * L, a.HQ, a.D, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(B * L, a.HKV, a.D, dtype=torch.bfloat16, device="cuda"); v = torch.randn_like(k)
     layout = KVLayout("auto", torch.bfloat16, a.HKV, a.D, a.BS)
-    pool, tables = a._paged_copy(k, v, layout, B, L)
+    pool, tables = a.paged_copy(k, v, layout, B, L)
     cu = torch.arange(0, B + 1, dtype=torch.int32, device="cuda") * L
     lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
     for _ in range(2):

@@ -1,5 +1,5 @@
 # the host side of an engine decode step at context 8192 (cProfile), and the fused-norm GPU tests after the
-# tolerance fix: bash results/gpu/v4-host/run.sh (repository root, CUDA machine)
+# tolerance fix: bash tools/gpu_probes/engine_host_profile.sh (repository root, CUDA machine)
 export PYTHONPATH=$PWD TQDM_DISABLE=1 PYTHONUNBUFFERED=1
 python3 -c "import minikv.kernels" 2>/dev/null || ln -sfn ../kernels minikv/kernels
 timeout 200 python3 -m minikv.bench engine --device cuda --context 8192 --contexts 8192 --kv-cache-dtypes auto \

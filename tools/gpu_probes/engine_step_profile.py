@@ -1,7 +1,7 @@
 """Where an engine step's GPU time goes, at gemma-4-E2B's dimensions (random weights), on a CUDA machine.
 
-    python results/gpu/v4-profile/engine_profile.py steps OUT_DIR [CONTEXT]   # torch.profiler: kernel time
-    python results/gpu/v4-profile/engine_profile.py kernels          # E2B-shaped decode launches, for ncu
+    python tools/gpu_probes/engine_step_profile.py steps OUT_DIR [CONTEXT]   # torch.profiler: kernel time
+    python tools/gpu_probes/engine_step_profile.py kernels          # E2B-shaped decode launches, for ncu
 
 `steps`: for each format, the engine of `minikv.bench engine` (batch 64, every prompt CONTEXT tokens, prefill
 steps of 16,384 tokens) is run eagerly (enforce_eager=True: the same kernels a CUDA graph replays, one launch at a
@@ -110,7 +110,7 @@ def steps(out_dir: str) -> None:
 
 
 def kernels() -> None:
-    from minikv.bench.attention import _fill_pool
+    from minikv.bench.attention import fill_pool
     from minikv.cache.layout import KVLayout
     from minikv.kernels import paged_decode_attention
     for head_size, window in ((512, 0), (256, 512)):
@@ -118,7 +118,7 @@ def kernels() -> None:
             layout = KVLayout(fmt, torch.bfloat16, 1, head_size, 16, "row")
             blocks = BATCH * CONTEXT // 16
             pool = torch.empty(blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
-            _fill_pool(pool, layout)
+            fill_pool(pool, layout)
             tables = torch.randperm(blocks, device="cuda").to(torch.int32).view(BATCH, CONTEXT // 16)
             lens = torch.full((BATCH,), CONTEXT, dtype=torch.int32, device="cuda")
             q = torch.randn(BATCH, 8, head_size, dtype=torch.bfloat16, device="cuda")

@@ -1,10 +1,10 @@
 """Probe for the "row" placement read four kv heads at a time (decode_attention._decode_row_quads_kernel), H200.
 
-    python results/gpu/row-quads/row_quads_probe.py OUT_DIR
+    python tools/gpu_probes/decode_row_quads.py OUT_DIR
 
 1. Every candidate launch configuration compiled first, in parallel processes.
 2. Each candidate checked against the torch reference (batch 3, 32 / 8 heads, head size 128, ragged lengths).
-3. Timings (CUDA-graph replay, L2 flushed: minikv.bench.attention._time_ms) at five batch x context shapes, with
+3. Timings (CUDA-graph replay, L2 flushed: minikv.bench.attention.cuda_time_ms) at five batch x context shapes, with
    bf16, the block placement and the row window (the previous row path) measured in the same run.
 Writes probe.csv; prints the best candidate per format and its ratio over bf16 per shape.
 """
@@ -57,14 +57,14 @@ def _compile(args):
 
 def check(fmt, cand):
     from minikv.cache.layout import KVLayout
-    from minikv.bench.attention import _fill_pool
+    from minikv.bench.attention import fill_pool
     from minikv.kernels.decode_attention import paged_decode_attention, paged_decode_attention_reference
     torch.manual_seed(0)
     layout = KVLayout(fmt, torch.bfloat16, 8, 128, 16, "row")
     lens = torch.tensor([1, 700, 2049], dtype=torch.int32, device="cuda")
     tables = torch.randperm(3 * 129, device="cuda").to(torch.int32).view(3, 129)
     pool = torch.full((3 * 129, layout.block_bytes), 0x7F, dtype=torch.uint8, device="cuda")
-    _fill_pool(pool, layout)
+    fill_pool(pool, layout)
     q = torch.randn(3, 32, 128, dtype=torch.bfloat16, device="cuda")
     ref = paged_decode_attention_reference(q, pool, tables, lens, layout, 128 ** -0.5).float()
     worst = 0.0
@@ -76,7 +76,7 @@ def check(fmt, cand):
 
 def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    from minikv.bench.attention import _time_ms, decode_case, decode_problem
+    from minikv.bench.attention import cuda_time_ms, decode_case, decode_problem
     from minikv.kernels.decode_attention import paged_decode_attention
     jobs = [(fmt, c) for fmt in FORMATS for c in CANDIDATES]
     start = time.time()
@@ -103,7 +103,7 @@ def main(out_dir):
         line = [f"{batch}x{ctx}: bf16 {base['auto']:.1f} us"]
         for fmt in FORMATS:
             layout, pool_, tables, lens, q, out = decode_problem(fmt, batch, ctx)
-            call = lambda cfg: _time_ms(lambda: paged_decode_attention(q, pool_, tables, lens, layout, 128 ** -0.5,
+            call = lambda cfg: cuda_time_ms(lambda: paged_decode_attention(q, pool_, tables, lens, layout, 128 ** -0.5,
                                                                        out=out, validate=False, config=cfg)).ms * 1e3
             from minikv.kernels import launch
             wcfg = launch.decode_config(batch, 8, 4, 128, 1, ctx, torch.device("cuda"), fmt=layout.fmt,
