@@ -269,7 +269,7 @@ def test_no_markdown_line_starts_with_hash_number():
     assert not bad, "lines that Markdown reads as headings:\n" + "\n".join(bad)
 
 
-# Issue 14 item 7: the words the notebooks use without explaining them each have a glossary entry (### heading).
+# The words the notebooks use without explaining them each have a glossary entry (### heading).
 GLOSSARY_TERMS = ("BOS", "GQA", "amax", "e4m3", "slot", "row", "pool", "arena", "canary", "impl", "census", "FMHA",
                   "golden output", "backend matrix", "oracle", "sm89", "CUDA graph",
                   "workspace", "sliding window", "KV sharing", "relative position bias")
