@@ -318,6 +318,9 @@ words in the output:
                excused, since computing in another order may swap them
   shrunk       the smallest failing scenario hypothesis reached from the first failing one
   reproduction a Python program of the shrunk scenario that checks the invariant itself
+  family       with --backend flexattention, sdpa or flashinfer: one kind of kernel-level scenario (block tables,
+               GQA, head sizes, block sizes, sliding windows, KV sharing, cross pools, fp8 scales) run against
+               that attention backend alone; pass, fail or skipped (with the backend's reason): docs/backends.md
 with --model DIR (a checkpoint directory in transformers' format), the prompts come from its own tokenizer, the
 cells from what its config has (every KV cache format, both activation dtypes), and the dense reference from the
 same weights."""
