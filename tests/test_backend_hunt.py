@@ -35,6 +35,14 @@ def test_flexattention_hunts_clean_over_every_family():
     assert {f.outcome for f in report.families} == {"pass"} and report.scenarios_run == 16
 
 
+@pytest.mark.parametrize("name", ["torch", "triton"])
+def test_minikvs_own_backends_hunt_clean_at_kernel_level(name):
+    """minikv's kernels and references are AttentionBackends too: the same families, the same oracles."""
+    report = hunt_backend(name, budget_s=None, max_scenarios=24)
+    assert not report.found, report.text()
+    assert report.recipe == f"import minikv.attention.backend minikv.attention.backend.get_ops({name!r})"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("adapter", ["sdpa", "flexattention"])
 def test_clean_adapters_hunt_clean_for_a_minute(adapter):
@@ -173,3 +181,13 @@ def test_flashinfer_plants_are_found_within_a_minute(flashinfer_128, plant):
     assert finding.seconds_to_find < 60
     print(f"flashinfer {plant}: found in family {finding.name} after {finding.seconds_to_find:.1f} s "
           f"(scenario {finding.scenario_number})")
+
+
+@pytest.mark.gpu
+def test_minikvs_compiled_kernels_hunt_clean_at_kernel_level_on_cuda():
+    """The same families against minikv's Triton kernels compiled on CUDA (row window, split-K, pipelined 1-byte
+    reads: the launch configurations the interpreter does not take)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    report = hunt_backend("triton", device="cuda", budget_s=60)
+    assert not report.found, report.text()

@@ -17,7 +17,7 @@ from minikv.hunt.plants import PLANTS, Planted
 
 
 class _Wrapper:
-    def __init__(self, workspace, layout, use_tensor_cores=False):
+    def __init__(self, workspace, layout, use_tensor_cores=False, backend="auto"):
         assert layout == "NHD" and workspace.dtype == torch.uint8
 
     def plan(self, *args, causal=True, pos_encoding_mode="NONE", window_left=-1, q_data_type=None, kv_data_type=None,

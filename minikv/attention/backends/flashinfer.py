@@ -71,7 +71,8 @@ class Backend(Adapter):
     def context_step(self, s: ContextStep) -> torch.Tensor:
         cache, kv_dtype, scales = self._kv(s)
         indptr, indices, last = page_lists(s.block_tables, s.seq_lens, s.pool.block_size)
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._buffer(s.q.device), "NHD")
+        # FlashAttention-2's kernels: the "auto" choice may take FA3 on Hopper, whose prefill reads no fp8 pages
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._buffer(s.q.device), "NHD", backend="fa2")
         wrapper.plan(s.cu_seqlens_q.to(torch.int32), indptr, indices, last, s.q.shape[1],
                      s.pool.spec.num_kv_heads, s.pool.spec.head_size, s.pool.block_size, causal=s.causal,
                      pos_encoding_mode="NONE", window_left=s.sliding_window - 1 if s.causal else -1,
