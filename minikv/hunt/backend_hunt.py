@@ -32,7 +32,7 @@ class _Failed(Exception):
 class FamilyResult:
     name: str
     statement: str
-    outcome: str = "pass"                 # "pass", "fail" or "skipped"
+    outcome: str = "pass"                 # "pass", "fail", "skipped", or "untested" (the limit came first)
     why: str = ""                         # skipped: the reason; otherwise what the backend leaves out, if anything
     scenarios: int = 0
     case: KernelCase | None = None        # a failure's shrunk case
@@ -214,7 +214,8 @@ def hunt_backend(backend="flexattention", *, families=None, seed: int = 0, budge
                  stop_at_first: bool = False, threads: int | None = 1) -> BackendReport:
     """Hunt `backend` (a name or an AttentionBackend) over the families (default all) with minikv's float64
     reference as the oracle. `budget_s` / `max_scenarios` bound the search (shrinking comes on top);
-    `stop_at_first` ends the hunt at the first failing family (for timing a planted defect)."""
+    `stop_at_first` ends the hunt at the first failing family (for timing a planted defect). The clock starts
+    after one plain warm-up case, so a backend's start-up (imports, tracing, compiling) is not counted."""
     if budget_s is None and max_scenarios is None:
         raise ValueError("give budget_s or max_scenarios (or both): the search needs a limit")
     names = list(families or FAMILIES)
@@ -231,10 +232,14 @@ def hunt_backend(backend="flexattention", *, families=None, seed: int = 0, budge
     for f in results:
         reason = skip_reason(f.name, features)
         f.outcome, f.why = ("skipped", reason) if reason else ("pass", coverage_note(f.name, features))
-    hunt = _Hunt(backend, device, budget_s, max_scenarios, max_shrink_runs)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
+    # one plain case before the clock starts: a backend's one-time start-up (imports, tracing, a JIT) is not hunting
+    check(backend, KernelCase("warm-up", dtype=features.dtypes[0], head_size=64 if 64 in features.head_sizes
+                              else features.head_sizes[0], block_size=16 if 16 in features.block_sizes
+                              else features.block_sizes[0]), device)
+    hunt = _Hunt(backend, device, budget_s, max_scenarios, max_shrink_runs)
     stopped, rounds = None, 0
     try:
         with _no_source_constants():
@@ -261,6 +266,9 @@ def hunt_backend(backend="flexattention", *, families=None, seed: int = 0, budge
                     stopped = "exhausted"          # every family has run every case it can draw
     finally:
         torch.set_num_threads(before)
+    for f in results:
+        if f.outcome == "pass" and not f.scenarios:
+            f.outcome, f.why = "untested", "the limit came before its first scenario"
     return BackendReport(getattr(backend, "name", type(backend).__name__), " ".join(recipe(backend)).strip(), device,
                          results, hunt.runs, time.monotonic() - hunt.start, stopped,
                          {"seed": seed, "budget_s": budget_s, "max_scenarios": max_scenarios,
