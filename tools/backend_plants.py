@@ -1,12 +1,8 @@
 """Seconds to find each planted defect in each adapter, and each clean adapter's hunt: results/backend_hunt.json.
 
-    python tools/backend_plants.py --results results/backend_hunt.json                       # CPU: flex, sdpa
-    python tools/backend_plants.py --adapters flashinfer --head-size 128 \\
-        --results results/gpu/backend_hunt_flashinfer.json                                  # on an H200
-
-Per adapter: a clean hunt (`--budget` seconds, seed 0) over every family, then each plant of minikv.hunt.plants
-hunted until the first finding (`--budget` seconds at most). Kernels that compile on first use are warmed up
-first (`warm_up`), so no timing includes a compiler.
+`python tools/backend_plants.py --results results/backend_hunt.json` (CPU: flexattention, sdpa); on an H200:
+`--adapters flashinfer --head-size 128 --results results/gpu/backend_hunt_flashinfer.json`. Per adapter: a clean
+hunt over every family (`--budget` s, seed 0), then each plant until its first finding; kernels are warmed up first.
 """
 from __future__ import annotations
 

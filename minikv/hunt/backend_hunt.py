@@ -1,12 +1,8 @@
-"""The backend hunt: the scenario families (families.py) run against one attention backend, at kernel level.
+"""The backend hunt: the scenario families (families.py) against one attention backend, at kernel level.
 
-    from minikv.hunt import hunt_backend
-    report = hunt_backend("flexattention", budget_s=60)        # or an AttentionBackend instance
-    print(report.text())                                       # pass / fail / skipped (why) per family
-
-Families take turns in rounds (1, 2, 4, ... examples each, seeded), like the engine hunt's cells. A family that
-fails is shrunk at once (hypothesis, at most `max_shrink_runs` more runs) and leaves the rotation; its finding is
-printed as a program that rebuilds the shrunk case, checks it and exits 1 (`program`).
+`hunt_backend("flexattention", budget_s=60).text()` (or any AttentionBackend instance): pass / fail / skipped (why)
+per family. Families take turns in seeded rounds of 1, 2, 4, ... cases; a failing family is shrunk at once and
+leaves the rotation, its finding printed as a program that rebuilds the case, checks it and exits 1 (`program`).
 """
 from __future__ import annotations
 
@@ -66,8 +62,9 @@ class BackendReport:
         """The report as the CLI prints it (`portable`: no timings, no values that depend on float rounding)."""
         when = "" if portable else f" in {self.seconds:.1f} s"
         verdict = "FOUND" if self.found else "clean"
-        lines = [f"backend {self.backend} ({self.device}): {self.scenarios_run} scenarios{when}, {verdict} "
-                 f"(stopped by the {self.stopped_by} limit)"]
+        head = (f"backend {self.backend} ({self.device}): {self.scenarios_run} scenarios{when}, {verdict} "
+                f"(stopped by the {self.stopped_by} limit)")
+        lines = [head]
         for f in self.families:
             extra = f" ({f.why})" if f.why else ""
             count = "" if f.outcome == "skipped" else f", {f.scenarios} scenarios"

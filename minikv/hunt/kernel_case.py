@@ -1,16 +1,8 @@
 """One kernel-level scenario for an attention backend, and the oracles that check it against float64 arithmetic.
 
 A `KernelCase` is plain data (hypothesis draws and shrinks it; `code()` prints it). `check(backend, case)` builds
-its pool (a slice of a larger allocation, blocks in a permuted order, unwritten bytes random), writes the
-requests' K/V through the backend in two calls (all but the last token, then the last), runs the step (decode,
-paged context or workspace context) for each reader, and returns the violations of four invariants:
-
-  runs                 the backend accepts the inputs and returns finite outputs of the right shape
-  write-stores         each written row holds what minikv's reference writer stores, within one quantization
-                       step of the format; no other byte of the allocation changes
-  reads-leave-pool     an attention call changes no byte of the allocation
-  matches-float64      each output lies within the tolerance (tolerance.py) of attention computed in float64 on
-                       the K/V the pool holds (dequantized in float64 with the true scales)
+its pool (a slice of a larger allocation, permuted blocks, random unwritten bytes), writes the K/V through the
+backend in two calls, runs the step for each reader, and returns the violations of INVARIANTS (tolerance.py).
 """
 from __future__ import annotations
 

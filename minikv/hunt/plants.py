@@ -1,13 +1,9 @@
-"""Defects planted in a wrapped adapter, for showing that the backend hunt finds them (tests, results).
+"""Defects planted in a wrapped adapter, to show that the backend hunt finds them (tests, results).
 
-`planted(name, plant)` is the adapter `name` (minikv.attention.backends) behind a wrapper that changes what it is
-given, as a faulty adapter would compute it:
-
-  stride-twice        the V pages' block stride counted twice (one pool's stride, the other's right)
-  scale-ignored       the V scale ignored: fp8's per-layer v_scale taken as 1, the per-token-head V scales unread
-  full-last-page      the last page dropped when a request's tokens exactly fill its last block
-  window-off-by-one   a sliding window one token wider than asked
-"""
+`planted(name, plant)` is adapter `name` behind a wrapper that changes what it is given, as a faulty adapter would:
+stride-twice (the V pages' block stride counted twice), scale-ignored (fp8's v_scale taken as 1, the per-token-head
+V scales unread), full-last-page (the last page dropped when a request exactly fills its last block),
+window-off-by-one (a sliding window one token wider than asked)."""
 from __future__ import annotations
 
 import dataclasses

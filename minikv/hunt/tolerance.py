@@ -1,25 +1,6 @@
-"""The kernel-level oracles' tolerances, derived from the case itself: no constant fitted to any run.
-
-Cache write (`code_step`): a backend may round a value to the neighbouring code, so each stored element may differ
-from minikv's reference writer's by one step of the format at that magnitude: 0 for the 16-bit formats (bytes must
-be equal), 1 x the row's scale for int8, the e4m3 spacing at the code (2^(e-3), 2^-9 below 2^-6) x the scale for
-fp8, plus 2^-22 of the value for a scale computed with another rounding.
-
-Attention (`attention_bound`), on the K/V the pool holds (exact, in float64). Let u be the unit roundoff of the
-compute dtype (2^-24 float32, 2^-11 float16, 2^-8 bfloat16) and u32 = 2^-24 (products summed in float32, as
-matmul units accumulate). Each K and V element is rounded once to the compute dtype (u), each product once (u),
-the D-term sums carry D u32, the score is rounded (u) and the exponent's argument s - max too (u), so
-
-    |ds_j| <= sm sum_d |q_d k_jd| (2u + D u32) + (|s_j| + |s_j - max s|) u =: Delta_j .
-
-Scores off by at most Delta move each probability by a factor within exp(+-2 Delta); as both sets of
-probabilities sum to 1, o' - o = sum_j (p'_j - p_j)(v_j - o), so the output moves by at most
-expm1(2 max Delta) sum_j p_j |v_j - o| (0 for a single visible key). P and V are rounded (u each), the L-term sum
-carries L u32 and the output is rounded (u); a probability within one binade of the dtype's smallest normal number
-(times exp(2 Delta)) may come out as zero, losing its p_j |v_j| (a vectorized exp builds 2^n 2^f and flushes once n
-reaches the exponent's floor, and subnormals may be flushed):
-    tol = expm1(2 Delta) sum_j p_j |v_j - o| + sum_j p_j |v_j| (2u + L u32) + |o| u
-          + sum_{j: p_j < 2 tiny exp(2 Delta)} p_j |v_j|.
+"""The kernel-level oracles' tolerances, derived from the case itself (no constant fitted to any run): one
+quantization step for the cache write (`code_step`), float64 magnitudes and the compute dtype's rounding for
+attention (`attention_bound`, whose docstring works the bound out).
 """
 from __future__ import annotations
 
@@ -38,7 +19,13 @@ def e4m3_spacing(c: torch.Tensor) -> torch.Tensor:
 
 
 def code_step(want: torch.Tensor, fmt: int, ref_pool, spec, slots, kv: int, layer: float):
-    """Allowed |stored - reference| per element (float64 like `want`), or None: the bytes must be equal."""
+    """Allowed |stored - reference| per element (float64 like `want`), or None: the bytes must be equal.
+
+    A backend may round a value to the neighbouring code, so each stored element may differ from minikv's reference
+    writer's by one step of the format at that magnitude: none for the 16-bit formats (the bytes must be equal),
+    1 x the row's scale for int8, the e4m3 spacing at the code (2^(e-3), 2^-9 below 2^-6) x the scale for fp8, plus
+    2^-22 of the value for a scale computed with another rounding.
+    """
     if fmt in (formats.F16, formats.BF16, formats.F32):
         return None
     codes, scales = addressing.gather_rows(ref_pool, spec, slots, kv)
@@ -51,7 +38,24 @@ def code_step(want: torch.Tensor, fmt: int, ref_pool, spec, slots, kv: int, laye
 def attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, sm_scale: float,
                     dtype: torch.dtype):
     """(float64 attention output [n, Hq, D], its tolerance) of one request: q [n, Hq, D] in the compute dtype,
-    k/v float64 [L, Hkv, D], visible bool [n, L]."""
+    k/v float64 [L, Hkv, D], visible bool [n, L].
+
+    On the K/V the pool holds (exact, in float64), let u be the unit roundoff of the compute dtype (2^-24
+    float32, 2^-11 float16, 2^-8 bfloat16) and u32 = 2^-24 (products summed in float32, as matmul units
+    accumulate). Each K and V element is rounded once to the compute dtype (u), each product once (u), the D-term
+    sums carry D u32, the score is rounded (u) and the exponent's argument s - max too (u), so
+
+        |ds_j| <= sm sum_d |q_d k_jd| (2u + D u32) + (|s_j| + |s_j - max s|) u =: Delta_j .
+
+    Scores off by at most Delta move each probability by a factor within exp(+-2 Delta); as both sets of
+    probabilities sum to 1, o' - o = sum_j (p'_j - p_j)(v_j - o), so the output moves by at most
+    expm1(2 max Delta) sum_j p_j |v_j - o| (0 for a single visible key). P and V are rounded (u each), the
+    L-term sum carries L u32 and the output is rounded (u); a probability within one binade of the dtype's
+    smallest normal number (times exp(2 Delta)) may come out as zero, losing its p_j |v_j| (a vectorized exp
+    builds 2^n 2^f and flushes once n reaches the exponent's floor; subnormals may be flushed):
+        tol = expm1(2 Delta) sum_j p_j |v_j - o| + sum_j p_j |v_j| (2u + L u32) + |o| u
+              + sum_{j: p_j < 2 tiny exp(2 Delta)} p_j |v_j|.
+    """
     u = UNIT_ROUNDOFF[dtype]
     heads, d = q.shape[1:]
     length = k.shape[0]

@@ -1,10 +1,8 @@
-"""Attention backends for kernels that are not minikv's, one file per adapter (minikv.attention.protocol.Adapter).
-
-    get("flexattention")   torch's FlexAttention over the pool's pages (CPU and CUDA)
-    get("sdpa")            torch's scaled_dot_product_attention over each request's gathered pages
-    get("flashinfer")      FlashInfer's paged decode and prefill wrappers (CUDA; pip install flashinfer-python)
-
-Each is an optional extra (pyproject.toml); a missing package is a one-line MissingBackendError naming it.
+"""Attention backends for kernels that are not minikv's, one file per adapter (minikv.attention.protocol.Adapter):
+get("flexattention") (torch's FlexAttention over the pool's pages, CPU and CUDA), get("sdpa") (torch's
+scaled_dot_product_attention over each request's gathered pages), get("flashinfer") (FlashInfer's paged decode and
+prefill wrappers, CUDA). Each is an optional extra (pyproject.toml); a missing package is a one-line
+MissingBackendError naming it.
 """
 from __future__ import annotations
 

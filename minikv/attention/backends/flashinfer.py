@@ -1,10 +1,9 @@
 """FlashInfer's paged attention (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper) on CUDA.
 
 FlashInfer reads a paged cache as separate K and V tensors [pages, page size, KV heads, head size] ("NHD"), with
-any page stride: minikv's pool pages (PagedPool.k_pages / v_pages, strided over the pool's bytes) are exactly that
-for the formats without inline scales: 16-bit "auto" (float16, bfloat16) and "fp8" with its per-layer k_scale and
-v_scale (passed to `run`). Block tables become FlashInfer's indptr / indices / last_page_len; minikv's sliding
-window W is FlashInfer's window_left = W - 1. Not covered: the per-token-head formats, T5's relative bias, float32.
+any page stride: minikv's page views (PagedPool.k_pages / v_pages) for 16-bit "auto" and "fp8" (its k_scale and
+v_scale passed to `run`). Block tables become indptr / indices / last_page_len; minikv's window W is
+window_left = W - 1. Not covered: the per-token-head formats, T5's relative bias, float32.
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """torch's FlexAttention over paged block tables: one call per step, every request's pages at once.
 
-The pages the step's block tables name are dequantized once into a compact K/V [1, Hkv, pages x block_size, D]
-(one copy; 16-bit formats are only gathered). A per-request map from compact page to logical page, built from the
-block tables, lets the score_mod turn each key's index into its position in the request: keys outside the
-request, past its length, after the query (causal) or outside the sliding window score -inf; T5's relative bias
-is added there too. Runs eagerly on CPU (FlexAttention then computes the scores densely) and on CUDA.
+The pages the block tables name are dequantized once into a compact K/V [1, Hkv, pages x block_size, D]. A
+per-request map from compact to logical page lets the score_mod place each key in its request: keys outside it,
+past its length, after the query or outside the window score -inf; T5's relative bias is added there too. Runs
+eagerly on CPU (FlexAttention then computes the scores densely) and on CUDA.
 """
 from __future__ import annotations
 

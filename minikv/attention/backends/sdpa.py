@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from minikv.attention.protocol import Adapter, ContextStep, DecodeStep, Features, sdpa_attend as attend
+from minikv.attention.protocol import Adapter, ContextStep, DecodeStep, Features
+from minikv.attention.protocol import sdpa_attend as attend
 
 try:
     from torch.nn.functional import scaled_dot_product_attention  # noqa: F401
