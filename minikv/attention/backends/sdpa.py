@@ -10,11 +10,9 @@ import torch
 from minikv.attention.protocol import Adapter, ContextStep, DecodeStep, Features
 from minikv.attention.protocol import sdpa_attend as attend
 
-try:
-    from torch.nn.functional import scaled_dot_product_attention  # noqa: F401
-except ImportError as e:       # torch older than 2.0
+if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 5):     # SDPA's enable_gqa came in 2.5
     from . import MissingBackendError
-    raise MissingBackendError("the sdpa backend needs torch>=2.0 (pip install 'minikv[sdpa]')") from e
+    raise MissingBackendError("the sdpa backend needs torch>=2.5 (pip install 'minikv[sdpa]')")
 
 
 def gather(pool, kv: int, table_row, length: int, dtype) -> torch.Tensor:
