@@ -21,7 +21,7 @@ def test_the_kernel_body_is_short_and_takes_few_parameters():
 
 def test_each_decoding_is_a_named_jit_helper():
     functions = _functions()
-    for name in ("_int8_to_f16", "_e4m3_to_f16", "_codes_to", "_window_codes_to", "_pow2_row_scale", "_qk", "_pv",
+    for name in ("_int8_to_f16", "_e4m3_to_f16", "_codes_to", "_window_codes_to", "pow2_row_scale", "_qk", "_pv",
                  "_dot_operands", "_load_q", "_store_rows"):
         decorators = [ast.unparse(d) for d in functions[name].decorator_list]
         assert any(d.startswith("triton.jit") for d in decorators), name

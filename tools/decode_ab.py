@@ -29,13 +29,13 @@ def load_before(path: str):
 
 
 def problem(fmt: str, batch: int, ctx: int, heads: tuple[int, int], head_size: int):
-    from minikv.bench.attention import BS, _fill_pool
+    from minikv.bench.attention import BS, fill_pool
     from minikv.cache.layout import KVLayout
     kv_cache_dtype, _, placement = fmt.partition("/")
     layout = KVLayout(kv_cache_dtype, torch.bfloat16, heads[1], head_size, BS, placement or "row")
     num_blocks = batch * ctx // BS
     pool = torch.empty(num_blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
-    _fill_pool(pool, layout)
+    fill_pool(pool, layout)
     tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, ctx // BS)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, heads[0], head_size, dtype=torch.bfloat16, device="cuda")

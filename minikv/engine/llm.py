@@ -28,7 +28,6 @@ from collections.abc import Iterable
 import torch
 from tqdm import tqdm
 
-from minikv import tasks
 from minikv.cache.arena import KVCacheOverrunError
 from minikv.cache.blocks import BlockManager, slot_of
 from minikv.config import (
@@ -41,20 +40,13 @@ from minikv.config import (
     check_choice,
     check_int,
 )
+from minikv.engine.errors import ConcurrentUseError, EngineNeedsResetError
 from minikv.engine.model_runner import ModelRunner
 from minikv.engine.scheduler import Scheduler
 from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
 from minikv.engine.step import StepOutput, StepTrace
-from minikv.kernels.errors import EngineFaultError, InvalidTypeError, InvalidValueError
-from minikv.models import registry
-
-
-class ConcurrentUseError(EngineFaultError, RuntimeError):
-    """An LLM was called from a second thread while a call from another thread was still running."""
-
-
-class EngineNeedsResetError(EngineFaultError, RuntimeError):
-    """The engine's KV arena was overrun earlier; call reset() (or sleep() then wake_up()) before using it."""
+from minikv.kernels.errors import InvalidTypeError, InvalidValueError
+from minikv.models import registry, tasks
 
 
 def _moved_keywords(moved: dict) -> InvalidTypeError:
@@ -83,7 +75,9 @@ class LLM:
       block_size            tokens per cache block (8, 16, 32 or 64)
       enable_prefix_caching share full blocks between requests with equal prefixes
       device                "cpu" (Triton interpreter) or "cuda[:N]" (compiled kernels)
-      backend               "triton" or "torch" (the pure-PyTorch references, same byte addressing)
+      backend               "triton" or "torch" (the pure-PyTorch references, same byte addressing), an adapter's
+                            name ("flexattention", "sdpa", "flashinfer": minikv.attention.backends) or any object
+                            with the engine's calls (minikv.attention.protocol; docs/backends.md)
       reintroduce           historical defects to switch back on (`minikv.bugs.DEFECTS`)
       sanitize              check the arena's guard zones after every step (KVCacheOverrunError)
       seed                  the engine's seed (per-request sampling seeds derive from it)
@@ -98,7 +92,7 @@ class LLM:
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
                  block_size: int = 16, enable_prefix_caching: bool = False, device: str = "cpu",
-                 backend: str = "triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
+                 backend="triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
                  seed: int = 0, cross_pool_blocks: int | None = None, num_blocks: int | None = None,
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int = 4096,
                  kv_scale_placement: str = "row", repro: ReproConfig | None = None,
