@@ -46,13 +46,15 @@ def _cmd_generate(args) -> int:
         if unk is not None:
             raise ValueError(f"prompt {prompt!r} encodes to the unknown token {unk!r} only: {args.model}'s tokenizer "
                              f"has no token for its characters, so the model would see nothing of it")
-    params = minikv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    for out in llm.generate(args.prompts, params, use_tqdm=sys.stderr.isatty()):
-        if args.ids:
-            prompt_ids = llm.tokenizer.encode(out.prompt)
-            print(f"{out.prompt!r} {prompt_ids} -> {list(out.token_ids)}  [{out.finish_reason}]")
-        else:
-            print(f"{out.prompt!r} -> {out.text!r}  [{out.finish_reason}]")
+    params = minikv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                   top_k=args.top_k, min_p=args.min_p, seed=args.seed, n=args.n, stop=args.stop)
+    for prompt, out in zip(args.prompts, llm.generate(args.prompts, params, use_tqdm=sys.stderr.isatty())):
+        for c in out.outputs:
+            if args.ids:
+                prompt_ids = llm.tokenizer.encode(prompt)
+                print(f"{prompt!r} {prompt_ids} -> {list(c.token_ids)}  [{c.finish_reason}]")
+            else:
+                print(f"{prompt!r} -> {c.text!r}  [{c.finish_reason}]")
     return 0
 
 
@@ -356,18 +358,27 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--backend", default="triton", choices=BACKENDS)
         sp.add_argument("--max-num-seqs", type=positive_int, default=8)
 
-    g = sub.add_parser("generate", help="generate continuations for prompts (greedy unless --temperature)",
+    g = sub.add_parser("generate", help="generate continuations for prompts (sampled as vLLM's defaults; "
+                                        "--temperature 0 for greedy)",
                        description="Generate a continuation for each prompt and print it as `'prompt' -> 'text'  "
-                                   "[finish reason]`; with --ids, the token ids instead of the text.")
+                                   "[finish reason]` (--n of them per prompt); with --ids, the token ids instead of "
+                                   "the text. The sampling options and their defaults are minikv.SamplingParams' "
+                                   "(vLLM's): temperature 1.0, so pass --temperature 0 for greedy output.")
     engine_args(g)
     g.add_argument("prompts", nargs="+", help="the prompts (a shipped model takes only prompts of its task's "
                                               "domain; a checkpoint directory takes any text its tokenizer encodes)")
     g.add_argument("--ids", action="store_true",
                    help="print the prompt's and the continuation's token ids instead of the text (a random-weight "
                         "model's text is often unreadable)")
-    g.add_argument("--max-tokens", type=positive_int, default=12)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=positive_int, default=16, help="new tokens per prompt (default 16)")
+    g.add_argument("--temperature", type=float, default=1.0, help="0 for greedy (default 1.0, as vLLM's)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: 0 < p <= 1 (default 1: off)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top one's probability")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: from the engine's seed)")
+    g.add_argument("--n", type=positive_int, default=1, help="completions per prompt (default 1)")
+    g.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="a stop string (repeat for several): the text is cut before it")
     g.set_defaults(func=_cmd_generate)
 
     e = sub.add_parser("eval", help="greedy exact match on held-out prompts of the model's task")

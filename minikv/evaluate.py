@@ -50,7 +50,7 @@ def exact_match(model: str, kv_cache_dtype: str = "auto", n: int = 200, seed: in
     if llm is None:
         llm = minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
                          max_num_seqs=max_num_seqs)
-    params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
+    params = [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts]
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - start

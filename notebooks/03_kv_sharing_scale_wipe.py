@@ -255,7 +255,7 @@ for llm in (fixed, buggy):
 
 # %%
 prompts = scale_wipe.make_prompts(24, copies=2)
-params = minikv.SamplingParams(max_tokens=12)
+params = minikv.SamplingParams(temperature=0, max_tokens=12)
 TARGETS = ("model.layers.2.self_attn", "model.layers.3.self_attn")
 
 
@@ -477,7 +477,7 @@ viz_scale_wipe.storage_byte_map(smap)
 # %%
 for buggy_run, reference_outs in ((False, outs_fixed), (True, outs_buggy)):
     llm = engine(buggy=buggy_run, backend="triton")
-    got = llm.generate(prompts[:4], minikv.SamplingParams(max_tokens=3), use_tqdm=False)
+    got = llm.generate(prompts[:4], minikv.SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
     print(f"triton backend, {'buggy' if buggy_run else 'fixed'}: {[o.text for o in got]}; late fills: "
           f"{[(f.layer, f.overwritten) for f in llm.census.fills if f.step >= 0]}")
     assert [o.token_ids for o in got] == [o.token_ids[:3] for o in reference_outs[:4]]
@@ -764,7 +764,7 @@ def kv_bytes_of(prompt_list, target, buggy_run):
                         at = layout_.row_offset(b, kv, o, 0)
                         chunks.append(flat[at:at + layout_.slot_bytes].clone())
                 rows[pool.removeprefix("kv.")] = torch.stack(chunks)
-    serve(llm, prompt_list, minikv.SamplingParams(max_tokens=1), grab)
+    serve(llm, prompt_list, minikv.SamplingParams(temperature=0, max_tokens=1), grab)
     return rows, when["step"]
 
 

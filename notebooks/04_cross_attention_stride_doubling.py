@@ -104,7 +104,7 @@ def one_engine(**kwargs):
 
 
 def params_for(prompt_list):
-    return [minikv.SamplingParams(max_tokens=TASK.max_tokens(p)) for p in prompt_list]
+    return [minikv.SamplingParams(temperature=0, max_tokens=TASK.max_tokens(p)) for p in prompt_list]
 
 
 def serve(llm, prompt_list, after_step=lambda out: None, capture=False):

@@ -11,7 +11,7 @@ from minikv.cli import main
 def test_generate_prints_right_continuations(capsys):
     task = minikv.tasks.for_model("tiny-gemma4")
     prompts = task.prompts(2, seed=0)
-    assert main(["generate", "--model", "tiny-gemma4", "--backend", "torch", *prompts]) == 0
+    assert main(["generate", "--model", "tiny-gemma4", "--backend", "torch", "--temperature", "0", *prompts]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
     for prompt, line in zip(prompts, lines):

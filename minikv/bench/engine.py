@@ -50,7 +50,7 @@ def measure(backend: str, device: str, kv_cache_dtype: str, prompts: int, max_to
     llm = minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
                      max_num_seqs=max_num_seqs)
     start, cpu_start = time.perf_counter(), time.process_time()
-    outs = llm.generate(ps, minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(ps, minikv.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     tokens = sum(len(o.token_ids) for o in outs)
     right = sum(task.check(p, o.text) for p, o in zip(ps, outs))
@@ -101,12 +101,12 @@ def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_to
                      enforce_eager=enforce_eager)
     rng = random.Random(0)
     prompts = ["".join(rng.choice("0123456789 ") for _ in range(context)) for _ in range(batch)]
-    params = minikv.SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    params = minikv.SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     # Compile first, at the prefill steps' own composition (as many prompts as one step's token budget holds):
     # Triton specializes kernels on some integer arguments, so a warm-up with fewer prompts leaves compiles in
     # the measured prefill (seen on the H200: 9-26k tokens/s in the first run at a context, 53-70k after).
     per_step = max(1, min(batch, PREFILL_TOKENS_PER_STEP // max(context, 1)))
-    llm.generate(prompts[:per_step], minikv.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    llm.generate(prompts[:per_step], minikv.SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     for p in prompts:
         llm.add_request(p, params)
     decode_seconds, decode_tokens, prefill_seconds, prefill_tokens, modes = 0.0, 0, 0.0, 0, set()

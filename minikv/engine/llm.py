@@ -41,9 +41,13 @@ from minikv.config import (
     check_choice,
     check_int,
 )
+from minikv.engine import chat, sampler
 from minikv.engine.model_runner import ModelRunner
+from minikv.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from minikv.engine.prompts import Prompt, PromptEncoder, PromptInput, parse_prompt, parse_prompts
+from minikv.engine.sampling_params import SamplingParams
 from minikv.engine.scheduler import Scheduler
-from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
+from minikv.engine.sequence import Sequence
 from minikv.engine.step import StepOutput, StepTrace
 from minikv.kernels.errors import EngineFaultError, InvalidTypeError, InvalidValueError
 from minikv.models import registry
@@ -126,7 +130,9 @@ class LLM:
         self.runner = ModelRunner(self.config, net, pad_id=self.tokenizer.pad_id)
         self.is_encoder_decoder = net.config.is_encoder_decoder
         self._build_scheduler()
+        self._prompts = PromptEncoder(self.tokenizer, self.config.model, self.task, model)
         self._next_id = 0
+        self._requests: dict[int, tuple[PromptInput, list[Sequence]]] = {}   # request id -> (prompt, sequences)
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._needs_reset: str | None = None
@@ -169,64 +175,56 @@ class LLM:
             raise RuntimeError("the engine is asleep: call wake_up() first")
 
     # ---- requests -----------------------------------------------------------------------------------------------
-    def _encode(self, prompt) -> tuple[list[int], list[int] | None]:
-        """(decoder prompt ids, encoder ids or None) for one prompt, with clear errors for bad input."""
-        if not isinstance(prompt, str):
-            raise InvalidTypeError(f"a prompt must be a str, got {type(prompt).__name__}")
-        if not prompt:
-            raise InvalidValueError("empty prompt: give at least one character")
-        if prompt.isspace():
-            raise InvalidValueError(f"prompt {prompt!r} is only whitespace: give the model something to continue")
-        ids = self.tokenizer.encode(prompt)
-        if self.task is not None:
-            self.task.validate(prompt)
-        mc = self.config.model
-        if self.is_encoder_decoder:
-            if len(ids) > mc.max_encoder_len:
-                raise InvalidValueError(f"prompt is {len(ids)} tokens, longer than the encoder's maximum "
-                                        f"{mc.max_encoder_len}")
-            # The decoder starts from the model's start token where the config names one (T5: its
-            # decoder_start_token_id, 0 = pad in real checkpoints), else from BOS.
-            return [getattr(mc, "decoder_start_token_id", self.tokenizer.bos_id)], ids
-        ids = [self.tokenizer.bos_id] + ids
-        if len(ids) >= mc.max_position:
-            raise InvalidValueError(f"prompt is {len(ids)} tokens (with BOS), which leaves no room to generate: the model's "
-                                    f"maximum is {mc.max_position - 1} prompt tokens (max_position {mc.max_position})")
-        return ids, None
-
-    def _prepare(self, prompt, params, name: str) -> tuple[list[int], list[int] | None, SamplingParams]:
+    def _prepare(self, prompt: PromptInput, params, name: str) -> tuple:
         """Check one request completely, without touching the engine (`name`: how an error names it)."""
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidTypeError(f"sampling params must be a minikv.SamplingParams, got {type(params).__name__}")
-        ids, enc = self._encode(prompt)
+        ids, enc = self._prompts.encode(prompt, name)
         room = self.config.model.max_position - len(ids)
         if params.max_tokens > room:
             raise InvalidValueError(f"max_tokens={params.max_tokens} but the model has room for only {room} new tokens "
                                     f"after this {len(ids)}-token prompt (max_position {self.config.model.max_position}); "
                                     f"lower max_tokens to at most {room}")
-        probe = Sequence(self._next_id, prompt, ids, params, encoder_token_ids=enc)
+        probe = Sequence(self._next_id, prompt.main.text, ids, params, encoder_token_ids=enc)
         self.scheduler.check_admissible(probe, name)
-        return ids, enc, params
+        return prompt, ids, enc, params
 
-    def _queue(self, prompt: str, checked) -> int:
-        ids, enc, params = checked
-        seq = Sequence(self._next_id, prompt, ids, params, encoder_token_ids=enc, default_seed=self.config.seed)
-        self.scheduler.add(seq)
-        self._next_id += 1
-        return seq.request_id
+    def _queue(self, checked) -> int:
+        """Queue a checked request: one sequence per completion (SamplingParams.n), with consecutive ids; the
+        request's id is its first sequence's."""
+        prompt, ids, enc, params = checked
+        rid = self._next_id
+        text = prompt.decoder.text if prompt.explicit_pair and prompt.decoder else prompt.main.text
+        seqs = [Sequence(rid + i, text, ids, params, encoder_token_ids=enc, default_seed=self.config.seed,
+                         index=i, parent_id=rid) for i in range(params.n)]
+        for seq in seqs:
+            self.scheduler.add(seq)
+        self._next_id += params.n
+        self._requests[rid] = (prompt, seqs)
+        return rid
 
-    def add_request(self, prompt: str, params: SamplingParams | None = None) -> int:
-        """Queue one request; return its id. It joins the running batch at the next step that has room."""
+    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
+        """Queue one request (a prompt in any form `generate` takes); return its id. It joins the running batch at
+        the next step that has room. With SamplingParams(n=k) its k sequences have ids id, id + 1, ..., id + k - 1
+        in StepOutput."""
         with self._exclusive():
-            return self._queue(prompt, self._prepare(prompt, params, "the request"))
+            return self._queue(self._prepare(parse_prompt(prompt), params, "the request"))
 
     def abort(self, request_id: int) -> bool:
         """Finish a queued or running request with reason "abort"; False if it is not in flight."""
         check_int("request_id", request_id, low=0)
         with self._exclusive(usable=False):
-            return self.scheduler.abort(request_id) is not None
+            return self._abort_request(request_id)
+
+    def _abort_request(self, request_id: int) -> bool:
+        seqs = self._requests.pop(request_id, (None, []))[1]
+        return any([self.scheduler.abort(s.request_id) is not None for s in seqs])
+
+    def _abort_all(self) -> None:
+        for rid in list(self._requests):
+            self._abort_request(rid)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -236,7 +234,7 @@ class LLM:
         if not self.is_encoder_decoder:
             raise InvalidValueError(f"{self.model_name} has no cross attention")
         bs = self.config.cache.block_size
-        return sum(-(-len(self._encode(p)[1]) // bs) for p in _prompt_list(prompts))
+        return sum(-(-len(self._prompts.encode(p)[1]) // bs) for p in parse_prompts(prompts))
 
     # ---- stepping -----------------------------------------------------------------------------------------------
     def step(self, capture: bool = False) -> StepOutput:
@@ -266,21 +264,21 @@ class LLM:
                     trace=StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
                                     guard_check="failed"),
                     **self._snapshot(batch, is_prefill, ctx))
-                for rid in list(self.scheduler.unfinished_ids()):
-                    self.scheduler.abort(rid)
+                self._abort_all()
                 raise err.at_step(failed) from None
-            tokens = self.runner.sample(logits, batch)
+            tokens, logprobs = sampler.sample(logits, batch)
         except BaseException:
             for s in batch:                                     # leave nothing half-done
-                self.scheduler.abort(s.request_id)
+                self._abort_request(s.parent_id)
             raise
         snapshot = self._snapshot(batch, is_prefill, ctx)
-        self.scheduler.postprocess(batch, tokens)
+        self.scheduler.postprocess(batch, tokens, logprobs)
         finished = []
         for s in batch:
             self._apply_stop_strings(s)
-            if s.finish_reason is not None:
-                finished.append(self._output(s))
+            group = self._requests.get(s.parent_id)
+            if s.finish_reason is not None and group and all(q.finish_reason is not None for q in group[1]):
+                finished.append(self._output(s.parent_id))
         trace = StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
                           guard_check="passed" if self.config.sanitize else "off", cuda_graph=ctx.cuda_graph,
                           graph_batch=ctx.graph_batch)
@@ -311,70 +309,117 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the order of `prompts`.
 
+        `prompts`: one prompt or a list of them, each a str, {"prompt": str} or {"prompt_token_ids": [...]}
+        (an encoder-decoder model also takes {"encoder_prompt": ..., "decoder_prompt": ...}). `sampling_params`:
+        one SamplingParams for all, one per prompt, or None (SamplingParams(): temperature 1.0, as vLLM's).
         Every prompt and parameter is checked before any request is queued. Then it is `add_request` for each
         prompt and `while has_unfinished(): step()`; requests queued earlier with add_request run too, but only
         this call's outputs are returned. To watch the steps, drive the engine with add_request()/step().
         """
-        prompts = _prompt_list(prompts)
+        return self._generate(parse_prompts(prompts), sampling_params, use_tqdm, "prompts")
+
+    def _generate(self, prompts: list[PromptInput], sampling_params, use_tqdm, what: str) -> list[RequestOutput]:
         check_bool("use_tqdm", use_tqdm)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         elif isinstance(sampling_params, (list, tuple)):
             params = list(sampling_params)
             if len(params) != len(prompts):
-                raise InvalidValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+                raise InvalidValueError(f"{len(prompts)} {what} but {len(params)} sampling params: give one "
+                                        f"SamplingParams for all, or one per {what[:-1]}")
         else:
             raise InvalidTypeError(f"sampling_params must be a SamplingParams, a list of them, or None; got "
                                    f"{type(sampling_params).__name__}")
         with self._exclusive():
-            if not prompts:
-                return []
-            checked = [self._prepare(p, sp, f"prompts[{i}]") for i, (p, sp) in enumerate(zip(prompts, params))]
-            ids = [self._queue(p, c) for p, c in zip(prompts, checked)]
-            results: dict[int, RequestOutput] = {}
-            # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
-            bar = tqdm(total=len(ids), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
-            wanted = set(ids)
-            try:
-                while self.scheduler.has_unfinished():
-                    out = self._step()
-                    for r in out.finished:
-                        if r.request_id in wanted:
-                            results[r.request_id] = r
-                    bar.update(len(results) - bar.n)
-            except BaseException:
-                for rid in ids:                     # leave nothing half-done in the engine
-                    self.scheduler.abort(rid)
-                raise
-            finally:
-                bar.close()
-            return [results[rid] for rid in ids]
+            checked = [self._prepare(p, sp, f"{what}[{i}]") for i, (p, sp) in enumerate(zip(prompts, params))]
+            return self._run(checked, use_tqdm) if checked else []
 
-    def _stop_cut(self, seq: Sequence) -> int | None:
-        """Characters of the generated text before the first stop string, or None when none appears."""
+    def _run(self, checked: list, use_tqdm: bool) -> list[RequestOutput]:
+        ids = [self._queue(c) for c in checked]
+        results: dict[int, RequestOutput] = {}
+        # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
+        bar = tqdm(total=len(ids), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
+        wanted = set(ids)
+        try:
+            while self.scheduler.has_unfinished():
+                out = self._step()
+                for r in out.finished:
+                    if r.request_id in wanted:
+                        results[r.request_id] = r
+                bar.update(len(results) - bar.n)
+        except BaseException:
+            for rid in ids:                     # leave nothing half-done in the engine
+                self._abort_request(rid)
+            raise
+        finally:
+            bar.close()
+        return [results[rid] for rid in ids]
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Render `messages` (one conversation, a list of {"role": ..., "content": ...} dicts, or a list of
+        conversations) with the checkpoint's own chat template (tokenizer_config.json's `chat_template`, or
+        chat_template.jinja beside it; `chat_template` overrides it), then generate for each, as `generate` does.
+        The rendered text is tokenized as it stands: the template writes the BOS token itself."""
+        conversations = chat.check_messages(messages)
+        template, specials = chat.load_chat_template(None if self.task is not None else self.model_name)
+        template = chat_template if chat_template is not None else template
+        if template is None:
+            raise chat.no_template_error(self.model_name)
+        if not isinstance(template, str):
+            raise InvalidTypeError(f"chat_template must be a str (a jinja2 template), got {type(template).__name__}")
+        if self.is_encoder_decoder:
+            raise InvalidValueError(f"{self.model_name} is an encoder-decoder model: LLM.chat needs a decoder-only "
+                                    f"model; call generate")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise InvalidTypeError(f"chat_template_kwargs must be a dict or None, got {chat_template_kwargs!r}")
+        prompts = []
+        for conv in conversations:
+            text = chat.render(template, conv, specials, add_generation_prompt, **(chat_template_kwargs or {}))
+            prompts.append(PromptInput(Prompt(text=text, token_ids=tuple(self.tokenizer.encode(text)))))
+        return self._generate(prompts, sampling_params, use_tqdm, "conversations")
+
+    def _stop_cut(self, seq: Sequence) -> tuple[int, str] | None:
+        """(where the first stop string starts in the generated text, that string), or None when none appears."""
         if not seq.sampling.stop:
             return None
         text = self.tokenizer.decode(seq.output_token_ids)
-        cuts = [text.find(st) for st in seq.sampling.stop if st in text]
-        return min(cuts) if cuts else None
+        found = [(text.find(st), i, st) for i, st in enumerate(seq.sampling.stop) if st in text]
+        return min(found)[::2] if found else None
 
     def _apply_stop_strings(self, seq: Sequence) -> None:
         if seq.finish_reason is None and self._stop_cut(seq) is not None:
             self.scheduler.finish(seq, "stop")
 
-    def _output(self, seq: Sequence) -> RequestOutput:
+    def _completion(self, seq: Sequence) -> CompletionOutput:
         ids = list(seq.output_token_ids)
+        text = self.tokenizer.decode(ids)
+        stop_reason = seq.stop_reason
         cut = self._stop_cut(seq)
         if cut is not None:
-            # token_ids and text end at the same place: keep tokens while their text stays before the cut.
-            kept, chars = [], 0
-            for t in ids:
-                if chars >= cut:
-                    break
-                kept.append(t)
-                chars += len(self.tokenizer.decode([t]))
-            ids = kept
-        return RequestOutput(seq.request_id, seq.prompt, self.tokenizer.decode(ids), ids, seq.finish_reason)
+            # vLLM's rule: the text ends before the stop string (after it when include_stop_str_in_output), even
+            # where it starts inside a token; token_ids keep every generated token.
+            at, stop_reason = cut
+            text = text[:at + (len(stop_reason) if seq.sampling.include_stop_str_in_output else 0)]
+        logprobs = None
+        if seq.sampling.logprobs is not None:
+            logprobs = [{t: Logprob(lp, rank, self.tokenizer.decode([t])) for t, (lp, rank) in step.items()}
+                        for step in seq.logprobs]
+        reason = {"eos": "stop"}.get(seq.finish_reason, seq.finish_reason)
+        return CompletionOutput(index=seq.index, text=text, token_ids=ids,
+                                cumulative_logprob=None if logprobs is None else seq.cumulative_logprob,
+                                logprobs=logprobs, finish_reason=reason, stop_reason=stop_reason)
+
+    def _output(self, request_id: int) -> RequestOutput:
+        prompt, seqs = self._requests.pop(request_id)
+        first = seqs[0]
+        completions = [self._completion(s) for s in seqs]
+        if not self.is_encoder_decoder:
+            return RequestOutput(request_id, prompt.main.text, first.prompt_token_ids, completions, finished=True)
+        decoder_text = prompt.decoder.text if prompt.decoder is not None else None
+        return RequestOutput(request_id, decoder_text, first.prompt_token_ids, completions, finished=True,
+                             encoder_prompt=prompt.main.text, encoder_prompt_token_ids=first.encoder_token_ids)
 
     # ---- memory -----------------------------------------------------------------------------------------------
     def sleep(self, mode: str = "free") -> None:
@@ -401,8 +446,7 @@ class LLM:
 
         The way back after a KVCacheOverrunError. Request ids keep counting up."""
         with self._exclusive(usable=False):
-            for rid in list(self.scheduler.unfinished_ids()):
-                self.scheduler.abort(rid)
+            self._abort_all()
             self.runner.sleep()
             self.runner.wake_up()
             self._build_scheduler()
@@ -458,14 +502,3 @@ class LLM:
         """The loaded model's configuration."""
         return self.runner.model.config
 
-
-def _prompt_list(prompts) -> list[str]:
-    """A bare str is one prompt; a list or tuple of str is many. Anything else is a TypeError."""
-    if isinstance(prompts, str):
-        return [prompts]
-    if not isinstance(prompts, (list, tuple)):
-        raise InvalidTypeError(f"prompts must be a str or a list/tuple of str, got {type(prompts).__name__}")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str):
-            raise InvalidTypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
-    return list(prompts)

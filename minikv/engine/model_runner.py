@@ -15,8 +15,8 @@ Lifecycle (the shape of the real engines):
      "capture": one decode-shaped forward *with* attention metadata through every layer (minikv's model of a
        CUDA-graph capture run; upstream does not name its warmup shapes), all slots -1, dummy sequences of length
        1 on block 0, so every impl is touched before any real step;
-  then per step `forward(seqs, is_prefill)`, `check` and `sample`: `prepare` builds the step's metadata, and the model's forward is
-  called with a ForwardContext (metadata + binding table) as an argument; each attention op calls
+  then per step `forward(seqs, is_prefill)` and `check` (the tokens come from `minikv.engine.sampler`):
+  `prepare` builds the step's metadata, and the model's forward is called with a ForwardContext (metadata + binding table) as an argument; each attention op calls
   `ctx.attend(...)`, which runs its binding's impl over its binding's cache.
 `sleep(mode)`: "discard" keeps the arena's storage and address and discards the pools' contents (zeroed here):
 minikv's model of a sleep that wakes up at the same address, which upstream's text neither states nor excludes;
@@ -333,16 +333,3 @@ class ModelRunner:
     def _decode_logits(self, input_ids, positions, ctx: ForwardContext) -> torch.Tensor:
         """A decode forward (one token per sequence) and the LM head: what a decode graph captures."""
         return self.model.compute_logits(self._forward(input_ids, positions, ctx))
-
-    @staticmethod
-    def sample(logits: torch.Tensor, seqs) -> list[int]:
-        greedy = logits.argmax(dim=-1).tolist()
-        out = []
-        for row, s, g in zip(logits, seqs, greedy):
-            t = s.sampling.temperature
-            if t == 0:
-                out.append(g)
-                continue
-            probs = torch.softmax(row.float().cpu() / t, dim=-1)
-            out.append(int(torch.multinomial(probs, 1, generator=s.generator)))
-        return out

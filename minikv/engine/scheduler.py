@@ -166,21 +166,27 @@ class Scheduler:
 
     # ---- after a step ------------------------------------------------------------------------------
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> None:
-        """Record one sampled token per sequence of the step, and finish those that are done.
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int], logprobs: list | None = None) -> None:
+        """Record one sampled token per sequence of the step (and its logprobs entry, when asked for), and finish
+        those that are done.
 
-        EOS (unless `ignore_eos`) finishes with "eos" and is not appended; reaching `max_tokens` finishes
-        with "length". Stop strings are the LLM facade's job: it calls `finish(seq, "stop")`.
+        EOS (unless `ignore_eos`) and the request's `stop_token_ids` finish with "eos" / "stop" and are not
+        appended; reaching `max_tokens` finishes with "length". Stop strings are the LLM facade's job: it calls
+        `finish(seq, "stop")`.
         """
         if len(seqs) != len(token_ids):
             raise InvalidValueError(f"postprocess got {len(seqs)} sequences but {len(token_ids)} tokens")
-        for seq, token_id in zip(seqs, token_ids):
+        for i, (seq, token_id) in enumerate(zip(seqs, token_ids)):
             if seq.status is not SequenceStatus.RUNNING:
                 raise RuntimeError(f"request {seq.request_id} is {seq.status.name}, not RUNNING")
             if token_id == self.eos_token_id and not seq.sampling.ignore_eos:
                 self.finish(seq, "eos")
                 continue
-            seq.append_token(token_id)
+            if seq.sampling.stop_token_ids and token_id in seq.sampling.stop_token_ids:
+                seq.stop_reason = int(token_id)
+                self.finish(seq, "stop")
+                continue
+            seq.append_token(token_id, None if logprobs is None else logprobs[i])
             if seq.num_output_tokens >= seq.sampling.max_tokens:
                 self.finish(seq, "length")
 

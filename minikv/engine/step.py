@@ -2,7 +2,7 @@
 
 This is the one documented way to watch the engine. Drive it yourself:
 
-    rid = llm.add_request("5 10 15", minikv.SamplingParams(max_tokens=4))
+    rid = llm.add_request("5 10 15", minikv.SamplingParams(temperature=0, max_tokens=4))
     while llm.has_unfinished():
         out = llm.step()
         out.phase, out.request_ids, out.sampled, out.block_tables, out.trace.events

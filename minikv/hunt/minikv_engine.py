@@ -173,7 +173,7 @@ class MinikvEngine:
                 i = pending.pop(0)
                 r = requests[i]
                 try:
-                    rid = llm.add_request(r.prompt, minikv.SamplingParams(max_tokens=r.max_tokens))
+                    rid = llm.add_request(r.prompt, minikv.SamplingParams(temperature=0, max_tokens=r.max_tokens))
                 except (ValueError, TypeError) as err:
                     run.refused = f"request {i}: {_first_line(err)}"
                     return False
@@ -194,8 +194,10 @@ class MinikvEngine:
             for done in out.finished:
                 i = ids[done.request_id]
                 r = requests[i]
+                # The hunt's records name an end-of-sequence stop "eos" (vLLM's outputs say "stop", no stop_reason).
+                eos = done.finish_reason == "stop" and done.outputs[0].stop_reason is None
                 results[i] = RequestResult(i, wave, r.prompt, r.max_tokens, tuple(done.token_ids),
-                                           done.finish_reason)
+                                           "eos" if eos else done.finish_reason)
             step += 1
         for i in range(len(requests)):
             res = results[i]

@@ -28,7 +28,7 @@ def serve(llm, arrivals):
     while pending or llm.has_unfinished():
         while pending and arrivals[pending[0]][0] <= step:
             i = pending.pop(0)
-            ids[i] = llm.add_request(arrivals[i][1], minikv.SamplingParams(max_tokens=arrivals[i][2]))
+            ids[i] = llm.add_request(arrivals[i][1], minikv.SamplingParams(temperature=0, max_tokens=arrivals[i][2]))
         if not llm.has_unfinished():
             step = arrivals[pending[0]][0]
             continue
@@ -85,7 +85,7 @@ def _serving(scenario: Scenario) -> list[str]:
             body.append(f"waves.append(serve(llm, [{arrivals}]))")
         else:
             prompts = ", ".join(repr(r.prompt) for r in scenario.requests)
-            params = ", ".join(f"minikv.SamplingParams(max_tokens={r.max_tokens})" for r in scenario.requests)
+            params = ", ".join(f"minikv.SamplingParams(temperature=0, max_tokens={r.max_tokens})" for r in scenario.requests)
             body.append(f"outs = llm.generate([{prompts}], [{params}], use_tqdm=False)")
             body.append("waves.append([o.token_ids for o in outs])")
         body.append("print(waves[-1])")

@@ -114,7 +114,7 @@ def trace_run(llm, prompts: list[str], reference: list[list[int]] | None = None,
     bs = llm.config.cache.block_size
     buggy = "cross-stride" in llm.config.reintroduce
     owners = _ByteOwners(llm.arena)
-    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
+    ids = [llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p))) for p in prompts]
     index = {rid: i for i, rid in enumerate(ids)}
     order: list[str] = []
     timeline = CrossTimeline(buggy, order, [], title=title)

@@ -80,7 +80,7 @@ def trace_run(llm, prompts: list[str], max_tokens: int = 4) -> tuple[Timeline, l
                         storages={layer_index(n): layer_index(o) for n, o in owner_of.items()})
     for f in llm.census.fills:                                   # the fills so far were the warmup's
         timeline.cells.setdefault((layer_index(f.layer), WARMUP), []).append("wipe" if f.overwritten else "fill")
-    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=max_tokens)) for p in prompts]
+    ids = [llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=max_tokens)) for p in prompts]
     wiped: dict[str, set[int]] = {pool: set() for pool in pools}
     done = {}
     while llm.has_unfinished():
@@ -147,7 +147,7 @@ def _serve_recording(llm, prompts, max_tokens, layer: str, storage: str, request
 
     model.compute_logits = recording           # an instance attribute: this engine only
     try:
-        ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=max_tokens)) for p in prompts]
+        ids = [llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=max_tokens)) for p in prompts]
         rid = ids[request]
         sampled, k_rows, query, done = [], None, None, {}
         bs = llm.config.cache.block_size

@@ -50,7 +50,7 @@ def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu",
     llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=False,
                  repro=minikv.ReproConfig(check_layout=False), reintroduce=("cross-stride",))
     task = task_of(model)
-    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
+    ids = [llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p))) for p in prompts]
     cross_tables, self_tables, done = {}, {}, {}
     while llm.has_unfinished():
         out = llm.step()

@@ -48,7 +48,7 @@ def make_prompts(n: int = 6, seed: int = 0, model: str = MODEL) -> list[str]:
 def _generate(llm, prompts):
     import minikv
     task = task_of(llm.model_name)
-    params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
+    params = [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts]
     return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 

@@ -40,7 +40,7 @@ def _arrivals(prompts, max_num_seqs: int, seed: int, buggy: bool, device, backen
     llm = minikv.LLM(model=model, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                      device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else (),
                      num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
-    params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
+    params = minikv.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
     pending, index_of, done, arrivals, first = list(range(len(prompts))), {}, {}, [], None
     while pending or llm.has_unfinished():
         k = rng.randint(0, max_num_seqs)
@@ -286,7 +286,7 @@ def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: 
     llm = minikv.LLM(model=model, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                      device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else (),
                      repro=minikv.ReproConfig(reinit_scales_on_wake=reinit), num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
-    params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
+    params = minikv.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
     llm.generate(prompts, params, use_tqdm=False)
     storage, fills = llm.arena.storage.untyped_storage(), len(llm.census.fills)
     address = storage.data_ptr()

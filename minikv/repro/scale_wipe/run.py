@@ -135,7 +135,7 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
             a.impl.scale_views(a.kv_cache)
     layout = llm.kv_layout
     captured: dict = {}
-    params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    params = minikv.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos)
     ids = [llm.add_request(p, params) for p in prompts]
     results, outputs = {}, {}
     sharers = {n for n, a in llm.attention_layers.items() if a.kv_sharing_target is not None}
