@@ -16,8 +16,9 @@ Lifecycle (the shape of the real engines):
        CUDA-graph capture run; upstream does not name its warmup shapes), all slots -1, dummy sequences of length
        1 on block 0, so every impl is touched before any real step;
   then per step `forward(seqs, is_prefill)` and `check` (the tokens come from `minikv.engine.sampler`):
-  `prepare` builds the step's metadata, and the model's forward is called with a ForwardContext (metadata + binding table) as an argument; each attention op calls
-  `ctx.attend(...)`, which runs its binding's impl over its binding's cache.
+  `prepare` builds the step's metadata, and the model's forward is called with a ForwardContext (metadata +
+  binding table) as an argument; each attention op calls `ctx.attend(...)`, which runs its binding's impl over its
+  binding's cache.
 `sleep(mode)`: "discard" keeps the arena's storage and address and discards the pools' contents (zeroed here):
 minikv's model of a sleep that wakes up at the same address, which upstream's text neither states nor excludes;
 "free" drops the arena and `wake_up()` allocates a new one. `wake_up()` binds the
