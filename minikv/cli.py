@@ -39,6 +39,9 @@ def unknown_only(tokenizer, prompt: str) -> str | None:
 
 def _cmd_generate(args) -> int:
     import minikv
+    # The sampling options are checked first: a bad one costs no model load.
+    params = minikv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                   top_k=args.top_k, min_p=args.min_p, seed=args.seed, n=args.n, stop=args.stop)
     llm = minikv.LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, device=args.device,
                      backend=args.backend, max_num_seqs=args.max_num_seqs)
     for prompt in args.prompts:
@@ -46,8 +49,6 @@ def _cmd_generate(args) -> int:
         if unk is not None:
             raise ValueError(f"prompt {prompt!r} encodes to the unknown token {unk!r} only: {args.model}'s tokenizer "
                              f"has no token for its characters, so the model would see nothing of it")
-    params = minikv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                   top_k=args.top_k, min_p=args.min_p, seed=args.seed, n=args.n, stop=args.stop)
     for prompt, out in zip(args.prompts, llm.generate(args.prompts, params, use_tqdm=sys.stderr.isatty())):
         for c in out.outputs:
             if args.ids:
