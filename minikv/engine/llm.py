@@ -1,11 +1,12 @@
 """LLM: the public facade. Builds an engine (model, scheduler, block managers, model runner) and runs it.
 
     llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
-    outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12))
+    outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(temperature=0, max_tokens=12))
+    outs[0].outputs[0].text          # RequestOutput / CompletionOutput, as vLLM's (minikv.engine.outputs)
 
 or one step at a time (requests added between steps join the running batch):
 
-    rid = llm.add_request("5 10 15", minikv.SamplingParams(max_tokens=4))
+    rid = llm.add_request("5 10 15", minikv.SamplingParams(temperature=0, max_tokens=4))
     while llm.has_unfinished():
         out = llm.step()            # a StepOutput (minikv.engine.step): what ran, what was sampled, the trace
 
