@@ -1,12 +1,7 @@
-"""What a finished request returns, shaped as vLLM's: RequestOutput holding one CompletionOutput per completion.
-
-    out = llm.generate(["3 7 11 15"], minikv.SamplingParams(temperature=0))[0]
-    out.request_id, out.prompt, out.prompt_token_ids, out.finished
-    out.outputs[0].text, out.outputs[0].token_ids, out.outputs[0].finish_reason      # "stop" or "length"
-
-`out.text`, `out.token_ids` and `out.finish_reason` are aliases of `out.outputs[0]`'s, kept because most requests
-have one completion and the notebooks read them. Differences from vLLM: request ids are ints (what add_request
-returns), and a stop token (EOS or one of stop_token_ids) is not appended to token_ids.
+"""What a finished request returns, shaped as vLLM's: a RequestOutput holding one CompletionOutput per completion.
+`out = llm.generate(...)[0]` has request_id, prompt, prompt_token_ids, finished and outputs (one per completion).
+`out.text`, `.token_ids` and `.finish_reason` are documented aliases of `out.outputs[0]`'s (one completion is the
+usual case, and the notebooks read them). Unlike vLLM: request ids are ints, and a stop token is not in token_ids.
 """
 from __future__ import annotations
 

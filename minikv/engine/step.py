@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from minikv.attention.trace import CacheEvent, ScaleFill
-    from minikv.engine.sequence import RequestOutput
+    from minikv.engine.outputs import RequestOutput
 
 PHASES = ("prefill", "decode")
 
