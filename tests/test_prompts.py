@@ -121,3 +121,15 @@ def test_stop_string_starting_inside_a_token_is_cut(tmp_path):
     kept = llm.generate("3 7 11 15", minikv.SamplingParams(stop=[stop], include_stop_str_in_output=True, **greedy),
                         use_tqdm=False)[0]
     assert kept.text == text[:at + 2]
+
+
+def test_a_refused_request_leaves_the_others_served(gemma):
+    rid = gemma.add_request("3 7 11 15", GREEDY)
+    gemma.step()                                                    # the first request is running
+    for bad in ({"prompt_token_ids": [1, 10_000]}, {"text": "3 7"}, "3 7 A"):
+        with pytest.raises((InvalidTypeError, InvalidValueError)):
+            gemma.add_request(bad, GREEDY)
+    done = []
+    while gemma.has_unfinished():
+        done += gemma.step().finished
+    assert [d.request_id for d in done] == [rid] and done[0].text == " 19 23"
