@@ -187,3 +187,14 @@ def test_request_output_fields(llm):
     assert out.prompt == PROMPTS[0] and out.prompt_token_ids == [tok.bos_id, *tok.encode(PROMPTS[0])]
     assert isinstance(out.outputs[0], minikv.CompletionOutput) and out.outputs[0].finished()
     assert tok.decode(out.outputs[0].token_ids) == out.outputs[0].text
+
+
+def test_the_hunter_sees_the_logits_the_sampler_gets():
+    # minikv.hunt's matches-reference compares these rows with the dense model's; without them it checks tokens only.
+    from minikv.hunt import seams
+    eng = minikv.LLM(model="tiny-gemma4", backend="torch", max_num_seqs=2)
+    store = {}
+    assert seams.record_logits(eng, store)
+    outs = eng.generate(PROMPTS[:2], minikv.SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert {rid: len(rows) for rid, rows in store.items()} == {o.request_id: 3 for o in outs}
+    assert all(int(rows[0].argmax()) == o.token_ids[0] for o, rows in zip(outs, store.values()))

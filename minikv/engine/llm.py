@@ -42,7 +42,7 @@ from minikv.config import (
     check_choice,
     check_int,
 )
-from minikv.engine import chat, sampler
+from minikv.engine import chat
 from minikv.engine.model_runner import ModelRunner
 from minikv.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from minikv.engine.prompts import Prompt, PromptEncoder, PromptInput, parse_prompt, parse_prompts
@@ -267,7 +267,7 @@ class LLM:
                     **self._snapshot(batch, is_prefill, ctx))
                 self._abort_all()
                 raise err.at_step(failed) from None
-            tokens, logprobs = sampler.sample(logits, batch)
+            tokens, logprobs = self.runner.sample(logits, batch)
         except BaseException:
             for s in batch:                                     # leave nothing half-done
                 self._abort_request(s.parent_id)

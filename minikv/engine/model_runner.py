@@ -15,10 +15,9 @@ Lifecycle (the shape of the real engines):
      "capture": one decode-shaped forward *with* attention metadata through every layer (minikv's model of a
        CUDA-graph capture run; upstream does not name its warmup shapes), all slots -1, dummy sequences of length
        1 on block 0, so every impl is touched before any real step;
-  then per step `forward(seqs, is_prefill)` and `check` (the tokens come from `minikv.engine.sampler`):
-  `prepare` builds the step's metadata, and the model's forward is called with a ForwardContext (metadata +
-  binding table) as an argument; each attention op calls `ctx.attend(...)`, which runs its binding's impl over its
-  binding's cache.
+  then per step `forward(seqs, is_prefill)`, `check` and `sample` (by `minikv.engine.sampler`): `prepare` builds
+  the step's metadata, and the model's forward is called with a ForwardContext (metadata + binding table) as an
+  argument; each attention op calls `ctx.attend(...)`, which runs its binding's impl over its binding's cache.
 `sleep(mode)`: "discard" keeps the arena's storage and address and discards the pools' contents (zeroed here):
 minikv's model of a sleep that wakes up at the same address, which upstream's text neither states nor excludes;
 "free" drops the arena and `wake_up()` allocates a new one. `wake_up()` binds the
@@ -40,6 +39,7 @@ from minikv.cache.arena import KVArena, PoolSpec, SeparateKVArena
 from minikv.cache.blocks import slot_of
 from minikv.cache.layout import KVLayout
 from minikv.config import EngineConfig
+from minikv.engine import sampler
 from minikv.engine.cuda_graph import DecodeGraphs
 
 
@@ -334,3 +334,9 @@ class ModelRunner:
     def _decode_logits(self, input_ids, positions, ctx: ForwardContext) -> torch.Tensor:
         """A decode forward (one token per sequence) and the LM head: what a decode graph captures."""
         return self.model.compute_logits(self._forward(input_ids, positions, ctx))
+
+    @staticmethod
+    def sample(logits: torch.Tensor, seqs) -> tuple[list[int], list | None]:
+        """One token per sequence (and its logprobs entry, when asked for), by `minikv.engine.sampler`: the one
+        call that hands a step's logits to the sampler, where the hunter watches them (minikv.hunt.seams)."""
+        return sampler.sample(logits, seqs)
