@@ -18,7 +18,7 @@ import minikv
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = (ROOT / "minikv", ROOT / "kernels")
-# What the path is today (20 files, 4,388 lines, 4 calls), kept from growing. The readable-core work aimed at 15
+# What the path is today (20 files, 4,392 lines, 4 calls), kept from growing. The readable-core work aimed at 15
 # files and 4,000 lines; the 20 are one concept each (CONTRIBUTING.md, "The request path", says which and why).
 MAX_FILES, MAX_LINES, MAX_HOPS = 20, 4400, 4
 
