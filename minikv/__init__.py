@@ -18,6 +18,7 @@ _LAZY = {
     "KVLayout": ("minikv.cache.layout", "KVLayout"),
     "KVArena": ("minikv.cache.arena", "KVArena"),
     "MinikvError": ("minikv.kernels.errors", "MinikvError"),
+    "MaxModelLenError": ("minikv.engine.memory", "MaxModelLenError"),
 }
 
 
@@ -33,4 +34,4 @@ def __getattr__(name):
 
 
 __all__ = ["LLM", "ReproConfig", "SamplingParams", "RequestOutput", "KVCacheOverrunError", "KVLayoutMismatchError",
-           "KVLayout", "KVArena", "tasks", "bugs", "viz"]
+           "KVLayout", "KVArena", "MaxModelLenError", "tasks", "bugs", "viz"]
