@@ -196,6 +196,9 @@ def _hunt_every_defect(args, command: str) -> int:
     from minikv.hunt.reference import LOGIT_TOLERANCE, DenseReference, calibrate
     from minikv.hunt.strategies import cell_label, prompt_pool
     hunt_cli.check_outputs(args)
+    if args.model:
+        from minikv.models import registry
+        registry.check_loadable(args.model)            # a bad model is one error line, before the first bar
     load = os.getloadavg()[0]
     reference = DenseReference()
     common = dict(model=args.model, backend=args.backend, seed=args.seed, budget_s=args.budget,

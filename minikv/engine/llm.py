@@ -48,6 +48,7 @@ from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
 from minikv.engine.step import StepOutput, StepTrace
 from minikv.kernels.errors import EngineFaultError, InvalidTypeError, InvalidValueError
 from minikv.models import registry
+from minikv.progress import held_warnings
 
 
 class ConcurrentUseError(EngineFaultError, RuntimeError):
@@ -358,18 +359,20 @@ class LLM:
             bar = tqdm(total=len(ids), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
             wanted = set(ids)
             try:
-                while self.scheduler.has_unfinished():
-                    out = self._step()
-                    for r in out.finished:
-                        if r.request_id in wanted:
-                            results[r.request_id] = r
-                    bar.update(len(results) - bar.n)
+                with held_warnings():               # library warnings: each once, after the bar
+                    try:
+                        while self.scheduler.has_unfinished():
+                            out = self._step()
+                            for r in out.finished:
+                                if r.request_id in wanted:
+                                    results[r.request_id] = r
+                            bar.update(len(results) - bar.n)
+                    finally:
+                        bar.close()
             except BaseException:
                 for rid in ids:                     # leave nothing half-done in the engine
                     self.scheduler.abort(rid)
                 raise
-            finally:
-                bar.close()
             return [results[rid] for rid in ids]
 
     def _stop_cut(self, seq: Sequence) -> int | None:

@@ -94,10 +94,16 @@ def run(args, label: str = "the hunt", command: str = "minikv hunt") -> int:
               "pip install hypothesis (a dependency of minikv; missing only after a --no-deps install)")
         return 2
     check_outputs(args)
+    from minikv.models import registry
+    from minikv.progress import held_warnings
+
     from .search import hunt
-    report = hunt(model=getattr(args, "model", None), reintroduce=tuple(getattr(args, "reintroduce", ()) or ()),
-                  backend=args.backend, seed=args.seed, budget_s=args.budget,
-                  max_scenarios=args.max_scenarios or None, oracles=args.oracle)
+    if getattr(args, "model", None):
+        registry.check_loadable(args.model)            # a bad model is one error line, before the bar
+    with held_warnings():                               # library warnings: each once, after the bar
+        report = hunt(model=getattr(args, "model", None),
+                      reintroduce=tuple(getattr(args, "reintroduce", ()) or ()), backend=args.backend, seed=args.seed,
+                      budget_s=args.budget, max_scenarios=args.max_scenarios or None, oracles=args.oracle)
     print(report.text())
     print("(scenario, cell, wave, refused, near tie, shrunk: `minikv hunt --help` says what each word means)")
     if getattr(args, "results", None):
