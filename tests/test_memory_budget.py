@@ -104,8 +104,9 @@ def test_a_budget_sizes_the_pool_and_max_model_len():
     llm = minikv.LLM(model="tiny-gemma4", backend="torch", kv_cache_memory_bytes=5 * block + 100)
     assert (llm.runner.num_blocks, llm.max_model_len) == (5, 80)
     assert llm.arena.specs and sum(s.nbytes for s in llm.arena.specs.values()) <= 5 * block + 100
-    with pytest.raises(MemoryError, match="holds no block.*raise kv_cache_memory_bytes"):
+    with pytest.raises(ValueError, match="holds no block.*raise kv_cache_memory_bytes") as err:
         minikv.LLM(model="tiny-gemma4", backend="torch", kv_cache_memory_bytes=block - 1)
+    assert isinstance(err.value, MemoryError)
 
 
 def test_the_cross_pool_comes_out_of_the_budget():

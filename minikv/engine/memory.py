@@ -23,6 +23,10 @@ class MaxModelLenError(InvalidValueError):
     """A request, or max_model_len itself, is longer than the engine's max_model_len or cache allows."""
 
 
+class CacheBudgetError(InvalidValueError, MemoryError):
+    """The KV-cache budget holds not one block (a ValueError, and a MemoryError for code that catches that)."""
+
+
 @dataclass(frozen=True)
 class CacheSize:
     num_blocks: int             # blocks of every self-attention pool
@@ -76,10 +80,11 @@ def size_cache(*, block_bytes: int, cross_block_bytes: int, block_size: int, max
         left = budget_bytes - cross * cross_block_bytes
         pool_blocks, source = max(left, 0) // block_bytes, budget_source
         if pool_blocks < 1:
-            raise MemoryError(f"the KV-cache budget ({budget_source}: {_fmt(max(budget_bytes, 0))}) holds no "
+            raise CacheBudgetError(f"the KV-cache budget ({budget_source}: {_fmt(max(budget_bytes, 0))}) holds no "
                               f"block of {_fmt(block_bytes)}"
                               + (f" after the cross pools ({_fmt(cross * cross_block_bytes)})" if cross else "")
-                              + "; raise kv_cache_memory_bytes (CLI --kv-cache-memory-bytes), or give num_blocks")
+                              + "; raise kv_cache_memory_bytes (CLI --kv-cache-memory-bytes) or, on CUDA, "
+                                "gpu_memory_utilization, or give num_blocks")
     holds = pool_blocks * block_size
     if max_model_len is None:
         max_model_len = min(config_len, holds)
