@@ -24,7 +24,8 @@ class _Holder(logging.Handler):
 @contextlib.contextmanager
 def held_warnings(logger_name: str = "minikv"):
     """Hold the WARNING records of `logger_name` (and its children) and every `warnings.warn` of the block; emit
-    each once when the block ends, error or not."""
+    each once when the block ends, error or not. It swaps process-wide state (the logger's handlers, the warnings
+    filters): use it from one thread, around a command's progress bars."""
     logger = logging.getLogger(logger_name)
     holder, propagate, handlers = _Holder(), logger.propagate, logger.handlers[:]
     logger.handlers[:] = [holder]                       # the logger's own handlers wait too

@@ -359,7 +359,11 @@ class LLM:
             bar = tqdm(total=len(ids), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
             wanted = set(ids)
             try:
-                with held_warnings():               # library warnings: each once, after the bar
+                # Library warnings wait for the bar to close, then come once each. Only while a bar is drawn, and
+                # only on the main thread: holding swaps process-wide warning state, which two engines generating
+                # in two threads at once must not do.
+                hold = not bar.disable and threading.current_thread() is threading.main_thread()
+                with held_warnings() if hold else contextlib.nullcontext():
                     try:
                         while self.scheduler.has_unfinished():
                             out = self._step()
