@@ -154,3 +154,18 @@ def test_cli_sizing_options_reach_the_engine(capsys):
         main(["generate", "--backend", "torch", "--num-blocks", "2", "--block-size", "8", "--max-model-len", "24",
               "3 7 11"])
     assert "num_blocks=2 holds 2 blocks of 8 tokens = 16 tokens; lower max_model_len" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_budget_is_a_share_of_the_device_less_weights_and_activations():
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    llm = minikv.LLM(model="tiny-gemma4", device="cuda")
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert llm.runner.size.budget_source == "gpu_memory_utilization=0.9"
+    assert 0 < llm.runner.size.budget_bytes < 0.9 * total and llm.runner.num_blocks == 64     # capped: 8 x 128
+    out = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    assert out[0].text.startswith(" 19 23")
+    with pytest.raises(ValueError, match="holds no block.*gpu_memory_utilization"):
+        minikv.LLM(model="tiny-gemma4", device="cuda", gpu_memory_utilization=1e-6)
