@@ -1,5 +1,5 @@
 """Progress bars come after the inputs are checked (a damaged checkpoint is one error line, never a 0% bar and then
-the error), and a library warning raised while a bar runs is shown once, after the bar (minikv.progress)."""
+the error), and a library warning raised while a bar runs is shown once, after the bar (minikv.engine.progress)."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +13,7 @@ import pytest
 
 import minikv
 from minikv.models.registry import WEIGHTS_DIR
-from minikv.progress import held_warnings
+from minikv.engine.progress import held_warnings
 from minikv.repro.cross_stride.report import context_runs
 from minikv.repro.cross_stride.run import make_prompts, references
 

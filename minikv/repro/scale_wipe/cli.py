@@ -12,7 +12,7 @@ import time
 from tqdm import tqdm
 
 from minikv.models import registry
-from minikv.progress import held_warnings
+from minikv.engine.progress import held_warnings
 from minikv.repro.common import ranges
 
 from .census import UPSTREAM_CENSUS, check_signatures, format_census, format_table
@@ -38,7 +38,7 @@ from .run import E2B_MODEL, FORMATS, MODEL, attention_damage, compare, judge_of,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minikv.argtypes import UsageParser, device_and_backend_args, positive_int, resolve_backend
+    from minikv.engine.arguments import UsageParser, device_and_backend_args, positive_int, resolve_backend
     p = UsageParser(prog="minikv repro scale-wipe", description=sys.modules[__package__].__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL,
