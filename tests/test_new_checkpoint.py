@@ -113,3 +113,18 @@ def test_a_non_empty_directory_needs_force(tmp_path, capsys):
     assert "written to" in capsys.readouterr().out
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gemma4_text"
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_large_tensors_are_streamed_in_chunks_into_a_valid_file(tmp_path, monkeypatch):
+    """E2B's tensors span many chunks (its per-layer embeddings: 2.3 G values); here, chunks of 8 values."""
+    from safetensors.torch import load_file
+    monkeypatch.setattr(new_checkpoint, "CHUNK", 8)
+    shapes = {"w": (50, 7), "b": (9,), "norm": (3,), "scalar": ()}
+    rules = {"w": 0.5, "b": 0.0, "norm": None, "scalar": None}
+    size = new_checkpoint.write_safetensors(tmp_path / "m.safetensors", shapes, rules, seed=0, progress=False)
+    assert size == (tmp_path / "m.safetensors").stat().st_size
+    t = load_file(str(tmp_path / "m.safetensors"))
+    assert {k: tuple(v.shape) for k, v in t.items()} == shapes and all(v.dtype == torch.bfloat16 for v in t.values())
+    assert torch.equal(t["b"], torch.zeros(9, dtype=torch.bfloat16)) and t["norm"].eq(1).all() and t["scalar"] == 1
+    w = t["w"].float()
+    assert len({tuple(r.tolist()) for r in w}) == 50 and 0.35 < w.std() < 0.65      # every chunk its own draw
