@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FENCE = re.compile(r"^```(\S*[^\n]*)\n(.*?)^```$", re.S | re.M)
+FENCE = re.compile(r"^```(\S*[^\n]*)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 
 
 def python_blocks():

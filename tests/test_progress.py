@@ -12,8 +12,8 @@ import warnings
 import pytest
 
 import minikv
-from minikv.models.registry import WEIGHTS_DIR
 from minikv.engine.progress import held_warnings
+from minikv.models.registry import WEIGHTS_DIR
 from minikv.repro.cross_stride.report import context_runs
 from minikv.repro.cross_stride.run import make_prompts, references
 

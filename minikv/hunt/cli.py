@@ -20,6 +20,7 @@ def _positive_float(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from minikv.engine.arguments import whole_number
+
     from .oracles import ORACLES
     _count = whole_number(0)
     p.add_argument("--model", default=None, metavar="NAME|PATH",
@@ -94,8 +95,8 @@ def run(args, label: str = "the hunt", command: str = "minikv hunt") -> int:
               "pip install hypothesis (a dependency of minikv; missing only after a --no-deps install)")
         return 2
     check_outputs(args)
-    from minikv.models import registry
     from minikv.engine.progress import held_warnings
+    from minikv.models import registry
 
     from .search import hunt
     if getattr(args, "model", None):

@@ -11,8 +11,8 @@ import time
 
 from tqdm import tqdm
 
-from minikv.models import registry
 from minikv.engine.progress import held_warnings
+from minikv.models import registry
 from minikv.repro.common import ranges
 
 from .census import UPSTREAM_CENSUS, check_signatures, format_census, format_table
