@@ -3,6 +3,7 @@ max_num_seqs; max_model_len caps a request and is checked when the request is ad
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -41,9 +42,8 @@ def test_a_long_context_config_costs_no_more_memory_than_its_short_twin(tmp_path
     runs = {}
     for positions in (256, 131_072):
         done = subprocess.run([sys.executable, "-c", PEAK_RSS, str(_twin(tmp_path, positions))],
-                              capture_output=True, text=True, check=True, env={"TQDM_DISABLE": "1",
-                                                                              "OMP_NUM_THREADS": "1",
-                                                                              "PATH": "/usr/bin:/bin"})
+                              capture_output=True, text=True, check=True,
+                              env=os.environ | {"TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"})
         runs[positions] = done.stdout.split(maxsplit=2)[:2] + [done.stdout.rsplit(maxsplit=1)[1]]
     (short_len, short_blocks, short_rss), (long_len, long_blocks, long_rss) = runs[256], runs[131_072]
     assert int(short_len) == 256 and int(short_blocks) == 8 * 256 // 16
