@@ -3,6 +3,7 @@ it once; `quantities`, `tables` and `results_dict` are what README, docs and not
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -134,7 +135,7 @@ def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = F
     need = engine("fp8", device, backend, model).cross_blocks_needed(prompts)
     auto, fixed_fp8, reference_kind = references(prompts, need, device, backend, model)
     cases = [(f, b, s) for f in FACTORS for b in (True, False) for s in (True, False)]
-    with held_warnings():                               # library warnings: each once, after the bar
+    with _held(progress):                               # library warnings: each once, after the bar
         pool_runs = [run_pool(prompts, auto if b else fixed_fp8, f, need, b, s, device, backend, model)
                      for f, b, s in tqdm(cases, desc="cross-pool sizes", disable=not progress)]
     bind_error = bind_time_check(device, model)
@@ -149,11 +150,16 @@ def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = F
                        str(model), reference_kind, arenas)
 
 
+def _held(progress: bool):
+    """Warnings held for after the bar while one is drawn; as they come without one (a notebook shows them)."""
+    return held_warnings() if progress else contextlib.nullcontext()
+
+
 def context_runs(prompts, fixed_fp8, device="cpu", backend="torch", model: str = MODEL,
                  progress: bool = False) -> list[ContextRun]:
     """One run per context-path version (B2), behind a bar when `progress`; the fallback's configuration warning
     comes once, after the bar."""
-    with held_warnings():
+    with _held(progress):
         return [run_context(prompts, fixed_fp8, v, device, backend, model)
                 for v in tqdm(VERSIONS, desc="context paths", disable=not progress)]
 
