@@ -77,7 +77,9 @@ class LLM:
       block_size            tokens per cache block (8, 16, 32 or 64)
       enable_prefix_caching share full blocks between requests with equal prefixes
       device                "cpu" (Triton interpreter) or "cuda[:N]" (compiled kernels)
-      backend               "triton" or "torch" (the pure-PyTorch references, same byte addressing)
+      backend               "triton" or "torch" (the pure-PyTorch references, same byte addressing), an adapter's
+                            name ("flexattention", "sdpa", "flashinfer": minikv.attention.backends) or any object
+                            with the engine's calls (minikv.attention.protocol; docs/backends.md)
       reintroduce           historical defects to switch back on (`minikv.bugs.DEFECTS`)
       sanitize              check the arena's guard zones after every step (KVCacheOverrunError)
       seed                  the engine's seed (per-request sampling seeds derive from it)
@@ -99,7 +101,7 @@ class LLM:
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
                  block_size: int = 16, enable_prefix_caching: bool = False, device: str = "cpu",
-                 backend: str = "triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
+                 backend="triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
                  seed: int = 0, cross_pool_blocks: int | None = None, num_blocks: int | None = None,
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int = 4096,
                  kv_scale_placement: str = "row", repro: ReproConfig | None = None,

@@ -13,7 +13,8 @@ oracles (oracles.py) against the run's records (record.py) and a dense reference
 failure to a minimal scenario printed as a ready-to-run `minikv.LLM(...)` reproduction that checks the invariant
 itself and exits 1 (repro.py; `replay`, in minikv_engine.py, runs a scenario through the adapter and oracles).
 figure.py draws the search map.
-`minikv hunt` is its command line (cli.py); docs/hunt.md is the guide.
+`minikv hunt` is its command line (cli.py); docs/hunt.md is the guide. `hunt_backend` (backend_hunt.py) hunts one
+attention backend alone over kernel-level families (families.py, kernel_case.py; docs/backends.md).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .scenario import Request, Scenario
 
 # hypothesis is imported only with the search itself, so `import minikv.hunt` (and the CLI's parser) work without it.
 _LAZY = {"hunt": "search", "HuntReport": "search", "Finding": "search", "MinikvEngine": "minikv_engine",
-         "replay": "minikv_engine"}
+         "replay": "minikv_engine", "hunt_backend": "backend_hunt", "BackendReport": "backend_hunt"}
 
 
 def __getattr__(name):
@@ -33,5 +34,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'minikv.hunt' has no attribute {name!r}")
 
 
-__all__ = ["ORACLES", "Finding", "HuntReport", "KVRow", "MinikvEngine", "Request", "RequestResult", "Run", "Scenario",
-           "StrayWrite", "Violation", "hunt", "replay"]
+__all__ = ["ORACLES", "BackendReport", "Finding", "HuntReport", "KVRow", "MinikvEngine", "Request", "RequestResult", "Run", "Scenario",
+           "StrayWrite", "Violation", "hunt", "hunt_backend", "replay"]
