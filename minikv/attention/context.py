@@ -49,8 +49,9 @@ class ForwardContext:
         if binding is None:
             raise RuntimeError(f"{layer_name}: no attention impl bound to this layer; run the model through the "
                                f"engine (minikv.LLM), or call it without ctx for dense attention")
-        out, access = binding.impl.forward(q, k, v, binding.kv_cache, self.attn_metadata, step=self.step,
-                                           rel_bias=rel_bias)
+        with binding.impl.ops.lock:
+            out, access = binding.impl.forward(q, k, v, binding.kv_cache, self.attn_metadata, step=self.step,
+                                               rel_bias=rel_bias)
         if access.scale_fill is not None:
             self.scale_fills.append(access.scale_fill)
         if self.attn_metadata is None:

@@ -166,13 +166,8 @@ class AttentionImpl:
                 none = torch.full((k.shape[0],), -1, dtype=torch.int64, device=k.device)
                 fill = self.write_cache(kv_cache, k, v, none, step)
             return torch.zeros_like(q), Access(scale_fill=fill)
-        # The first touch of the storage, an owner's or (defect A's site) a sharing layer's, may fill its scales;
-        # then an owner writes the new tokens' K/V (written out here, not through write_cache: one call fewer
-        # between the model and the kernel).
-        fill = self.scale_views(kv_cache, step)
-        if owner:
-            self.ops.write_kv(k, v, kv_cache, md.slot_mapping, spec=self.layout.spec, k_scale=self.k_scale,
-                              v_scale=self.v_scale, validate=False)
+        # The first touch of the storage, an owner's or (defect A's site) a sharing layer's, may fill its scales.
+        fill = self.write_cache(kv_cache, k, v, md.slot_mapping, step) if owner else self.scale_views(kv_cache, step)
         spec = self.layout.spec
         if md.is_prefill:
             out = self.ops.paged_context(q, kv_cache, block_tables=md.block_tables, cu_seqlens_q=md.query_start_loc,
