@@ -2,22 +2,7 @@
 (`row_byte_offset`, `scale_byte_offset`, and the gathers and scatters of the references) and as a Triton helper
 (`cache_offset`, used by the write kernel and by `paged_rows` / `block_scales` for the readers).
 
-A pool is one contiguous run of bytes. The row of (block b, K=0/V=1 half kv, slot-in-block o, kv head h) starts at
-
-    b * block_bytes + kv * kv_bytes + o * slot_bytes + h * row_bytes
-
-and, for the per-token-head formats, its fp32 scale sits at
-
-    b * block_bytes + kv * kv_bytes + scale_offset + o * scale_slot_bytes + h * scale_head_bytes
-
-(placement ROW, vLLM's: that is row start + scale_offset; BLOCK: inside the half's scale region). Token n of a
-sequence lives
-in block block_table[n // block_size] at slot-in-block n % block_size; a cache slot s is block s // block_size,
-slot-in-block s % block_size.
-
-The references gather and scatter the pool's bytes with exactly these offsets and reinterpret them with
-`.view(dtype)`. The kernels receive the pool as typed views (elements, and fp32 words for the scales) and the same
-offsets divided by the element size, so both sides address the same bytes.
+See docs/internals.md#kernels-addressing.
 """
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """write_kv: store new tokens' K and V into their cache slots, quantizing as the pool's format says.
 
-    auto (float16 / bfloat16 / float32)  the value as is
-    fp8 (per layer)                      code = e4m3(clamp(x / k_scale, -448, 448))   (v with v_scale)
-    int8 / fp8 per token-head            scale = max(amax(|x|) / QMAX, SCALE_EPS), code = clamp(rne(x / scale)),
-                                         the fp32 scale stored where the spec places it (after the row's
-                                         codes, or in the block half's scale region)
-
-Slot s of slot_mapping is block s // block_size, slot-in-block s % block_size; -1 skips the token (warmup, padding).
-`write_kv_reference` does the same with torch, scattering into the pool's bytes; the two agree byte for byte.
+See docs/internals.md#kernels-cache-write.
 """
 from __future__ import annotations
 

@@ -1,21 +1,6 @@
 """Context (prefill) attention over variable-length sequences, flash-attention style.
 
-Two entry points share one kernel:
-
-* `context_attention` - the UNFUSED path: K/V come from the 16/32-bit workspace tensors [Tk, Hkv, D] that the
-  layer just computed (the cache is written separately, by write_kv).
-* `paged_context_attention` - the FUSED path: K/V are read back from the paged cache, in the cache's format
-  (codes dequantized through their scales), which is what prefix caching and cross attention over a cached
-  encoder need.
-
-Causal attention aligns the last query of a sequence with its last key: query i of a sequence with q_len queries
-and kv_len keys sees keys 0 .. kv_len - q_len + i (with a sliding window W, only the last W of those). Non-causal
-attention (cross attention) sees all kv_len keys.
-
-A program owns BLOCK_M rows of one sequence and one kv head, where a row is a (query, head-of-the-GQA-group)
-pair, so K/V tiles are loaded once per group. Programs find their sequence themselves from cu_seqlens_q (a
-prefix sum over per-sequence tile counts), so the launch needs no host sync. Each program first runs over the
-keys every row may see (no masks), then over the diagonal and the ragged tail (masked).
+See docs/internals.md#kernels-context-attention.
 """
 from __future__ import annotations
 

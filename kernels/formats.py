@@ -1,9 +1,7 @@
 """The KV-cache element formats: one table of every per-format fact, shared by the kernels, their references,
 minikv's KVLayout and the quantization-aware training.
 
-The kernels import nothing from minikv. They receive the cache's addressing as a *spec*: a `CacheSpec` (or an
-object that has one, such as minikv's `KVLayout`, which computes its spec once; `CacheSpec.of` takes either). A format is
-named by a small int code (`F16` ... `FP8_PTH`) because Triton kernels branch on it as a compile-time constant.
+See docs/internals.md#kernels-formats.
 """
 from __future__ import annotations
 

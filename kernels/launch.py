@@ -1,9 +1,6 @@
 """Launch configurations per device: tile sizes, program counts, warps and pipeline stages for each kernel.
 
-The two modes want opposite things. A compiled kernel on a GPU wants many programs (enough to fill every SM) with
-tiles sized for registers and shared memory. The Triton interpreter runs each program as Python over numpy
-arrays, at roughly a millisecond per program plus tens of microseconds per tile operation, so on CPU we launch
-as few programs as possible with tiles as large as the problem.
+See docs/internals.md#kernels-launch.
 """
 from __future__ import annotations
 

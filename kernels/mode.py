@@ -1,14 +1,6 @@
 """Chooses how the Triton kernels run: compiled on a CUDA GPU, or in the Triton interpreter on a CPU.
 
-Triton reads TRITON_INTERPRET when each `@triton.jit` decorator runs, i.e. when a kernel module is imported.
-This module is imported first by the package, so the switch is set before any kernel is defined:
-
-* TRITON_INTERPRET already set by the user: respected.
-* otherwise, no CUDA device: TRITON_INTERPRET=1 (every kernel runs in the interpreter, on CPU tensors).
-* otherwise: compiled kernels, CUDA tensors.
-
-A process can hold one mode only. `require_device` turns a tensor on the wrong device into a clear error instead
-of Triton's own (for example "0 active drivers").
+See docs/internals.md#kernels-mode.
 """
 from __future__ import annotations
 

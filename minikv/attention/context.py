@@ -1,14 +1,6 @@
 """The forward context: the per-step object the model runner passes down the model's forward call.
 
-The runner builds one `ForwardContext` per forward pass and calls `model(input_ids, positions, ctx=ctx)`; each
-layer passes `ctx` on, and each attention op calls `ctx.attend(layer_name, q, k, v)`. That call looks the layer up
-in the runner's binding table (`ctx.bindings`: its impl and its pool's cache tensor), runs the impl, and records
-the trace data the impl returns. A model called without a context (`ctx=None`) runs dense: training and the
-golden reference. A context whose `attn_metadata` is None is the warmup (dummy) forward: impls return zeros,
-KV-owning layers still run their cache update with slot -1 (nothing is written), KV-sharing layers do nothing.
-
-Everything one step produces (its cache events, its scale fills) lives on its own `ForwardContext`, which
-belongs to the engine that created it: no module state, so two engines can run in two threads.
+See docs/internals.md#attention-context.
 """
 from __future__ import annotations
 

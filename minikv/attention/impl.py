@@ -1,33 +1,6 @@
 """AttentionImpl: one decoder self-attention layer's access to the paged KV cache. Home of defect A.
 
-Per step, a KV-owning layer writes the new tokens' K/V into its cache (quantizing them), then attends over the
-cache; a KV-sharing layer writes nothing and attends over its target layer's cache, which the model runner's
-binding table gives it as the *same tensor object*. `forward` is called with the layer's cache tensor and the
-step's metadata (`minikv.attention.context.ForwardContext.attend`) and returns its output and its trace data
-(an `Access`: what it wrote and read, and the scale fill it made, if any).
-
-Per-token-head formats keep an fp32 scale inline in every cache row. The impl addresses those scales through
-fp32 views over the cache bytes (`KVLayout.scale_views`). A freshly allocated cache is zero-filled, so the scale
-regions must be set to 1.0 once before any kernel reads a slot nobody wrote. *When* that happens is defect A:
-
-* HISTORICAL (scale-wipe): as upstream's `_ensure_scale_caches`, each impl builds its views lazily on first touch,
-  fills the whole storage's scale regions then, and returns early on every later call, for good. Warmup touches
-  only KV-owning layers; a KV-sharing layer's first touch comes in the middle of the first real forward pass,
-  after its target layer wrote the prompt's real scales into the shared storage, and the fill wipes them.
-* FIX: a class-level registry initializes each storage region exactly once. Its key is the region's
-  (data pointer, size in bytes), and each entry keeps a weak reference to the *storage itself*
-  (`tensor.untyped_storage()`, whose Python object torch keeps unique per live storage): two views of one
-  storage count once, two layers packed into one allocation are two regions, and an address that was freed and
-  reused by a new allocation no longer matches the dead reference, so it is initialized again. An address that is
-  kept across sleep (minikv's model of vLLM's sleep mode) still matches: `release_scale_init` is how the runner says "the
-  contents were discarded, initialize again".
-
-  The registry is class-level state on purpose: it is the shape of upstream's fix (a registry keyed by storage
-  address, shared by every impl in the process), kept so the fix reads as upstream's does. What that means for
-  two engines in one process: their arenas are separate allocations, so their keys never collide while both are
-  alive, and each engine's storages are initialized once, by whichever of its layers touches them first; an
-  engine that frees its arena releases its entries (the weak references die), so a second engine that gets the
-  same address initializes it again. tests/test_scale_wipe.py runs two engines side by side to show it.
+See docs/internals.md#attention-impl.
 """
 from __future__ import annotations
 

@@ -1,27 +1,6 @@
 """`python -m minikv.bench attention`: paged attention on a GPU against the hardware and torch SDPA.
 
-* Paged decode for auto (bf16), fp8, fp8_per_token_head and int8_per_token_head at batch x context, 32 query heads,
-  8 KV heads, head size 128, block size 16, blocks in shuffled order; the per-token-head formats twice: with vLLM's
-  row layout (each scale after its row) and with "/block" (KVLayout scale_placement="block": scales grouped after
-  each block half's codes). Achieved bandwidth = bytes read (KV rows with
-  their inline scales, queries, block tables) + bytes written (outputs), over the kernel time.
-* Two ceilings measured in the same run: a device-to-device copy (bytes read + written) and a read-only pass (sum).
-* torch SDPA on a contiguous (unpaged) bf16 cache of the same shape: the ratio SDPA time / minikv time.
-* Context attention TFLOP/s: causal self attention (minikv's unfused and fused paths vs SDPA), and the cross
-  attention context step, fused (fp8 paged cache, taught the format) vs unfused (bf16 workspace).
-* `--peer flashinfer`: FlashInfer's paged decode on the same pools, block tables and queries, for the formats it
-  has (bf16 and fp8 per tensor; minikv.bench.flashinfer_peer), the faster of its two variants.
-* The kernel targets, each a ratio within this run, printed met/MISSED last (`targets`).
-
-Prints a table and writes CSV (--csv). Needs CUDA. Columns of the CSV (one row per case): kind (decode, prefill,
-cross-context, engine-decode), format, batch, context, q_len, ms, GBps, bytes, pct_copy, sdpa_ms,
-sdpa_over_minikv, TFLOPs, unfused_over_fused, timing, sdpa_timing, the ceilings (copy_GBps, read_GBps), gpu,
-torch, triton; kernel (how the decode kernel read the cache: "pipelined", or "row-window" for the row placement's
-aligned reads), splits, block_n, stages (its launch configuration), tokens_per_s (engine-decode rows);
-engine_path, unfused_over_engine (fused cross-context rows: the path the engine takes at that q_len, and its speed
-over unfused); with the peer, flashinfer_ms, flashinfer_over_minikv (its time over minikv's: above 1, minikv is
-faster), flashinfer_variant, flashinfer_timing, flashinfer_max_abs_diff (its output against minikv's, same
-inputs) and flashinfer (its version).
+See docs/internals.md#bench-attention.
 """
 from __future__ import annotations
 

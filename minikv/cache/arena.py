@@ -1,15 +1,6 @@
 """KVArena: one byte allocation per device holding every KV pool, separated by guard zones (the sanitizer).
 
-    [guard | pool 0 | guard | pool 1 | guard | ... | pool N-1 | tail guard]
-
-Every guard is filled with a canary pattern. `check()` compares each guard with the pattern and raises
-KVCacheOverrunError naming the pool just before the first damaged guard. Pools are views into the one
-allocation, so a kernel that runs past its pool lands in a guard zone or in the next pool, never outside the
-allocation: the tail guard is sized for the farthest address a pool can be reached at when it is addressed
-with the widest element size in use (`reach_elem_bytes`), which is what defect B1 does.
-
-`SeparateKVArena` (at the end of this file, `LLM(repro=ReproConfig(kv_arena="per-pool"))`) gives every pool an allocation of its own
-instead, as TensorRT-LLM's pool manager does, so that a GPU bounds checker sees an overrun leave its pool.
+See docs/internals.md#cache-arena.
 """
 from __future__ import annotations
 

@@ -1,27 +1,6 @@
 """The block manager: which cache blocks each sequence owns, and the prefix cache over full blocks.
 
-A pool of `num_blocks` blocks, each holding the K/V of `block_size` consecutive tokens. A sequence's
-`block_table` lists its blocks in token order: token i lives in block `block_table[i // block_size]`, slot
-`i % block_size`. The same block id indexes every layer's cache, so one table serves the whole model.
-
-Allocation order is deterministic, because the reproduced defects depend on which block ids are used:
-the lowest-numbered free block is always taken first. With prefix caching on, a freed block whose content is
-registered stays "cached-free": still findable by its hash, so a later request with the same prefix revives it
-instead of recomputing. Cached-free blocks are evicted (their hash forgotten) only when no other free block is
-left, least recently freed first.
-
-Prefix caching works on FULL blocks only, identified by a chained hash: the hash of a block covers the hash of
-the block before it and its own token ids, so two sequences share a block only when every token up to the
-end of that block is the same. A partly filled last block is never shared.
-
-When is a block's hash registered? When the block's tokens are all known and its K/V are written in the
-step about to run: at `allocate()` for the full blocks of a prompt, at `may_append()` for a block that the
-decode step's token fills. A later sequence of the SAME prefill batch may therefore hit blocks that an
-earlier sequence of that batch writes in the same step; the runner writes every new slot of a layer before
-that layer's attention reads the cache, so those reads see the written K/V.
-
-A second instance without prefix caching serves an encoder-decoder's cross pool, through `allocate_tokens`
-and `free_blocks`.
+See docs/internals.md#cache-blocks.
 """
 from __future__ import annotations
 

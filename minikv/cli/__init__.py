@@ -1,12 +1,6 @@
 """The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt.
 
-Every error ends as one line on stderr, `minikv: error: MESSAGE (hint: WHAT TO DO)`, and an exit status: 2 for bad
-input (an argument, a checkpoint directory or a prompt minikv cannot take: argparse's own checks, minikv's
-`BadInputError`s and its boundary checks' ValueError/TypeError/MemoryError), 1 for a found defect or failed check
-(a hunt's finding, a reproduction whose signatures do not hold, the sanitizer's `KVCacheOverrunError`), 3 for an
-engine fault (anything else: a fault in minikv). `--traceback` anywhere on the command line, or MINIKV_TRACEBACK=1,
-prints the traceback too. The reproductions, benchmarks and the hunter parse their own options with `UsageParser`,
-so their usage errors look the same.
+See docs/internals.md#cli.
 """
 from __future__ import annotations
 

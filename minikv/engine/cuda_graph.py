@@ -1,29 +1,6 @@
 """CUDA-graph decode: the engine's decode forward captured once per batch-size bucket and replayed.
 
-A decode step launches a few kernels per layer from Python; at a small model's size the launches, not the GPU,
-take the time. vLLM and nano-vllm capture the decode forward in a CUDA graph per batch size and replay it, and so
-does minikv on CUDA (`LLM(..., enforce_eager=True)` turns it off; on CPU the engine is always eager):
-
-* buckets: 1, 2, 4, 8, then steps of 8 up to max_num_seqs (`batch_buckets`); a batch of n sequences runs in the
-  smallest bucket >= n, its rows past n padded (`pad_decode_batch`): token 0 at position 0, one token long, its
-  K/V written into a block reserved for padding (the runner allocates one block more than the block manager
-  hands out), its block table that block alone; so a padding row never writes to a live block;
-* static buffers: token ids, positions, slot mapping, block tables (as wide as a full-length sequence needs),
-  sequence lengths and, for encoder-decoder models, the cross block tables and encoder lengths: one set of the
-  largest bucket's size, each bucket's graph reading a prefix of it;
-* lazily: a bucket is captured at the first decode step that needs it, not at start-up. That step runs eagerly
-  first on the static buffers (it is a real step: its tokens are used; it compiles every kernel at the bucket's
-  shapes), then the same forward is captured (capturing records kernels, it runs nothing). By then every layer,
-  a KV-sharing layer included, has touched its cache in the first prefill, so a capture makes no scale fill (it
-  would be baked into the graph); the scale-wipe defect still happens where it always did, in that prefill;
-* what a replay did is known from the capture: the step trace repeats the captured step's cache events, and says
-  which steps captured and which replayed (`StepTrace.cuda_graph`, `graph_batch`);
-* prefill stays eager, and so does a step with `capture=True` (its trace keeps tensor copies) or a batch larger
-  than max_num_seqs; sleep() drops every graph (they hold the arena's addresses; wake_up() may get new ones), and
-  the next decode steps capture again.
-
-The seam around torch.cuda.graph is `CudaGraphCapture`; `DecodeGraphs` takes any object with its two methods,
-so the bucketing, padding and bookkeeping run on CPU in the tests with an eager stand-in (`EagerCapture`).
+See docs/internals.md#engine-cuda-graph.
 """
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """LLM: the public facade. Builds an engine (model, scheduler, block managers, model runner) and runs it.
 
-    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
-    outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12))
-
-or one step at a time (requests added between steps join the running batch):
-
-    rid = llm.add_request("5 10 15", minikv.SamplingParams(max_tokens=4))
-    while llm.has_unfinished():
-        out = llm.step()            # a StepOutput (minikv.engine.step): what ran, what was sampled, the trace
-
-Rules the facade keeps:
-- every input is checked before anything is queued; a call that raises leaves the engine as it was (no request
-  id used, later seeded sampling unchanged);
-- a step that raises aborts the requests it was running; after a KVCacheOverrunError the cache contents are
-  untrusted, so every in-flight request is aborted and every later call raises `EngineNeedsResetError` until
-  `reset()` (or `sleep()` then `wake_up()`) gives the engine a fresh arena. The error carries the failed step
-  as far as it got, `err.step_output` (given when the error is raised: a StepOutput with no sampled tokens and guard_check "failed");
-- an engine serves one thread at a time: a call from a second thread while one runs raises
-  `ConcurrentUseError` (give each thread its own LLM; two engines in two threads are independent).
+See docs/internals.md#engine-llm.
 """
 from __future__ import annotations
 

@@ -1,27 +1,6 @@
 """ModelRunner: owns the model, the KV arena and the attention impls; turns a scheduled batch into tokens.
 
-Lifecycle (the shape of the real engines):
-  1. the binding table (`bindings`, layer name -> LayerBinding): for every attention op of the model, the pool it
-     reads, that pool's layout and owner, and one attention impl (the cross layers' backend layouts come from
-     CrossBackendBuilder). Everything that needs a layer's pool, layout or impl looks it up here;
-  2. allocate the KV arena: one pool per KV-owning self-attention layer and one cross pool per cross layer, each
-     with the layout of its own layer (head size and KV heads may differ by layer, as Gemma-4's sliding and
-     full layers do); a KV-sharing layer addresses its source's pool with its source's layout;
-  3. bind caches: each binding gets its pool's tensor, and a KV-sharing layer's gets *the same tensor object* as
-     its target layer's;
-  4. warmup, in one of two shapes (`ReproConfig.warmup`):
-     "dummy" (default, upstream's): one forward without attention metadata; owning layers run their cache update
-       with slot -1 (nothing is written), sharing layers are not touched at all;
-     "capture": one decode-shaped forward *with* attention metadata through every layer (minikv's model of a
-       CUDA-graph capture run; upstream does not name its warmup shapes), all slots -1, dummy sequences of length
-       1 on block 0, so every impl is touched before any real step;
-  then per step `forward(seqs, is_prefill)`, `check` and `sample`: `prepare` builds the step's metadata, and the model's forward is
-  called with a ForwardContext (metadata + binding table) as an argument; each attention op calls
-  `ctx.attend(...)`, which runs its binding's impl over its binding's cache.
-`sleep(mode)`: "discard" keeps the arena's storage and address and discards the pools' contents (zeroed here):
-minikv's model of a sleep that wakes up at the same address, which upstream's text neither states nor excludes;
-"free" drops the arena and `wake_up()` allocates a new one. `wake_up()` binds the
-caches and warms up again; in the fixed engine every scale region is initialized again, in both modes.
+See docs/internals.md#engine-model-runner.
 """
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """The scheduler: continuous batching over a waiting and a running queue.
 
-Each engine step is either a PREFILL batch (waiting sequences, each bringing its uncached tokens) or a DECODE
-batch (every running sequence, one token each). Prefill goes first whenever a waiting sequence fits, in FIFO
-order, so a fresh engine's first step prefills `min(max_num_seqs, waiting)` sequences together. When a decode
-step needs a block and none is free, the most recently admitted running sequence is preempted by recompute:
-its blocks are freed, it goes back to the FRONT of the waiting queue with all the tokens it has generated, and
-it is prefilled again later with all of its `token_ids`.
-
-The batch is returned in the order the runner must build its metadata in; nothing here reorders it.
+See docs/internals.md#engine-scheduler.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Requests as the engine sees them: sampling parameters, the running sequence, and the finished output.
 
-A `Sequence` is one request in flight. It owns its token ids (prompt first, then everything generated), the
-cache blocks holding their K/V (`block_table`), and, for an encoder-decoder model, the encoder tokens and the
-cross-pool blocks holding their K/V (`cross_block_table`). The scheduler moves it between WAITING, RUNNING and
-FINISHED; the block manager fills its block tables; the model runner reads both to build a step's metadata.
+See docs/internals.md#engine-sequence.
 """
 from __future__ import annotations
 

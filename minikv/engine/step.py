@@ -1,15 +1,6 @@
 """What one engine step did: `StepOutput`, returned by `LLM.step()`, and its `StepTrace` of cache events.
 
-This is the one documented way to watch the engine. Drive it yourself:
-
-    rid = llm.add_request("5 10 15", minikv.SamplingParams(max_tokens=4))
-    while llm.has_unfinished():
-        out = llm.step()
-        out.phase, out.request_ids, out.sampled, out.block_tables, out.trace.events
-
-Block tables and slot mappings are a snapshot taken right after the forward pass and before the requests that
-finished in this step freed their blocks, so the bytes they name can still be read from `llm.arena` after the
-step returns (a freed block keeps its bytes until another request writes it).
+See docs/internals.md#engine-step.
 """
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
 """The adapter that runs a Scenario on `minikv.LLM` and records what the oracles check.
 
-It uses only the engine's public surface: `LLM(...)`, `add_request`/`step`/`has_unfinished`,
-`sleep`/`wake_up`, `StepOutput` (block tables, slot mappings), `llm.attention_layers` (which pool each layer
-reads, self or cross) and `llm.arena` (its byte storage, pool offsets and layouts). Per step it copies the
-arena's bytes before the step and diffs them after: every changed byte must lie in a row the step's slot
-mapping names (codes and inline scales of the named slots, K and V, every KV head); anything else, a guard
-zone included, is a stray write. Right after a request's prefill it keeps the bytes of every token position it
-wrote (codes and scales apart), for the first-versus-later check. Through `seams.record_logits` it also keeps the
-logits each token was sampled from, for the comparison with the dense reference's.
-
-The engine under test is `LLM(..., reintroduce=<the tuple given>)`, passed through unread; `instrument` (a
-callable) is applied to every engine built, which is how tests plant defects of their own. With a backend other
-than "torch", every kernel call also runs through its reference (shadow.py).
+See docs/internals.md#hunt-minikv-engine.
 """
 from __future__ import annotations
 

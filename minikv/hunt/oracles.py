@@ -1,10 +1,6 @@
 """The invariants: what must hold for every configuration, written without knowing any particular defect.
 
-Each oracle reads a `Run` (minikv.hunt.record: token ids per request, how each was scheduled, its KV bytes after
-prefill, the bytes each step changed outside its slot mapping) and returns the violations it finds. Four of them
-need nothing but the engine's own outputs; `matches-reference` also needs a reference (the dense model with the
-same KV quantization, minikv.hunt.reference). They apply unchanged to any paged-KV engine whose outputs an
-adapter records (docs/hunt.md).
+See docs/internals.md#hunt-oracles.
 """
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
 """A scenario as ready-to-run Python: the `minikv.LLM(...)` call, the prompts, the calls that serve them, and the
 check that fails.
 
-Without violations, the program prints each wave's token ids (one list per wave, the requests in their order). With
-the violations of a finding it also checks them itself, prints what was expected beside what was seen, and exits
-with status 1 when the invariant fails (0 when it holds, as on a fixed engine):
-
-* tokens (matches-reference, schedule-invariant, repeat-identical): the request's tokens against the dense model's
-  (written into the program) or against the copy that must equal them;
-* the engine's sanitizer (writes-in-bounds, when the adapter found a configuration whose stray writes reach a guard
-  zone): `sanitize=True`, and the `KVCacheOverrunError` that names the guard hit;
-* a configuration that raised (runs): the exception it raised;
-* anything else (KV bytes, kernels against their references, stray writes inside a pool): `replay`, which runs the
-  scenario through the hunter's own adapter and oracle and prints the same.
+See docs/internals.md#hunt-repro.
 """
 from __future__ import annotations
 

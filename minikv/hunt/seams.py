@@ -1,12 +1,7 @@
 """The places the hunter reaches into an engine beyond its outputs: wrapping one of its kernel ops, and reading the
 logits its sampler is given.
 
-`llm.kernel_ops` is the set of kernels every attention layer of an engine calls (one object, shared by all of
-them). `wrap_kernel_op(llm, "write_kv", make)` replaces its `write_kv` with `make(original)` for that engine
-only. The hunter uses it to run each kernel beside its reference (shadow.py); tests and notebook 06 use it to
-plant defects of their own. `record_logits(llm, store)` keeps the logits row of every sampled token (the engine's
-sampler, `llm.runner.sample`), for `matches-reference`'s logits comparison. Nothing else in minikv.hunt touches
-engine internals.
+See docs/internals.md#hunt-seams.
 """
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
 """The search: hypothesis over engine configurations, cell by cell, until an invariant fails or the budget ends.
 
-Order. Cells (model x KV cache format x activation dtype, `strategies.cells`) take turns in rounds: round r gives
-each cell 2**r examples of its own hypothesis search (seeded, so the same examples come in the same order on
-every machine; results are cached, so a later round only pays for the examples the earlier ones did not run).
-The first example of every cell is its plainest configuration, so one round is the whole matrix at its
-defaults: the cases a filtered backend matrix would skip.
-
-Failure. An example whose run violates an oracle raises; hypothesis shrinks it (within `max_shrink_runs` further
-runs) to a minimal scenario, which the report prints with a ready-to-run reproduction.
-
-Budget. `budget_s` (seconds) and/or `max_scenarios` (runs) bound the search before a failure; the first makes
-results depend on the machine's speed, the second does not (the notebook and the tests use it).
+See docs/internals.md#hunt-search.
 """
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """The hypothesis strategies: every knob of an engine configuration, and requests to serve with it.
 
-The search is stratified by *cell*: (model, KV cache format, activation dtype), the three choices that select
-different code paths through the engine (another model's attention layers, another cache layout and kernels'
-element format, another context-attention path). Inside a cell, hypothesis draws everything else: batch
-geometry (`max_num_seqs`, block size), scale placement, pool sizes down to the smallest the requests can run in,
-prefix caching, the requests (prompts, lengths, repeats, arrival steps), a second submission of the same batch
-and a sleep/wake between the two.
-
-Every draw shrinks toward the plainest configuration (the first listed choice, the smallest number, fewer
-requests, the shortest prompt), so a failure shrinks to a minimal reproduction.
+See docs/internals.md#hunt-strategies.
 """
 from __future__ import annotations
 

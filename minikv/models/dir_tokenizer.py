@@ -1,29 +1,6 @@
 """The tokenizer of a checkpoint directory.
 
-Two kinds, tried in this order:
-
-* `minikv_tokenizer.json`: minikv's own character tokenizer spec, `{"type": "char", "alphabet": "..."}`
-  (ids 0, 1, 2 are PAD, BOS, EOS, then one id per character), for the tiny models trained here;
-* `tokenizer.json`: a Hugging Face `tokenizers` file (real checkpoints); needs the `tokenizers` package. Special
-  ids come from config.json (`pad_token_id`, `bos_token_id`, `eos_token_id`).
-
-Both expose what the engine uses: `encode(text) -> ids`, `decode(ids) -> text` (specials skipped), `pad_id`,
-`bos_id`, `eos_id`, `vocab_size`.
-
-Special tokens, as transformers' standard `tokenizer(text)` adds them. A T5 `tokenizer.json` usually carries a
-post-processor, the template `$A </s>` of flan-t5: the encoder input ends with `</s>`. For a T5 directory
-`encode` applies the file's post-processor (`HFTokenizer.add_special_tokens` is True), so the engine's encoder ids
-equal `tokenizer(text)["input_ids"]` and its greedy tokens equal transformers' `generate` on them. Set
-`llm.tokenizer.add_special_tokens = False` (or `load_tokenizer(path, add_special_tokens=False)`) for the raw
-ids without the template. For a decoder-only model the engine puts BOS in front itself, so its tokenizer applies
-no post-processor (a Gemma template's `<bos>` would come twice). minikv's character tokenizer has no
-post-processor: the shipped models' tokens are the same either way.
-
-Checked when loading, each failure a `TokenizerFileError` naming the file: the file parses and has the expected
-keys; a decoder-only model's config names its BOS and EOS ids; the tokenizer's ids fit the model's vocabulary
-(`vocab_size` in config.json): a character alphabet with more ids than the embedding has rows is refused here, not
-with an IndexError at generate. A Hugging Face tokenizer whose added tokens reach past the vocabulary is accepted
-(real checkpoints carry such unused entries), and encoding text into one of those ids raises a ValueError.
+See docs/internals.md#models-dir-tokenizer.
 """
 from __future__ import annotations
 

@@ -1,36 +1,6 @@
 """Gemma-4's text decoder (transformers' `Gemma4ForCausalLM` with a `gemma4_text` config), written for minikv.
 
-What makes Gemma-4 different from a plain decoder, all driven by `config.json`:
-
-* the token embedding is multiplied by sqrt(hidden_size);
-* four RMSNorms per layer (before and after attention, before and after the MLP), RMSNorm on every query and key
-  head, and a weightless RMSNorm on every value head; attention scores are *not* scaled by 1/sqrt(head_dim);
-* two layer types: `sliding_attention` layers see only the last `sliding_window` positions (the query's own
-  included), `full_attention` layers see everything. Each type has its own RoPE (`rope_parameters[type]`: theta,
-  and for "proportional" RoPE only the first `partial_rotary_factor` of the frequencies rotate) and may have its
-  own head size and KV-head count (`per_layer_config`, or the older `global_head_dim` /
-  `num_global_key_value_heads` keys); with `attention_k_eq_v` full layers have no value projection and use the
-  raw key projection as values;
-* per-layer inputs (PLE), when `hidden_size_per_layer_input` > 0: a second, packed embedding gives every layer
-  a small extra input that gates a residual branch after the MLP;
-* a learned per-layer output scalar, and optional final logit soft-capping (cap * tanh(logits / cap));
-* KV sharing: the last `num_kv_shared_layers` layers compute no keys or values; each one attends over the K/V
-  of the last non-shared layer of its own layer type (`Gemma4Config.kv_source`), derived as transformers does.
-
-Parameter names equal transformers' (`model.layers.3.self_attn.q_proj.weight`, ...), so a checkpoint directory
-loads with a plain state dict (see `minikv.models.hf_checkpoint`).
-
-Two ways to run it, as minikv's other models:
-
-* dense (training, parity tests, the golden reference): `input_ids` and `positions` are [B, T]; an optional
-  `DenseKVCache` carries K/V across calls for incremental decoding;
-* engine (`model(input_ids, positions, ctx=ctx)`, with the runner's per-step `ForwardContext`): flattened [T]
-  tokens; `ctx` is passed down every layer, which hands its q (and, if it owns K/V, its fresh k and v) to its
-  `Attention` op, which reads and writes the paged cache through `ctx`; a KV-sharing layer's op is bound to its
-  source layer's cache; sliding layers pass their window and every layer the scale 1.0 to the paged kernels.
-  Every layer's pool gets a layout of its own head size and KV-head count, so sliding and full layers may differ
-  (gemma-4-E2B: 256 and 512); a head size the paged kernels do not take is refused when the engine lays out
-  that layer's pool, naming the layer.
+See docs/internals.md#models-gemma4.
 """
 from __future__ import annotations
 

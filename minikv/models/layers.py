@@ -1,10 +1,6 @@
 """The attention op shared by the Gemma-4 and T5 models, and the check of their token inputs.
 
-The attention op (`Attention`) is the seam between a model and the engine. It describes one layer's attention
-(name, heads, kind, which layer's cache it shares, window, scale) and, in engine mode, hands its flattened
-q, k, v [T, heads, D] to the step's forward context: `ctx.attend(layer_name, q, k, v)`, which runs the impl and
-cache the model runner bound to that layer name (minikv.attention.context). The model's dense mode (training,
-the golden reference) never calls it.
+See docs/internals.md#models-layers.
 """
 from __future__ import annotations
 

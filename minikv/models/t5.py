@@ -1,29 +1,6 @@
 """T5 (v1.1 / flan-t5 flavour) encoder-decoder, following transformers' `T5ForConditionalGeneration`.
 
-What distinguishes T5 from a textbook encoder-decoder:
-
-* no absolute positions: the first self-attention layer of each stack owns a learned table
-  [num_buckets, heads] indexed by the *bucketed* relative distance key - query (`relative_position_bucket`);
-  the resulting additive bias is reused by every layer of that stack. The encoder's buckets are bidirectional
-  (half of them for keys after the query); the decoder's are causal. Cross attention has no position bias;
-* attention scores are not scaled by 1/sqrt(d_kv) (the scale is folded into the initialization);
-* T5's layer norm is an RMS norm (no mean subtraction, no bias), computed in float32;
-* the feed-forward is gated: wo(act(wi_0 x) * wi_1 x), act = tanh-approximated GELU for "gated-gelu"
-  (v1.1, flan-t5); original T5's plain ReLU "relu" feed-forward is supported too;
-* one shared embedding for encoder and decoder inputs; the LM head is tied to it or stored separately
-  (`lm_head.weight` in the checkpoint), and when the config says `tie_word_embeddings: false` (v1.1, flan-t5)
-  the decoder output is *not* multiplied by d_model**-0.5 before the head, while original T5 does multiply.
-
-Parameter names equal transformers' (`encoder.block.0.layer.0.SelfAttention.q.weight`, ...).
-
-* dense mode: `encode()` once, then `decode()` the whole target or one token at a time with a `DenseKVCache`.
-* engine mode (`forward(input_ids [T], positions [T], encoder_out, ctx=ctx)`, with the runner's per-step
-  `ForwardContext`): the encoder still runs dense (`encode()`, at the context step); the decoder runs on flattened
-  tokens through its paged attention ops (`attention_layers()`, each made by its decoder layer): self attention
-  with scale 1.0 and the decoder's bucket table turned into a per-distance bias table for the kernels
-  (`decoder_bias_table()`, built from the current weights at every step and passed down with `ctx`), cross
-  attention over the cross pool with scale 1.0 and no bias. `encoder_out` is the flattened encoder output at the
-  context step, None afterwards.
+See docs/internals.md#models-t5.
 """
 from __future__ import annotations
 

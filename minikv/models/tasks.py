@@ -1,19 +1,6 @@
 """The tasks the tiny models were trained on: every output is objectively right or wrong.
 
-* tiny-gemma4 continues *any window* of an arithmetic sequence over a wide documented domain:
-  "3 7 11 15" -> " 19 23 27 31 ..." (`WindowArithmeticTask`);
-* tiny-t5 writes the distinct characters of a string in alphabet order: "banana42" -> "24abn" (then EOS;
-  `SortDistinctTask`).
-
-Each task also says which inputs are in its model's domain: `validate(prompt)` raises a ValueError that names
-the broken bound, and the engine calls it for every prompt given to a shipped model.
-
-Prompts from `prompts()` are held out from training by construction: each task splits its inputs with a fixed
-hash, training draws only from one side and `prompts()` only from the other.
-
-    task = for_model("tiny-gemma4")
-    prompts = task.prompts(n=48, seed=0)              # deterministic
-    task.check(prompts[0], generated_text)             # True when the output is right
+See docs/internals.md#models-tasks.
 """
 from __future__ import annotations
 

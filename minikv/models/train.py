@@ -1,18 +1,6 @@
 """Training and dense evaluation of the tiny models (the shipped weights are rebuilt with `train`).
 
-Training runs in float32 with fake-quantized K/V: at each step the K and V tensors every paged attention op sees
-go, with some probability, through one of the engine's quantized cache formats (quantize then dequantize, with a
-straight-through gradient). The models therefore stay accurate when the engine stores K/V as int8 or fp8.
-
-`evaluate_dense` is the golden reference: greedy decoding without any engine (no paging, no cache), on held-out
-prompts, optionally with K/V fake-quantized to one of the formats.
-
-Both models start from transformers' initialization (normal, std 0.02 for Gemma-4; T5's fan-in scaled one) and
-are written as checkpoint directories (config.json, model.safetensors in float16, minikv_tokenizer.json, and
-training.json: recipe, timing and the evaluation matrix).
-
-    metrics = train("tiny-gemma4", out_dir="build/weights")   # writes build/weights/tiny-gemma4/
-    evaluate_dense("tiny-gemma4", n=200, kv_fake_quant="fp8")["exact_match"]
+See docs/internals.md#models-train.
 """
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
 """Defect B1, step by step: who writes and reads which bytes of the arena when, and how the doubled stride turns
 into a wrong token of a request whose own cross blocks never left their pool.
 
-The data behind notebook 04's picture story (drawn by `minikv.viz.cross_stride`), read from a real engine run
-through the step API (`LLM.step()`: its block tables, slot mappings and `StepTrace` events, in execution order):
-
-* `trace_run` serves the requests one step at a time and replays every write and read of every attention layer on
-  a map of the arena's bytes, each byte remembering who wrote it last (which layer, for which request). Writes
-  are placed where the layer's own layout puts them: the historical cross backend's layout doubles every
-  address, the self-attention pools are addressed correctly. A write is *stray* when some of its bytes lie
-  outside the layer's own pool; a read is *overwritten* when some byte it reads was last written by another
-  layer or another request. The result is a `CrossTimeline`: per layer and step, those events, and the requests
-  each overwritten read belonged to.
-* `causal_chain` follows one damaged request through a buggy and a fixed engine with the same arena: which
-  stray cross write covered which of its self-attention rows (measured on the real bytes: the rows that differ
-  between the two arenas after the context step), and the generated tokens of both, up to the first that differs.
+See docs/internals.md#repro-cross-stride-trace.
 """
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
 """Defect A, step by step: what each layer did to the shared storages, and how one wiped key becomes a wrong token.
 
-The data behind notebook 03's picture story (drawn by `minikv.viz.scale_wipe`), all read from a real engine run
-through the step API (`LLM.step()`, its `StepTrace` events and the census of scale fills):
-
-* `trace_run` drives one engine step by step and returns a `Timeline`: per layer, what it did at warmup and at each
-  step (wrote its pool, filled the storage's scales, read K/V), and whether the rows it read held wiped scales.
-  Wiped rows are tracked from the census itself: a wiping fill records the scales it overwrote, so the slots it
-  wiped are known; a slot stays wiped until its owner writes a new token there.
-* `causal_chain` follows one request of the first batch in a buggy and a fixed engine: its K rows in a shared
-  storage, one query head's attention weights over them (the fixed engine's query against both engines' keys, so
-  only the keys differ), and the first generated token where the two engines disagree, with the top logits.
-* `prefix_sources` says, for each request that reused cached blocks, which earlier request wrote them.
-* `storage_map` says, right after the first step, which blocks of each storage belong to which request and which of
-  their rows lost their scales to which layer's late fill (the byte map of the storages, by request and layer).
+See docs/internals.md#repro-scale-wipe-trace.
 """
 from __future__ import annotations
 

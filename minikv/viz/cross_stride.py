@@ -1,19 +1,6 @@
 """The figures (and the code-site diff) of defect B, cross-attention stride doubling and the FP8 context read.
 
-Like `minikv.viz`, every figure function takes plain data and returns a new `matplotlib.figure.Figure` that is
-already closed in pyplot (shown once when a notebook cell returns it). Colours follow `minikv.viz`: red is WRONG
-and nothing else (a block written outside its own pool, a value decoded wrong, an output off the exact one);
-green is RIGHT.
-
-* `stride_byte_map` - the 1.0x / 1.5x / 2.0x arenas stacked on one byte axis: every cross layer's blocks at the
-  doubled stride, labelled by request, and the self-attention blocks they land on.
-* `fp8_row_as_16bit` - one FP8 row of the cross cache next to what a 16-bit reader decodes from the same bytes.
-* `output_scatter` - cross-attention output against the exact output, one panel per context path.
-* `cross_timeline_figure` - who writes and reads the arena when: the decoder's layers x steps, stray writes and
-  overwritten reads marked (from `minikv.repro.cross_stride_trace.trace_run`).
-* `cross_causal_chain_figure` - one request from the doubled stride to its overwritten self-attention rows to its
-  first wrong token (from `minikv.repro.cross_stride_trace.causal_chain`).
-* `code_site_diff` - a HISTORICAL / FIX site as a unified diff, generated from the source itself.
+See docs/internals.md#viz-cross-stride.
 """
 from __future__ import annotations
 

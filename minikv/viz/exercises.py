@@ -1,12 +1,6 @@
 """The check cells of the notebooks' exercises: compare a learner's answer with the one the engine computed.
 
-Each exercise is three cells: one the learner fills (`my_answer = None` until they do), a check cell that runs the
-engine, computes the true answer and calls `check`, and a folded solution that explains it and asserts it. `check`
-never prints the true answer, so a check cell's recorded output gives nothing away; with no answer yet it prints
-the same line on every machine, which is what nbval compares.
-
-    from minikv.viz.exercises import check
-    check("Exercise 1", my_answer, [len(t) for t in tables])          # -> None, True or False, and says so
+See docs/internals.md#viz-exercises.
 """
 from __future__ import annotations
 

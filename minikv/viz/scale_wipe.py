@@ -1,15 +1,7 @@
 """The figures of defect A's picture story (notebook 03): who touches the shared storage when, and how a wiped
 scale becomes a wrong token.
 
-Each function takes plain data (from `minikv.repro.scale_wipe_trace` or lists) and returns a new, unshown
-matplotlib Figure, like `minikv.viz`. Colour means one thing, as there: red is WRONG (a fill that wipes written
-scales, a read of wiped rows, the buggy engine's values, a damaged request), green is RIGHT; grey is neutral.
-
-    timeline_figure(buggy_timeline, fixed_timeline)   layers x (warmup, step 0, decode steps), both engines
-    wiped_reads_figure(timeline)                      which layers read wiped rows at which steps, a whole run
-    causal_chain_figure(chain, inflation)             K magnitudes -> one head's attention -> the first wrong token
-    storage_byte_map(storage_map)                     the storages' blocks by request, wiped by which layer; bytes
-    request_sources_grid(damaged, max_num_seqs, src)  the request grid, each reuser naming whose cached blocks it read
+See docs/internals.md#viz-scale-wipe.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Defect A's runs: a fixed and a buggy engine serve the same prompts; what each served and what it wiped.
 
-`run_engine` builds one engine (`reintroduce=("scale-wipe",)` for the buggy one), serves the prompts, and
-records a `Run`: token ids, right/wrong, the census of scale fills, and the K/V read back from the KV-sharing
-targets' pools after the first step. `compare` judges the buggy run against the fixed one (the damaged requests,
-the measured inflation).
+See docs/internals.md#repro-scale-wipe-run.
 """
 from __future__ import annotations
 
