@@ -142,9 +142,8 @@ def row_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
 
 
 def slot_of(block_table, position, block_size: int):
-    """The cache slot of token `position` of a sequence: its block's id times block_size, plus its place in it.
-    The one place the formula is written: `block_table` a list and `position` an int (the block manager, the
-    runner), or both tensors (`sequence_slots`)."""
+    """The cache slot of token `position` of a sequence: its block's id times block_size, plus its place in
+    it."""
     return block_table[position // block_size] * block_size + position % block_size
 
 
@@ -155,11 +154,8 @@ def sequence_slots(block_table_row: torch.Tensor, length: int, block_size: int) 
 
 
 def _flat(pool: torch.Tensor) -> torch.Tensor:
-    """The pool's bytes from its first byte to the end of its storage: what a kernel's raw pointer can reach.
-
-    A pool inside a KVArena is a view of the arena's one allocation, so a reference given a wrong layout addresses
-    the same guard zones and neighbouring pools a kernel would (and the arena's canaries see it); a standalone pool
-    ends where its storage ends, and an index past it is an IndexError."""
+    """The pool's bytes from its first byte to the end of its storage: what a kernel's raw pointer can
+    reach."""
     if not pool.is_contiguous():
         return pool.reshape(-1)
     reach = pool.untyped_storage().nbytes() // pool.element_size() - pool.storage_offset()
@@ -231,11 +227,8 @@ def read_views(pool: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---- Triton side --------------------------------------------------------------------------------------------
 def row_alignment(spec) -> int:
-    """The largest power of two (in elements, at most 16 bytes' worth) dividing every row offset of the pool.
-
-    Kernels pass it to tl.multiple_of so the compiler can use wide loads: 16 bytes for the plain formats and the
-    per-token-head ones with "block" placement, but only 4 for "row" placement, whose rows are head_size + 4
-    bytes long."""
+    """The largest power of two (in elements, at most 16 bytes' worth) dividing every row offset of the
+    pool."""
     align = 16 // spec.elem_bytes
     for stride in element_strides(spec):
         align = math.gcd(align, stride)
@@ -248,9 +241,8 @@ def words(nbytes: int) -> int:
 
 
 def scale_word_strides(spec) -> tuple[int, int, int]:
-    """(slot, head, first) of the scales in fp32 words: scale word of (block b, half kv, slot o, head h) =
-    b * block_words + kv * kv_words + first + o * slot + h * head (`half_word_strides`). Zeros for formats
-    without scales."""
+    """(slot, head, first) of the scales in fp32 words: scale word of (block b, half kv, slot o, head h) = b *
+    block_words + kv * kv_words + first + o * slot + h * head (`half_word_strides`)."""
     if not formats.has_inline_scales(spec.fmt):
         return 0, 0, 0
     return words(spec.scale_slot_bytes), words(spec.scale_head_bytes), words(spec.scale_offset)
@@ -274,19 +266,14 @@ def scale_alignment(spec) -> int:
 
 @triton.jit
 def cache_offset(block, slot_in_block, head_offset, block_stride, slot_stride):
-    """The address formula (`row_byte_offset`) in the units of a typed view of the pool, K half (the V half is
-    the kv stride further): block * block_stride + slot_in_block * slot_stride + head_offset, where head_offset
-    is kv head * the row (or scale-head) stride. Used for element rows (element strides) and for scale words
-    (word strides, plus the first scale's word). Broadcasts like its arguments."""
+    """The address formula (`row_byte_offset`) in the units of a typed view of the pool, K half."""
     return block * block_stride + slot_in_block * slot_stride + head_offset
 
 
 @triton.jit
 def block_scales(scales_ptr, block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_words, slot_words,
                  head_words, SCALE_ALIGN: tl.constexpr):
-    """fp32 scales of tokens `n` of one sequence and kv head, "block" placement: `head_words` is the word offset
-    of the head's slot-0 scale in the half, `block_words` / `slot_words` the strides (scale_word_strides).
-    Tiles start at multiples of SCALE_ALIGN tokens, so each run of SCALE_ALIGN scales is one aligned vector."""
+    """fp32 scales of tokens `n` of one sequence and kv head, "block" placement."""
     block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
     words = cache_offset(block, (n % BLOCK_SIZE).to(tl.int64), head_words, block_words, slot_words)
     words = tl.max_contiguous(tl.multiple_of(words, SCALE_ALIGN), SCALE_ALIGN)
@@ -296,10 +283,7 @@ def block_scales(scales_ptr, block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr,
 @triton.jit
 def paged_rows(block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_stride, slot_stride, head_offset,
                ROW_ALIGN: tl.constexpr):
-    """Element offsets (int64) of the rows of tokens `n` of one sequence, for one kv head, in the K half.
-
-    `block_table_ptr` points at the sequence's row of the block table. Tokens outside `mask` get offset 0.
-    """
+    """Element offsets (int64) of the rows of tokens `n` of one sequence, for one kv head, in the K half."""
     block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
     rows = cache_offset(block, (n % BLOCK_SIZE).to(tl.int64), head_offset, block_stride, slot_stride)
     return tl.multiple_of(tl.where(mask, rows, 0), ROW_ALIGN)

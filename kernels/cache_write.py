@@ -111,10 +111,7 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor, spec,
              k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True,
              config: launch.WriteConfig | None = None, num_programs: int | None = None) -> None:
-    """Write key/value [T, num_kv_heads, head_size] into `pool` at `slot_mapping` (int64 [T], -1 = skip).
-
-    `config`: the launch configuration (None: `launch.write_config` chooses one); `num_programs`: run only the
-    first programs of the grid (to watch what each program writes; None: all of them)."""
+    """Write key/value [T, num_kv_heads, head_size] into `pool` at `slot_mapping` (int64 [T], -1 = skip)."""
     spec = check_spec(spec)
     if validate:
         _validate(key, value, pool, slot_mapping, spec, k_scale, v_scale)

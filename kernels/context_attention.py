@@ -274,12 +274,8 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
                       cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float, validate: bool = True,
                       sliding_window: int = 0, rel_bias: torch.Tensor | None = None,
                       config: launch.ContextConfig | None = None) -> torch.Tensor:
-    """Attention of q [Tq, Hq, D] over workspace k/v [Tk, Hkv, D]; sequences delimited by cu_seqlens (int32 [B+1]).
-    `config`: the launch configuration (None: `launch.context_config` chooses one).
-
-    sliding_window > 0 (causal only): query i of a sequence sees only keys c + i - sliding_window < j <= c + i,
-    c = kv_len - q_len. rel_bias (causal only): T5's relative position bias, float32 [Hq, max_distance + 1],
-    rel_bias[h, min(c + i - j, max_distance)] added to the scaled score."""
+    """Attention of q [Tq, Hq, D] over workspace k/v [Tk, Hkv, D]; sequences delimited by cu_seqlens (int32
+    [B+1])."""
     if validate:
         _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
         _check_window(sliding_window, causal, rel_bias, q)

@@ -126,15 +126,7 @@ def qmax(fmt: int) -> float:
 @dataclass(frozen=True)
 class CacheSpec:
     """How a kernel addresses a pool: all byte counts relative to the pool's first byte (the formulas are in
-    `minikv.kernels.addressing`, the one place that turns them into addresses).
-
-    placement ROW: scale_offset is the offset of a row's scale inside the row and the scale strides are the row's
-    (slot_bytes, row_bytes); BLOCK: scale_offset is where the half's scale region starts (after its codes) and the
-    region is `[kv head][slot]` (scale_head_bytes = block_size * 4, scale_slot_bytes = 4), so one head's scales of a
-    block are one contiguous vector. Formats without scales: scale_offset -1, scale strides 0, placement ROW.
-
-    A CacheSpec is checked when it is made (`__post_init__`): every one a kernel receives can be addressed.
-    """
+    `minikv.kernels.addressing`, the one place that turns them into addresses)."""
 
     fmt: int
     elem_bytes: int

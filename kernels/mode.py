@@ -45,14 +45,7 @@ def require_device(*tensors: torch.Tensor) -> torch.device:
 
 
 def _skip_repeated_language_patching() -> None:
-    """Make calls between @triton.jit functions cheap in the interpreter.
-
-    The interpreter re-patches `triton.language` (walking every member of the module with `inspect`) each time one
-    jitted function calls another, and `tl.max`, `tl.sum`, `tl.cdiv` and our own helpers are such calls: that walk
-    was most of the CPU time of a decode step. Within one launch the language modules are already patched after the
-    first walk, so later walks for the same modules are skipped. Only the interpreter is touched, only if its
-    internals look as expected; compiled kernels are unaffected.
-    """
+    """Make calls between @triton.jit functions cheap in the interpreter."""
     try:
         from triton.runtime import interpreter as interp
     except ImportError:
@@ -90,12 +83,8 @@ def _skip_repeated_language_patching() -> None:
 
 
 def _skip_overflow_checks_that_assert_nothing() -> None:
-    """Drop the interpreter's integer-overflow checks, which cost a quarter of a decode launch and can never fail.
-
-    With `sanitize_overflow` on (the interpreter's default), every 32-bit integer add, sub and mul is computed a
-    second time in int64, compared with the type's bounds and handed to `device_assert`, which returns at once
-    unless Triton's debug mode is on: the work is thrown away. In debug mode (TRITON_DEBUG=1) it is left on.
-    """
+    """Drop the interpreter's integer-overflow checks, which cost a quarter of a decode launch and can never
+    fail."""
     try:
         from triton.runtime import interpreter as interp
     except ImportError:

@@ -10,7 +10,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class KernelOps:
     paged_context: Callable        # fused context attention: K/V read back from the paged cache
     # Held around a layer's kernel calls: the Triton interpreter patches triton.language process-wide while it
     # runs a kernel, so engines in different threads take turns (compiled kernels and the references need not).
-    lock: AbstractContextManager = contextlib.nullcontext()
+    lock: AbstractContextManager = field(default_factory=contextlib.nullcontext)
 
 
 _INTERPRETER_LOCK = threading.Lock()

@@ -139,11 +139,8 @@ class ReadLayout(formats.CacheSpec):
 
 
 def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
-    """HISTORICAL (cross-fp8-context-read): the pool's blocks, with their insides read as the model's elements.
-
-    Block and K/V-half offsets come from the pool (its real bytes per block): minikv's assumption about the fused
-    kernel's block pointers (upstream says only that it read the FP8 pool as bf16); slots and rows inside a
-    half-block are addressed at the 16-bit element size the kernel believes in."""
+    """HISTORICAL (cross-fp8-context-read): the pool's blocks, with their insides read as the model's
+    elements."""
     auto = KVLayout("auto", pool_layout.model_dtype, pool_layout.num_kv_heads, pool_layout.head_size,
                     pool_layout.block_size)
     fields = {f: getattr(auto, f) for f in formats.SPEC_FIELDS}
@@ -152,12 +149,7 @@ def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
 
 
 class CrossAttentionImpl:
-    """Non-causal attention of decoder tokens over their request's encoder K/V in the cross pool.
-
-    The context step's path: minikv's fused configuration (context_path "fused", B2 fixed) picks it at each step
-    from the step's longest query (`context_path_for`), on every device and backend, so that a CPU trace says what
-    a GPU run does. Upstream's fallback and the historical B2 path decide it once, at initialization. Each context
-    step's `Access` says which path it took and why (`context_path`, `context_dispatch`)."""
+    """Non-causal attention of decoder tokens over their request's encoder K/V in the cross pool."""
 
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
                  context_path: str = "fused", paged_context: bool = False, historical_context_read: bool = False,

@@ -58,9 +58,7 @@ class AttentionImpl:
 
     # ---- the defect site: inline-scale views -----------------------------------------------------------------
     def scale_views(self, kv_cache: torch.Tensor, step: int = -1) -> ScaleFill | None:
-        """Make sure this impl has fp32 views of the K and V inline scales of `kv_cache` (formats with inline
-        scales); return the fill of the scale regions that this touch made, if it made one (`step`: for the fill's
-        record, -1 in warmup)."""
+        """Build fp32 views of `kv_cache`'s inline scales; return the fill this touch made, if any."""
         if not self.layout.has_inline_scales:
             return None
         if self.historical_scale_init:
@@ -110,9 +108,7 @@ class AttentionImpl:
         return self._views is not None
 
     def forget_storage(self) -> None:
-        """Drop this impl's views (the fixed runner calls it when sleep() frees the cache).
-
-        The historical impl is never told: upstream's views outlive a sleep, so its fill never runs again."""
+        """Drop this impl's views (the fixed runner calls it when sleep() frees the cache)."""
         self._views, self._views_of = None, None
 
     # ---- forward ----------------------------------------------------------------------------------------------

@@ -153,10 +153,8 @@ def prefill_cases(batch: int = 8, length: int = 4096) -> list[dict]:
 
 def cross_context_cases(shapes=((64, 1, 1024), (64, 16, 1024), (32, 64, 2048), (16, 128, 4096), (8, 256, 4096),
                                (8, 512, 4096))) -> list[dict]:
-    """The cross-attention context step over (batch, q_len, encoder) shapes: fused (reads the fp8 paged cross cache)
-    vs unfused (bf16 workspace). Each fused row also says which of the two the engine takes at that q_len
-    (`engine_path`, minikv.attention.cross.context_path_for) and that path's speed over unfused
-    (`unfused_over_engine`)."""
+    """The cross-attention context step over (batch, q_len, encoder) shapes: fused (reads the fp8 paged cross
+    cache) vs unfused (bf16 workspace)."""
     from minikv.attention.cross import context_path_for
     from minikv.cache.layout import KVLayout
     from minikv.kernels.context_attention import context_attention, paged_context_attention
@@ -188,10 +186,7 @@ def cross_context_cases(shapes=((64, 1, 1024), (64, 16, 1024), (32, 64, 2048), (
 
 def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine: bool = False,
         peer: str | None = None, csv_path=None) -> list[dict]:
-    """Measure everything; return one dict per row (decode, prefill and cross-context cases, with the ceilings;
-    with `engine`, also `minikv.bench engine`'s decode tokens/s of a gemma-4-E2B-like model per format; with
-    `peer="flashinfer"`, FlashInfer's decode beside minikv's). With `csv_path`, the rows so far are written there
-    after each part, so that a time limit keeps what finished."""
+    """Measure everything; return one dict per row."""
     import triton
     gpu = torch.cuda.get_device_name()
     log(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}")
@@ -280,10 +275,7 @@ PEER_GOALS = {"auto": 1.0, "fp8": 1.1}
 
 
 def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
-    """(what, measured ratio, target) for every kernel target, each ratio taken within the one run `rows`.
-
-    Works on the rows `run` returns and on rows read back from its CSV (numbers as floats). The per-token-head
-    lines name the placement; the one that is not the engine's default says "(other placement)"."""
+    """(what, measured ratio, target) for every kernel target, each ratio taken within the one run `rows`."""
     decode = [r for r in rows if r["kind"] == "decode"]
     ms = {(r["format"], int(r["batch"]), int(r["context"])): float(r["ms"]) for r in decode}
     out = []

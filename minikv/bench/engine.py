@@ -142,12 +142,7 @@ EAGER_FORMATS = ("auto", "int8_per_token_head")
 
 def plan(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, contexts=CONTEXTS,
          eager_formats=EAGER_FORMATS, context_formats=None, extras: bool = True) -> list[tuple[str, int, int, str]]:
-    """The runs of `gpu_rows`, in order: (format, batch, context, how), how "graph", "eager" or "sdpa".
-
-    At `context` first (the targets' context): every format with graphs, then (extras) `eager_formats` eagerly
-    and the SDPA step; then (extras) batch 1: bf16 with graphs, eagerly, and the SDPA step; then every other of
-    `contexts`, longest first (the 1-byte-vs-bf16 target's): `context_formats` (None: every format) with graphs
-    and (extras) `eager_formats` eagerly and the SDPA step."""
+    """The runs of `gpu_rows`, in order: (format, batch, context, how), how "graph", "eager" or "sdpa"."""
     def at(ctx, formats):
         runs = [(f, batch, ctx, "graph") for f in formats]
         return runs + ([(f, batch, ctx, "eager") for f in eager_formats] + [("auto", batch, ctx, "sdpa")]
@@ -163,9 +158,7 @@ def plan(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, 
 def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, new_tokens: int = 16,
              log=print, contexts=CONTEXTS, eager_formats=EAGER_FORMATS, context_formats=None, csv_path=None,
              extras: bool = True, profile: bool = False) -> list[dict]:
-    """Decode speed per format on a fresh E2B-like checkpoint, the runs of `plan`; one dict per (format, batch,
-    context, mode), mode "replayed" (graphs), "eager" or "sdpa-graph" (x_auto: speed over auto's at the same
-    batch, context and mode, engine rows only; run_s: the run's wall seconds, the LLM's construction included)."""
+    """Decode speed per format on a fresh E2B-like checkpoint, one dict per (format, batch, context, mode)."""
     import torch
     runs = plan(kv_cache_dtypes, batch, context, contexts, eager_formats, context_formats, extras)
     log(f"gemma-4-E2B-like model (random weights, bf16), batch {batch}, prompts of {context} tokens (and "

@@ -12,10 +12,7 @@ import torch.nn.functional as F
 
 
 def e2b_like_config(full_head_dim: int = 512, **overrides) -> dict:
-    """The `gemma4_text` config.json dict of the engine bench's model: gemma-4-E2B's layer dimensions (35 layers of
-    hidden 1536, MLP 6144, 8 query heads over 1 KV head of 256 on sliding layers and `full_head_dim` on full ones,
-    4 sliding : 1 full, window 512, the last 20 layers sharing KV, PLE of 256) and a 100-character vocabulary.
-    `overrides` replace its keys; a changed num_hidden_layers keeps the 4 : 1 pattern of layer types."""
+    """The `gemma4_text` config.json dict of the engine bench's gemma-4-E2B-like model."""
     from minikv.models.gemma4 import FULL, SLIDING
     from minikv.models.tokenizer import CharTokenizer
     vocab = CharTokenizer().vocab_size
@@ -44,11 +41,7 @@ def e2b_like_model(device="cpu", dtype: torch.dtype = torch.bfloat16, seed: int 
 
 
 class SdpaDecodeStep:
-    """One decode step of `model` for `batch` sequences of `context` tokens each (the new token included, at
-    position context - 1), over contiguous caches: `caches[layer] = (k, v)`, each [batch, kv_heads, context,
-    head_dim], for every layer that owns K/V (random unit-RMS contents, as the model's normed keys and values;
-    overwrite them to set a prompt's K/V). `input_ids` [batch]: the new tokens. Calling it runs the step and
-    returns the next token per sequence (int64 [batch]); `logits()` returns the float32 logits [batch, vocab]."""
+    """One decode step of `model` for `batch` sequences of `context` tokens, over contiguous caches."""
 
     def __init__(self, model, batch: int, context: int, seed: int = 0):
         c = model.config

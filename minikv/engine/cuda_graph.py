@@ -27,9 +27,7 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int | None:
 
 @dataclass(frozen=True)
 class DecodeBatch:
-    """One decode step's inputs on the host, padded to `bucket` rows (`pad_decode_batch`): int64 arrays [bucket]
-    and int32 block tables [bucket, width] (numpy: filling a wide table row by row from Python lists would cost
-    more host time than the step's kernels)."""
+    """One decode step's inputs on the host, padded to `bucket` rows (numpy arrays)."""
 
     bucket: int
     num_real: int
@@ -43,14 +41,7 @@ class DecodeBatch:
 
 
 class HostBlockTables:
-    """Block tables on the host, int32 [rows, width], kept from one decode step to the next.
-
-    Converting a Python list of block ids to numpy costs about 10 us per 512 entries, so writing every row anew
-    was a millisecond of each step at batch 64 and context 8192. Between two steps a running sequence's table only
-    grows: the block manager appends to it (may_append) and otherwise replaces the list whole (allocate after a
-    preemption, deallocate). So a row that holds the same list object as at the last step gets only its new
-    entries, and any other row is written whole. Each row keeps a reference to its list, so that list's identity
-    cannot pass to another list while the row relies on it."""
+    """Block tables on the host, int32 [rows, width], kept from one decode step to the next."""
 
     def __init__(self, rows: int, width: int, what: str):
         self.array = np.zeros((rows, width), dtype=np.int32)
@@ -81,10 +72,7 @@ class HostBlockTables:
 def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block: int,
                      cross_width: int = 0, tables: HostBlockTables | None = None,
                      cross_tables: HostBlockTables | None = None) -> DecodeBatch:
-    """The decode inputs of `seqs` (one new token each) padded to `bucket` rows: padding rows write their token into
-    slot 0 of `dummy_block` and read that one token back; encoder-decoder padding rows read one encoder token of
-    cross block 0 (a read only: decode steps write nothing to the cross pool). `tables` / `cross_tables`: the
-    host tables kept from the last step (None: written anew); the batch's tables are views of them."""
+    """The decode inputs of `seqs` padded to `bucket` rows that touch only a dummy block."""
     n = len(seqs)
     if n > bucket:
         raise ValueError(f"{n} sequences do not fit a bucket of {bucket}")
@@ -171,11 +159,7 @@ class _Captured:
 
 
 class DecodeGraphs:
-    """One engine's decode graphs: static buffers, one captured forward per bucket, replays.
-
-    `forward(input_ids, positions, ctx) -> logits` is the runner's decode forward (model and LM head);
-    `dummy_block`: the self-attention block reserved for padding rows; `width` / `cross_width`: blocks per
-    sequence of the self / cross block tables (0: no cross attention)."""
+    """One engine's decode graphs: static buffers, one captured forward per bucket, replays."""
 
     def __init__(self, max_num_seqs: int, width: int, block_size: int, dummy_block: int, device,
                  cross_width: int = 0, seam=None):

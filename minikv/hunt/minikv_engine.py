@@ -21,9 +21,7 @@ SCALE_BYTES = 4
 
 
 class MinikvEngine:
-    """Runs scenarios on minikv. `reintroduce` goes to every `LLM(...)` as given; `engine_checks` switches the
-    engine's own sanitizer and layout contract on (off by default: the hunter's oracles stand on their own);
-    `remember` keeps every Run, so several hunts over one engine pay once for a scenario (a run is deterministic)."""
+    """Runs scenarios on minikv."""
 
     def __init__(self, reintroduce=(), backend: str = "torch", instrument=None, engine_checks: bool = False,
                  device: str = "cpu", remember: bool = False, sanitize: bool = False):
@@ -56,9 +54,8 @@ class MinikvEngine:
         return llm, (KernelShadow(llm) if self.backend != "torch" else None)
 
     def snippet(self, scenario: Scenario, violations=()) -> str:
-        """The scenario as a program; with a finding's `violations`, one that checks them and exits 1 (repro.py).
-        A stray write is shown through the engine's own sanitizer when a variant of the scenario (its pools at
-        the smallest size the requests need, then with the pool's longest prompt) makes it reach a guard zone."""
+        """The scenario as a program; with a finding's `violations`, one that checks them and exits 1
+        (repro.py)."""
         from .repro import TOKEN_ORACLES, snippet
         if not violations:
             return snippet(scenario, self.llm_kwargs(scenario), self.instrument)

@@ -101,9 +101,7 @@ class DenseReference:
 
 
 def calibrate(reference: DenseReference, cells, prompts) -> tuple[float, float]:
-    """(the smallest margin by which the dense model picks any of its reference tokens, the largest logit difference
-    between its float16 and float32 runs while their tokens agree), over `prompts(model)` in every cell's format:
-    what TIE_MARGIN must stay below and above."""
+    """(smallest reference margin, largest float16/float32 logit difference): TIE_MARGIN's bounds."""
     margin, gap = float("inf"), 0.0
     for model, fmt in dict.fromkeys((c[0], c[1]) for c in cells):
         for prompt in prompts(model):

@@ -106,12 +106,8 @@ def _indent(lines: list[str]) -> list[str]:
 
 def snippet(scenario: Scenario, llm_kwargs: dict, instrument=None, violations=(), replay_call: str | None = None,
             sanitized: bool = False, note: str | None = None) -> str:
-    """Python that builds the engine of `scenario` with `llm_kwargs` and serves its requests, printing tokens.
-
-    With `instrument` (the callable the hunt applied to every engine), the program applies it too. With
-    `violations` (a finding's), it checks them and exits 1 when one holds again (see the module docstring):
-    `sanitized` says the engine's sanitizer is on and catches the stray writes (the program then shows the guard
-    zone hit); `replay_call` is the expression that replays a check the program cannot make itself."""
+    """Python that builds the engine of `scenario` with `llm_kwargs` and serves its requests, printing
+    tokens."""
     imports = ["import minikv", "import torch"]
     setup = [_kwargs(llm_kwargs)]
     name = _instrument(instrument, imports)

@@ -27,10 +27,7 @@ def pool_of(llm, tensor) -> tuple[str, object] | None:
 
 
 def record_logits(llm, store: dict) -> bool:
-    """Keep, for every request, the logits row the engine's sampler gets at each of its steps: `store[request id]`
-    becomes a list of float32 CPU rows, one per sampled token (what `matches-reference` compares with the dense
-    model's). Wraps `llm.runner.sample` for this engine only; returns False (nothing recorded) when the engine has
-    no such sampler."""
+    """Keep every logits row the engine's sampler gets, per request; False when it has no such sampler."""
     runner = getattr(llm, "runner", None)
     sample = getattr(runner, "sample", None)
     if sample is None:

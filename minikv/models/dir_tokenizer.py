@@ -95,11 +95,7 @@ def _check_char_spec(spec: dict, file: Path) -> CharTokenizer:
 
 
 def load_tokenizer(path: str | Path, add_special_tokens: bool | None = None):
-    """The tokenizer stored in checkpoint directory `path` (see the module docstring for the file names).
-
-    `add_special_tokens`: whether a `tokenizer.json`'s post-processor is applied by `encode`; None (the default)
-    applies it for a T5 (encoder inputs, as transformers' `tokenizer(text)`) and not for a decoder-only model
-    (the engine adds its BOS itself)."""
+    """The tokenizer stored in checkpoint directory `path` (see the module docstring for the file names)."""
     from minikv.models.hf_checkpoint import CheckpointError, read_json
     path = Path(path)
     spec_file = path / MINIKV_TOKENIZER_FILE

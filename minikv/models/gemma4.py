@@ -24,10 +24,8 @@ _ACTIVATIONS = {
 
 # ---- building blocks --------------------------------------------------------------------------------------------
 class Gemma4RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps), in float32, times `weight` (absent for the value norm: `with_scale=False`), in
-    x's dtype. The step that follows a norm in the model can be handed to it: RoPE (`cos`, `sin`: q and k) or the
-    residual add (`residual`: the norms after attention and the MLP). On CUDA, in inference, one launch of
-    minikv.kernels.rms_norm does all of it (written as below it is about nine launches, and RoPE five more)."""
+    """x / sqrt(mean(x^2) + eps), in float32, times `weight` (absent for the value norm: `with_scale=False`),
+    in x's dtype."""
 
     def __init__(self, dim: int, eps: float = 1e-6, with_scale: bool = True):
         super().__init__()
@@ -66,9 +64,7 @@ class ScaledEmbedding(nn.Embedding):
 
 
 def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2] of one layer type. 'proportional' RoPE rotates only the first
-    `partial_rotary_factor` of the pairs (the exponents still run over the whole head); the rest get frequency 0,
-    i.e. they pass through unrotated."""
+    """Inverse frequencies [head_dim / 2] of one layer type."""
     theta = rope["rope_theta"]
     if rope.get("rope_type", "default") == "default":
         return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))

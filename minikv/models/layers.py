@@ -23,14 +23,7 @@ def check_token_inputs(input_ids: torch.Tensor, positions: torch.Tensor, engine:
 
 
 class Attention(nn.Module):
-    """The paged attention op of one layer (projections live in the model).
-
-    kind: "self" (causal, paged) or "cross" (non-causal over encoder K/V held in the cross pool).
-    kv_sharing_target: for a KV-sharing layer, the name of the earlier layer whose cache it reads; such a layer
-    has no K/V projections and never writes the cache.
-    sliding_window: keys a query sees, its own included (None or 0: all earlier ones); self attention only.
-    sm_scale: the factor on q.k (None: head_size ** -0.5; Gemma-4 and T5 use 1.0).
-    """
+    """The paged attention op of one layer (projections live in the model)."""
 
     def __init__(self, layer_name: str, num_heads: int, num_kv_heads: int, head_size: int,
                  kind: str = "self", kv_sharing_target: str | None = None, *, sliding_window: int | None = None,
@@ -49,10 +42,7 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, ctx: ForwardContext,
                 rel_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """Engine mode: q [T, heads, D] (k, v [T, kv_heads, D], or None for a layer that writes nothing) through
-        the impl bound to this layer. rel_bias: T5's relative position bias for the paged kernels, float32
-        [num_heads, max_distance + 1] (added to the scaled score of key j as rel_bias[h, min(q_pos - j,
-        max_distance)]); self attention only; None: no bias."""
+        """Engine mode: q, k, v (None: the layer writes nothing) through the bound impl."""
         if rel_bias is not None and self.kind != "self":
             raise ValueError(f"{self.layer_name}: a relative position bias applies to self attention only")
         return ctx.attend(self.layer_name, q, k, v, rel_bias=rel_bias)

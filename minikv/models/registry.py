@@ -102,9 +102,7 @@ def is_checkpoint_model(name) -> bool:
 
 
 def check_model(model) -> str:
-    """`model` as LLM and the hunter take it: a shipped model's name (`MODEL_NAMES`), or the path of a local
-    checkpoint directory in transformers' format (a Gemma-4 or T5 config.json + model.safetensors, and a
-    tokenizer), returned as a str. Anything else raises InvalidTypeError / InvalidValueError saying what it is."""
+    """`model` as a str: a shipped model's name or a local checkpoint directory; else raises."""
     if isinstance(model, str) and not model.strip():
         raise InvalidValueError(f"model must be a shipped model ({', '.join(MODEL_NAMES)}) or the path of a "
                                 f"checkpoint directory, got {model!r} (an empty path would load the working "

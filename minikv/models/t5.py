@@ -122,13 +122,7 @@ class T5Config:
 
 def relative_position_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> torch.Tensor:
-    """Bucket of each relative distance (key position - query position), as Mesh TensorFlow defines it.
-
-    Bidirectional: half of the buckets are for keys after the query. Causal: keys after the query all fall in
-    bucket 0 with distance 0 (the causal mask hides them anyway). Within each half, distances below
-    num_buckets/4 (/2 when causal) get a bucket each; larger ones share logarithmically wider buckets, and every
-    distance >= max_distance lands in the last one.
-    """
+    """Bucket of each relative distance (key position - query position), as Mesh TensorFlow defines it."""
     bucket = torch.zeros_like(relative)
     if bidirectional:
         num_buckets //= 2
@@ -196,9 +190,7 @@ class T5Attention(nn.Module):
 
     def engine_forward(self, x: torch.Tensor, kv_input: torch.Tensor | None, ctx,
                        rel_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """Engine mode: attention of the flattened queries x [T, d_model] through this layer's paged op, with
-        K/V projected from kv_input ([N, d_model]; None: the engine reads the cache, as cross attention does after
-        the context step)."""
+        """Engine mode: the flattened queries through this layer's paged op."""
         k = v = None
         if kv_input is not None:
             k, v = self.flat_heads(self.k(kv_input)), self.flat_heads(self.v(kv_input))
@@ -362,9 +354,8 @@ class T5ForConditionalGeneration(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, encoder_out: torch.Tensor | None = None,
                 *, ctx=None) -> torch.Tensor:
-        """Engine mode only, with the runner's per-step `ctx` (minikv.attention.context.ForwardContext): final-normed
-        decoder hidden states [T, d_model] for flattened `input_ids` [T]. `positions` are checked but unused: the
-        kernels take each key's distance from the sequence lengths."""
+        """Engine mode only, with the runner's per-step `ctx` (minikv.attention.context.ForwardContext):
+        final-normed decoder hidden states [T, d_model] for flattened `input_ids` [T]."""
         if ctx is None:
             raise ValueError("T5's forward() is the engine's entry point (it needs the engine's ctx); in dense mode "
                              "call encode() and decode(), or greedy()")
@@ -380,10 +371,8 @@ class T5ForConditionalGeneration(nn.Module):
         return self.decoder.final_layer_norm(x)
 
     def decoder_bias_table(self) -> torch.Tensor:
-        """The decoder's relative bias as the paged kernels take it: float32 [heads, max_distance + 1], column n
-        the bias of a key n positions before its query (its causal bucket's row of the learned table). Every
-        distance >= relative_attention_max_distance falls in the last bucket, so the kernels' clamp of the
-        distance to the last column is exact."""
+        """The decoder's relative bias as the paged kernels take it: float32 [heads, max_distance + 1], column
+        n the bias of a key n positions before its query (its causal bucket's row of the learned table)."""
         c = self.config
         table = self.decoder.block[0].self_attn.relative_attention_bias.weight
         distance = torch.arange(c.relative_attention_max_distance + 1, device=table.device)

@@ -72,9 +72,8 @@ def kv_transform_for(fmt: str | None):
 
 def window_batch(task: tasks.WindowArithmeticTask, tokenizer, rng: random.Random, batch_size: int, seq_len: int,
                  small_share: float = 0.0):
-    """Arithmetic sequences whose first term and step are uniform over the training side of the domain, so every
-    window of the domain is a training prefix. No loss on the first two terms: before the second term ends, the
-    step is unknown."""
+    """Arithmetic sequences whose first term and step are uniform over the training side of the domain, so
+    every window of the domain is a training prefix."""
     inputs, targets = [], []
     for _ in range(batch_size):
         first, step = task.training_start(rng, small_share)
@@ -146,10 +145,7 @@ def _loss(model: nn.Module, batch, device) -> torch.Tensor:
 
 def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Path | None = None,
           progress: bool = True, device: str = "cpu", evaluate: bool = True) -> dict:
-    """Train `name` from scratch and save its weights into `out_dir` (None: the package's weights folder).
-
-    Returns the metrics, which are also written into the JSON file beside the weights.
-    """
+    """Train `name` from scratch and save its weights into `out_dir` (None: the package's weights folder)."""
     registry.model_config(name)                         # an unknown name: ModelLoadError listing the known ones
     if name in registry.RANDOM_WEIGHT_MODELS:
         raise ValueError(f"{name} is shipped with random weights, not trained (see minikv.models.random_weights); "
@@ -289,13 +285,7 @@ def expected_ids(name: str, prompt: str) -> list[int]:
 
 def evaluate_dense(name: str, n: int = 200, kv_fake_quant: str | None = None, dtype: torch.dtype | None = None,
                    *, model: nn.Module | None = None, seed: int = 0, device: str = "cpu") -> dict:
-    """Greedy exact-match rate on `n` held-out prompts, in dense mode.
-
-    kv_fake_quant: None, "int8_per_token_head", "fp8_per_token_head" or "fp8" (per-layer scale 1.0).
-    dtype: None = the model's inference default on `device`. `model`: evaluate this model instead of loading
-    the shipped weights (it is cast to `dtype` when one is given).
-    Returns {"exact_match": fraction, "correct": int, "n": int, "failures": [(prompt, expected, got), ...]}.
-    """
+    """Greedy exact-match rate on `n` held-out prompts, in dense mode."""
     transform = kv_transform_for(kv_fake_quant)
     if model is None:
         model = registry.load_model(name, device=device, dtype=dtype)

@@ -18,12 +18,7 @@ WRITE, STRAY, READ, OVERWRITTEN = "write", "write stray", "read", "read overwrit
 
 @dataclass
 class CrossTimeline:
-    """Per layer (in execution order) and column ("step 0", "step 1", ...): what the layer did, in order.
-
-    Events: "write" (into its own pool only), "write stray" (some bytes landed outside its own pool), "read" (every
-    byte it read was its own, for the same request), "read overwritten" (some byte it read had been overwritten by
-    another layer or request since). `victims[(layer, column)]` lists the requests of an overwritten read and
-    `culprits[(layer, column)]` the layers that overwrote them."""
+    """Per layer (in execution order) and column ("step 0", "step 1", ...): what the layer did, in order."""
 
     buggy: bool
     layers: list[str]
@@ -165,13 +160,8 @@ def trace_run(llm, prompts: list[str], reference: list[list[int]] | None = None,
 
 @dataclass
 class CrossCausalChain:
-    """One damaged request: from the doubled stride to the overwritten self-attention rows to the first wrong token.
-
-    `doubled`: for the culprit cross layer, [(block, request, real start, real end, addressed start, addressed end)]
-    in arena bytes, and `pool_end` where its pool ends; `rows`: the victim's self-attention slots in the victim
-    layer's pool after the context step, [(slot position, K overwritten, V overwritten)], measured as the rows
-    whose bytes differ between the buggy and the fixed arena; `tokens_fixed` / `tokens_buggy`: the generated
-    tokens (text) of both engines; `diverging`: the index of the first that differs."""
+    """One damaged request: from the doubled stride to the overwritten self-attention rows to the first wrong
+    token."""
 
     request: int
     culprit: str                 # the cross layer whose stray write covered the victim's rows

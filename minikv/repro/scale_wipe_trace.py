@@ -16,11 +16,7 @@ WARMUP = "warmup"
 
 @dataclass
 class Timeline:
-    """Per layer and column ("warmup", "step 0", "step 1", ...): the events of that layer, in order.
-
-    Events: "write" (its own pool), "fill" (a fill that wiped nothing), "wipe" (a fill that overwrote written
-    scales), "read" (attention over rows with their own scales), "read wiped" (over rows whose scales were wiped).
-    """
+    """Per layer and column ("warmup", "step 0", "step 1", ...): the events of that layer, in order."""
 
     buggy: bool
     num_layers: int
@@ -213,11 +209,8 @@ def prefix_sources(step_outputs, block_size: int) -> dict[int, int]:
 
 @dataclass
 class StorageMap:
-    """The KV storages after one step: per storage, its blocks in use by request and the rows whose scales a late
-    fill wiped. `storages`: [{"pool", "owner" (layer), "readers" (sharing layers), "wiped_by" (the layer whose late
-    fill wiped it, or None), "blocks": [(block, request, slots in use, slots wiped)]}]; `num_blocks` per pool;
-    `layout`: the storages' KVLayout (the same for all); `zoom`: (pool, block, request, [(slot, K wiped, V wiped)])
-    for the first block of the first wiped storage."""
+    """The KV storages after one step: per storage, its blocks in use by request and the rows whose scales a
+    late fill wiped."""
 
     step: int
     storages: list[dict]

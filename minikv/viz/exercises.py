@@ -19,10 +19,8 @@ def _close(answer, expected, rel: float, abs_: float) -> bool:
 
 def check(name: str, answer, expected, *, rel: float | None = None, abs_tol: float = 0.0,
           same: Callable[[object, object], bool] | None = None) -> bool | None:
-    """Print whether `answer` matches `expected` and return True/False (None while the answer is still None).
-
-    By default the two must be equal (a list equals a tuple with the same items; a set, any order). `rel` (and
-    `abs_tol`) compare numbers within a tolerance; `same(answer, expected)` decides for anything else."""
+    """Print whether `answer` matches `expected` and return True/False (None while the answer is still
+    None)."""
     if answer is None:
         print(f"{name}: {NO_ANSWER}.")
         return None
