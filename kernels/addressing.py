@@ -1,9 +1,7 @@
 """Byte addressing of a KV pool: the one place its address formula is written, as torch/Python helpers
 (`row_byte_offset`, `scale_byte_offset`, and the gathers and scatters of the references) and as a Triton helper
 (`cache_offset`, used by the write kernel and by `paged_rows` / `block_scales` for the readers).
-
-See docs/internals.md#kernels-addressing.
-"""
+See docs/internals.md#kernels-addressing."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
 """write_kv: store new tokens' K and V into their cache slots, quantizing as the pool's format says.
-
-See docs/internals.md#kernels-cache-write.
-"""
+See docs/internals.md#kernels-cache-write."""
 from __future__ import annotations
 
 import torch

@@ -1,7 +1,5 @@
 """Context (prefill) attention over variable-length sequences, flash-attention style.
-
-See docs/internals.md#kernels-context-attention.
-"""
+See docs/internals.md#kernels-context-attention."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
 """The one base class of every error minikv raises on purpose, and the exit status the `minikv` command gives it.
-
-See docs/internals.md#kernels-errors.
-"""
+See docs/internals.md#kernels-errors."""
 from __future__ import annotations
 
 FOUND_DEFECT, BAD_INPUT, ENGINE_FAULT = 1, 2, 3

@@ -1,8 +1,5 @@
 """The KV-cache element formats: one table of every per-format fact, shared by the kernels, their references,
-minikv's KVLayout and the quantization-aware training.
-
-See docs/internals.md#kernels-formats.
-"""
+minikv's KVLayout and the quantization-aware training. See docs/internals.md#kernels-formats."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields

@@ -1,7 +1,5 @@
 """Launch configurations per device: tile sizes, program counts, warps and pipeline stages for each kernel.
-
-See docs/internals.md#kernels-launch.
-"""
+See docs/internals.md#kernels-launch."""
 from __future__ import annotations
 
 import functools

@@ -1,7 +1,5 @@
 """Chooses how the Triton kernels run: compiled on a CUDA GPU, or in the Triton interpreter on a CPU.
-
-See docs/internals.md#kernels-mode.
-"""
+See docs/internals.md#kernels-mode."""
 from __future__ import annotations
 
 import os

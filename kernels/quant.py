@@ -1,7 +1,5 @@
 """Quantization arithmetic: float32 -> e4m3 bits, round-half-even, per-token-head scales (Triton and torch).
-
-See docs/internals.md#kernels-quant.
-"""
+See docs/internals.md#kernels-quant."""
 from __future__ import annotations
 
 import functools

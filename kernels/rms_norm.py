@@ -1,7 +1,5 @@
 """rms_norm: Gemma's RMSNorm in one launch, with the two steps that follow it in the model fused in when asked.
-
-See docs/internals.md#kernels-rms-norm.
-"""
+See docs/internals.md#kernels-rms-norm."""
 from __future__ import annotations
 
 import torch

@@ -1,7 +1,5 @@
 """Configuration objects: how the KV cache is laid out, how requests are scheduled, what an engine is built from.
-
-See docs/internals.md#config.
-"""
+See docs/internals.md#config."""
 from __future__ import annotations
 
 import dataclasses

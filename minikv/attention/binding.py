@@ -1,7 +1,5 @@
 """LayerBinding: one attention layer as the engine bound it, the entry of the runner's binding table.
-
-See docs/internals.md#attention-binding.
-"""
+See docs/internals.md#attention-binding."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,5 @@
 """The forward context: the per-step object the model runner passes down the model's forward call.
-
-See docs/internals.md#attention-context.
-"""
+See docs/internals.md#attention-context."""
 from __future__ import annotations
 
 from collections.abc import Mapping

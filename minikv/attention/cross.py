@@ -1,7 +1,5 @@
 """Cross attention over the encoder's K/V in the cross pool. Home of defects B1 and B2.
-
-See docs/internals.md#attention-cross.
-"""
+See docs/internals.md#attention-cross."""
 from __future__ import annotations
 
 import logging

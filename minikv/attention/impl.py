@@ -1,7 +1,5 @@
 """AttentionImpl: one decoder self-attention layer's access to the paged KV cache. Home of defect A.
-
-See docs/internals.md#attention-impl.
-"""
+See docs/internals.md#attention-impl."""
 from __future__ import annotations
 
 import weakref

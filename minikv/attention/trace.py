@@ -1,7 +1,5 @@
 """What attention records about the cache: an impl's `Access` per call, the trace's `CacheEvent`s, the scale fills.
-
-See docs/internals.md#attention-trace.
-"""
+See docs/internals.md#attention-trace."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,7 +1,5 @@
 """`python -m minikv.bench attention`: paged attention on a GPU against the hardware and torch SDPA.
-
-See docs/internals.md#bench-attention.
-"""
+See docs/internals.md#bench-attention."""
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,5 @@
 """`python -m minikv.bench.attention_sweep --out DIR`: sweep launch configurations of the attention kernels (GPU).
-
-See docs/internals.md#bench-attention-sweep.
-"""
+See docs/internals.md#bench-attention-sweep."""
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,5 @@
 """`python -m minikv.bench.decode_step`: tokens/s of a model-sized decode step per KV-cache format (GPU).
-
-See docs/internals.md#bench-decode-step.
-"""
+See docs/internals.md#bench-decode-step."""
 from __future__ import annotations
 
 import argparse

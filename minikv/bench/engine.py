@@ -1,7 +1,5 @@
 """`python -m minikv.bench engine`: end-to-end generation speed through the engine.
-
-See docs/internals.md#bench-engine.
-"""
+See docs/internals.md#bench-engine."""
 from __future__ import annotations
 
 import cProfile

@@ -1,7 +1,5 @@
 """FlashInfer's paged decode timed on minikv's own pools: the peer of `python -m minikv.bench attention --peer flashinfer`.
-
-See docs/internals.md#bench-flashinfer-peer.
-"""
+See docs/internals.md#bench-flashinfer-peer."""
 from __future__ import annotations
 
 import torch

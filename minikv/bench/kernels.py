@@ -1,7 +1,5 @@
 """`python -m minikv.bench kernels`: time each Triton kernel against its torch reference on this device.
-
-See docs/internals.md#bench-kernels.
-"""
+See docs/internals.md#bench-kernels."""
 from __future__ import annotations
 
 import argparse

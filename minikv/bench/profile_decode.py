@@ -1,7 +1,5 @@
 """Run the paged decode kernel at batch 64 / context 4096 for Nsight Compute, or summarize ncu's CSV.
-
-See docs/internals.md#bench-profile-decode.
-"""
+See docs/internals.md#bench-profile-decode."""
 import csv
 import sys
 

@@ -1,7 +1,5 @@
 """`python -m minikv.bench.sdpa_step`: the E2B-like model's decode step with torch SDPA over a contiguous cache (GPU).
-
-See docs/internals.md#bench-sdpa-step.
-"""
+See docs/internals.md#bench-sdpa-step."""
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,5 @@
 """The one timing helper of the benchmarks: median milliseconds per call, on the CPU or on a GPU.
-
-See docs/internals.md#bench-timing.
-"""
+See docs/internals.md#bench-timing."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
 """KVArena: one byte allocation per device holding every KV pool, separated by guard zones (the sanitizer).
-
-See docs/internals.md#cache-arena.
-"""
+See docs/internals.md#cache-arena."""
 from __future__ import annotations
 
 from dataclasses import dataclass

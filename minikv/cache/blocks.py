@@ -1,7 +1,5 @@
 """The block manager: which cache blocks each sequence owns, and the prefix cache over full blocks.
-
-See docs/internals.md#cache-blocks.
-"""
+See docs/internals.md#cache-blocks."""
 from __future__ import annotations
 
 import heapq

@@ -1,8 +1,6 @@
 """KVLayout: the one place where the bytes of a KV-cache pool are computed (once per layout, into a frozen
 `CacheSpec`: `layout.spec`); every address computed from them goes through `minikv.kernels.addressing`.
-
-See docs/internals.md#cache-layout.
-"""
+See docs/internals.md#cache-layout."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,7 +1,4 @@
-"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt.
-
-See docs/internals.md#cli.
-"""
+"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt. See docs/internals.md#cli."""
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,5 @@
 """What upstream said about each reproduced defect, and when: the one source of every upstream number and state.
-
-See docs/internals.md#defects-provenance.
-"""
+See docs/internals.md#defects-provenance."""
 from __future__ import annotations
 
 from dataclasses import dataclass

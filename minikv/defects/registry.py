@@ -1,7 +1,5 @@
 """The historical defects minikv reproduces, and the per-engine switch that brings each one back.
-
-See docs/internals.md#defects-registry.
-"""
+See docs/internals.md#defects-registry."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,5 @@
 """CUDA-graph decode: the engine's decode forward captured once per batch-size bucket and replayed.
-
-See docs/internals.md#engine-cuda-graph.
-"""
+See docs/internals.md#engine-cuda-graph."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,5 @@
 """LLM: the public facade. Builds an engine (model, scheduler, block managers, model runner) and runs it.
-
-See docs/internals.md#engine-llm.
-"""
+See docs/internals.md#engine-llm."""
 from __future__ import annotations
 
 import contextlib

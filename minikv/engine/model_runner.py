@@ -1,7 +1,5 @@
 """ModelRunner: owns the model, the KV arena and the attention impls; turns a scheduled batch into tokens.
-
-See docs/internals.md#engine-model-runner.
-"""
+See docs/internals.md#engine-model-runner."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
 """The scheduler: continuous batching over a waiting and a running queue.
-
-See docs/internals.md#engine-scheduler.
-"""
+See docs/internals.md#engine-scheduler."""
 from __future__ import annotations
 
 from collections import deque

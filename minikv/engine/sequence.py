@@ -1,7 +1,5 @@
 """Requests as the engine sees them: sampling parameters, the running sequence, and the finished output.
-
-See docs/internals.md#engine-sequence.
-"""
+See docs/internals.md#engine-sequence."""
 from __future__ import annotations
 
 import enum

@@ -1,7 +1,5 @@
 """What one engine step did: `StepOutput`, returned by `LLM.step()`, and its `StepTrace` of cache events.
-
-See docs/internals.md#engine-step.
-"""
+See docs/internals.md#engine-step."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,5 @@
 """minikv.hunt: a differential tester that searches engine configurations for violated KV-cache invariants.
-
-See docs/internals.md#hunt.
-"""
+See docs/internals.md#hunt."""
 from __future__ import annotations
 
 from .oracles import ORACLES, Violation

@@ -1,7 +1,5 @@
 """The picture of a search: which cell each scenario ran in, in order, and where an invariant first failed.
-
-See docs/internals.md#hunt-figure.
-"""
+See docs/internals.md#hunt-figure."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

@@ -1,7 +1,5 @@
 """The adapter that runs a Scenario on `minikv.LLM` and records what the oracles check.
-
-See docs/internals.md#hunt-minikv-engine.
-"""
+See docs/internals.md#hunt-minikv-engine."""
 from __future__ import annotations
 
 import functools

@@ -1,7 +1,5 @@
 """The invariants: what must hold for every configuration, written without knowing any particular defect.
-
-See docs/internals.md#hunt-oracles.
-"""
+See docs/internals.md#hunt-oracles."""
 from __future__ import annotations
 
 from collections import defaultdict

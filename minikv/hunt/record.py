@@ -1,7 +1,5 @@
 """What a run of one scenario left behind, in engine-neutral terms: the records every oracle reads.
-
-See docs/internals.md#hunt-record.
-"""
+See docs/internals.md#hunt-record."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,7 +1,5 @@
 """The reference the `matches-reference` oracle compares with: the model run densely, without the engine.
-
-See docs/internals.md#hunt-reference.
-"""
+See docs/internals.md#hunt-reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,8 +1,5 @@
 """A scenario as ready-to-run Python: the `minikv.LLM(...)` call, the prompts, the calls that serve them, and the
-check that fails.
-
-See docs/internals.md#hunt-repro.
-"""
+check that fails. See docs/internals.md#hunt-repro."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,7 +1,5 @@
 """Scenario: one engine configuration and the requests it serves, the unit the hunter generates and shrinks.
-
-See docs/internals.md#hunt-scenario.
-"""
+See docs/internals.md#hunt-scenario."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,5 @@
 """The places the hunter reaches into an engine beyond its outputs: wrapping one of its kernel ops, and reading the
-logits its sampler is given.
-
-See docs/internals.md#hunt-seams.
-"""
+logits its sampler is given. See docs/internals.md#hunt-seams."""
 from __future__ import annotations
 
 KERNEL_OPS = ("write_kv", "decode", "context", "paged_context")

@@ -1,7 +1,5 @@
 """The search: hypothesis over engine configurations, cell by cell, until an invariant fails or the budget ends.
-
-See docs/internals.md#hunt-search.
-"""
+See docs/internals.md#hunt-search."""
 from __future__ import annotations
 
 import contextlib

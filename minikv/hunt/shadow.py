@@ -1,7 +1,5 @@
 """Kernels against their references, inside a real run: the `kernels-match-references` oracle's evidence.
-
-See docs/internals.md#hunt-shadow.
-"""
+See docs/internals.md#hunt-shadow."""
 from __future__ import annotations
 
 import inspect

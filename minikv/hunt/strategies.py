@@ -1,7 +1,5 @@
 """The hypothesis strategies: every knob of an engine configuration, and requests to serve with it.
-
-See docs/internals.md#hunt-strategies.
-"""
+See docs/internals.md#hunt-strategies."""
 from __future__ import annotations
 
 import functools

@@ -1,7 +1,4 @@
-"""The tokenizer of a checkpoint directory.
-
-See docs/internals.md#models-dir-tokenizer.
-"""
+"""The tokenizer of a checkpoint directory. See docs/internals.md#models-dir-tokenizer."""
 from __future__ import annotations
 
 import json

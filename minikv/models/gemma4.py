@@ -1,7 +1,5 @@
 """Gemma-4's text decoder (transformers' `Gemma4ForCausalLM` with a `gemma4_text` config), written for minikv.
-
-See docs/internals.md#models-gemma4.
-"""
+See docs/internals.md#models-gemma4."""
 from __future__ import annotations
 
 import torch

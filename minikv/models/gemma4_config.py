@@ -1,7 +1,5 @@
 """Gemma-4's text configuration: transformers' `gemma4_text` config.json read into one checked dataclass.
-
-See docs/internals.md#models-gemma4-config.
-"""
+See docs/internals.md#models-gemma4-config."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,8 +1,6 @@
 """Checkpoint directories in transformers' format: `config.json` + `model.safetensors` (or sharded, with
 `model.safetensors.index.json`), read into minikv's Gemma-4 and T5 modules and written back.
-
-See docs/internals.md#models-hf-checkpoint.
-"""
+See docs/internals.md#models-hf-checkpoint."""
 from __future__ import annotations
 
 import hashlib

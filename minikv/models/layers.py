@@ -1,7 +1,5 @@
 """The attention op shared by the Gemma-4 and T5 models, and the check of their token inputs.
-
-See docs/internals.md#models-layers.
-"""
+See docs/internals.md#models-layers."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -1,7 +1,5 @@
 """The shipped checkpoints that are not trained: random weights, rebuilt byte for byte from a seed.
-
-See docs/internals.md#models-random-weights.
-"""
+See docs/internals.md#models-random-weights."""
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,5 @@
 """Which models minikv ships, their configs and tokenizers, and loading their weights.
-
-See docs/internals.md#models-registry.
-"""
+See docs/internals.md#models-registry."""
 from __future__ import annotations
 
 import os

@@ -1,7 +1,5 @@
 """T5 (v1.1 / flan-t5 flavour) encoder-decoder, following transformers' `T5ForConditionalGeneration`.
-
-See docs/internals.md#models-t5.
-"""
+See docs/internals.md#models-t5."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
 """The tasks the tiny models were trained on: every output is objectively right or wrong.
-
-See docs/internals.md#models-tasks.
-"""
+See docs/internals.md#models-tasks."""
 from __future__ import annotations
 
 import math

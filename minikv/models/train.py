@@ -1,7 +1,5 @@
 """Training and dense evaluation of the tiny models (the shipped weights are rebuilt with `train`).
-
-See docs/internals.md#models-train.
-"""
+See docs/internals.md#models-train."""
 from __future__ import annotations
 
 import copy

@@ -1,8 +1,6 @@
 """Defect B1, step by step: who writes and reads which bytes of the arena when, and how the doubled stride turns
 into a wrong token of a request whose own cross blocks never left their pool.
-
-See docs/internals.md#repro-cross-stride-trace.
-"""
+See docs/internals.md#repro-cross-stride-trace."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
 """Defect A, step by step: what each layer did to the shared storages, and how one wiped key becomes a wrong token.
-
-See docs/internals.md#repro-scale-wipe-trace.
-"""
+See docs/internals.md#repro-scale-wipe-trace."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,7 +1,5 @@
 """Who reads a scale slot nobody wrote? The experiment behind "why is there a fill at all".
-
-See docs/internals.md#repro-unwritten-slots.
-"""
+See docs/internals.md#repro-unwritten-slots."""
 from __future__ import annotations
 
 import torch

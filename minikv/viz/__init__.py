@@ -1,7 +1,5 @@
 """The matplotlib figures the notebooks show, and their exercises' checks (`minikv.viz.exercises`).
-
-See docs/internals.md#viz.
-"""
+See docs/internals.md#viz."""
 from __future__ import annotations
 
 from .style import (DPI, EMPTY, FONT, GUARD, MAX_WIDTH_IN, MIN_FONT_PT, NEUTRAL, POOL_COLOURS, RIGHT,  # noqa: F401

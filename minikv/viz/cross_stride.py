@@ -1,7 +1,5 @@
 """The figures (and the code-site diff) of defect B, cross-attention stride doubling and the FP8 context read.
-
-See docs/internals.md#viz-cross-stride.
-"""
+See docs/internals.md#viz-cross-stride."""
 from __future__ import annotations
 
 import difflib

@@ -1,7 +1,5 @@
 """The check cells of the notebooks' exercises: compare a learner's answer with the one the engine computed.
-
-See docs/internals.md#viz-exercises.
-"""
+See docs/internals.md#viz-exercises."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
 """The figures of notebook 05 (the kernels on a GPU), drawn from the rows of its benchmark CSV.
-
-See docs/internals.md#viz-gpu.
-"""
+See docs/internals.md#viz-gpu."""
 from __future__ import annotations
 
 from collections.abc import Sequence

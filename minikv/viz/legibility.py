@@ -1,8 +1,6 @@
 """The legibility check every figure passes: each text drawn, its size as shown in a notebook at its real
 width, and the texts that fall under the smallest legible size, overlap or leave the figure (tests/test_viz_legibility.py).
-
-See docs/internals.md#viz-legibility.
-"""
+See docs/internals.md#viz-legibility."""
 from __future__ import annotations
 
 import numpy as np

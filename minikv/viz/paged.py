@@ -1,8 +1,6 @@
 """Figures of the paged KV cache: block tables and physical blocks, the slot mapping, which layer's pool each
 layer reads, fragmentation, and a pool's byte map (notebooks 01, 03 and 04).
-
-See docs/internals.md#viz-paged.
-"""
+See docs/internals.md#viz-paged."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,4 @@
-"""The bandwidth figure of the kernel benchmarks (notebook 05).
-
-See docs/internals.md#viz-performance.
-"""
+"""The bandwidth figure of the kernel benchmarks (notebook 05). See docs/internals.md#viz-performance."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

@@ -1,8 +1,6 @@
 """Figures of the quantized KV cache: per-(token, head) scales, dequantized K magnitudes, the damaged
 requests by scheduled batch, a cache row's byte layout, quantization error by format (notebooks 02 and 03).
-
-See docs/internals.md#viz-quantized.
-"""
+See docs/internals.md#viz-quantized."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,5 @@
 """The figures of defect A's picture story (notebook 03): who touches the shared storage when, and how a wiped
-scale becomes a wrong token.
-
-See docs/internals.md#viz-scale-wipe.
-"""
+scale becomes a wrong token. See docs/internals.md#viz-scale-wipe."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

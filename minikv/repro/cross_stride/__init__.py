@@ -1,7 +1,5 @@
 """`minikv repro cross-stride`: defects B1 (cross-stride) and B2 (cross-fp8-context-read) on tiny-t5.
-
-See docs/internals.md#repro-cross-stride.
-"""
+See docs/internals.md#repro-cross-stride."""
 from __future__ import annotations
 
 # The names the notebooks, the docs hooks, the tests and the tools use, from the module that defines each.

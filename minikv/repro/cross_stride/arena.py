@@ -1,9 +1,6 @@
 """Where B1's doubled stride lands in the arena: how far past its pool each cross layer's last block ends
 (`overrun_facts`), the bytes either side of a pool boundary (`byte_arrangement`), and the same runs in one
-arena and in an allocation per pool (`arena_runs`).
-
-See docs/internals.md#repro-cross-stride-arena.
-"""
+arena and in an allocation per pool (`arena_runs`). See docs/internals.md#repro-cross-stride-arena."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,6 @@
 """B1's and B2's signatures, tables, one number per quantity and the JSON results file (`measure` runs all of
 it once; `quantities`, `tables` and `results_dict` are what README, docs and notebook 04 quote).
-
-See docs/internals.md#repro-cross-stride-report.
-"""
+See docs/internals.md#repro-cross-stride-report."""
 from __future__ import annotations
 
 import json

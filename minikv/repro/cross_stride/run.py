@@ -1,7 +1,5 @@
 """Defect B1's runs: the same requests on cross pools of several sizes, buggy and fixed, sanitizer on and off.
-
-See docs/internals.md#repro-cross-stride-run.
-"""
+See docs/internals.md#repro-cross-stride-run."""
 from __future__ import annotations
 
 import math

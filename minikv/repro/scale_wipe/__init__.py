@@ -1,7 +1,5 @@
 """`minikv repro scale-wipe`: defect A, buggy and fixed, over max_num_seqs x prefix caching x cache format.
-
-See docs/internals.md#repro-scale-wipe.
-"""
+See docs/internals.md#repro-scale-wipe."""
 from __future__ import annotations
 
 # The names the notebooks, the docs hooks, the tests and the CLI use, from the module that defines each.

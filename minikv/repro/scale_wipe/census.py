@@ -1,8 +1,6 @@
 """The census of defect A's scale fills, per shared storage, against upstream's (33 harmless, 2 that wipe),
 and the main table of damaged requests with the signatures it must show (`check_signatures`).
-
-See docs/internals.md#repro-scale-wipe-census.
-"""
+See docs/internals.md#repro-scale-wipe-census."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,9 +1,6 @@
 """The side experiments of defect A, each with its table and its check: arrival timing through the step API,
 the census per warmup shape (minikv's reading of upstream's "(pre-write)"), prefix caching by the order of the
-copies and the prompts' length, and sleep / wake-up.
-
-See docs/internals.md#repro-scale-wipe-experiments.
-"""
+copies and the prompts' length, and sleep / wake-up. See docs/internals.md#repro-scale-wipe-experiments."""
 from __future__ import annotations
 
 import itertools

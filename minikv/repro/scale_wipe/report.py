@@ -1,8 +1,5 @@
 """One number per quantity, and the JSON results file: what README, docs and notebook 03 quote, computed once
-(`quantities`, `results`).
-
-See docs/internals.md#repro-scale-wipe-report.
-"""
+(`quantities`, `results`). See docs/internals.md#repro-scale-wipe-report."""
 from __future__ import annotations
 
 from minikv.repro.common import ranges

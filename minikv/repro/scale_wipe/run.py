@@ -1,7 +1,5 @@
 """Defect A's runs: a fixed and a buggy engine serve the same prompts; what each served and what it wiped.
-
-See docs/internals.md#repro-scale-wipe-run.
-"""
+See docs/internals.md#repro-scale-wipe-run."""
 from __future__ import annotations
 
 import itertools
