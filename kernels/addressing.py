@@ -35,8 +35,7 @@ SCALE_WORD: tl.constexpr = tl.constexpr(formats.SCALE_BYTES)     # bytes per fp3
 
 # ---- checks shared by every kernel's validation ---------------------------------------------------------------
 def check_spec(spec) -> formats.CacheSpec:
-    """The spec as a CacheSpec, which checks every field when it is made (TypeError naming a missing field,
-    ValueError for values a kernel cannot address)."""
+    """The spec as a CacheSpec, which checks every field when it is made."""
     return formats.CacheSpec.of(spec)
 
 
@@ -115,8 +114,7 @@ def pool_capacity(pool: torch.Tensor, spec) -> int:
 
 
 def row_byte_offset(spec, block, kv, slot_in_block, head):
-    """Byte offset of the row of (block, half kv: 0 = K / 1 = V, slot in block, kv head): the formula, for ints
-    or int64 tensors (broadcast)."""
+    """Byte offset of the row of (block, half kv: 0 = K / 1 = V, slot in block, kv head)."""
     return block * spec.block_bytes + kv * spec.kv_bytes + slot_in_block * spec.slot_bytes + head * spec.row_bytes
 
 
@@ -140,8 +138,7 @@ def row_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
 
 
 def slot_of(block_table, position, block_size: int):
-    """The cache slot of token `position` of a sequence: its block's id times block_size, plus its place in
-    it."""
+    """The cache slot of token `position` of a sequence."""
     return block_table[position // block_size] * block_size + position % block_size
 
 
@@ -152,8 +149,7 @@ def sequence_slots(block_table_row: torch.Tensor, length: int, block_size: int) 
 
 
 def _flat(pool: torch.Tensor) -> torch.Tensor:
-    """The pool's bytes from its first byte to the end of its storage: what a kernel's raw pointer can
-    reach."""
+    """The pool's bytes from its first byte to the end of its storage."""
     if not pool.is_contiguous():
         return pool.reshape(-1)
     reach = pool.untyped_storage().nbytes() // pool.element_size() - pool.storage_offset()
@@ -225,8 +221,7 @@ def read_views(pool: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---- Triton side --------------------------------------------------------------------------------------------
 def row_alignment(spec) -> int:
-    """The largest power of two (in elements, at most 16 bytes' worth) dividing every row offset of the
-    pool."""
+    """The largest power of two (at most 16 bytes' worth) dividing every row offset of the pool."""
     align = 16 // spec.elem_bytes
     for stride in element_strides(spec):
         align = math.gcd(align, stride)
@@ -239,8 +234,7 @@ def words(nbytes: int) -> int:
 
 
 def scale_word_strides(spec) -> tuple[int, int, int]:
-    """(slot, head, first) of the scales in fp32 words: scale word of (block b, half kv, slot o, head h) = b *
-    block_words + kv * kv_words + first + o * slot + h * head (`half_word_strides`)."""
+    """(slot, head, first) of the scales in fp32 words."""
     if not formats.has_inline_scales(spec.fmt):
         return 0, 0, 0
     return words(spec.scale_slot_bytes), words(spec.scale_head_bytes), words(spec.scale_offset)
@@ -252,8 +246,7 @@ def half_word_strides(spec) -> tuple[int, int]:
 
 
 def scale_alignment(spec) -> int:
-    """"block" placement: how many consecutive tokens' scales (of one head) may be read as one vector: contiguous
-    within a block, and every vector's first word aligned to it (at most 4 words = 16 bytes). 1 for "row"."""
+    """"block" placement: how many consecutive tokens' scales may be read as one vector."""
     if spec.placement != formats.BLOCK or spec.scale_slot_bytes != SCALE_BYTES or spec.elem_bytes != 1:
         return 1
     align = 4
@@ -296,8 +289,7 @@ def row_scales(scales_ptr, rows, mask, scale_offset):
 @triton.jit
 def tile_scales(scales_ptr, table, n, rows, mask, kv_offset, scale_offset, block_words, slot_words, head_words,
                 BLOCK_SIZE: tl.constexpr, SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr):
-    """fp32 scales of a tile of tokens `n` (rows `rows`, as paged_rows gives them) of one kv head, in the K half
-    (kv_offset 0) or the V half (kv_offset = kv stride in bytes), for either placement (1-byte codes)."""
+    """fp32 scales of a tile of tokens `n` of one kv head, in the K or V half, for either placement."""
     if SCALE_PLACEMENT == SCALES_IN_ROW:
         scales = row_scales(scales_ptr, rows + kv_offset, mask, scale_offset)
     else:

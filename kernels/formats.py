@@ -122,8 +122,7 @@ def qmax(fmt: int) -> float:
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """How a kernel addresses a pool: all byte counts relative to the pool's first byte (the formulas are in
-    `minikv.kernels.addressing`, the one place that turns them into addresses)."""
+    """How a kernel addresses a pool: byte counts relative to the pool's first byte."""
 
     fmt: int
     elem_bytes: int
@@ -141,8 +140,7 @@ class CacheSpec:
 
     @classmethod
     def of(cls, spec) -> CacheSpec:
-        """A CacheSpec from any object carrying the same fields, or a `.spec` that is one (minikv's KVLayout);
-        TypeError naming what it lacks."""
+        """A CacheSpec from any object carrying the same fields, or a `.spec` that is one."""
         if isinstance(spec, cls):
             return spec
         if isinstance(getattr(spec, "spec", None), cls):

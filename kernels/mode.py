@@ -81,8 +81,7 @@ def _skip_repeated_language_patching() -> None:
 
 
 def _skip_overflow_checks_that_assert_nothing() -> None:
-    """Drop the interpreter's integer-overflow checks, which cost a quarter of a decode launch and can never
-    fail."""
+    """Drop the interpreter's integer-overflow checks, which can never fail."""
     try:
         from triton.runtime import interpreter as interp
     except ImportError:

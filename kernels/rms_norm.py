@@ -82,8 +82,7 @@ def _check(x, weight, eps, residual, cos, sin) -> None:
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                        residual: torch.Tensor | None = None, cos: torch.Tensor | None = None,
                        sin: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
-    """The torch formula: RMSNorm in float32 rounded to x's dtype; then RoPE (cos, sin [..., D] for x
-    [..., heads, D]) or residual + the norm, in x's dtype."""
+    """The torch formula: RMSNorm in float32 rounded to x's dtype, then RoPE or residual + the norm."""
     if validate:
         _check(x, weight, eps, residual, cos, sin)
     xf = x.float()

@@ -112,8 +112,7 @@ class AttentionImpl:
     # ---- forward ----------------------------------------------------------------------------------------------
     def write_cache(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     slot_mapping: torch.Tensor, step: int = -1) -> ScaleFill | None:
-        """Quantize and scatter the new tokens' K/V into their slots (slot -1: skipped); return the scale fill
-        this first touch of the storage made, if any."""
+        """Quantize and scatter the new tokens' K/V into their slots; return the scale fill, if any."""
         fill = self.scale_views(kv_cache, step)
         self.ops.write_kv(key, value, kv_cache, slot_mapping, spec=self.layout.spec, k_scale=self.k_scale,
                           v_scale=self.v_scale, validate=False)
@@ -122,8 +121,7 @@ class AttentionImpl:
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kv_cache: torch.Tensor,
                 md: AttentionMetadata | None, *, step: int,
                 rel_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, Access]:
-        """Attention of the step's queries over `kv_cache`; `rel_bias`: T5's relative position bias table
-        (float32 [num_heads, max_distance + 1]), None for none. Returns the output and what it did."""
+        """Attention of the step's queries over `kv_cache`; returns the output and what it did."""
         owner = self.kv_sharing_target is None
         if md is None:
             # Warmup (dummy) forward: no attention metadata. A KV-owning layer still runs its cache-update step,

@@ -175,8 +175,7 @@ class SeparateKVArena(KVArena):
                        for s in specs}
 
     def damaged_guards(self) -> list[tuple[str, int, int, int, int]]:
-        """[(pool, guard start, guard end, first damaged offset, bytes damaged)], offsets in the pool's own
-        allocation."""
+        """[(pool, guard start, guard end, first damaged offset, bytes damaged)]."""
         found = []
         for name, start, end in self.guards:
             bad = (self.storages[name][start:end] != self._expected(start, end)).nonzero()

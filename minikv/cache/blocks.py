@@ -12,8 +12,7 @@ from minikv.kernels.addressing import slot_of  # noqa: F401  (the slot formula, 
 
 
 class BlockTableHolder(Protocol):
-    """What the block manager needs from a request: the cache package defines it, the engine's `Sequence`
-    implements it (so nothing here imports the engine)."""
+    """What the block manager needs from a request (the engine's `Sequence` implements it)."""
 
     request_id: int
     token_ids: list[int]
@@ -136,8 +135,7 @@ class BlockManager:
         return len(seq.block_table) >= self.blocks_for_tokens(len(seq)) or self.num_free_blocks >= 1
 
     def may_append(self, seq: BlockTableHolder) -> None:
-        """Make room for the decode step that computes the K/V of the last token, `token_ids[len(seq) -
-        1]`."""
+        """Make room for the decode step that computes the K/V of the last token."""
         needed = self.blocks_for_tokens(len(seq))
         have = len(seq.block_table)
         if have not in (needed - 1, needed):

@@ -94,8 +94,7 @@ def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block
 
 
 class CudaGraphCapture:
-    """The one place torch.cuda.graph is used: capture `fn` into a graph (all graphs share one memory pool: they
-    never run at the same time, and each replay's outputs are read before the next one), replay it."""
+    """The one place torch.cuda.graph is used: capture `fn` into a graph, replay it."""
 
     def __init__(self):
         self.pool = None
@@ -125,8 +124,7 @@ class CudaGraphCapture:
 
 
 class EagerCapture:
-    """A stand-in for CudaGraphCapture that runs on CPU: "capture" keeps the function, "replay" runs it again
-    (into the same output tensors, as a graph replay writes its captured outputs). For tests of the bookkeeping."""
+    """A stand-in for CudaGraphCapture that runs on CPU, for tests of the bookkeeping."""
 
     def __init__(self):
         self.captures = 0
@@ -214,8 +212,7 @@ class DecodeGraphs:
         return md
 
     def decode(self, seqs, bindings, step: int, forward) -> tuple[ForwardContext, torch.Tensor]:
-        """One decode step of `seqs` through its bucket's graph (captured first if this is the bucket's first
-        step). Returns the step's context (trace) and the logits of the real rows."""
+        """One decode step of `seqs` through its bucket's graph: the context and the real rows' logits."""
         bucket = bucket_for(len(seqs), self.buckets)
         batch = pad_decode_batch(seqs, bucket, self.width, self.block_size, self.dummy_block, self.cross_width,
                                  self._host_tables, self._host_cross)

@@ -326,8 +326,7 @@ class LLM:
             self.runner.sleep(mode)
 
     def wake_up(self) -> None:
-        """Bring the KV cache back (a fresh arena after mode "free"), re-initialize it and warm up again (this also
-        clears the state left by an overrun)."""
+        """Bring the KV cache back, re-initialize it and warm up again."""
         with self._exclusive(usable=False):
             if self.runner.asleep:
                 self.runner.wake_up()
@@ -335,8 +334,7 @@ class LLM:
                 self._needs_reset = None
 
     def reset(self) -> None:
-        """Abort every request in flight and replace the KV arena with a fresh one (sleep() then
-        wake_up())."""
+        """Abort every request in flight and replace the KV arena with a fresh one."""
         with self._exclusive(usable=False):
             for rid in list(self.scheduler.unfinished_ids()):
                 self.scheduler.abort(rid)
@@ -362,8 +360,7 @@ class LLM:
 
     @property
     def kv_layout(self):
-        """The `KVLayout` of the first self-attention pool: every pool's when the model has one head size and
-        KV-head count in all its layers (per pool, as allocated: `kv_layouts`)."""
+        """The `KVLayout` of the first self-attention pool."""
         return self.runner.layout
 
     @property

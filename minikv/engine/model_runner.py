@@ -136,8 +136,7 @@ class ModelRunner:
                 for name, layout in self.layouts.items()]
 
     def _bind_caches(self) -> None:
-        """Hand every layer its pool's tensor: owners from the arena (with the layout contract checked against
-        what their backend believes), KV-sharing layers the same tensor object as their owner."""
+        """Hand every layer its pool's tensor (a KV-sharing layer its owner's very tensor)."""
         for b in self.bindings.values():
             if b.owns_pool:
                 b.kv_cache = self.arena.bind(b.pool, b.impl.layout, check=self.config.repro.check_layout)
@@ -157,8 +156,7 @@ class ModelRunner:
         self.warmup()
 
     def sleep(self, mode: str = "free") -> None:
-        """Release the KV cache's contents: "discard" keeps the storage at its address, "free" drops it (also
-        after an earlier "discard"). `mode` is one of minikv.config.SLEEP_MODES, checked by the LLM."""
+        """Release the KV cache's contents: "discard" keeps the storage at its address, "free" drops it."""
         if self.arena is None:
             return                               # already freed
         if self.graphs is not None:
@@ -277,8 +275,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, seqs, is_prefill: bool, capture: bool = False) -> tuple[torch.Tensor, ForwardContext]:
-        """Run one forward step for `seqs`; return the logits of each sequence's last token and the step's
-        context, which carries the step's metadata and its trace of cache events (`ForwardContext.events`)."""
+        """Run one forward step for `seqs`; return the last tokens' logits and the step's context."""
         if self.arena is None or self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         if self.graphs is not None and not is_prefill and not capture and self.graphs.fits(seqs):

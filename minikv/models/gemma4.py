@@ -22,8 +22,7 @@ _ACTIVATIONS = {
 
 # ---- building blocks --------------------------------------------------------------------------------------------
 class Gemma4RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps), in float32, times `weight` (absent for the value norm: `with_scale=False`),
-    in x's dtype."""
+    """x / sqrt(mean(x^2) + eps), in float32, times `weight` (if any), in x's dtype."""
 
     def __init__(self, dim: int, eps: float = 1e-6, with_scale: bool = True):
         super().__init__()
@@ -45,8 +44,7 @@ class Gemma4RMSNorm(nn.Module):
 
 
 class ScaledEmbedding(nn.Embedding):
-    """An embedding whose rows are multiplied by a constant, held in float32 and then rounded to the weight's
-    dtype, as upstream does (in bfloat16, sqrt(3072) becomes 55.5)."""
+    """An embedding whose rows are multiplied by a constant rounded to the weight's dtype."""
 
     def __init__(self, num: int, dim: int, scale: float):
         super().__init__(num, dim)
@@ -80,8 +78,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def attention_mask(q_pos: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:
-    """bool [B, 1, T, S], True = attend. Key j is visible to a query at position p when j <= p and, on a sliding
-    layer, p - j < window (the window counts the query's own position)."""
+    """bool [B, 1, T, S], True = attend: causal, and within the window on a sliding layer."""
     k_pos = torch.arange(num_keys, device=q_pos.device)
     dist = q_pos[:, None, :, None] - k_pos[None, None, None, :]
     visible = dist >= 0
@@ -91,8 +88,7 @@ def attention_mask(q_pos: torch.Tensor, num_keys: int, window: int | None) -> to
 
 
 class DenseKVCache:
-    """Per-layer K/V of every position so far, [B, kv_heads, S, D], for incremental dense decoding (the simple
-    golden reference; the engine's paged cache is elsewhere). Only layers that own K/V store anything."""
+    """Per-layer K/V of every position so far, for incremental dense decoding."""
 
     def __init__(self):
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -236,8 +232,7 @@ class Gemma4TextModel(nn.Module):
         self.init_rope_buffers()
 
     def init_rope_buffers(self) -> None:
-        """(Re)compute each layer type's RoPE inverse frequencies (not stored in checkpoints), in float32 on the
-        embedding's device; the checkpoint loader calls it after building the model on the meta device."""
+        """(Re)compute each layer type's RoPE inverse frequencies in float32."""
         device = self.embed_tokens.weight.device
         for t in sorted(set(self.config.layer_types)):
             inv = rope_inv_freq(self.config.rope_parameters[t], self.config.head_dim_of_type(t))
@@ -281,8 +276,7 @@ class Gemma4ForCausalLM(nn.Module):
 
     @property
     def kv_transform(self):
-        """Applied to every fresh K and V in dense mode (training and the dense evaluation fake-quantize K/V as
-        the engine's quantized caches store them); None: untouched. The engine quantizes in its own cache."""
+        """Applied to every fresh K and V in dense mode; None: untouched."""
         return self.model.layers[0].self_attn.kv_transform
 
     @kv_transform.setter
@@ -292,8 +286,7 @@ class Gemma4ForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: DenseKVCache | None = None, *, ctx=None) -> torch.Tensor:
-        """Final-normed hidden states [B, T, H]. `positions` defaults to the cache length onwards. Engine mode,
-        with the runner's per-step `ctx` (minikv.attention.context.ForwardContext): [T] in, [T, H] out."""
+        """Final-normed hidden states: [B, T] in, [B, T, H] out; engine mode (`ctx`): [T] in, [T, H] out."""
         if ctx is not None:
             check_token_inputs(input_ids, positions, engine=True)
             return self.model(input_ids[None], positions[None], None, ctx)[0]

@@ -12,8 +12,7 @@ if TYPE_CHECKING:
 
 
 def check_token_inputs(input_ids: torch.Tensor, positions: torch.Tensor, engine: bool) -> None:
-    """Validate a model's token inputs for its mode: engine mode (a forward context given) takes flattened [T],
-    dense mode [B, T]."""
+    """Validate a model's token inputs: engine mode takes flattened [T], dense mode [B, T]."""
     if input_ids.dim() != (1 if engine else 2) or positions.shape != input_ids.shape:
         mode = "engine mode takes flattened [T]" if engine else "dense mode takes [B, T]"
         raise ValueError(f"{mode} input_ids and positions of the same shape; got input_ids "
