@@ -7,9 +7,9 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (AUTO_DTYPES, BF16, CODE_DTYPES, F16, F32, FP8, INT8_PTH, cache_offset, check_float_tensor,
-                         check_int_tensor, check_pool, check_scale, check_spec, element_strides, half_word_strides,
-                         scale_word_strides, scatter_rows, typed_pool)
+from .addressing import (AUTO_DTYPES, BF16, CODE_DTYPES, F16, F32, FP8, INT8_PTH, cache_offset, check_spec,
+                         element_strides, half_word_strides, scale_word_strides, scatter_rows, typed_pool)
+from .checks import check_float_tensor, check_int_tensor, check_pool, check_scale
 from .mode import require_device
 from .quant import quantize_fp8, quantize_int8, quantize_reference, torch_e4m3_saturates
 
