@@ -23,7 +23,8 @@ SCALE_EPS: tl.constexpr = tl.constexpr(formats.SCALE_EPS)
 @triton.jit
 def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, scale_words, row_mask, t, h, d, layer_scale,
                 FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, SATURATE: tl.constexpr):
-    """Quantize and store one of K or V for a [BLOCK_T, BLOCK_H, D] tile."""
+    """Quantize and store one of K or V for a [BLOCK_T, BLOCK_H, D] tile; `rows` are element offsets [T, H],
+    `scale_words` the fp32-word offsets of their scales [T, H] (per-token-head formats)."""
     mask = row_mask[:, :, None] & (d < HEAD_SIZE)[None, None, :]
     x = tl.load(x_ptr + t[:, None, None] * stride_t + h[None, :, None] * stride_h + d[None, None, :], mask=mask)
     dst = codes_ptr + rows[:, :, None] + d[None, None, :]
