@@ -32,8 +32,9 @@ def get_ops(name: str) -> KernelOps:
     """The kernel ops of backend `name` ("triton" or "torch", minikv.config.BACKENDS; checked there)."""
     from minikv import kernels as k
     if name == "triton":
+        lock = _INTERPRETER_LOCK if k.mode.INTERPRETED else contextlib.nullcontext()
         return KernelOps("triton", k.write_kv, k.paged_decode_attention, k.context_attention,
-                         k.paged_context_attention, _INTERPRETER_LOCK if k.mode.INTERPRETED else contextlib.nullcontext())
+                         k.paged_context_attention, lock)
     if name != "torch":
         raise KeyError(name)
     return KernelOps("torch", k.write_kv_reference, k.paged_decode_attention_reference,
