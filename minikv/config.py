@@ -50,6 +50,19 @@ def check_bool(name: str, value) -> None:
         raise InvalidTypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
+def check_backend(backend) -> None:
+    """A backend is minikv's ("triton", "torch"), an adapter's name (minikv.attention.backends.NAMES), or an object
+    with the engine's four calls (minikv.attention.protocol.AttentionBackend)."""
+    from minikv.attention import backends
+    from minikv.attention.protocol import AttentionBackend
+    if isinstance(backend, str):
+        check_choice("backend", backend, BACKENDS + backends.NAMES)
+    elif not isinstance(backend, AttentionBackend):
+        raise InvalidTypeError(f"backend must be a name ({', '.join(BACKENDS + backends.NAMES)}) or an object with "
+                               f"name, write_kv, decode, context and paged_context (minikv.attention.protocol."
+                               f"AttentionBackend), got {type(backend).__name__}")
+
+
 def check_choice(name: str, value, choices) -> None:
     if not isinstance(value, str):
         raise InvalidTypeError(f"{name} must be a str, one of {', '.join(choices)}; got {type(value).__name__} {value!r}")
@@ -136,7 +149,7 @@ class EngineConfig:
     scheduler: SchedulerConfig
     device: torch.device
     dtype: torch.dtype | None = None        # activations; None: the model's default (float32 CPU, bfloat16 CUDA)
-    backend: str = "triton"                 # "triton" or "torch"
+    backend: object = "triton"              # "triton", "torch", an adapter's name, or an AttentionBackend
     reintroduce: tuple[str, ...] = ()       # minikv.bugs.DEFECTS names; stored sorted
     sanitize: bool = True                   # check the arena's guard canaries after every step
     seed: int = 0
@@ -156,7 +169,7 @@ class EngineConfig:
         object.__setattr__(self, "device", resolve_device(self.device))
         if self.dtype is not None and self.dtype not in ACTIVATION_DTYPES:
             raise InvalidTypeError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {self.dtype!r}")
-        check_choice("backend", self.backend, BACKENDS)
+        check_backend(self.backend)
         object.__setattr__(self, "reintroduce", tuple(sorted(registry.validate(self.reintroduce))))
         if not isinstance(self.repro, ReproConfig):
             raise InvalidTypeError(f"repro must be a minikv.ReproConfig, got {type(self.repro).__name__} {self.repro!r}")

@@ -2,6 +2,7 @@
 See docs/internals.md#attention-context."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -10,6 +11,8 @@ import torch
 
 from .metadata import AttentionMetadata
 from .trace import CacheEvent
+
+_NO_LOCK = contextlib.nullcontext()
 
 if TYPE_CHECKING:
     from minikv.attention.binding import LayerBinding
@@ -39,7 +42,7 @@ class ForwardContext:
         if binding is None:
             raise RuntimeError(f"{layer_name}: no attention impl bound to this layer; run the model through the "
                                f"engine (minikv.LLM), or call it without ctx for dense attention")
-        with binding.impl.ops.lock:
+        with getattr(binding.impl.ops, "lock", _NO_LOCK):     # KernelOps.lock; an adapter's kernels need none
             out, access = binding.impl.forward(q, k, v, binding.kv_cache, self.attn_metadata, step=self.step,
                                                rel_bias=rel_bias)
         if access.scale_fill is not None:

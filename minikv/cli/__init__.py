@@ -150,6 +150,8 @@ def _cmd_hunt(args) -> int:
     from minikv.hunt import cli as hunt_cli
     command = "minikv " + shlex.join(args.argv)
     if args.every_defect:
+        if args.backend in hunt_cli.FOREIGN_BACKENDS:
+            raise ValueError(f"--every-defect hunts minikv's engine; leave out --backend {args.backend}")
         if args.reintroduce:
             raise ValueError("--every-defect hunts the fixed engine and then every defect in turn: leave out "
                              "--reintroduce")
@@ -304,6 +306,9 @@ words in the output:
                excused, since computing in another order may swap them
   shrunk       the smallest failing scenario hypothesis reached from the first failing one
   reproduction a Python program of the shrunk scenario that checks the invariant itself
+  family       with --backend flexattention, sdpa or flashinfer: one kind of kernel-level scenario (block tables,
+               GQA, head sizes, block sizes, sliding windows, KV sharing, cross pools, fp8 scales) run against
+               that attention backend alone; pass, fail or skipped (with the backend's reason): docs/backends.md
 with --model DIR (a checkpoint directory in transformers' format), the prompts come from its own tokenizer, the
 cells from what its config has (every KV cache format, both activation dtypes), and the dense reference from the
 same weights."""

@@ -46,7 +46,7 @@ class LLM:
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
                  block_size: int = 16, enable_prefix_caching: bool = False, device: str = "cpu",
-                 backend: str = "triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
+                 backend="triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
                  seed: int = 0, cross_pool_blocks: int | None = None, num_blocks: int | None = None,
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int = 4096,
                  kv_scale_placement: str = "row", repro: ReproConfig | None = None,

@@ -8,7 +8,7 @@ from .scenario import Request, Scenario
 
 # hypothesis is imported only with the search itself, so `import minikv.hunt` (and the CLI's parser) work without it.
 _LAZY = {"hunt": "search", "HuntReport": "search", "Finding": "search", "MinikvEngine": "minikv_engine",
-         "replay": "minikv_engine"}
+         "replay": "minikv_engine", "hunt_backend": "backend_hunt", "BackendReport": "backend_hunt"}
 
 
 def __getattr__(name):
@@ -18,5 +18,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'minikv.hunt' has no attribute {name!r}")
 
 
-__all__ = ["ORACLES", "Finding", "HuntReport", "KVRow", "MinikvEngine", "Request", "RequestResult", "Run", "Scenario",
-           "StrayWrite", "Violation", "hunt", "replay"]
+__all__ = ["ORACLES", "BackendReport", "Finding", "HuntReport", "KVRow", "MinikvEngine", "Request", "RequestResult", "Run", "Scenario",
+           "StrayWrite", "Violation", "hunt", "hunt_backend", "replay"]
