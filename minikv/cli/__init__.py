@@ -1,13 +1,4 @@
-"""The `minikv` command: demo, generate, eval, train, repro, bench, checkpoint, bugs, hunt.
-
-Every error ends as one line on stderr, `minikv: error: MESSAGE (hint: WHAT TO DO)`, and an exit status: 2 for bad
-input (an argument, a checkpoint directory or a prompt minikv cannot take: argparse's own checks, minikv's
-`BadInputError`s and its boundary checks' ValueError/TypeError/MemoryError), 1 for a found defect or failed check
-(a hunt's finding, a reproduction whose signatures do not hold, the sanitizer's `KVCacheOverrunError`), 3 for an
-engine fault (anything else: a fault in minikv). `--traceback` anywhere on the command line, or MINIKV_TRACEBACK=1,
-prints the traceback too. The reproductions, benchmarks and the hunter parse their own options with `UsageParser`,
-so their usage errors look the same.
-"""
+"""The `minikv` command: demo, generate, eval, train, repro, bench, checkpoint, bugs, hunt. See docs/internals.md#cli."""
 from __future__ import annotations
 
 import argparse
@@ -186,10 +177,7 @@ UPSTREAM_CHECKS = (("first batch vs a later one (vLLM)", "scale-wipe", "repeat-i
 
 
 def _hunt_every_defect(args, command: str) -> int:
-    """`minikv hunt --every-defect`: the fixed engine, then each registered defect (each where the model has the
-    mechanism), then the checks upstream's test matrices lacked, one at a time, and the near-tie calibration; one
-    line each, and with --results the file results/hunt.json is (quantities and tables for the docs, and every
-    hunt's own report). Exit 0 when the fixed engine is clean and every defect the model can have is found."""
+    """`minikv hunt --every-defect`: the fixed engine, then each registered defect, one line each."""
     import os
 
     from minikv.defects.registry import DEFECTS
@@ -485,11 +473,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def describe_error(err: BaseException) -> tuple[int, str]:
-    """(exit status, the one line after `minikv: error: `) for an exception a command raised.
-
-    minikv's own errors (`minikv.MinikvError`) carry their status and hint. ValueError, TypeError and MemoryError
-    come from minikv's boundary checks of an argument (bad input, 2); OSError from a file the command was told to
-    read or write (2). Anything else is a fault of minikv itself (3)."""
+    """(exit status, the one line after `minikv: error: `) for an exception a command raised."""
     from minikv.kernels.errors import BAD_INPUT, ENGINE_FAULT, MinikvError
     if isinstance(err, MinikvError):
         status, hint = err.exit_status, err.hint
