@@ -1,10 +1,8 @@
 """How big the KV cache is: pool sizes in blocks and max_model_len, from a memory budget or from num_blocks.
 
-The budget is `kv_cache_memory_bytes` when given; otherwise on CUDA the share `gpu_memory_utilization` of the
-device's memory less what this process already holds (weights) and the activation peak of a profiling forward, and
-on CPU `DEFAULT_CPU_KV_CACHE_BYTES`. The self-attention pools get the budget less the cross pools, but never more
-than `max_num_seqs` sequences of `max_model_len` tokens can fill. The config's context length only caps
-max_model_len; it never sizes a pool by itself.
+The budget: `kv_cache_memory_bytes`, else on CUDA `gpu_memory_utilization` of the device less the weights and a
+profiled activation peak, else on CPU `DEFAULT_CPU_KV_CACHE_BYTES`. The self pools get it less the cross pools, at
+most what max_num_seqs requests of max_model_len fill; the config's length only caps max_model_len (docs/memory.md).
 """
 from __future__ import annotations
 
