@@ -21,6 +21,7 @@ _LAZY = {
     "KVLayout": ("minikv.cache.layout", "KVLayout"),
     "KVArena": ("minikv.cache.arena", "KVArena"),
     "MinikvError": ("minikv.kernels.errors", "MinikvError"),
+    "MaxModelLenError": ("minikv.engine.memory", "MaxModelLenError"),
     "EngineFaultError": ("minikv.engine.errors", "EngineFaultError"),
     "ConcurrentUseError": ("minikv.engine.errors", "ConcurrentUseError"),
     "EngineNeedsResetError": ("minikv.engine.errors", "EngineNeedsResetError"),
@@ -46,5 +47,5 @@ def __getattr__(name):
 
 
 __all__ = ["LLM", "ReproConfig", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "KVCacheOverrunError", "KVLayoutMismatchError",
-           "KVLayout", "KVArena", "tasks", "bugs", "viz"]
+           "KVCacheOverrunError", "KVLayoutMismatchError", "KVLayout", "KVArena", "MaxModelLenError", "tasks", "bugs",
+           "viz"]

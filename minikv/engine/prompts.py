@@ -127,11 +127,6 @@ class PromptEncoder:
         ids = self.tokens(prompt.main, where, encoder=True)
         if prompt.main.token_ids is None:          # text: BOS in front, as the tokenizer of a Gemma model adds it
             ids = [self.tokenizer.bos_id] + ids
-        if len(ids) >= mc.max_position:
-            with_bos = " (with BOS)" if prompt.main.token_ids is None else ""
-            raise InvalidValueError(f"{where} is {len(ids)} tokens{with_bos}, which leaves no room to generate: the "
-                                    f"model's maximum is {mc.max_position - 1} prompt tokens (max_position "
-                                    f"{mc.max_position})")
         return ids, None
 
     def decoder_tokens(self, part: Prompt, where: str) -> list[int]:

@@ -1,10 +1,5 @@
 """Requests as the engine sees them: the running sequence (SamplingParams and the outputs live beside it).
-
-A `Sequence` is one request in flight. It owns its token ids (prompt first, then everything generated), the
-cache blocks holding their K/V (`block_table`), and, for an encoder-decoder model, the encoder tokens and the
-cross-pool blocks holding their K/V (`cross_block_table`). The scheduler moves it between WAITING, RUNNING and
-FINISHED; the block manager fills its block tables; the model runner reads both to build a step's metadata.
-"""
+See docs/internals.md#engine-sequence."""
 from __future__ import annotations
 
 import enum
@@ -27,18 +22,8 @@ class SequenceStatus(enum.Enum):
 
 
 class Sequence:
-    """One request in flight.
-
-    `token_ids` holds the decoder's tokens: the prompt, then each generated token as it is appended.
-    `num_cached_tokens` counts the tokens at the start of `token_ids` whose K/V were already in the cache when
-    the sequence was (re)allocated (prefix-cache hits); a prefill computes `token_ids[num_cached_tokens:]`.
-
-    Temperature sampling draws from the sequence's own `generator`, so a request's samples do not depend on
-    which other requests share its batch. The generator is seeded with `sampling.seed` (plus `index` for the
-    request's later completions), or, when that is None, with a value derived from `default_seed` (the engine's
-    seed) and `request_id`. It is a CPU generator:
-    sample on the CPU (or copy its draws) so that CPU and GPU runs agree.
-    """
+    """One request in flight. Sampling draws from its own seeded CPU `generator` (`sampling.seed` plus `index`, or
+    one derived from the engine's seed and `request_id`), so its tokens do not depend on its batch."""
 
     def __init__(
         self,
