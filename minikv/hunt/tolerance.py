@@ -1,0 +1,74 @@
+"""How far a correct engine's logits may lie from the float64 dense reference's: the rule, from first principles.
+
+Per row of logits, tolerance = 2 * (compute + flip) (docs/hunt.md, "How close is close enough", works it through):
+- compute = gamma * u * max_v |W_v| |h|: u the activation dtype's unit roundoff, gamma = (L + 1) * sqrt(n) for L
+  layers whose dot products are at most n long, h the reference's final hidden state, W the unembedding;
+- flip = how far the reference's logits move when every K/V element within gamma * u * (its row's largest |x|)
+  of a rounding boundary of the cache format is given the code on the other side (0 for a 16-bit cache).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# Unit roundoff (half the distance from 1 to the next float) of each activation dtype.
+UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+SAFETY = 2.0              # the measured terms are estimates of a bound, not bounds: twice each
+
+
+@dataclass(frozen=True)
+class Terms:
+    gamma: float          # (L + 1) * sqrt(n)
+    u: float              # the activation dtype's unit roundoff
+    bound: float          # max_v |W_v| |h|: no logit of the row can be larger
+    compute: float        # gamma * u * max_v |W_v| |h|
+    own: float            # how far the dense model's own run in the activation dtype lies from float64
+    flip: float           # the logits' move with every K/V code its rounding could flip flipped (0: 16-bit cache)
+    total: float          # SAFETY * (compute + own + flip)
+
+
+def gamma(layers: int, inner: int) -> float:
+    """How many unit roundoffs the final hidden state may be off by, relatively: each of the `layers` layers (and
+    the embedding) rounds once more, and a dot product of n terms accumulates rounding errors growing like
+    sqrt(n) (independent roundings; n * u is the worst case, rarely approached)."""
+    return (layers + 1) * math.sqrt(inner)
+
+
+def terms(dtype: str, gamma_: float, bound: float, own: float, flip: float) -> Terms:
+    """The tolerance of one row, for an engine computing in `dtype`: `gamma_` the model's `gamma`; measured on the
+    reference, `bound` = max_v |W_v| |h|, `own` its own run's distance in `dtype` and `flip` (`flip_near`)."""
+    compute = gamma_ * UNIT_ROUNDOFF[dtype] * bound
+    return Terms(gamma_, UNIT_ROUNDOFF[dtype], bound, compute, own, flip, SAFETY * (compute + own + flip))
+
+
+def _codes(x: torch.Tensor, fmt: str):
+    """(the code x rounds to, the neighbouring code on x's side, x itself) in code units, and the scale: float64."""
+    from minikv.kernels import formats
+    from minikv.kernels.quant import quantize_reference
+    codes, scales = quantize_reference(x.float(), formats.format_of(fmt, torch.float32).code)
+    scale = torch.ones_like(x[..., :1]) if scales is None else scales.double()[..., None]
+    y, near = x / scale, codes.double()
+    if codes.dtype == torch.int8:
+        other = (near + torch.where(y >= near, 1.0, -1.0)).clamp(-128, 127)
+    else:                                       # e4m3: the next magnitude up or down, same sign
+        bits = codes.view(torch.uint8).to(torch.int16)
+        magnitude, sign = bits & 0x7F, bits & 0x80
+        outward = y.abs() >= near.abs()
+        magnitude = torch.where(outward, (magnitude + 1).clamp(max=0x7E), (magnitude - 1).clamp(min=0))
+        other = (sign | magnitude).to(torch.uint8).view(torch.float8_e4m3fn).double()
+    return near, other, y, scale
+
+
+def flip_near(fmt: str, relative: float):
+    """A K/V transform for the dense model: each element quantized as format `fmt` stores it, except that an element
+    within `relative` * (its row's largest |x|) of the boundary between two codes takes the code on the other
+    side: what an engine whose K and V are off by that much may store."""
+    def transform(t: torch.Tensor) -> torch.Tensor:
+        x = t.double()
+        near, other, y, scale = _codes(x, fmt)
+        boundary = (near + other) / 2
+        close = (y - boundary).abs() * scale <= relative * x.abs().amax(-1, keepdim=True)
+        return (torch.where(close, other, near) * scale).to(t.dtype)
+    return transform
