@@ -247,7 +247,7 @@ def _hunt_every_defect(args, command: str) -> int:
         "load_average": {"value": round(load, 1), "display": f"load average {load:.1f}",
                          "statistic": f"1-minute load average of the {os.cpu_count()}-core machine when the "
                                       f"measurement started (shared with other sessions)"},
-        "tolerance_used": {"value": round(used, 2), "display": f"{used:.1f} of its tolerance",
+        "tolerance_used": {"value": round(used, 2), "display": f"{used:.2f} of its tolerance",
                            "statistic": "largest |engine - reference| / tolerance over every logits row the fixed "
                                         "engine's hunt compared (minikv.hunt.tolerance)"},
     })
@@ -294,7 +294,8 @@ def _tolerance_example(reference, model: str) -> dict:
     run = MinikvEngine().run(Scenario(model, fmt, dtype, requests=(Request(prompt, 1),)))
     t = ref.terms[0]
     deviation = float((run.requests[0].logits[0].double() - ref.logits[0]).abs().max())
-    rows = [["γ = (L + 1) √n", f"{t.gamma:.1f}", "L layers, n the longest dot product (the model's config)"],
+    rows = [["L, n", f"{t.layers}, {t.inner}", "the model's layers, its longest dot product (from its config)"],
+            ["γ = (L + 1) √n", f"{t.gamma:.1f}", "how many unit roundoffs the final hidden state may be off by"],
             [f"u ({dtype})", f"{t.u:.3g}", "unit roundoff of the activation dtype"],
             ["max_v |W_v| |h|", f"{t.bound:.3g}", "unembedding row norm times final hidden norm (reference)"],
             ["compute = γ u max_v |W_v| |h|", f"{t.compute:.3g}", "rounding of the engine's own arithmetic"],
@@ -303,7 +304,7 @@ def _tolerance_example(reference, model: str) -> dict:
             ["flip", f"{t.flip:.3g}", "the reference with every code within γ u of a rounding boundary flipped"],
             ["tolerance = 2 (compute + own + flip)", f"{t.total:.3g}", "in logits, for this row"],
             ["the fixed engine's deviation", f"{deviation:.3g}", f"max |engine - reference| over the row "
-                                                                 f"({deviation / t.total:.2f} of the tolerance)"]]
+                                                                 f"({deviation / t.total:.2g} of the tolerance)"]]
     return {"caption": f"The tolerance of one row worked through: {model}, {fmt} x {dtype}, prompt {prompt!r}, "
                        f"the logits before the first generated token (`minikv hunt --every-defect`)",
             "columns": ["term", "value", "what it is"], "rows": rows}

@@ -26,10 +26,10 @@ def test_flip_near_flips_only_the_codes_next_to_a_rounding_boundary():
 
 
 def test_terms_add_up_as_the_rule_says():
-    t = tol.terms("float32", gamma_=100.0, bound=50.0, own=1e-4, flip=2e-3)
-    assert t.compute == pytest.approx(100 * 2 ** -24 * 50)
+    t = tol.terms("float32", layers=4, inner=400, bound=50.0, own=1e-4, flip=2e-3)
+    assert t.gamma == 5 * 20 and t.compute == pytest.approx(100 * 2 ** -24 * 50)
     assert t.total == pytest.approx(2 * (t.compute + 1e-4 + 2e-3))
-    assert tol.terms("float16", 100.0, 50.0, 0, 0).compute == pytest.approx(100 * 2 ** -11 * 50)
+    assert tol.terms("float16", 4, 400, 50.0, 0, 0).compute == pytest.approx(100 * 2 ** -11 * 50)
     assert tol.UNIT_ROUNDOFF["bfloat16"] == 2 ** -8
     assert tol.gamma(6, 256) == 7 * 16
 
@@ -99,6 +99,16 @@ def test_a_quantization_only_deviation_passes_and_a_defect_does_not(dense, fmt):
         assert bad.argmax(-1).tolist() == list(tokens)          # no token shows it
         found = oracles.matches_reference(_run(scenario, tokens, bad, tok.eos_id), {prompt: ref})
         assert [v.oracle for v in found] == ["matches-reference"] and "logits before token" in found[0].summary
+
+
+def test_a_bfloat16_engine_is_given_bfloat16_rounding(dense):
+    """For the GPU's bfloat16: the same reference, the compute term 8 times float16's (2^-8 against 2^-11), and the
+    dense model's own bfloat16 run measured."""
+    reference, _, _ = dense
+    half, brain = (reference.get(MODEL, "fp8", d, PROMPTS[0], 2) for d in ("float16", "bfloat16"))
+    assert half.token_ids == brain.token_ids and torch.equal(half.logits[0], brain.logits[0])
+    assert brain.terms[0].compute == pytest.approx(8 * half.terms[0].compute)
+    assert brain.terms[0].own > 0 and brain.tolerance[0] > half.tolerance[0]
 
 
 def test_a_default_init_checkpoint_saved_by_transformers_hunts_clean(tmp_path):

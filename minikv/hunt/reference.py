@@ -3,9 +3,9 @@
 For a prompt, the model's own greedy decoding (dense attention over its own K/V: no paged cache, no scheduler, no
 attention backend) computed in float64, with every fresh K and V quantized and dequantized exactly as the cache
 format stores it (`minikv.models.train.kv_transform_for`). Each row of logits comes with what its tolerance is
-made of (minikv.hunt.tolerance): the size of its final hidden state and of the unembedding, and how far the logits
-move when every K and V code is rounded the other way. Results are cached per (model, format, prompt) and the
-tolerance per activation dtype; a request compares with the first `max_tokens` (greedy decoding is prefix-stable).
+made of (minikv.hunt.tolerance): the size of its final hidden state and of the unembedding, how far the dense model
+run in the activation dtype lies from it, and how far its logits move when every K and V code that rounding could
+flip is flipped. Results are cached per (model, format, prompt) and the measurements per activation dtype; a request compares with the first `max_tokens` (greedy decoding is prefix-stable).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class _Dense:
     logits: torch.Tensor                  # float64 [tokens, vocab]
     stopped: bool
     bound: tuple[float, ...]              # per row: max_v |W_v| |h|, the largest any logit can be
-    gamma: float                          # tolerance.gamma of the model
+    depth: tuple[int, int]                # (layers, the longest dot product): tolerance.gamma's L and n
     hidden: object                        # model -> its final hidden states over the same sequence
     measured: dict                        # activation dtype -> per row: (the dtype's own run, the flips) moves
 
@@ -77,7 +77,7 @@ class DenseReference:
             self._cache[key] = known = self._decode(model, kv_cache_dtype, prompt, max(max_tokens, 1))
         if dtype not in known.measured:
             known.measured[dtype] = self._measure(model, kv_cache_dtype, dtype, known)
-        terms = tuple(tol.terms(dtype, known.gamma, *m) for m in zip(known.bound, *known.measured[dtype]))
+        terms = tuple(tol.terms(dtype, *known.depth, *m) for m in zip(known.bound, *known.measured[dtype]))
         return Reference(known.token_ids, tuple(known.logits), known.stopped, tuple(t.total for t in terms), terms)
 
     @torch.no_grad()
@@ -111,7 +111,7 @@ class DenseReference:
         bound = head * _head_input(net, h).norm(dim=-1)
         inner = max(m.in_features for m in net.modules() if isinstance(m, torch.nn.Linear))
         return _Dense(tuple(ids), _logits(net, h).cpu(), ids[-1] == tok.eos_id, tuple(bound.tolist()),
-                      tol.gamma(layers, inner), hidden, {})
+                      (layers, inner), hidden, {})
 
     @torch.no_grad()
     def _measure(self, name: str, kv_cache_dtype: str, dtype: str, known: _Dense) -> tuple[list, list]:
@@ -122,7 +122,8 @@ class DenseReference:
         own = _moved(self._model(name, torch_dtype(dtype)), train.kv_transform_for(fmt), known)
         if fmt is None:
             return own, [0.0] * len(own)
-        return own, _moved(self._model(name), tol.flip_near(fmt, known.gamma * tol.UNIT_ROUNDOFF[dtype]), known)
+        relative = tol.gamma(*known.depth) * tol.UNIT_ROUNDOFF[dtype]
+        return own, _moved(self._model(name), tol.flip_near(fmt, relative), known)
 
 
 def _moved(net, transform, known: _Dense) -> list[float]:

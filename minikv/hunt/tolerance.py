@@ -20,6 +20,8 @@ SAFETY = 2.0              # the measured terms are estimates of a bound, not bou
 
 @dataclass(frozen=True)
 class Terms:
+    layers: int           # L: the model's layers (encoder and decoder for T5)
+    inner: int            # n: its longest dot product (the widest linear layer's input)
     gamma: float          # (L + 1) * sqrt(n)
     u: float              # the activation dtype's unit roundoff
     bound: float          # max_v |W_v| |h|: no logit of the row can be larger
@@ -36,11 +38,13 @@ def gamma(layers: int, inner: int) -> float:
     return (layers + 1) * math.sqrt(inner)
 
 
-def terms(dtype: str, gamma_: float, bound: float, own: float, flip: float) -> Terms:
-    """The tolerance of one row, for an engine computing in `dtype`: `gamma_` the model's `gamma`; measured on the
-    reference, `bound` = max_v |W_v| |h|, `own` its own run's distance in `dtype` and `flip` (`flip_near`)."""
-    compute = gamma_ * UNIT_ROUNDOFF[dtype] * bound
-    return Terms(gamma_, UNIT_ROUNDOFF[dtype], bound, compute, own, flip, SAFETY * (compute + own + flip))
+def terms(dtype: str, layers: int, inner: int, bound: float, own: float, flip: float) -> Terms:
+    """The tolerance of one row, for an engine computing in `dtype` with a model of `layers` layers whose longest
+    dot product is `inner`; measured on the reference: `bound` = max_v |W_v| |h|, `own` the dense model's own run
+    in `dtype` and `flip` (`flip_near`)."""
+    g = gamma(layers, inner)
+    compute = g * UNIT_ROUNDOFF[dtype] * bound
+    return Terms(layers, inner, g, UNIT_ROUNDOFF[dtype], bound, compute, own, flip, SAFETY * (compute + own + flip))
 
 
 def _codes(x: torch.Tensor, fmt: str):
