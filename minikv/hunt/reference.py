@@ -1,11 +1,9 @@
 """The reference the `matches-reference` oracle compares with: the model run densely in float64, without the engine.
 
-For a prompt, the model's own greedy decoding (dense attention over its own K/V: no paged cache, no scheduler, no
-attention backend) computed in float64, with every fresh K and V quantized and dequantized exactly as the cache
-format stores it (`minikv.models.train.kv_transform_for`). Each row of logits comes with what its tolerance is
-made of (minikv.hunt.tolerance): the size of its final hidden state and of the unembedding, how far the dense model
-run in the activation dtype lies from it, and how far its logits move when every K and V code that rounding could
-flip is flipped. Results are cached per (model, format, prompt) and the measurements per activation dtype; a request compares with the first `max_tokens` (greedy decoding is prefix-stable).
+The model's own greedy decoding (no paged cache, scheduler or attention backend) in float64, every fresh K and V
+quantized and dequantized as the cache format stores it (`minikv.models.train.kv_transform_for`), and per row of
+logits the terms of its tolerance (minikv.hunt.tolerance). Cached per (model, format, prompt), the measured terms
+per activation dtype; a request compares with the first `max_tokens` (greedy decoding is prefix-stable).
 """
 from __future__ import annotations
 
@@ -49,7 +47,7 @@ class _Dense:
     stopped: bool
     bound: tuple[float, ...]              # per row: max_v |W_v| |h|, the largest any logit can be
     depth: tuple[int, int]                # (layers, the longest dot product): tolerance.gamma's L and n
-    hidden: object                        # model -> its final hidden states over the same sequence
+    hidden: object                        # (model, batch) -> final hidden states [batch, tokens, H], same sequence
     measured: dict                        # activation dtype -> per row: (the dtype's own run, the flips) moves
 
 
@@ -93,8 +91,8 @@ class DenseReference:
             ids = ids[: ids.index(tok.eos_id) + 1] if tok.eos_id in ids else ids
             dec = torch.tensor([[net.config.decoder_start_token_id] + ids[:-1]], device=self.device)
 
-            def hidden(m):
-                return m.decode(dec, m.encode(enc_ids))[0]
+            def hidden(m, batch=1):
+                return m.decode(dec.expand(batch, -1), m.encode(enc_ids.expand(batch, -1)))
             layers = net.config.num_decoder_layers + net.config.num_layers
         else:
             prompt_ids = [tok.bos_id] + tok.encode(prompt)
@@ -102,10 +100,10 @@ class DenseReference:
             ids = ids[: ids.index(tok.eos_id) + 1] if tok.eos_id in ids else ids
             full = torch.tensor([prompt_ids + ids[:-1]], device=self.device)
 
-            def hidden(m):
-                return m(full)[0, len(prompt_ids) - 1:]
+            def hidden(m, batch=1):
+                return m(full.expand(batch, -1))[:, len(prompt_ids) - 1:]
             layers = net.config.num_hidden_layers
-        h = hidden(net)
+        h = hidden(net)[0]
         net.kv_transform = None
         head = net.lm_head.weight.detach().norm(dim=-1).max()
         bound = head * _head_input(net, h).norm(dim=-1)
@@ -115,25 +113,35 @@ class DenseReference:
 
     @torch.no_grad()
     def _measure(self, name: str, kv_cache_dtype: str, dtype: str, known: _Dense) -> tuple[list, list]:
-        """Per row: (how far the dense model's own run in `dtype` lies from the float64 reference, how far the
-        float64 reference moves with every K/V code its rounding in `dtype` could flip flipped)."""
+        """Per row: (how far the dense model's own run in `dtype` lies from the float64 reference, the sum over
+        every group of K/V codes within reach of a boundary (tolerance.FlipProbe) of how far the float64
+        reference moves with that group flipped alone)."""
         from minikv.models import train
         fmt = None if kv_cache_dtype == "auto" else kv_cache_dtype
-        own = _moved(self._model(name, torch_dtype(dtype)), train.kv_transform_for(fmt), known)
+        quantize, lower = train.kv_transform_for(fmt), []
+
+        def keeping(t):                                           # the K/V of the run in `dtype`, in call order
+            lower.append(t)
+            return quantize(t) if quantize else t
+        own = _logits_of(self._model(name, torch_dtype(dtype)), keeping, known)[0]
+        own = (own - known.logits).abs().amax(-1)
         if fmt is None:
-            return own, [0.0] * len(own)
-        relative = tol.gamma(*known.depth) * tol.UNIT_ROUNDOFF[dtype]
-        return own, _moved(self._model(name), tol.flip_near(fmt, relative), known)
+            return own.tolist(), [0.0] * len(own)
+        probe = tol.FlipProbe(fmt, lower)
+        _logits_of(self._model(name), probe, known)               # finds the groups
+        if not probe.groups:
+            return own.tolist(), [0.0] * len(own)
+        logits = _logits_of(self._model(name), probe.flipping(), known, 1 + len(probe.groups))
+        return own.tolist(), (logits[1:] - logits[0]).abs().amax(-1).sum(0).tolist()
 
 
-def _moved(net, transform, known: _Dense) -> list[float]:
-    """Per row, the largest |logit - reference logit| of `net` with `transform` on its K/V, same sequence."""
+def _logits_of(net, transform, known: _Dense, batch: int = 1) -> torch.Tensor:
+    """float64 logits [batch, tokens, vocab] of `net` with `transform` on its K/V, over the reference's sequence."""
     net.kv_transform = transform
     try:
-        logits = _logits(net, known.hidden(net)).double().cpu()
+        return _logits(net, known.hidden(net, batch)).double().cpu()
     finally:
         net.kv_transform = None
-    return (logits - known.logits).abs().amax(-1).tolist()
 
 
 def _head_input(net, hidden: torch.Tensor) -> torch.Tensor:

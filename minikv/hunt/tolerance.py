@@ -1,10 +1,10 @@
 """How far a correct engine's logits may lie from the float64 dense reference's: the rule, from first principles.
 
-Per row of logits, tolerance = 2 * (compute + flip) (docs/hunt.md, "How close is close enough", works it through):
-- compute = gamma * u * max_v |W_v| |h|: u the activation dtype's unit roundoff, gamma = (L + 1) * sqrt(n) for L
-  layers whose dot products are at most n long, h the reference's final hidden state, W the unembedding;
-- flip = how far the reference's logits move when every K/V element within gamma * u * (its row's largest |x|)
-  of a rounding boundary of the cache format is given the code on the other side (0 for a 16-bit cache).
+Per row of logits, tolerance = 2 * (compute + own + flip): compute = gamma * u * max_v |W_v| |h| (the dtype's
+rounding through L layers and dot products of n terms, gamma = (L + 1) * sqrt(n)); own = the dense model's own run
+in that dtype, measured; flip = the summed moves of each group of K/V codes within twice that run's K/V error of
+a rounding boundary, flipped alone.
+docs/hunt.md, "How close is close enough", works it through.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class Terms:
     bound: float          # max_v |W_v| |h|: no logit of the row can be larger
     compute: float        # gamma * u * max_v |W_v| |h|
     own: float            # how far the dense model's own run in the activation dtype lies from float64
-    flip: float           # the logits' move with every K/V code its rounding could flip flipped (0: 16-bit cache)
+    flip: float           # the sum of the logits' moves, each group of codes its rounding could flip flipped alone
     total: float          # SAFETY * (compute + own + flip)
 
 
@@ -65,14 +65,49 @@ def _codes(x: torch.Tensor, fmt: str):
     return near, other, y, scale
 
 
-def flip_near(fmt: str, relative: float):
+def flip_near(fmt: str, within: float):
     """A K/V transform for the dense model: each element quantized as format `fmt` stores it, except that an element
-    within `relative` * (its row's largest |x|) of the boundary between two codes takes the code on the other
-    side: what an engine whose K and V are off by that much may store."""
+    within `within` of the boundary between two codes takes the code on the other side: what an engine whose K and
+    V are off by that much may store."""
     def transform(t: torch.Tensor) -> torch.Tensor:
-        x = t.double()
-        near, other, y, scale = _codes(x, fmt)
-        boundary = (near + other) / 2
-        close = (y - boundary).abs() * scale <= relative * x.abs().amax(-1, keepdim=True)
+        near, other, y, scale = _codes(t.double(), fmt)
+        close = (y - (near + other) / 2).abs() * scale <= within
         return (torch.where(close, other, near) * scale).to(t.dtype)
     return transform
+
+
+class FlipProbe:
+    """The codes an engine's rounding could flip, one group at a time (a group: one position's codes in one K or V
+    tensor). `lower` holds the K and V tensors of the dense model's own run in the activation dtype, in call order;
+    an element of the reference's is within reach of a boundary when it lies within SAFETY times the largest
+    |lower - reference| of its tensor. Called as a K/V transform it quantizes as the format does and notes those
+    groups; `flipping()` is then the transform for a batch holding the sequence once unchanged (element 0) and
+    once per group, with that group and only it flipped: flips one at a time cannot cancel each other, so the sum
+    of their moves bounds (to first order) any subset's."""
+
+    def __init__(self, fmt: str, lower: list[torch.Tensor]):
+        self.fmt, self.lower = fmt, lower
+        self.groups: list[tuple[int, int]] = []          # (which K/V tensor, in call order; position)
+        self.within: list[float] = []                    # per K/V tensor: the distance to a boundary in reach
+        self._calls = 0
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        self.within.append(SAFETY * float((self.lower[self._calls].double() - t.double()).abs().max()))
+        near, far = flip_near(self.fmt, 0.0)(t), flip_near(self.fmt, self.within[-1])(t)
+        differs = (near != far)[0].flatten(0, -3).any(0).any(-1)         # [positions]: t is [1, heads, S, D]
+        self.groups += [(self._calls, int(p)) for p in differs.nonzero().flatten()]
+        self._calls += 1
+        return near
+
+    def flipping(self):
+        calls = [0]
+
+        def transform(t: torch.Tensor) -> torch.Tensor:
+            near = flip_near(self.fmt, 0.0)(t)
+            far = flip_near(self.fmt, self.within[calls[0]])(t)
+            for element, (call, position) in enumerate(self.groups, start=1):
+                if call == calls[0]:
+                    near[element, ..., position, :] = far[element, ..., position, :]
+            calls[0] += 1
+            return near
+        return transform
