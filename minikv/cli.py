@@ -263,7 +263,8 @@ def _hunt_every_defect(args, command: str) -> int:
                             "columns": ["defect", "invariant", "cell", "scenario", "to the finding", "shrink runs",
                                         "hunt time"],
                             "rows": rows},
-                "upstream_checks": {"caption": "The check each upstream test matrix lacked (minikv's reading), run alone",
+                "upstream_checks": {"caption": "The check each upstream test matrix lacked (minikv's reading), "
+                                               "run alone",
                                     "columns": ["check", "defect", "invariant", "outcome", "scenario",
                                                 "to the finding"],
                                     "rows": checks},
@@ -301,7 +302,8 @@ def _tolerance_example(reference, model: str) -> dict:
             ["compute = γ u max_v |W_v| |h|", f"{t.compute:.3g}", "rounding of the engine's own arithmetic"],
             ["own", f"{t.own:.3g}", f"the dense model run in {dtype} against float64 (same prompt, same cache "
                                     f"format)"],
-            ["flip", f"{t.flip:.3g}", "the reference with every code within γ u of a rounding boundary flipped"],
+            ["flip", f"{t.flip:.3g}", "the moves of the reference's logits, summed, each group of codes within reach "
+                                      "of a rounding boundary flipped alone"],
             ["tolerance = 2 (compute + own + flip)", f"{t.total:.3g}", "in logits, for this row"],
             ["the fixed engine's deviation", f"{deviation:.3g}", f"max |engine - reference| over the row "
                                                                  f"({deviation / t.total:.2g} of the tolerance)"]]

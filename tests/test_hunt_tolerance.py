@@ -91,7 +91,7 @@ def test_a_quantization_only_deviation_passes_and_a_defect_does_not(dense, fmt):
         assert oracles.tolerance_used(run, {prompt: ref}) < 0.5
         calls = []
 
-        def off_by_a_percent(t):
+        def off_by_a_percent(t, calls=calls):
             calls.append(1)                 # K, then V, of each layer that owns K/V: scale every K
             return quantize(t) * (1.01 if len(calls) % 2 == 1 else 1.0)
         bad = _dense_float32_rows(net, tok, prompt, tokens, off_by_a_percent)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tools.random_checkpoints import F, S, build_tokenizer, t5_config  # noqa: E402
+from tools.random_checkpoints import F, S, build_tokenizer, t5_config
 
 # name -> (kind, weights, dtype): "default" is transformers' own initialization, "random" every parameter drawn.
 CHECKPOINTS = {
@@ -85,7 +85,7 @@ def sweep(root: Path, names, seeds=(0, 1, 2), budget: float = 60.0, out: Path = 
             argv = [sys.executable, "-m", "minikv", "hunt", "--model", str(root / name), "--budget", f"{budget:g}",
                     "--seed", str(seed), "--results", str(report)]
             start = time.monotonic()
-            done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
+            done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, cwd=REPO)
             log.write(f"$ minikv hunt --model {name} --budget {budget:g} --seed {seed}  (exit {done.returncode}, "
                       f"{time.monotonic() - start:.0f} s)\n{done.stdout}{done.stderr}\n")
             log.flush()

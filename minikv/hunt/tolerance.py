@@ -77,25 +77,24 @@ def flip_near(fmt: str, within: float):
 
 
 class FlipProbe:
-    """The codes an engine's rounding could flip, one group at a time (a group: one position's codes in one K or V
-    tensor). `lower` holds the K and V tensors of the dense model's own run in the activation dtype, in call order;
+    """The codes an engine's rounding could flip, one group at a time (a group: the codes of one K or V tensor). `lower` holds the K and V tensors of the dense model's own run in the activation dtype, in call order;
     an element of the reference's is within reach of a boundary when it lies within SAFETY times the largest
     |lower - reference| of its tensor. Called as a K/V transform it quantizes as the format does and notes those
     groups; `flipping()` is then the transform for a batch holding the sequence once unchanged (element 0) and
-    once per group, with that group and only it flipped: flips one at a time cannot cancel each other, so the sum
-    of their moves bounds (to first order) any subset's."""
+    once per group, with that group and only it flipped: flips in different layers, one layer at a time, cannot
+    cancel each other, so the sum of their moves bounds (to first order) a subset's spread over layers."""
 
     def __init__(self, fmt: str, lower: list[torch.Tensor]):
         self.fmt, self.lower = fmt, lower
-        self.groups: list[tuple[int, int]] = []          # (which K/V tensor, in call order; position)
+        self.groups: list[int] = []                      # the K/V tensors (in call order) with a code in reach
         self.within: list[float] = []                    # per K/V tensor: the distance to a boundary in reach
         self._calls = 0
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         self.within.append(SAFETY * float((self.lower[self._calls].double() - t.double()).abs().max()))
         near, far = flip_near(self.fmt, 0.0)(t), flip_near(self.fmt, self.within[-1])(t)
-        differs = (near != far)[0].flatten(0, -3).any(0).any(-1)         # [positions]: t is [1, heads, S, D]
-        self.groups += [(self._calls, int(p)) for p in differs.nonzero().flatten()]
+        if bool((near != far).any()):
+            self.groups.append(self._calls)
         self._calls += 1
         return near
 
@@ -105,9 +104,9 @@ class FlipProbe:
         def transform(t: torch.Tensor) -> torch.Tensor:
             near = flip_near(self.fmt, 0.0)(t)
             far = flip_near(self.fmt, self.within[calls[0]])(t)
-            for element, (call, position) in enumerate(self.groups, start=1):
-                if call == calls[0]:
-                    near[element, ..., position, :] = far[element, ..., position, :]
+            if calls[0] in self.groups:
+                element = 1 + self.groups.index(calls[0])
+                near[element] = far[element]
             calls[0] += 1
             return near
         return transform
