@@ -95,7 +95,7 @@ for name, o in oracles.ORACLES.items():
 #   reference's logits for the two tokens are within twice the row's tolerance of each other. Where the tokens
 #   agree, each row of logits must lie within its tolerance: 2 x (compute + own + flip), worked out from the
 #   scenario (docs/hunt.md, "How close is close enough": the dtype's rounding, the dense model's own run in that
-#   dtype, and the logits' move when every K/V code its rounding could flip is flipped).
+#   dtype, and the summed moves of the K/V codes its rounding could flip, flipped one layer at a time).
 
 # %%
 print(f"over the fixed engine's hunt no row of logits used more than "
