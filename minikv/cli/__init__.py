@@ -336,8 +336,8 @@ words in the output:
                on where its mechanism cannot occur): outside its domain, not a failure
   wave         the requests of a scenario are submitted in waves: wave 0 first, and, when the scenario repeats,
                wave 1 the same requests again once wave 0 has finished
-  near tie     a divergence from the dense reference where its logits for the two tokens are within 1 logit:
-               excused, since computing in another order may swap them
+  near tie     a divergence from the dense reference where its logits for the two tokens are within twice that
+               row's tolerance (docs/hunt.md): excused, since rounding in another order may swap them
   shrunk       the smallest failing scenario hypothesis reached from the first failing one
   reproduction a Python program of the shrunk scenario that checks the invariant itself
 with --model DIR (a checkpoint directory in transformers' format), the prompts come from its own tokenizer, the
