@@ -78,7 +78,7 @@ def attention_off_by_a_hair(llm):
 
 def test_a_shift_no_token_shows_is_found_by_the_logits(scratch, monkeypatch):
     """matches-reference compares each step's logits with the dense model's, within each row's tolerance
-    (minikv.hunt.tolerance): tight on float32 cells, so a defect that changes no token is still found."""
+    (minikv.hunt.logit_tolerance): tight on float32 cells, so a defect that changes no token is still found."""
     from minikv.hunt import oracles
     reference = DenseReference()
     report = hunt(instrument=attention_off_by_a_hair, max_scenarios=24, budget_s=None, reference=reference,

@@ -1,4 +1,4 @@
-"""The logits tolerance of `matches-reference` (minikv.hunt.tolerance), from first principles: which codes it lets
+"""The logits tolerance of `matches-reference` (minikv.hunt.logit_tolerance), from first principles: which codes it lets
 flip, the rule on hand-made rows, a quantization-only deviation let through and a defect caught on a real model,
 and a checkpoint saved by transformers that the earlier per-format table raised a false alarm on, now clean."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minikv.hunt import Request, Scenario, hunt, oracles
-from minikv.hunt import tolerance as tol
+from minikv.hunt import logit_tolerance as tol
 from minikv.hunt.record import RequestResult, Run
 from minikv.hunt.reference import DenseReference, Reference
 from minikv.models import registry, train

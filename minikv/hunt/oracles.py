@@ -1,11 +1,5 @@
 """The invariants: what must hold for every configuration, written without knowing any particular defect.
-
-Each oracle reads a `Run` (minikv.hunt.record: token ids per request, how each was scheduled, its KV bytes after
-prefill, the bytes each step changed outside its slot mapping) and returns the violations it finds. Four of them
-need nothing but the engine's own outputs; `matches-reference` also needs a reference (the dense model with the
-same KV quantization, minikv.hunt.reference). They apply unchanged to any paged-KV engine whose outputs an
-adapter records (docs/hunt.md).
-"""
+See docs/internals.md#hunt-oracles."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -189,7 +183,7 @@ def tolerance_used(run: Run, refs) -> float | None:
 def matches_reference(run: Run, refs) -> list[Violation]:
     """Greedy tokens equal the dense reference's with the same KV quantization, except at a near tie; and where the
     engine recorded its logits and its tokens agree, every row with the reference's context lies within its
-    tolerance (minikv.hunt.tolerance: a shift that flips no token)."""
+    tolerance (minikv.hunt.logit_tolerance: a shift that flips no token)."""
     out = []
     for r in run.requests:
         ref = refs.get(r.prompt)

@@ -1,17 +1,12 @@
 """The reference the `matches-reference` oracle compares with: the model run densely in float64, without the engine.
-
-The model's own greedy decoding (no paged cache, scheduler or attention backend) in float64, every fresh K and V
-quantized and dequantized as the cache format stores it (`minikv.models.train.kv_transform_for`), and per row of
-logits the terms of its tolerance (minikv.hunt.tolerance). Cached per (model, format, prompt), the measured terms
-per activation dtype; a request compares with the first `max_tokens` (greedy decoding is prefix-stable).
-"""
+See docs/internals.md#hunt-reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from . import tolerance as tol
+from . import logit_tolerance as tol
 from .scenario import torch_dtype
 
 MAX_TOKENS = 8
@@ -23,7 +18,7 @@ class Reference:
     logits: tuple[torch.Tensor, ...]      # float64 [vocab] before each token
     stopped: bool = False                 # the last token is EOS: there is nothing after it
     tolerance: tuple[float, ...] = ()     # per row: how far (in logits) a correct engine's row may lie from it
-    terms: tuple = ()                     # per row: the tolerance's terms (tolerance.Terms)
+    terms: tuple = ()                     # per row: the tolerance's terms (logit_tolerance.Terms)
 
     def margin(self, position: int, other: int) -> float:
         """How many logits the reference's token at `position` beats `other` by."""
@@ -46,7 +41,7 @@ class _Dense:
     logits: torch.Tensor                  # float64 [tokens, vocab]
     stopped: bool
     bound: tuple[float, ...]              # per row: max_v |W_v| |h|, the largest any logit can be
-    depth: tuple[int, int]                # (layers, the longest dot product): tolerance.gamma's L and n
+    depth: tuple[int, int]                # (layers, the longest dot product): logit_tolerance.gamma's L and n
     hidden: object                        # (model, batch) -> final hidden states [batch, tokens, H], same sequence
     measured: dict                        # activation dtype -> per row: (the dtype's own run, the flips) moves
 
@@ -114,7 +109,7 @@ class DenseReference:
     @torch.no_grad()
     def _measure(self, name: str, kv_cache_dtype: str, dtype: str, known: _Dense) -> tuple[list, list]:
         """Per row: (how far the dense model's own run in `dtype` lies from the float64 reference, the sum over
-        every group of K/V codes within reach of a boundary (tolerance.FlipProbe) of how far the float64
+        every group of K/V codes within reach of a boundary (logit_tolerance.FlipProbe) of how far the float64
         reference moves with that group flipped alone)."""
         from minikv.models import train
         fmt = None if kv_cache_dtype == "auto" else kv_cache_dtype

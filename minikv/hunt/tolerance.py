@@ -1,112 +1,83 @@
-"""How far a correct engine's logits may lie from the float64 dense reference's: the rule, from first principles.
-
-Per row of logits, tolerance = 2 * (compute + own + flip): compute = gamma * u * max_v |W_v| |h| (the dtype's
-rounding through L layers and dot products of n terms, gamma = (L + 1) * sqrt(n)); own = the dense model's own run
-in that dtype, measured; flip = the summed moves of each group of K/V codes within twice that run's K/V error of
-a rounding boundary, flipped alone.
-docs/hunt.md, "How close is close enough", works it through.
+"""The kernel-level oracles' tolerances, derived from the case itself (no constant fitted to any run): one
+quantization step for the cache write (`code_step`), float64 magnitudes and the compute dtype's rounding for
+attention (`attention_bound`, whose docstring works the bound out).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
-# Unit roundoff (half the distance from 1 to the next float) of each activation dtype.
-UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-SAFETY = 2.0              # the measured terms are estimates of a bound, not bounds: twice each
+from minikv.kernels import addressing, formats
+
+UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+U32 = 2.0 ** -24
 
 
-@dataclass(frozen=True)
-class Terms:
-    layers: int           # L: the model's layers (encoder and decoder for T5)
-    inner: int            # n: its longest dot product (the widest linear layer's input)
-    gamma: float          # (L + 1) * sqrt(n)
-    u: float              # the activation dtype's unit roundoff
-    bound: float          # max_v |W_v| |h|: no logit of the row can be larger
-    compute: float        # gamma * u * max_v |W_v| |h|
-    own: float            # how far the dense model's own run in the activation dtype lies from float64
-    flip: float           # the sum of the logits' moves, each group of codes its rounding could flip flipped alone
-    total: float          # SAFETY * (compute + own + flip)
+def e4m3_spacing(c: torch.Tensor) -> torch.Tensor:
+    """The gap between e4m3 codes around magnitude |c| (the larger gap at a power of two)."""
+    exponent = torch.floor(torch.log2(c.abs().clamp_min(2.0 ** -6)))
+    return torch.pow(2.0, exponent - 3)
 
 
-def gamma(layers: int, inner: int) -> float:
-    """How many unit roundoffs the final hidden state may be off by, relatively: each of the `layers` layers (and
-    the embedding) rounds once more, and a dot product of n terms accumulates rounding errors growing like
-    sqrt(n) (independent roundings; n * u is the worst case, rarely approached)."""
-    return (layers + 1) * math.sqrt(inner)
+def code_step(want: torch.Tensor, fmt: int, ref_pool, spec, slots, kv: int, layer: float):
+    """Allowed |stored - reference| per element (float64 like `want`), or None: the bytes must be equal.
+
+    A backend may round a value to the neighbouring code, so each stored element may differ from minikv's reference
+    writer's by one step of the format at that magnitude: none for the 16-bit formats (the bytes must be equal),
+    1 x the row's scale for int8, the e4m3 spacing at the code (2^(e-3), 2^-9 below 2^-6) x the scale for fp8, plus
+    2^-22 of the value for a scale computed with another rounding.
+    """
+    if fmt in (formats.F16, formats.BF16, formats.F32):
+        return None
+    codes, scales = addressing.gather_rows(ref_pool, spec, slots, kv)
+    c = codes.to(torch.float64)
+    scale = layer if scales is None else scales.to(torch.float64)[..., None]
+    step = torch.ones_like(c) if fmt == formats.INT8_PTH else e4m3_spacing(c)
+    return step * scale + want.abs() * 2.0 ** -22
 
 
-def terms(dtype: str, layers: int, inner: int, bound: float, own: float, flip: float) -> Terms:
-    """The tolerance of one row, for an engine computing in `dtype` with a model of `layers` layers whose longest
-    dot product is `inner`; measured on the reference: `bound` = max_v |W_v| |h|, `own` the dense model's own run
-    in `dtype` and `flip` (`flip_near`)."""
-    g = gamma(layers, inner)
-    compute = g * UNIT_ROUNDOFF[dtype] * bound
-    return Terms(layers, inner, g, UNIT_ROUNDOFF[dtype], bound, compute, own, flip, SAFETY * (compute + own + flip))
+def attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, sm_scale: float,
+                    dtype: torch.dtype):
+    """(float64 attention output [n, Hq, D], its tolerance) of one request: q [n, Hq, D] in the compute dtype,
+    k/v float64 [L, Hkv, D], visible bool [n, L].
 
+    On the K/V the pool holds (exact, in float64), let u be the unit roundoff of the compute dtype (2^-24
+    float32, 2^-11 float16, 2^-8 bfloat16) and u32 = 2^-24 (products summed in float32, as matmul units
+    accumulate). Each K and V element is rounded once to the compute dtype (u), each product once (u), the D-term
+    sums carry D u32, the score is rounded (u) and the exponent's argument s - max too (u), so
 
-def _codes(x: torch.Tensor, fmt: str):
-    """(the code x rounds to, the neighbouring code on x's side, x itself) in code units, and the scale: float64."""
-    from minikv.kernels import formats
-    from minikv.kernels.quant import quantize_reference
-    codes, scales = quantize_reference(x.float(), formats.format_of(fmt, torch.float32).code)
-    scale = torch.ones_like(x[..., :1]) if scales is None else scales.double()[..., None]
-    y, near = x / scale, codes.double()
-    if codes.dtype == torch.int8:
-        other = (near + torch.where(y >= near, 1.0, -1.0)).clamp(-128, 127)
-    else:                                       # e4m3: the next magnitude up or down, same sign
-        bits = codes.view(torch.uint8).to(torch.int16)
-        magnitude, sign = bits & 0x7F, bits & 0x80
-        outward = y.abs() >= near.abs()
-        magnitude = torch.where(outward, (magnitude + 1).clamp(max=0x7E), (magnitude - 1).clamp(min=0))
-        other = (sign | magnitude).to(torch.uint8).view(torch.float8_e4m3fn).double()
-    return near, other, y, scale
+        |ds_j| <= sm sum_d |q_d k_jd| (2u + D u32) + (|s_j| + |s_j - max s|) u =: Delta_j .
 
-
-def flip_near(fmt: str, within: float):
-    """A K/V transform for the dense model: each element quantized as format `fmt` stores it, except that an element
-    within `within` of the boundary between two codes takes the code on the other side: what an engine whose K and
-    V are off by that much may store."""
-    def transform(t: torch.Tensor) -> torch.Tensor:
-        near, other, y, scale = _codes(t.double(), fmt)
-        close = (y - (near + other) / 2).abs() * scale <= within
-        return (torch.where(close, other, near) * scale).to(t.dtype)
-    return transform
-
-
-class FlipProbe:
-    """The codes an engine's rounding could flip, one group at a time (a group: the codes of one K or V tensor). `lower` holds the K and V tensors of the dense model's own run in the activation dtype, in call order;
-    an element of the reference's is within reach of a boundary when it lies within SAFETY times the largest
-    |lower - reference| of its tensor. Called as a K/V transform it quantizes as the format does and notes those
-    groups; `flipping()` is then the transform for a batch holding the sequence once unchanged (element 0) and
-    once per group, with that group and only it flipped: flips in different layers, one layer at a time, cannot
-    cancel each other, so the sum of their moves bounds (to first order) a subset's spread over layers."""
-
-    def __init__(self, fmt: str, lower: list[torch.Tensor]):
-        self.fmt, self.lower = fmt, lower
-        self.groups: list[int] = []                      # the K/V tensors (in call order) with a code in reach
-        self.within: list[float] = []                    # per K/V tensor: the distance to a boundary in reach
-        self._calls = 0
-
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        self.within.append(SAFETY * float((self.lower[self._calls].double() - t.double()).abs().max()))
-        near, far = flip_near(self.fmt, 0.0)(t), flip_near(self.fmt, self.within[-1])(t)
-        if bool((near != far).any()):
-            self.groups.append(self._calls)
-        self._calls += 1
-        return near
-
-    def flipping(self):
-        calls = [0]
-
-        def transform(t: torch.Tensor) -> torch.Tensor:
-            near = flip_near(self.fmt, 0.0)(t)
-            far = flip_near(self.fmt, self.within[calls[0]])(t)
-            if calls[0] in self.groups:
-                element = 1 + self.groups.index(calls[0])
-                near[element] = far[element]
-            calls[0] += 1
-            return near
-        return transform
+    Scores off by at most Delta move each probability by a factor within exp(+-2 Delta); as both sets of
+    probabilities sum to 1, o' - o = sum_j (p'_j - p_j)(v_j - o), so the output moves by at most
+    expm1(2 max Delta) sum_j p_j |v_j - o| (0 for a single visible key). P and V are rounded (u each), the
+    L-term sum carries L u32 and the output is rounded (u); a probability within one binade of the dtype's
+    smallest normal number (times exp(2 Delta)) may come out as zero, losing its p_j |v_j| (a vectorized exp
+    builds 2^n 2^f and flushes once n reaches the exponent's floor; subnormals may be flushed):
+        tol = expm1(2 Delta) sum_j p_j |v_j - o| + sum_j p_j |v_j| (2u + L u32) + |o| u
+              + sum_{j: p_j < 2 tiny exp(2 Delta)} p_j |v_j|.
+    """
+    u = UNIT_ROUNDOFF[dtype]
+    heads, d = q.shape[1:]
+    length = k.shape[0]
+    group = heads // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    q64 = q.to(torch.float64)
+    s = sm_scale * torch.einsum("qhd,khd->hqk", q64, k)
+    a = sm_scale * torch.einsum("qhd,khd->hqk", q64.abs(), k.abs())
+    s = s.masked_fill(~visible[None], float("-inf"))
+    top = s.amax(dim=-1, keepdim=True)
+    p = torch.softmax(s, dim=-1)
+    o = torch.einsum("hqk,khd->qhd", p, v)
+    delta = a * (2 * u + d * U32) + (s.abs() + (s - top).abs()) * u
+    delta = delta.masked_fill(~visible[None], 0).amax(dim=-1)                 # [Hq, n]
+    spread = torch.empty_like(o)                                             # sum_j p_j |v_j - o|, [n, Hq, D]
+    for row in range(0, o.shape[0], 16):                                    # in chunks: [16, Hq, L, D] at most
+        rows = slice(row, row + 16)
+        dev = (v.transpose(0, 1)[None] - o[rows, :, None, :]).abs()          # [r, Hq, L, D]
+        spread[rows] = torch.einsum("hqk,qhkd->qhd", p[:, rows], dev)
+    pv = torch.einsum("hqk,khd->qhd", p, v.abs())
+    tiny = 2 * torch.finfo(dtype).tiny * torch.exp(2 * delta)[..., None]   # [Hq, n, 1]
+    flushed = torch.einsum("hqk,khd->qhd", p * (p < tiny), v.abs())
+    tol = (torch.expm1(2 * delta).transpose(0, 1)[..., None] * spread + pv * (2 * u + length * U32) + o.abs() * u
+           + flushed)
+    return o, tol
