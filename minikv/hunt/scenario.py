@@ -57,7 +57,7 @@ class Scenario:
 
 def torch_dtype(name: str):
     import torch
-    return {"float16": torch.float16, "float32": torch.float32}[name]
+    return {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

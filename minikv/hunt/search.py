@@ -74,7 +74,7 @@ class HuntReport:
     refused_scenarios: list = field(default_factory=list)   # those the engine refused, in order
     outcomes: list = field(default_factory=list)   # per scenario tried: "passed", "refused" or "failed"
     settings: dict = field(default_factory=dict)   # how the hunt was run (seed, limits, oracles, backend)
-    logit_deviation: dict = field(default_factory=dict)   # cell -> largest logits deviation from the reference seen
+    tolerance_used: dict = field(default_factory=dict)    # cell -> largest |logits - reference| / tolerance seen
 
     @property
     def found(self) -> bool:
@@ -106,7 +106,7 @@ class HuntReport:
                 "scenarios_run": self.scenarios_run, "refused": self.refused, "rounds": self.rounds,
                 "seconds": round(self.seconds, 3),
                 "refusals": {cell_label(c): msg for c, msg in self.refusals.items()},
-                "largest_logit_deviation": {cell_label(c): float(f"{d:.3g}") for c, d in self.logit_deviation.items()},
+                "tolerance_used": {cell_label(c): float(f"{d:.3g}") for c, d in self.tolerance_used.items()},
                 "finding": finding, "scenarios": tried}
 
     def text(self, portable: bool = False) -> str:
@@ -248,7 +248,7 @@ class _Search:
                 refs = {p: self.reference.get(scenario.model, scenario.kv_cache_dtype, scenario.dtype, p, n)
                         for p, n in longest.items()}
             found = oracle_module.check(run, refs, self.oracle_names)
-            d = oracle_module.largest_logit_deviation(run, refs) if refs else None
+            d = oracle_module.tolerance_used(run, refs) if refs else None
             if d is not None:
                 self.deviation[cell] = max(d, self.deviation.get(cell, 0.0))
         if found and self.found_at is None:
@@ -300,4 +300,4 @@ class _Search:
                               runs_before, seconds, self.shrink_runs)
         return HuntReport(finding, self.runs, self.refused, rounds, list(cells), self._elapsed(), stopped,
                           self.refusals, self.tried, self.refused_tried, self.outcomes,
-                          logit_deviation=dict(self.deviation))
+                          tolerance_used=dict(self.deviation))
