@@ -272,7 +272,8 @@ def test_no_markdown_line_starts_with_hash_number():
 # Issue 14 item 7: the words the notebooks use without explaining them each have a glossary entry (### heading).
 GLOSSARY_TERMS = ("BOS", "GQA", "amax", "e4m3", "slot", "row", "pool", "arena", "canary", "impl", "census", "FMHA",
                   "golden output", "backend matrix", "oracle", "sm89", "CUDA graph",
-                  "workspace", "sliding window", "KV sharing", "relative position bias")
+                  "workspace", "sliding window", "KV sharing", "relative position bias", "stride", "page / paged",
+                  "slot mapping", "element size", "storage and view", "encoder-decoder and cross attention", "FP8")
 
 
 def test_glossary_defines_the_walkthrough_terms():
