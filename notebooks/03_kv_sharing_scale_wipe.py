@@ -129,9 +129,9 @@ assert len(fixed.arena.specs) == 4                                              
 #
 # In the per-token-head formats, each head vector `x` of each token is stored as `head_size` one-byte codes
 # plus its own fp32 scale, `scale = max(amax(|x|) / QMAX, eps)` and `code = round(x / scale)` (QMAX 127 for
-# int8, 448 for fp8 e4m3). The scale sits right after the codes in the same row, so a row of `tiny-gemma4`
-# (head size 32) is 36 bytes. [Notebook 02](02_quantized_kv_cache.ipynb) draws the row, slot and block layout;
-# here we only need the numbers.
+# int8, 448 for [fp8](../docs/glossary.md#fp8) e4m3). The scale sits right after the codes in the same row, so a
+# row of `tiny-gemma4` (head size 32) is 36 bytes. [Notebook 02](02_quantized_kv_cache.ipynb) draws the row, slot
+# and block layout; here we only need the numbers.
 
 # %%
 layout = fixed.kv_layout
@@ -1006,9 +1006,9 @@ print("answer: between 3 and 4, about", f"{448 / 127:.1f}", f"(fp8 {scale_wipe.t
 #   naming the layers). The codes survive, so K and V come back inflated
 #   by exactly 1 / true scale; the sharers and the owners of the shared storages then read wiped rows at every
 #   step of the first batch, an attention head collapses onto one inflated key, and exactly the first batch is
-#   wrong. A warmup that touches every layer hides it. In minikv, prefix caching can hand the wiped blocks to later
-#   requests (minikv's observation, not upstream's). The wipe happens once per engine start: the historical views
-#   outlive `sleep()`.
+#   wrong. A warmup that touches every layer hides it. In minikv, prefix caching hands the wiped blocks to a later
+#   request that finds them still cached, not to one that comes after they were evicted (minikv's observation,
+#   not upstream's). The wipe happens once per engine start: the historical views outlive `sleep()`.
 # * The fix fills once per storage (a registry keyed by address and size, with a weak reference to the storage
 #   itself to notice a reused address). After it, outputs equal the float32 cache's, a request's KV bytes do not
 #   depend on when it ran, and a woken-up engine initializes every scale region again in both sleep modes.

@@ -238,7 +238,52 @@ def test_notebook_solutions_are_folded(built_site):
         cells = json.loads(path.read_text())["cells"]
         solutions = [c for c in cells if "solution" in c.get("metadata", {}).get("tags", [])]
         page = page_file(built_site, f"notebooks/{stem}").read_text()
-        assert page.count('<details class="minikv-solution">') == len(solutions), stem
+        assert page.count('<details class="minikv-solution" data-search-exclude="">') == len(solutions), stem
+
+
+def _site_text(html_text: str, keep_solutions: bool) -> str:
+    """The visible text of a built page, with or without its folded solutions."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html_text, "html.parser")
+    for tag in soup.find_all(["script", "style"]):
+        tag.decompose()
+    if not keep_solutions:
+        for details in soup.find_all("details", class_="minikv-solution"):
+            details.decompose()
+    return soup.get_text(" ")
+
+
+def test_solutions_are_sealed_in_the_built_site(built_site):
+    """The built site shows an exercise's answer only inside a folded solution, and its search index (which the
+    offline plugin also embeds in the pages) holds no folded solution: not a notebook's "answer:" line, not a
+    sentence of a docs page's solution block."""
+    from test_exercises import DOCS_SHOWN_ON_PURPOSE, NOTEBOOKS, _shows, exercise_answers
+
+    index = json.loads((built_site / "search" / "search_index.json").read_text())
+    indexed = " ".join(" ".join((doc.get("title", ""), doc.get("text", ""))) for doc in index["docs"])
+    indexed = re.sub(r"<[^>]+>", " ", html.unescape(indexed))
+    indexed = re.sub(r"\s+", " ", indexed)
+    assert "answer:" not in indexed
+    pages = {page: page.read_text() for page in sorted(built_site.rglob("*.html"))
+             if "api" not in page.relative_to(built_site).parts}
+    sealed = 0
+    for page, text in pages.items():
+        from bs4 import BeautifulSoup
+        for details in BeautifulSoup(text, "html.parser").find_all("details", class_="minikv-solution"):
+            assert details.has_attr("data-search-exclude"), f"{page.name}: a solution the search index would hold"
+            for sentence in re.split(r"(?<=[.:;])\s", re.sub(r"\s+", " ", details.get_text(" "))):
+                if len(sentence) > 60 and "answer:" not in sentence:
+                    sealed += 1
+                    assert sentence.strip() not in indexed, f"{page.name}: the search index holds {sentence!r}"
+    assert sealed > 0
+    shown = {page: _site_text(text, keep_solutions=False) for page, text in pages.items()
+             if "notebooks" not in page.relative_to(built_site).parts}
+    leaks = [f"{page.relative_to(built_site)} shows {form!r} ({notebook.stem}, exercise {n})"
+             for notebook in NOTEBOOKS for n, forms in exercise_answers(notebook)
+             if (notebook.stem[:2], n) not in DOCS_SHOWN_ON_PURPOSE
+             for form in forms for page, text in shown.items() if _shows(form, text)]
+    assert not leaks, "\n".join(leaks)
 
 
 def test_api_pages_come_from_docstrings(built_site):
