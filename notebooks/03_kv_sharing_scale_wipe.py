@@ -938,8 +938,8 @@ check("Exercise 1", my_answer_1, buggy_pc.damaged)
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
 # Solution: the first batch (0-5) and their copies (12-17). The copies of prompts 0-5 run in the third batch, at
-# step 24. The second batch (6-11) took never-used blocks of the 48-block pool, so nothing was evicted yet: each
-# copy finds its twin's full blocks, written and wiped in the first step, and reuses them. The copies of 6-11
+# step 24. The second batch (6-11) took never-used blocks of the 48-block pool, so nothing was evicted yet: these
+# copies find their twins' full blocks, written and wiped in the first step, and reuse them. The copies of 6-11
 # (18-23) find the second batch's blocks, which have real scales (18's prompt fills no block at all). With
 # max_num_seqs=4 the same copies come after the wiped blocks were evicted: only 0-3.
 reuse_6 = scale_wipe.prefix_reuse(prompts, 6, backend=BACKEND)
