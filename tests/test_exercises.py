@@ -161,7 +161,7 @@ def test_answer_forms():
 SHOWN_ON_PURPOSE = {
     ("01", 2): "16 is the block size, printed throughout; the exercise asks which of E's blocks are shared",
     ("03", 2): "the point of the exercise is that the count does not change with the block size: the figure "
-               "printed in section 4 is the one to reason from",
+               "printed in section 7 (the census) is the one to reason from",
     ("04", 1): "a choice among the factors the question itself lists (2x, 3x, 4x)",
     ("05", 2): "the 0.99 printed earlier is int8's speed ratio of two kernel versions, another quantity",
 }
