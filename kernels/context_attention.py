@@ -30,7 +30,7 @@ from .addressing import (FP8, SCALE_WORD, SUPPORTED_HEAD_SIZES, check_block_tabl
                          check_pool, check_query_against_cache, check_spec, element_strides, gather_sequence,
                          paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides,
                          tile_scales)
-from .decode_attention import _pow2_row_scale, check_rel_bias, relative_bias_reference
+from .decode_attention import check_rel_bias, pow2_row_scale, relative_bias_reference
 from .mode import require_device
 
 LOG2E = math.log2(math.e)
@@ -142,8 +142,8 @@ def _context_kernel(q_ptr, k_ptr, v_ptr, codes_ptr, scales_ptr, block_tables_ptr
         q_rows = (q_start + q_index).to(tl.int64)
         q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                     mask=row_valid[:, None], other=0.0)
-        if SCALED_F16:      # 1-byte codes: float16 dot products, q rescaled per row (see decode's _pow2_row_scale)
-            q_pow2 = _pow2_row_scale(tl.max(tl.abs(q.to(tl.float32)), axis=1))
+        if SCALED_F16:      # 1-byte codes: float16 dot products, q rescaled per row (see decode's pow2_row_scale)
+            q_pow2 = pow2_row_scale(tl.max(tl.abs(q.to(tl.float32)), axis=1))
             q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
             s_scale = qk_scale / q_pow2[:, None]
         else:

@@ -13,7 +13,7 @@ How the 1-byte formats reach the memory's speed:
   rows are 16-byte aligned) straight into the two dot products, one for QK and one for PV. Loads that feed
   tl.dot are what Triton's software pipeliner stages: with num_stages > 1 they become asynchronous copies into a
   ring of shared-memory buffers, several tiles ahead, and registers hold only the current tile's arithmetic.
-* The dot products run in float16 (q rescaled per row by a power of two, `_pow2_row_scale`), because both 1-byte
+* The dot products run in float16 (q rescaled per row by a power of two, `pow2_row_scale`), because both 1-byte
   code types convert to float16 exactly: e4m3 with the packed hardware conversion (two codes per instruction),
   int8 with a bit trick (`_int8_to_f16`): four codes per 32-bit word, placed in the mantissas of 1024.0 and
   1024.0 subtracted, about five integer and half-precision instructions per four codes where the plain cast
@@ -52,7 +52,7 @@ TAIL: tl.constexpr = tl.constexpr(16)           # "row" window reads: bytes of a
 
 
 @triton.jit
-def _pow2_row_scale(amax):
+def pow2_row_scale(amax):
     """Per row, the power of two that brings the row's largest |q| into [2^14, 2^15): q times it is exact in
     float16 for every element within 2^-24 of that largest one, so a bfloat16 q can meet 1-byte codes in a float16
     dot product (1-byte codes convert to float16 exactly, and in one instruction for e4m3)."""
@@ -203,7 +203,7 @@ def _decode_kernel(q_ptr, codes_ptr, scales_ptr, block_tables_ptr, seq_lens_ptr,
         amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
         if ROW_WINDOW:
             amax = tl.maximum(amax, tl.max(tl.abs(q_tail.to(tl.float32)), axis=1))
-        q_pow2 = _pow2_row_scale(amax)
+        q_pow2 = pow2_row_scale(amax)
         q = (q.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
         if ROW_WINDOW:
             q_tail = (q_tail.to(tl.float32) * q_pow2[:, None]).to(tl.float16)
@@ -463,7 +463,7 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         part_acc = part_ml = out
     dot_f32 = launch.dot_in_float32(q.dtype)       # "tf32" below is ignored for 16-bit operands
     # 1-byte codes with a 16-bit q: dot products in float16 (q rescaled by a power of two per row), see
-    # _pow2_row_scale; the codes convert to float16 exactly and more cheaply than to bfloat16
+    # pow2_row_scale; the codes convert to float16 exactly and more cheaply than to bfloat16
     scaled_f16 = cfg.f16_dot and spec.elem_bytes == 1 and q.dtype != torch.float32
     _decode_kernel[(batch, spec.num_kv_heads, cfg.num_splits)](
         q, codes, scales, block_tables, seq_lens, out, part_acc, part_ml, counters,

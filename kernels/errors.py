@@ -12,7 +12,7 @@ it cannot take), 1 a found defect or failed check (the sanitizer caught an overr
 engine fault (the engine is in a state it cannot serve from). `hint`, when set, says what to do about it.
 
 This module is in the lowest layer (minikv.kernels) so that every layer above can derive from it; it imports
-nothing.
+nothing. Each layer's own errors live in that layer (the engine's in minikv.engine.errors).
 """
 from __future__ import annotations
 
@@ -43,12 +43,6 @@ class CheckFailedError(MinikvError):
     (exit status 1)."""
 
     exit_status = FOUND_DEFECT
-
-
-class EngineFaultError(MinikvError):
-    """The engine is in a state it cannot serve from (exit status 3)."""
-
-    exit_status = ENGINE_FAULT
 
 
 class InvalidValueError(BadInputError, ValueError):

@@ -114,7 +114,7 @@ DECODE_MIN_TILES = 2
 DECODE_MAX_SPLITS = 64
 DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
 # Head sizes above 128 (gemma-4-E2B's 256 and 512) in 1- and 2-byte formats, measured at that model's shapes (8 query
-# heads over 1 KV head, batch 64, context 8192: results/gpu/v4-profile/e2b_decode_sweep.csv): (block_n, num_stages)
+# heads over 1 KV head, batch 64, context 8192: results/gpu/decode-profile/e2b_decode_sweep.csv): (block_n, num_stages)
 # for the "row" placement of the per-token-head formats and for every other format, with
 # DECODE_LARGE_HEAD_PROGRAMS_PER_SM program slots per SM for the split count. Against the rule above: 1.24-1.93x
 # faster at head 512 (the best of the swept grid there), 1.08-1.78x at head 256 (within 9% of the grid's best).

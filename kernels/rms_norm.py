@@ -7,7 +7,7 @@
 Why it exists: written with torch ops, one norm is about nine kernel launches (a float32 copy of x, its square,
 the mean, the epsilon, the reciprocal square root, two products, the weight's float32 copy, the cast back), and
 RoPE five more. A gemma-4-E2B-sized decode step held 3,330 launches, 2,926 of them such elementwise work, 5.6 ms
-of the step's 9.7 ms of kernel time at batch 64 (results/gpu/v4-profile/steps.txt). On a GPU each launch costs a
+of the step's 9.7 ms of kernel time at batch 64 (results/gpu/decode-profile/steps.txt). On a GPU each launch costs a
 few microseconds whatever its size; this kernel does a row's norm (and its RoPE or residual) in one.
 
 The result is the torch formula's, rounded as it rounds: the norm in float32, rounded once to x's dtype; RoPE and

@@ -18,6 +18,16 @@ _LAZY = {
     "KVLayout": ("minikv.cache.layout", "KVLayout"),
     "KVArena": ("minikv.cache.arena", "KVArena"),
     "MinikvError": ("minikv.kernels.errors", "MinikvError"),
+    "EngineFaultError": ("minikv.engine.errors", "EngineFaultError"),
+    "ConcurrentUseError": ("minikv.engine.errors", "ConcurrentUseError"),
+    "EngineNeedsResetError": ("minikv.engine.errors", "EngineNeedsResetError"),
+}
+# Modules importable as `minikv.NAME` (`minikv.tasks.for_model(...)`, `from minikv import bugs`) and where they live.
+_MODULES = {
+    "tasks": "minikv.models.tasks",
+    "bugs": "minikv.defects.registry",
+    "exercises": "minikv.viz.exercises",
+    **{name: f"minikv.{name}" for name in ("viz", "kernels", "cache", "engine", "models", "attention")},
 }
 
 
@@ -27,8 +37,8 @@ def __getattr__(name):
     if name in _LAZY:
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
-    if name in ("tasks", "bugs", "viz", "kernels", "cache", "engine", "models", "attention"):
-        return importlib.import_module(f"minikv.{name}")
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'minikv' has no attribute {name!r}")
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minikv import bugs
+from minikv.defects import registry
 from minikv.kernels.errors import InvalidTypeError, InvalidValueError
 from minikv.kernels.formats import (  # noqa: F401  (re-exported)
     BLOCK_SIZES,
@@ -182,7 +182,7 @@ class EngineConfig:
         if self.dtype is not None and self.dtype not in ACTIVATION_DTYPES:
             raise InvalidTypeError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {self.dtype!r}")
         check_choice("backend", self.backend, BACKENDS)
-        object.__setattr__(self, "reintroduce", tuple(sorted(bugs.validate(self.reintroduce))))
+        object.__setattr__(self, "reintroduce", tuple(sorted(registry.validate(self.reintroduce))))
         if not isinstance(self.repro, ReproConfig):
             raise InvalidTypeError(f"repro must be a minikv.ReproConfig, got {type(self.repro).__name__} {self.repro!r}")
         check_bool("sanitize", self.sanitize)

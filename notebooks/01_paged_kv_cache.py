@@ -533,7 +533,7 @@ assert [o.token_ids for o in by_backend["triton"]] == [o.token_ids for o in by_b
 my_answer_1 = None          # your answer: a list of four numbers, one per request
 
 # %% tags=["check"]
-from minikv.exercises import check
+from minikv.viz.exercises import check
 
 small_blocks = minikv.LLM(model="tiny-gemma4", max_num_seqs=4, device=DEVICE, backend="torch", block_size=8)
 small_ids = [small_blocks.add_request(p, params) for p in small_prompts]

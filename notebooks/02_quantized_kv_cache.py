@@ -666,7 +666,7 @@ assert bool((stored_codes.float() == 448).all())
 my_answer_1 = None          # your answer: a set of format names as section 3 prints them, e.g. {"..."}
 
 # %% tags=["check"]
-from minikv.exercises import check
+from minikv.viz.exercises import check
 
 outlier_v = v0.clone()
 outlier_v[0] *= 20

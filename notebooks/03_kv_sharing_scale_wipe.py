@@ -57,7 +57,9 @@ import inspect
 import torch
 
 import minikv
-from minikv import provenance, viz, viz_scale_wipe
+from minikv import viz
+from minikv.defects import provenance
+from minikv.viz import scale_wipe as viz_scale_wipe
 from minikv.attention.impl import AttentionImpl, ScaleFillCensus
 from minikv.repro import scale_wipe, scale_wipe_trace
 from minikv.repro.common import dequantized_rows, ranges, stored_scales
@@ -78,7 +80,7 @@ def engine(buggy=False, **kw):
     return minikv.LLM(model=MODEL, reintroduce=("scale-wipe",) if buggy else (), **kw)
 
 
-provenance.show("scale-wipe")    # what upstream said, and when (minikv/provenance.py)
+provenance.show("scale-wipe")    # what upstream said, and when (minikv/defects/provenance.py)
 print(minikv.bugs.DEFECTS["scale-wipe"].summary)
 print("code site:", minikv.bugs.DEFECTS["scale-wipe"].code_site)
 
@@ -929,7 +931,7 @@ assert len({tuple(r.first_batch) for r in arrivals}) > 1
 my_answer_1 = None   # your answer: a list of request numbers
 
 # %% tags=["check"]
-from minikv.exercises import check
+from minikv.viz.exercises import check
 
 fixed_pc = scale_wipe.run_engine(FORMAT, 6, True, False, prompts, backend=BACKEND)
 buggy_pc = scale_wipe.run_engine(FORMAT, 6, True, True, prompts, backend=BACKEND)

@@ -66,14 +66,14 @@ os.environ.setdefault("TQDM_DISABLE", "1")       # no progress bars in recorded 
 import torch
 
 import minikv
-from minikv import provenance
-from minikv import viz_cross_stride as vcs
+from minikv.defects import provenance
+from minikv.viz import cross_stride as vcs
 from minikv.attention.cross import B1_SITES, CrossAttentionImpl, CrossAttentionModule, CrossBackendBuilder
 from minikv.repro import cross_stride
 from minikv.repro.common import ranges
 
 torch.manual_seed(0)
-provenance.show("cross-stride")    # what upstream said, and when (minikv/provenance.py)
+provenance.show("cross-stride")    # what upstream said, and when (minikv/defects/provenance.py)
 TASK = minikv.tasks.for_model(cross_stride.MODEL)
 print(f"{cross_stride.MODEL}: task {TASK.name!r}, e.g. 'banana42' -> {TASK.expected('banana42', 8)!r}; "
       f"model dtype here: {cross_stride.model_dtype('cpu')}")
@@ -358,7 +358,7 @@ assert (guard_only, set(into_live), self_hit) == ({4}, {5}, {0, 1, 2, 3})   # wh
 # layers do within a step (layer 0's self-attention, layer 0's cross-attention, layer 1's, ...).
 
 # %%
-from minikv import viz_cross_stride
+from minikv.viz import cross_stride as viz_cross_stride
 from minikv.repro import cross_stride_trace
 
 timelines = {}
@@ -670,7 +670,7 @@ assert any(0 in d for _, f, d in m.copies if f < 2) and not any(d for _, f, d in
 my_answer_1 = None      # your answer: a pool factor (a number)
 
 # %% tags=["check"]
-from minikv.exercises import check
+from minikv.viz.exercises import check
 
 prompts3 = prompts[:3]
 ref3 = cross_stride.reference_tokens(prompts3, backend="torch")

@@ -167,14 +167,14 @@ for placement in ("row", "block"):
 # %% [markdown]
 # ## Results (from the recorded CSV)
 #
-# Everything from here on reads the committed CSV and prints it once; the figures are `minikv.viz_gpu`'s. Colours
+# Everything from here on reads the committed CSV and prints it once; the figures are `minikv.viz.gpu`'s. Colours
 # name a format in every figure (bf16 blue, fp8 per tensor orange, int8 per-token-head green, fp8 per-token-head
 # purple) and each format has its own marker; the block placement of a per-token-head format has its colour with a
 # dotted line, a hollow marker or a hatched bar. No colour here means "wrong": every kernel measured computes the
 # right answer (tests/test_kernels_gpu.py).
 
 # %%
-from minikv import viz_gpu
+from minikv.viz import gpu as viz_gpu
 from minikv.bench.attention import format_targets
 
 TEXT_COLUMNS = ("kind", "format", "gpu", "torch", "triton", "timing", "sdpa_timing", "kernel", "mode",
@@ -375,7 +375,7 @@ for c in engine_contexts:
 # %% [markdown]
 # ### Where a decode step's time goes
 #
-# The same engine profiled with `torch.profiler` (`../results/gpu/v4-profile/engine_profile.py steps`: launched
+# The same engine profiled with `torch.profiler` (`../tools/gpu_probes/engine_step_profile.py steps`: launched
 # eagerly, so that every kernel is seen; bf16 and int8 per-token-head, batch 64, context 8192), each kernel's time
 # put in a category by its name. Two runs on the H200: before and after the model's RMSNorms became one kernel
 # each (`kernels/rms_norm.py`, RoPE and the residual add fused in where they follow a norm). Written with torch
@@ -388,7 +388,7 @@ for c in engine_contexts:
 # %%
 PROFILES = DATA.resolve().parents[2] / "results" / "gpu"
 profile = {name: [r for r in csv.DictReader(open(PROFILES / folder / "steps_8192.csv")) if r["launches_per_step"]]
-           for name, folder in (("torch norms", "v4-profile"), ("fused norms", "v4-fused-norm"))}
+           for name, folder in (("torch norms", "decode-profile"), ("fused norms", "engine-fused-norm"))}
 print(f"{'decode step, context 8192':30s} {'torch norms':>22s} {'fused norms':>22s}")
 for fmt in ("auto", "int8_per_token_head"):
     for cat in ("decode attention", "matmul", "KV cache write", "other", "all kernels"):
@@ -530,7 +530,7 @@ for launch, what in ((0, "bf16"), (2, "int8 p.t.h., row window"), (6, "int8 p.t.
 my_answer_1 = None   # your answer: a speed-up (a number)
 
 # %% tags=["check"]
-from minikv.exercises import check
+from minikv.viz.exercises import check
 
 allowed = nbytes[("auto", 64, 4096)] / nbytes[("int8_per_token_head", 64, 4096)]
 check("Exercise 1", my_answer_1, allowed, abs_tol=0.05)

@@ -445,7 +445,7 @@ search_map({"my-gemma4, the fixed engine": mine, "my-gemma4, scale-wipe reintrod
 my_answer_1 = None          # your answer: a function instrument(llm), built with wrap_kernel_op
 
 # %% tags=["check"]
-from minikv.exercises import check
+from minikv.viz.exercises import check
 
 ONE = Scenario("tiny-gemma4", "int8_per_token_head", requests=(Request(prompt_pool("tiny-gemma4")[0], 3),))
 FIXED_RUN = MinikvEngine().run(ONE)

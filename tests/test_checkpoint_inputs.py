@@ -1,4 +1,4 @@
-"""Malformed checkpoint directories (issue 24's input cases owned by the checkpoint loader): each is refused with an
+"""Malformed checkpoint directories (the input cases the checkpoint loader owns): each is refused with an
 error that names the file and says what is wrong, before anything else happens.
 
 One small valid Gemma-4 directory and one T5 directory are written once per module; every test copies one and breaks

@@ -14,7 +14,7 @@ import minikv
 from minikv.cache.arena import KVCacheOverrunError
 from minikv.cache.layout import KVLayoutMismatchError
 from minikv.cli import main
-from minikv.engine.llm import ConcurrentUseError, EngineNeedsResetError
+from minikv.engine.errors import ConcurrentUseError, EngineNeedsResetError
 from minikv.models.dir_tokenizer import save_char_tokenizer
 from minikv.models.gemma4 import Gemma4Config, Gemma4ConfigError, Gemma4ForCausalLM
 from minikv.models.hf_checkpoint import INDEX_FILE, CheckpointError, save_checkpoint

@@ -1,4 +1,4 @@
-"""The cross context step's dispatch by shape (issue 28 item 4): minikv's fused configuration takes the fused
+"""The cross context step's dispatch by shape: minikv's fused configuration takes the fused
 kernel for short queries and the unfused one for long ones, the trace says why, both paths give the same output,
 and upstream's fallback and the historical B2 path decide as before. CrossAttentionImpl is driven directly on
 small shapes with the torch backend (the kernels are not the point)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from minikv import demo
+from minikv.cli import demo
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -325,7 +325,7 @@ def test_no_markdown_line_starts_with_hash_number():
     assert not bad, "lines that Markdown reads as headings:\n" + "\n".join(bad)
 
 
-# Issue 14 item 7: the words the notebooks use without explaining them each have a glossary entry (### heading).
+# The words the notebooks use without explaining them each have a glossary entry (### heading).
 GLOSSARY_TERMS = ("BOS", "GQA", "amax", "e4m3", "slot", "row", "pool", "arena", "canary", "impl", "census", "FMHA",
                   "golden output", "backend matrix", "oracle", "sm89", "CUDA graph",
                   "workspace", "sliding window", "KV sharing", "relative position bias", "stride", "page / paged",
@@ -417,7 +417,7 @@ def test_home_lists_every_notebook_and_the_nav_puts_them_early(built_site):
 
 
 def test_defect_pages_open_with_the_provenance_box(built_site):
-    from minikv import provenance
+    from minikv.defects import provenance
     for page, name in (("defects/scale-wipe", "scale-wipe"), ("defects/cross-stride-fp8-context", "cross-stride")):
         html = page_file(built_site, page).read_text()
         box = html.split('<p class="admonition-title">What upstream said, and when</p>', 1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import minikv
-from minikv.engine.llm import ConcurrentUseError, EngineNeedsResetError
+from minikv.engine.errors import ConcurrentUseError, EngineNeedsResetError
 
 GEMMA4, T5 = "tiny-gemma4", "tiny-t5"
 PROMPTS = ["3 7 11 15", "10 20 30", "2 4 6 8", "5 10 15 20 25"]

@@ -1,7 +1,7 @@
 """The notebooks' exercises make the learner think: none gives its answer away, and each is checked by nbval.
 
 Every exercise is three tagged cells, in this order: `exercise` (the learner's cell: `my_answer_N = None`, a
-hint that says what kind of answer is wanted), `check` (runs the engine and calls `minikv.exercises.check`, which
+hint that says what kind of answer is wanted), `check` (runs the engine and calls `minikv.viz.exercises.check`, which
 never prints the true answer; recorded with no answer filled in, so its output is the same on every machine)
 and `solution` (folded in JupyterLab: source and output hidden; folded on the site by tools/docs_hooks.py; it
 asserts the answer and prints it, below the fold, on a line starting "answer:"). Checked here: the structure, that
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minikv.exercises import NO_ANSWER, check
+from minikv.viz.exercises import NO_ANSWER, check
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("0*.ipynb"))

@@ -149,7 +149,7 @@ def _sources():
 
 def test_the_hunter_never_names_a_defect_nor_reads_the_registry():
     spellings = {s for name in DEFECTS for s in (name, name.replace("-", "_"), name.replace("-", " "))}
-    identifiers = ("HISTORICAL", "bugs.", "DEFECTS", "minikv.repro", "reintroduce_")
+    identifiers = ("HISTORICAL", "bugs.", "DEFECTS", "minikv.repro", "minikv.defects", "reintroduce_")
     for file, text in _sources().items():
         for s in spellings:
             assert s.lower() not in text.lower(), f"minikv/hunt/{file} mentions {s!r}"
@@ -158,9 +158,11 @@ def test_the_hunter_never_names_a_defect_nor_reads_the_registry():
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ImportFrom):
                 assert node.module not in ("minikv.bugs", "minikv.repro") and "bugs" not in (node.module or "")
-                assert all(a.name != "bugs" for a in node.names)
+                assert "defects" not in (node.module or "")
+                assert all(a.name not in ("bugs", "defects") for a in node.names)
             if isinstance(node, ast.Import):
-                assert all("bugs" not in a.name and "repro" != a.name.split(".")[-1] for a in node.names)
+                assert all("bugs" not in a.name and "defects" not in a.name and "repro" != a.name.split(".")[-1]
+                           for a in node.names)
 
 
 def test_the_defect_tuple_is_only_passed_through():

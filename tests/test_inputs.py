@@ -27,7 +27,7 @@ LLM_INPUTS = [
     ("max_num_seqs 0", dict(max_num_seqs=0), ValueError, "max_num_seqs must be at least 1"),
     ("max_num_seqs float", dict(max_num_seqs=2.0), TypeError, "max_num_seqs must be an int"),
     ("max_num_seqs str", dict(max_num_seqs="4"), TypeError, "max_num_seqs must be an int"),
-    # issue 24: block_size=0 said "at least 1" although only 8/16/32/64 are allowed
+    # regression: block_size=0 said "at least 1" although only 8/16/32/64 are allowed
     ("block_size 0", dict(block_size=0), ValueError, "block_size must be one of 8, 16, 32, 64"),
     ("block_size 12", dict(block_size=12), ValueError, "block_size must be one of 8, 16, 32, 64"),
     ("block_size bool", dict(block_size=True), TypeError, "block_size must be an int, one of 8, 16, 32, 64"),
@@ -41,12 +41,12 @@ LLM_INPUTS = [
     ("device unknown", dict(device="tpu"), ValueError, "'cpu', 'cuda' or 'cuda:N'"),
     ("device garbage", dict(device="cpu:zero"), ValueError, "'cpu', 'cuda' or 'cuda:N'"),
     ("device not str", dict(device=0), TypeError, "device must be a str"),
-    # issue 24: device="cpu:3" was accepted
+    # regression: device="cpu:3" was accepted
     ("device cpu:3", dict(device="cpu:3"), ValueError, "there is one CPU device; use 'cpu'"),
     ("dtype string", dict(dtype="float32"), TypeError, "dtype must be torch.float32"),
     ("reintroduce str", dict(reintroduce="scale-wipe"), TypeError, "not a string"),
     ("reintroduce unknown", dict(reintroduce=("nope",)), ValueError, "known: scale-wipe, cross-stride"),
-    # issue 24: reintroduce=None and a nested list raised TypeError from inside
+    # regression: reintroduce=None and a nested list raised TypeError from inside
     ("reintroduce None", dict(reintroduce=None), TypeError, "reintroduce must be a tuple or list of defect names"),
     ("reintroduce nested", dict(reintroduce=[["scale-wipe"]]), TypeError, "reintroduce holds defect names (str)"),
     ("too much memory", dict(num_blocks=2**40), MemoryError, "lower num_blocks"),
@@ -57,7 +57,7 @@ LLM_INPUTS = [
     ("cross-stride 16-bit", dict(model=T5, reintroduce=("cross-stride",)), ValueError, "use kv_cache_dtype='fp8'"),
     ("context read 16-bit", dict(model=T5, reintroduce=("cross-fp8-context-read",)), ValueError, "use "
                                                                                                  "kv_cache_dtype"),
-    # issue 24: cross options on a decoder-only model were silently ignored
+    # regression: cross options on a decoder-only model were silently ignored
     ("cross_pool_blocks decoder-only", dict(cross_pool_blocks=4), ValueError, "cross_pool_blocks applies to "
                                                                               "encoder-decoder models"),
     ("cross_context_path decoder-only", dict(repro=("cross_context_path", "fallback")), ValueError, "decoder-only"),
@@ -119,7 +119,7 @@ def llm():
 
 def test_abort_takes_a_request_id(llm):
     rid = llm.add_request("3 7", minikv.SamplingParams(max_tokens=2))
-    with pytest.raises(TypeError, match="request_id must be an int, got str '0'"):    # issue 24: returned False
+    with pytest.raises(TypeError, match="request_id must be an int, got str '0'"):    # regression: returned False
         llm.abort(str(rid))
     with pytest.raises(ValueError, match="request_id must be at least 0"):
         llm.abort(-1)
@@ -129,7 +129,7 @@ def test_abort_takes_a_request_id(llm):
 
 def test_step_capture_must_be_a_bool(llm):
     llm.add_request("3 7", minikv.SamplingParams(max_tokens=1))
-    with pytest.raises(TypeError, match="capture must be True or False, got str 'no'"):   # issue 24: counted as true
+    with pytest.raises(TypeError, match="capture must be True or False, got str 'no'"):   # regression: counted as true
         llm.step(capture="no")
     while llm.has_unfinished():
         assert llm.step().trace.events[0].tensors is None
@@ -140,7 +140,7 @@ def test_sleep_free_after_discard_drops_the_arena(llm):
         llm.sleep("gone")
     llm.sleep("discard")
     assert llm.arena is not None                          # discard keeps the storage
-    llm.sleep("free")                                     # issue 24: kept the arena
+    llm.sleep("free")                                     # regression: kept the arena
     assert llm.arena is None and all(a.kv_cache is None for a in llm.attention_layers.values())
     llm.wake_up()
     assert llm.arena is not None and llm.generate("3 7 11", minikv.SamplingParams(max_tokens=3), use_tqdm=False)
@@ -181,21 +181,21 @@ CLI_ERRORS = [
     ("train steps 0", ["train", "tiny-gemma4", "--steps", "0"], "argument --steps: must be at least 1"),
     ("bench unknown", ["bench", "nope"], "invalid choice"),
     ("command unknown", ["nope"], "invalid choice: 'nope'"),
-    # issue 24: `repro --requests 2` exited 1; `cross-stride --requests 0` blamed max_num_seqs
+    # regression: `repro --requests 2` exited 1; `cross-stride --requests 0` blamed max_num_seqs
     ("repro scale-wipe requests 2", ["repro", "scale-wipe", "--requests", "2"],
      "--requests 2 is too few for --max-num-seqs 8: need at least 16"),
     ("repro scale-wipe max-num-seqs 0", ["repro", "scale-wipe", "--max-num-seqs", "0"],
      "argument --max-num-seqs: must be at least 1, got 0"),
     ("repro cross-stride requests 0", ["repro", "cross-stride", "--requests", "0"],
      "argument --requests: must be at least 1, got 0"),
-    # issue 24: `bench engine --prompts 0` exited 0 with "0/0 right"
+    # regression: `bench engine --prompts 0` exited 0 with "0/0 right"
     ("bench engine prompts 0", ["bench", "engine", "--prompts", "0"], "argument --prompts: must be at least 1"),
     ("bench engine backend", ["bench", "engine", "--backends", "cuda"], "invalid choice: 'cuda'"),
-    # issue 24: `demo --device gpu` printed a traceback
+    # regression: `demo --device gpu` printed a traceback
     ("demo device gpu", ["demo", "--device", "gpu"], "device 'gpu' is not a device string"),
 ]
 if not torch.cuda.is_available():
-    # issue 24: `demo --device cuda` printed a traceback
+    # regression: `demo --device cuda` printed a traceback
     CLI_ERRORS.append(("demo device cuda", ["demo", "--device", "cuda"], "no CUDA device is available"))
 
 
@@ -210,7 +210,7 @@ def test_cli_usage_error_is_one_line_and_exit_2(capsys, case, argv, fragment):
 
 
 def test_cli_model_takes_a_checkpoint_directory(tmp_path, capsys):
-    # issue 24: --model refused a checkpoint path although LLM(model=PATH) takes one
+    # regression: --model refused a checkpoint path although LLM(model=PATH) takes one
     path = shutil.copytree(registry.checkpoint_dir(GEMMA4), tmp_path / GEMMA4)
     assert main(["generate", "--model", str(path), "--backend", "torch", "--max-tokens", "6", "3 7 11"]) == 0
     assert capsys.readouterr().out.strip() == "'3 7 11' -> ' 15 19'  [length]"

@@ -1,4 +1,4 @@
-"""Provenance: every upstream number, date and state lives in minikv/provenance.py, and the pages render from it.
+"""Provenance: every upstream number, date and state lives in minikv/defects/provenance.py; the pages render it.
 
 The records there come from the reduced upstream texts (shared/upstream/*.md, outside the repository) and, for
 what those do not give, the public threads as of `provenance.CHECKED`. Checked here: every issue or pull request
@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from minikv import bugs, provenance
+from minikv import bugs
+from minikv.defects import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 CITE = re.compile(r"(?:\bPR\s*#?|\bissues?\s*#?|\bpull requests?\s*#?|(?<![\w#])#)(\d{4,6})\b")
 PROSE = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "notebooks").glob("*.py"),
-                REPO / "minikv" / "bugs.py", REPO / "minikv" / "demo.py", REPO / "minikv" / "cli.py"])
+                REPO / "minikv" / "defects" / "registry.py", REPO / "minikv" / "cli" / "demo.py",
+                REPO / "minikv" / "cli" / "__init__.py"])
 PAGES = {"scale-wipe": ("docs/defects/scale-wipe.md", "notebooks/03_kv_sharing_scale_wipe"),
          "cross-stride": ("docs/defects/cross-stride-fp8-context.md", "notebooks/04_cross_attention_stride_doubling")}
 
@@ -39,7 +41,7 @@ def _sentences(text: str) -> list[str]:
 def test_only_numbers_the_data_file_records_are_cited(path):
     cited = {int(m.group(1)) for m in CITE.finditer(path.read_text())}
     unknown = cited - provenance.numbers()
-    assert not unknown, f"{path.name} cites {sorted(unknown)}, which minikv/provenance.py does not record"
+    assert not unknown, f"{path.name} cites {sorted(unknown)}, which minikv/defects/provenance.py does not record"
 
 
 # A state word right after a pull request's number ("#51061 (closed)", "#51091, open as of ...").

@@ -1,4 +1,4 @@
-"""One number per quantity (issue 14 item 4): tools/render_results.py, and README/docs/notebooks against results/.
+"""One number per quantity: tools/render_results.py, and README/docs/notebooks against results/.
 
 The renderer is tested on small results files made in tmp_path (table and inline blocks, an unknown name, a second
 run changing nothing). Then the repository itself: README.md and docs/**/*.md must be what the renderer makes of
@@ -314,8 +314,8 @@ NOT_MEASURED = {
     # upstream's figures, as the shared/upstream texts give them (tests/test_provenance.py checks citations)
     "x221": "upstream K inflation", "x24": "upstream V inflation",
     # targets and tolerances: goals and bounds, not results
-    "1.7x": "issue 15's target", "1.8x": "issue 15's target", "1%": "the GPU parity test's tolerance",
-    "1.10x": "issue 15's anchor, vLLM's reported end-to-end figure",
+    "1.7x": "a performance target", "1.8x": "a performance target", "1%": "the GPU parity test's tolerance",
+    "1.10x": "the end-to-end anchor, vLLM's reported figure",
 }
 
 

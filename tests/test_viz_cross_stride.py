@@ -1,4 +1,4 @@
-"""minikv.viz_cross_stride: the defect-B figures take plain data, colour wrong things red, refuse bad input, and
+"""minikv.viz.cross_stride: the defect-B figures take plain data, colour wrong things red, refuse bad input, and
 the code-site diff is generated from the source (historical -> fixed)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 matplotlib.use("Agg")
 
-from minikv import viz_cross_stride as vcs  # noqa: E402
+from minikv.viz import cross_stride as vcs  # noqa: E402
 from minikv.attention.cross import CrossAttentionImpl, CrossAttentionModule  # noqa: E402
 from minikv.viz import RIGHT, WRONG  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Every figure the notebooks and the docs show is legible at the size it is shown.
 
-Each figure function of minikv.viz, viz_scale_wipe, viz_cross_stride and viz_gpu is drawn here with inputs the
+Each figure function of minikv.viz and its scale_wipe, cross_stride and gpu modules is drawn here with inputs the
 size of the notebooks' (the GPU figures with the committed CSV itself), and `minikv.viz.legibility_problems` must
 find nothing: no text smaller than 8 pt where the figure is shown (its own width, or the site's column of
 SHOWN_WIDTH_PX if it were wider; no figure is), none cut off by the figure's edge or its axes, no two texts drawn
@@ -21,7 +21,10 @@ from matplotlib.figure import Figure
 
 matplotlib.use("Agg")
 
-from minikv import viz, viz_cross_stride, viz_gpu, viz_scale_wipe
+from minikv import viz
+from minikv.viz import cross_stride as viz_cross_stride
+from minikv.viz import gpu as viz_gpu
+from minikv.viz import scale_wipe as viz_scale_wipe
 from minikv.cache.layout import KVLayout
 from minikv.repro.cross_stride_trace import CrossCausalChain, CrossTimeline
 from minikv.repro.scale_wipe_trace import CausalChain, StorageMap, Timeline
@@ -165,28 +168,28 @@ FIGURES = {
     "viz.pool_byte_map": lambda: viz.pool_byte_map(_byte_panels()[1]["regions"], [(4 * KB, 8 * KB)],
                                                    [(4 * KB, 12 * KB)], pool="cross.decoder.0.cross_attn"),
     "viz.bandwidth_plot": lambda: viz.bandwidth_plot([("decode auto", 3000.0), ("decode int8", 2400.0)], 4000.0),
-    "viz_scale_wipe.timeline_figure": lambda: viz_scale_wipe.timeline_figure(_timeline(True), _timeline(False)),
-    "viz_scale_wipe.wiped_reads_figure": lambda: viz_scale_wipe.wiped_reads_figure(_timeline(True)),
-    "viz_scale_wipe.causal_chain_figure": lambda: viz_scale_wipe.causal_chain_figure(_chain(), "x41"),
-    "viz_scale_wipe.storage_byte_map": lambda: viz_scale_wipe.storage_byte_map(_storage_map()),
-    "viz_scale_wipe.request_sources_grid": lambda: viz_scale_wipe.request_sources_grid(
+    "viz.scale_wipe.timeline_figure": lambda: viz_scale_wipe.timeline_figure(_timeline(True), _timeline(False)),
+    "viz.scale_wipe.wiped_reads_figure": lambda: viz_scale_wipe.wiped_reads_figure(_timeline(True)),
+    "viz.scale_wipe.causal_chain_figure": lambda: viz_scale_wipe.causal_chain_figure(_chain(), "x41"),
+    "viz.scale_wipe.storage_byte_map": lambda: viz_scale_wipe.storage_byte_map(_storage_map()),
+    "viz.scale_wipe.request_sources_grid": lambda: viz_scale_wipe.request_sources_grid(
         [i in (0, 1, 2, 3, 8, 9, 10, 11) for i in range(12)], 4, {8: 0, 9: 1, 10: 2, 11: 3},
         title="Buggy, prefix caching"),
-    "viz_cross_stride.stride_byte_map": lambda: viz_cross_stride.stride_byte_map(_byte_panels()),
-    "viz_cross_stride.fp8_row_as_16bit": lambda: viz_cross_stride.fp8_row_as_16bit(*_fp8_row()),
-    "viz_cross_stride.output_scatter": lambda: viz_cross_stride.output_scatter(
+    "viz.cross_stride.stride_byte_map": lambda: viz_cross_stride.stride_byte_map(_byte_panels()),
+    "viz.cross_stride.fp8_row_as_16bit": lambda: viz_cross_stride.fp8_row_as_16bit(*_fp8_row()),
+    "viz.cross_stride.output_scatter": lambda: viz_cross_stride.output_scatter(
         {f"{v} ({p})": list(zip(RNG.normal(size=200), RNG.normal(size=200) * s))
          for v, p, s in (("historical", "fused", 5), ("fallback", "unfused", 1), ("taught-fused", "fused", 1))}),
-    "viz_cross_stride.cross_timeline_figure": lambda: viz_cross_stride.cross_timeline_figure(_cross_timeline(True),
+    "viz.cross_stride.cross_timeline_figure": lambda: viz_cross_stride.cross_timeline_figure(_cross_timeline(True),
                                                                                              _cross_timeline(False)),
-    "viz_cross_stride.cross_causal_chain_figure": lambda: viz_cross_stride.cross_causal_chain_figure(_cross_chain()),
-    "viz_gpu.bandwidth_figure": lambda: viz_gpu.bandwidth_figure(_gpu_rows()),
-    "viz_gpu.roofline_figure": lambda: viz_gpu.roofline_figure(_gpu_rows()),
-    "viz_gpu.roofline_bars_figure": lambda: viz_gpu.roofline_bars_figure(_gpu_rows(), [(64, 4096), (16, 16384),
+    "viz.cross_stride.cross_causal_chain_figure": lambda: viz_cross_stride.cross_causal_chain_figure(_cross_chain()),
+    "viz.gpu.bandwidth_figure": lambda: viz_gpu.bandwidth_figure(_gpu_rows()),
+    "viz.gpu.roofline_figure": lambda: viz_gpu.roofline_figure(_gpu_rows()),
+    "viz.gpu.roofline_bars_figure": lambda: viz_gpu.roofline_bars_figure(_gpu_rows(), [(64, 4096), (16, 16384),
                                                                                         (256, 16384)]),
-    "viz_gpu.sdpa_ratio_figure": lambda: viz_gpu.sdpa_ratio_figure(_gpu_rows()),
-    "viz_gpu.peer_figure": lambda: viz_gpu.peer_figure(_gpu_rows()),
-    "viz_gpu.engine_context_figure": lambda: viz_gpu.engine_context_figure(_gpu_rows()),
+    "viz.gpu.sdpa_ratio_figure": lambda: viz_gpu.sdpa_ratio_figure(_gpu_rows()),
+    "viz.gpu.peer_figure": lambda: viz_gpu.peer_figure(_gpu_rows()),
+    "viz.gpu.engine_context_figure": lambda: viz_gpu.engine_context_figure(_gpu_rows()),
 }
 
 
@@ -217,7 +220,7 @@ def test_figure_is_legible_where_it_is_shown(name):
 
 def test_legibility_check_catches_small_overlapping_and_cut_off_text():
     """The check itself must fail on what makes a figure unreadable, or the tests above could never fail."""
-    fig, ax = viz._new_figure(figsize=(4.0, 3.0))
+    fig, ax = viz.new_figure(figsize=(4.0, 3.0))
     ax.text(0.5, 0.5, "tiny", fontsize=5)
     ax.text(0.1, 0.1, "first label", fontsize=9)
     ax.text(0.12, 0.1, "second label", fontsize=9)
@@ -226,7 +229,7 @@ def test_legibility_check_catches_small_overlapping_and_cut_off_text():
     assert "'tiny': 5 pt" in problems
     assert "'first label' and 'second label' overlap" in problems
     assert "cut off" in problems or "past the figure's edge" in problems
-    wide, _ = viz._new_figure(figsize=(8.0, 2.0))
+    wide, _ = viz.new_figure(figsize=(8.0, 2.0))
     wide.text(0.5, 0.5, "8 points", fontsize=8)
     assert viz.legibility_problems(wide) == []
     assert viz.legibility_problems(wide, shown_width_px=400)      # shown at half the width: 4 pt

@@ -1,4 +1,4 @@
-"""minikv.viz_scale_wipe and the data behind it (minikv.repro.scale_wipe_trace): the figures draw what a real run
+"""minikv.viz.scale_wipe and the data behind it (minikv.repro.scale_wipe_trace): the figures draw what a real run
 did, and the trace says what the picture story claims (which layers wipe, which read wiped rows, when)."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import torch
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
-from minikv import viz, viz_scale_wipe
+from minikv import viz
+from minikv.viz import scale_wipe as viz_scale_wipe
 from minikv.repro import scale_wipe, scale_wipe_trace
 
 

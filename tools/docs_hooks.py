@@ -12,7 +12,7 @@
   `mkdocs build --strict` fails rather than showing a broken image.
 * Back links: every rendered notebook page starts with links to the docs pages that explain it.
 * Provenance: `<!-- provenance: NAME -->` becomes the defect's "What upstream said, and when" box, rendered from
-  minikv/provenance.py.
+  minikv/defects/provenance.py.
 * Sealed solutions: a folded solution (a notebook's solution cell, or a docs page's
   `<details class="success minikv-solution" markdown="1">` block) is left out of the search index.
 """
@@ -151,7 +151,7 @@ CODE_DIFF = re.compile(r"^<!-- code-diff: (?P<name>[\w-]+) -->$", re.MULTILINE)
 
 def code_site_diffs() -> dict[str, str]:
     """{name: unified diff} of every HISTORICAL / FIX code site, from the code itself."""
-    from minikv import viz_cross_stride as vcs
+    from minikv.viz import cross_stride as vcs
     from minikv.attention.cross import CrossAttentionImpl, CrossAttentionModule
     from minikv.repro import scale_wipe
     return {
@@ -163,13 +163,13 @@ def code_site_diffs() -> dict[str, str]:
 
 
 # `<!-- provenance: NAME -->` on a line of its own becomes the "What upstream said, and when" box of that defect,
-# rendered from minikv/provenance.py (the one place upstream's numbers, dates and states are kept).
+# rendered from minikv/defects/provenance.py (the one place upstream's numbers, dates and states are kept).
 PROVENANCE = re.compile(r"^<!-- provenance: (?P<name>[\w-]+) -->$", re.MULTILINE)
 
 
 def provenance_box(name: str) -> str:
     """The box as a Material admonition: the title, then the table and minikv's reading, indented."""
-    from minikv import provenance
+    from minikv.defects import provenance
     title, body = provenance.box_markdown(name).split("\n\n", 1)
     note = title.removeprefix("**What upstream said, and when** ").strip()
     inner = f"{note[1:-1].capitalize()}.\n\n{body}" if note.startswith("(") else body
@@ -179,7 +179,7 @@ def provenance_box(name: str) -> str:
 
 def on_page_markdown(markdown, page, config, files):
     if "<!-- provenance:" in markdown:
-        from minikv import provenance
+        from minikv.defects import provenance
 
         def box(match: re.Match) -> str:
             name = match.group("name")

@@ -65,7 +65,7 @@ def run_case(name: str, ref: dict) -> dict:
     result = {"case": name, "device": device, "cross_pool_blocks": blocks, "blocks_needed": ref["need"],
               "arena": type(llm.arena).__name__}
     try:
-        tokens = cross_stride._generate(llm, ref["prompts"])
+        tokens = cross_stride.generate_tokens(llm, ref["prompts"])
         if device == "cuda":
             torch.cuda.synchronize()
         result["wrong_requests"] = [i for i, (t, r) in enumerate(zip(tokens, ref["tokens"])) if t != r]

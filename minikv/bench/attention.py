@@ -46,7 +46,7 @@ def layout_for(name: str, dtype: torch.dtype = torch.bfloat16):
 HQ, HKV, D, BS = 32, 8, 128, 16
 
 
-def _time_ms(fn, reps: int = 20, graph: bool = True) -> Timing:
+def cuda_time_ms(fn, reps: int = 20, graph: bool = True) -> Timing:
     """GPU time of `fn`: CUDA events, L2 flushed, replayed from a CUDA graph where it can be captured."""
     return time_ms(fn, "cuda", reps=reps, graph=graph)
 
@@ -57,13 +57,13 @@ def ceilings(gib: float = 4.0) -> dict[str, float]:
     b = torch.empty_like(a)
     # Eager: a captured copy becomes a copy-engine node, slower than the copy kernel torch launches eagerly;
     # at 4 GiB the launch overhead is nothing anyway.
-    copy_ms = _time_ms(lambda: b.copy_(a), graph=False).ms
-    read_ms = _time_ms(lambda: a.sum(), graph=False).ms
+    copy_ms = cuda_time_ms(lambda: b.copy_(a), graph=False).ms
+    read_ms = cuda_time_ms(lambda: a.sum(), graph=False).ms
     nbytes = a.numel() * 4
     return {"copy_GBps": 2 * nbytes / copy_ms / 1e6, "read_GBps": nbytes / read_ms / 1e6}
 
 
-def _fill_pool(pool: torch.Tensor, layout, seed: int = 0) -> None:
+def fill_pool(pool: torch.Tensor, layout, seed: int = 0) -> None:
     """Valid random contents for every row of the pool (codes in range, finite scales), a chunk of blocks at a time."""
     torch.manual_seed(seed)
     k_codes, v_codes = layout.code_views(pool)
@@ -98,7 +98,7 @@ def decode_problem(fmt: str, batch: int, ctx: int):
     blocks_per_seq = ctx // BS
     num_blocks = batch * blocks_per_seq
     pool = torch.empty(num_blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
-    _fill_pool(pool, layout)
+    fill_pool(pool, layout)
     tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, blocks_per_seq)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device="cuda")
@@ -110,13 +110,13 @@ def decode_case(fmt: str, batch: int, ctx: int, peer=None) -> dict:
     from minikv.kernels.decode_attention import paged_decode_attention
     layout, pool, tables, lens, q, out = decode_problem(fmt, batch, ctx)
     sm = D ** -0.5
-    ms, how = _time_ms(lambda: paged_decode_attention(q, pool, tables, lens, spec=layout, sm_scale=sm, out=out,
+    ms, how = cuda_time_ms(lambda: paged_decode_attention(q, pool, tables, lens, spec=layout, sm_scale=sm, out=out,
                                                       validate=False))
     nbytes = batch * ctx * layout.bytes_per_token() + 2 * q.numel() * q.element_size() + tables.numel() * 4
     row = {"kind": "decode", "format": fmt, "batch": batch, "context": ctx, "ms": ms,
            "GBps": nbytes / ms / 1e6, "bytes": nbytes, "timing": how, **decode_launch(layout, batch, ctx)}
     if peer is not None and layout.scale_placement == "row":
-        row.update(peer.measure(layout, pool, tables, lens, q, sm, out, _time_ms))
+        row.update(peer.measure(layout, pool, tables, lens, q, sm, out, cuda_time_ms))
         if "flashinfer_ms" in row:
             row["flashinfer_over_minikv"] = row["flashinfer_ms"] / ms
     return row
@@ -127,10 +127,10 @@ def sdpa_decode_ms(batch: int, ctx: int) -> Timing:
     q = torch.randn(batch, HQ, 1, D, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(batch, HKV, ctx, D, dtype=torch.bfloat16, device="cuda")
     v = torch.randn_like(k)
-    return _time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+    return cuda_time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
 
 
-def _paged_copy(k, v, layout, batch, length):
+def paged_copy(k, v, layout, batch, length):
     """Write K/V [batch*length, HKV, D] into a fresh pool with shuffled blocks; return (pool, tables)."""
     from minikv.kernels.cache_write import write_kv
     nb = batch * length // BS
@@ -154,7 +154,7 @@ def prefill_cases(batch: int = 8, length: int = 4096) -> list[dict]:
     lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     flops = 4 * batch * HQ * length * length * D / 2           # causal: half of the score matrix
     layout = KVLayout("auto", dtype, HKV, D, BS)
-    pool, tables = _paged_copy(k, v, layout, batch, length)
+    pool, tables = paged_copy(k, v, layout, batch, length)
     qs, ks, vs = (t.view(batch, length, -1, D).transpose(1, 2) for t in (q, k, v))
     cases = {
         "self causal, workspace (unfused)": lambda: context_attention(q, k, v, cu, cu, causal=True, sm_scale=sm,
@@ -166,7 +166,7 @@ def prefill_cases(batch: int = 8, length: int = 4096) -> list[dict]:
     }
     rows = []
     for name, fn in cases.items():
-        ms, how = _time_ms(fn, reps=10)
+        ms, how = cuda_time_ms(fn, reps=10)
         rows.append({"kind": "prefill", "format": name, "batch": batch, "context": length, "q_len": length,
                      "ms": ms, "TFLOPs": flops / ms / 1e9, "timing": how})
     return rows
@@ -190,12 +190,12 @@ def cross_context_cases(shapes=((64, 1, 1024), (64, 16, 1024), (32, 64, 2048), (
         cu_q = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * qlen
         cu_k = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * enc
         layout = KVLayout("fp8", dtype, HKV, D, BS)
-        pool, tables = _paged_copy(k, v, layout, batch, enc)
+        pool, tables = paged_copy(k, v, layout, batch, enc)
         lens = torch.full((batch,), enc, dtype=torch.int32, device="cuda")
         flops = 4 * batch * HQ * qlen * enc * D
-        fused, fused_timing = _time_ms(lambda: paged_context_attention(
+        fused, fused_timing = cuda_time_ms(lambda: paged_context_attention(
             q, pool, tables, cu_q, lens, spec=layout, causal=False, sm_scale=sm, validate=False))
-        unfused, unfused_timing = _time_ms(lambda: context_attention(
+        unfused, unfused_timing = cuda_time_ms(lambda: context_attention(
             q, k, v, cu_q, cu_k, causal=False, sm_scale=sm, validate=False))
         path = context_path_for(qlen)
         engine = {"engine_path": path, "unfused_over_engine": unfused / (fused if path == "fused" else unfused)}

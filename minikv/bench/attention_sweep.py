@@ -12,7 +12,7 @@ Tuning aid behind the constants in kernels/launch.py, for the shapes of `python 
    unfused) and short-query tiles (the one-query cross step).
 
 Every candidate is passed to the kernel as its `config` argument. Every timing is
-`minikv.bench.attention._time_ms` (CUDA-graph replay, L2 flushed). Writes decode_sweep.csv, context_sweep.csv and
+`minikv.bench.attention.cuda_time_ms` (CUDA-graph replay, L2 flushed). Writes decode_sweep.csv, context_sweep.csv and
 best.json under --out.
 """
 from __future__ import annotations
@@ -47,11 +47,11 @@ def decode_candidates(fmt: str) -> list[tuple]:
 
 
 def _decode_problem(fmt, batch, ctx):
-    from minikv.bench.attention import _fill_pool, layout_for
+    from minikv.bench.attention import fill_pool, layout_for
     layout = layout_for(fmt)
     num_blocks = batch * (ctx // BS)
     pool = torch.empty(num_blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
-    _fill_pool(pool, layout)
+    fill_pool(pool, layout)
     tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, ctx // BS)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device="cuda")
@@ -73,7 +73,7 @@ def _cfg(block_n, warps, stages, row_window, splits):
 # ---- context ---------------------------------------------------------------------------------------------------
 def _context_problems():
     """name -> (callable, flops) for the context shapes; built lazily per process."""
-    from minikv.bench.attention import _paged_copy
+    from minikv.bench.attention import paged_copy
     from minikv.cache.layout import KVLayout
     from minikv.kernels.context_attention import context_attention, paged_context_attention
     dt, sm = torch.bfloat16, D ** -0.5
@@ -85,7 +85,7 @@ def _context_problems():
     cu = torch.arange(0, b + 1, dtype=torch.int32, device="cuda") * n
     lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
     lay = KVLayout("auto", dt, HKV, D, BS)
-    pool, tables = _paged_copy(k, v, lay, b, n)
+    pool, tables = paged_copy(k, v, lay, b, n)
     causal_flops = 4 * b * HQ * n * n * D / 2
     out["causal workspace"] = (lambda cfg: context_attention(q, k, v, cu, cu, True, sm, validate=False, config=cfg),
                                causal_flops)
@@ -98,7 +98,7 @@ def _context_problems():
         cq = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * qlen
         ck = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * enc
         fl = KVLayout("fp8", dt, HKV, D, BS)
-        fpool, ftables = _paged_copy(kk, vv, fl, batch, enc)
+        fpool, ftables = paged_copy(kk, vv, fl, batch, enc)
         flens = torch.full((batch,), enc, dtype=torch.int32, device="cuda")
         flops = 4 * batch * HQ * qlen * enc * D
         tag = f"cross b{batch} q{qlen} enc{enc}"
@@ -169,8 +169,8 @@ def precompile(workers: int, decode: bool = True, context: bool = True, only: st
 # ---- timing ----------------------------------------------------------------------------------------------------
 def _time(fn, reps=10) -> float:
     """Milliseconds (the median of `reps` CUDA-graph replays, L2 flushed)."""
-    from minikv.bench.attention import _time_ms
-    return _time_ms(fn, reps=reps).ms
+    from minikv.bench.attention import cuda_time_ms
+    return cuda_time_ms(fn, reps=reps).ms
 
 
 class _Writer:

@@ -25,7 +25,7 @@ def _rms(x, w):
 
 
 def decode_step_ms(kv_cache_dtype: str, batch: int, context: int, reps: int = 20) -> float:
-    from minikv.bench.attention import _fill_pool
+    from minikv.bench.attention import fill_pool
     from minikv.cache.layout import KVLayout
     from minikv.kernels.cache_write import write_kv
     from minikv.kernels.decode_attention import paged_decode_attention
@@ -44,7 +44,7 @@ def decode_step_ms(kv_cache_dtype: str, batch: int, context: int, reps: int = 20
     pools = []
     for _ in range(LAYERS):
         pool = torch.empty(blocks, layout.block_bytes, dtype=torch.uint8, device=dev)
-        _fill_pool(pool, layout)
+        fill_pool(pool, layout)
         pools.append(pool)
     tables = torch.randperm(blocks, device=dev).to(torch.int32).view(batch, context // BS)
     lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
@@ -67,8 +67,8 @@ def decode_step_ms(kv_cache_dtype: str, batch: int, context: int, reps: int = 20
             x = x + (torch.nn.functional.silu(gate) * up) @ lw["down"]
         return (_rms(x, final_norm) @ head).argmax(dim=-1)
 
-    from minikv.bench.attention import _time_ms
-    return _time_ms(step, reps=reps)
+    from minikv.bench.attention import cuda_time_ms
+    return cuda_time_ms(step, reps=reps)
 
 
 def main(argv=None) -> int:

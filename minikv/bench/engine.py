@@ -44,7 +44,7 @@ from minikv.kernels.formats import KV_CACHE_DTYPES
 def measure(backend: str, device: str, kv_cache_dtype: str, prompts: int, max_tokens: int, max_num_seqs: int,
             model: str = "tiny-gemma4"):
     import minikv
-    from minikv.evaluate import task_of
+    from minikv.bench.accuracy import task_of
     task = task_of(model)
     ps = task.prompts(prompts, seed=0)
     llm = minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
@@ -332,7 +332,7 @@ def gpu_main(args) -> int:
 
 
 def parser():
-    from minikv.argtypes import UsageParser, model_arg, positive_int
+    from minikv.engine.arguments import UsageParser, model_arg, positive_int
     from minikv.config import BACKENDS
     from minikv.config import KV_CACHE_DTYPES as FORMATS
     p = UsageParser(prog="minikv bench engine", description=__doc__)

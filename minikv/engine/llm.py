@@ -28,7 +28,6 @@ from collections.abc import Iterable
 import torch
 from tqdm import tqdm
 
-from minikv import tasks
 from minikv.cache.arena import KVCacheOverrunError
 from minikv.cache.blocks import BlockManager, slot_of
 from minikv.config import (
@@ -41,20 +40,13 @@ from minikv.config import (
     check_choice,
     check_int,
 )
+from minikv.engine.errors import ConcurrentUseError, EngineNeedsResetError
 from minikv.engine.model_runner import ModelRunner
 from minikv.engine.scheduler import Scheduler
 from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
 from minikv.engine.step import StepOutput, StepTrace
-from minikv.kernels.errors import EngineFaultError, InvalidTypeError, InvalidValueError
-from minikv.models import registry
-
-
-class ConcurrentUseError(EngineFaultError, RuntimeError):
-    """An LLM was called from a second thread while a call from another thread was still running."""
-
-
-class EngineNeedsResetError(EngineFaultError, RuntimeError):
-    """The engine's KV arena was overrun earlier; call reset() (or sleep() then wake_up()) before using it."""
+from minikv.kernels.errors import InvalidTypeError, InvalidValueError
+from minikv.models import registry, tasks
 
 
 def _moved_keywords(moved: dict) -> InvalidTypeError:

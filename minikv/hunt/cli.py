@@ -1,6 +1,6 @@
 """`minikv hunt`: the hunter's command line. Exit status 0: nothing found; 1: an invariant failed; 2: usage error.
 
-The options are defined here; minikv/cli.py adds the subcommand and `--reintroduce` (checked there against the
+The options are defined here; minikv/cli/ adds the subcommand and `--reintroduce` (checked there against the
 defect registry, so this package never reads it).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _positive_float(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from minikv.argtypes import whole_number
+    from minikv.engine.arguments import whole_number
     from .oracles import ORACLES
     _count = whole_number(0)
     p.add_argument("--model", default=None, metavar="NAME|PATH",

@@ -103,18 +103,18 @@ class MinikvEngine:
         import dataclasses
 
         from .scenario import blocks_for
-        from .strategies import _tokens, prompt_pool
+        from .strategies import prompt_pool, token_counts
         checked = MinikvEngine(self.reintroduce, backend="torch", instrument=self.instrument, device=self.device,
                                sanitize=True)
 
         def smallest(s: Scenario) -> Scenario:
-            sizes = [_tokens(s.model, r.prompt) for r in s.requests]
+            sizes = [token_counts(s.model, r.prompt) for r in s.requests]
             bs = s.block_size
             cross = max(blocks_for(enc, bs) for _, enc in sizes) if any(enc for _, enc in sizes) else None
             return dataclasses.replace(s, num_blocks=max(blocks_for(dec + r.max_tokens - 1, bs)
                                                          for r, (dec, _) in zip(s.requests, sizes)),
                                        cross_pool_blocks=cross)
-        longest = max(prompt_pool(scenario.model), key=lambda p: sum(_tokens(scenario.model, p)))
+        longest = max(prompt_pool(scenario.model), key=lambda p: sum(token_counts(scenario.model, p)))
         one = dataclasses.replace(scenario, requests=(dataclasses.replace(scenario.requests[0], prompt=longest,
                                                                           arrival=0),))
         for candidate in (scenario, smallest(scenario), smallest(one)):

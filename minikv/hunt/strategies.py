@@ -70,7 +70,7 @@ def prompt_pool(model: str) -> tuple[str, ...]:
     its own tokenizer (`checkpoint_prompts`)."""
     if not is_shipped(model):
         return tuple(sorted(checkpoint_prompts(model), key=lambda p: (len(p), p)))
-    from minikv import tasks
+    from minikv.models import tasks
     return tuple(sorted(tasks.for_model(model).prompts(n=PROMPT_POOL, seed=0), key=lambda p: (len(p), p)))
 
 
@@ -89,7 +89,7 @@ def checkpoint_prompts(model: str, n: int = PROMPT_POOL, seed: int = 0) -> list[
     At most MAX_PROMPT_TOKENS tokens each, so that every prompt fits the model's positions with room to generate."""
     import random
 
-    from minikv import tasks
+    from minikv.models import tasks
     tok = _tokenizer(model)
     out: list[str] = []
     try:
@@ -120,7 +120,7 @@ def checkpoint_prompts(model: str, n: int = PROMPT_POOL, seed: int = 0) -> list[
 def longer_window(model: str, prompt: str, extra_terms: int) -> str:
     """For the arithmetic model: the same sequence with more terms, so two prompts share a prefix (what prefix
     caching reuses). Other models' prompts are returned unchanged."""
-    from minikv import tasks
+    from minikv.models import tasks
     if extra_terms == 0 or not is_shipped(model):
         return prompt
     task = tasks.for_model(model)
@@ -137,7 +137,7 @@ def longer_window(model: str, prompt: str, extra_terms: int) -> str:
     return prompt
 
 
-def _tokens(model: str, prompt: str) -> tuple[int, int]:
+def token_counts(model: str, prompt: str) -> tuple[int, int]:
     """(decoder prompt tokens, encoder tokens) of a prompt."""
     n = len(_tokenizer(model).encode(prompt))
     if model_is_encoder_decoder(model):
@@ -252,7 +252,7 @@ def scenarios(draw, cell: tuple[str, str, str]):
     placement = draw(st.sampled_from(("row", "block"))) if per_token_head else "row"
     repeat = draw(st.booleans())
     sleep = draw(st.sampled_from((None, "discard", "free"))) if repeat else None
-    sizes = [_tokens(model, r.prompt) for r in reqs]
+    sizes = [token_counts(model, r.prompt) for r in reqs]
     extra = draw(st.one_of(st.none(), st.integers(0, MAX_EXTRA_BLOCKS)))
     num_blocks = None if extra is None else extra + max(
         blocks_for(dec + r.max_tokens - 1, block_size) for r, (dec, _) in zip(reqs, sizes))

@@ -31,10 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from minikv import tasks
 from minikv.kernels import formats
 from minikv.kernels.quant import quantize_reference
-from minikv.models import hf_checkpoint, registry
+from minikv.models import hf_checkpoint, registry, tasks
 from minikv.models.dir_tokenizer import save_char_tokenizer
 from minikv.models.gemma4 import Gemma4ForCausalLM
 from minikv.models.t5 import T5ForConditionalGeneration

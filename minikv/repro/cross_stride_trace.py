@@ -1,7 +1,7 @@
 """Defect B1, step by step: who writes and reads which bytes of the arena when, and how the doubled stride turns
 into a wrong token of a request whose own cross blocks never left their pool.
 
-The data behind notebook 04's picture story (drawn by `minikv.viz_cross_stride`), read from a real engine run
+The data behind notebook 04's picture story (drawn by `minikv.viz.cross_stride`), read from a real engine run
 through the step API (`LLM.step()`: its block tables, slot mappings and `StepTrace` events, in execution order):
 
 * `trace_run` serves the requests one step at a time and replays every write and read of every attention layer on

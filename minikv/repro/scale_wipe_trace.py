@@ -1,6 +1,6 @@
 """Defect A, step by step: what each layer did to the shared storages, and how one wiped key becomes a wrong token.
 
-The data behind notebook 03's picture story (drawn by `minikv.viz_scale_wipe`), all read from a real engine run
+The data behind notebook 03's picture story (drawn by `minikv.viz.scale_wipe`), all read from a real engine run
 through the step API (`LLM.step()`, its `StepTrace` events and the census of scale fills):
 
 * `trace_run` drives one engine step by step and returns a `Timeline`: per layer, what it did at warmup and at each

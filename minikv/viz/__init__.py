@@ -1,4 +1,4 @@
-"""The matplotlib figures the notebooks show.
+"""The matplotlib figures the notebooks show, and their exercises' checks (`minikv.viz.exercises`).
 
 Every function takes plain data (lists, NumPy arrays or torch tensors) and returns a new
 `matplotlib.figure.Figure`. Nothing is shown and nothing is left behind in pyplot: each figure is created with
@@ -15,7 +15,7 @@ from `minikv.viz` itself.
 from __future__ import annotations
 
 from .style import (DPI, EMPTY, FONT, GUARD, MAX_WIDTH_IN, MIN_FONT_PT, NEUTRAL, POOL_COLOURS, RIGHT,  # noqa: F401
-                    SCALE, SHOWN_WIDTH_PX, WRONG, _as_token_head, _new_figure, _text_fits, _to_numpy)
+                    SCALE, SHOWN_WIDTH_PX, WRONG, as_token_head, new_figure, text_fits, to_numpy)
 from .legibility import drawn_texts, legibility_problems  # noqa: F401
 from .quantized import (k_magnitude_plot, quant_error_plot, request_grid, row_layout_diagram,  # noqa: F401
                         scale_heatmap)

@@ -20,8 +20,8 @@ from .style import (
     POOL_COLOURS,
     RIGHT,
     WRONG,
-    _new_figure,
-    _text_fits,
+    new_figure,
+    text_fits,
 )
 
 # ---- paged KV cache -------------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def block_table_diagram(block_tables, num_blocks: int, title: str = "Block table
             refcount[b] += 1
 
     width = max(num_blocks, max((len(r) for _, r in tables), default=1))
-    fig, ax = _new_figure(figsize=(min(MAX_WIDTH_IN, max(6.0, 0.45 * width + 2.2)), 1.5 + 0.6 * (len(tables) + 2)))
+    fig, ax = new_figure(figsize=(min(MAX_WIDTH_IN, max(6.0, 0.45 * width + 2.2)), 1.5 + 0.6 * (len(tables) + 2)))
     colours = {name: POOL_COLOURS[i % len(POOL_COLOURS)] for i, (name, _) in enumerate(tables)}
     top = len(tables) + 1
     for i, (name, row) in enumerate(tables):
@@ -122,7 +122,7 @@ def slot_mapping_diagram(slot_mapping, block_size: int, token_labels: Sequence[s
             if int(requests[i]) not in owners[s // block_size]:
                 owners[s // block_size].append(int(requests[i]))
 
-    fig, ax = _new_figure(figsize=(min(MAX_WIDTH_IN, 0.38 * block_size + 2.2), 1.7 + 0.42 * max(1, len(blocks))))
+    fig, ax = new_figure(figsize=(min(MAX_WIDTH_IN, 0.38 * block_size + 2.2), 1.7 + 0.42 * max(1, len(blocks))))
     for r, block in enumerate(blocks):
         for offset in range(block_size):
             ax.add_patch(Rectangle((offset, r), 0.95, 0.9, facecolor=EMPTY, edgecolor="white"))
@@ -170,7 +170,7 @@ def layer_pool_diagram(kv_owner: Mapping[int, int], layer_types: Sequence[str] |
             raise ValueError(f"layer {layer} shares layer {kv_owner[layer]}'s pool, which is not a KV-owning layer")
     kinds = [t.split("_")[0] for t in layer_types] if layer_types is not None else None
     kind_colour = {k: POOL_COLOURS[i % len(POOL_COLOURS)] for i, k in enumerate(dict.fromkeys(kinds or ["pool"]))}
-    fig, ax = _new_figure(figsize=(6.4, 0.5 * len(layers) + 1.6))
+    fig, ax = new_figure(figsize=(6.4, 0.5 * len(layers) + 1.6))
     for row, layer in enumerate(layers):
         owner = kv_owner[layer]
         label = f"layer {layer}" + (f" ({kinds[layer]})" if kinds else "")
@@ -218,7 +218,7 @@ def fragmentation_plot(seq_lens: Sequence[int], block_size: int, max_seq_len: in
     paged = np.array([math.ceil(n / block_size) * block_size for n in lens])
     contiguous = np.full(len(lens), max_seq_len)
 
-    fig, ax = _new_figure(figsize=(min(MAX_WIDTH_IN, max(5.0, 0.4 * len(lens) + 1.6)), 4.2))
+    fig, ax = new_figure(figsize=(min(MAX_WIDTH_IN, max(5.0, 0.4 * len(lens) + 1.6)), 4.2))
     x = np.arange(len(lens))
     ax.bar(x - 0.2, contiguous, 0.4, color=EMPTY, edgecolor=GUARD, label="contiguous: reserved")
     ax.bar(x + 0.2, paged, 0.4, color=POOL_COLOURS[1], label="paged: reserved")
@@ -261,13 +261,13 @@ def pool_byte_map(regions: Sequence[tuple[str, str, int, int]], blocks_correct: 
         return not any(start < ge and gs < end for gs, ge in guards)
 
     total = max(e for *_, e in regions)
-    fig, ax = _new_figure(figsize=(MAX_WIDTH_IN, 3.2))
+    fig, ax = new_figure(figsize=(MAX_WIDTH_IN, 3.2))
     pool_colour = {}
     for kind, name, start, end in regions:
         if kind == "pool":
             pool_colour[name] = POOL_COLOURS[len(pool_colour) % len(POOL_COLOURS)]
             ax.add_patch(Rectangle((start, 2), end - start, 0.8, facecolor=pool_colour[name], edgecolor="white"))
-            if _text_fits(ax, name, end - start, total):
+            if text_fits(ax, name, end - start, total):
                 ax.text((start + end) / 2, 2.4, name, ha="center", va="center", color="white", fontsize=FONT)
         else:
             ax.add_patch(Rectangle((start, 2), end - start, 0.8, facecolor="white", edgecolor=GUARD, hatch="xx",

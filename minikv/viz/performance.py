@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from .style import FONT, NEUTRAL, POOL_COLOURS, _new_figure
+from .style import FONT, NEUTRAL, POOL_COLOURS, new_figure
 
 # ---- performance ----------------------------------------------------------------------------------------------
 
@@ -30,7 +30,7 @@ def bandwidth_plot(rows: Sequence, copy_gbps: float, title: str = "Achieved memo
     if not copy_gbps > 0:
         raise ValueError(f"copy_gbps must be positive, got {copy_gbps}")
 
-    fig, ax = _new_figure(figsize=(7.5, 1.2 + 0.35 * len(items)))
+    fig, ax = new_figure(figsize=(7.5, 1.2 + 0.35 * len(items)))
     y = np.arange(len(items))
     values = [g for _, g in items]
     ax.barh(y, values, color=POOL_COLOURS[0])

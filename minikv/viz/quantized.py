@@ -22,9 +22,9 @@ from .style import (
     RIGHT,
     SCALE,
     WRONG,
-    _as_token_head,
-    _new_figure,
-    _to_numpy,
+    as_token_head,
+    new_figure,
+    to_numpy,
 )
 
 # ---- quantized KV cache ------------------------------------------------------------------------------------
@@ -37,8 +37,8 @@ def scale_heatmap(scales_before, scales_after, title: str = "Per-(token, head) s
     flattened block by block). A wipe to 1.0 shows as a bright band among the ~1e-2 scales; values <= 0 (never
     written, or zero-filled storage) are drawn grey.
     """
-    before = _as_token_head(scales_before, "scales_before")
-    after = _as_token_head(scales_after, "scales_after")
+    before = as_token_head(scales_before, "scales_before")
+    after = as_token_head(scales_after, "scales_after")
     if before.shape != after.shape:
         raise ValueError(f"scales_before {before.shape} and scales_after {after.shape} must have the same shape")
     positive = np.concatenate([before[before > 0], after[after > 0]])
@@ -48,7 +48,7 @@ def scale_heatmap(scales_before, scales_after, title: str = "Per-(token, head) s
     norm = LogNorm(vmin=vmin, vmax=vmax)
     cmap = plt.get_cmap("viridis").with_extremes(bad=EMPTY)
 
-    fig, axes = _new_figure(1, 2, figsize=(8.0, 4.5), sharey=True)
+    fig, axes = new_figure(1, 2, figsize=(8.0, 4.5), sharey=True)
     for ax, data, label in zip(axes, (before, after), labels):
         image = ax.imshow(np.ma.masked_less_equal(data.T, 0), aspect="auto", interpolation="nearest",
                           norm=norm, cmap=cmap, origin="lower")
@@ -68,8 +68,8 @@ def k_magnitude_plot(clean_k, wiped_k, title: str = "Dequantized K magnitude",
     `clean_k` and `wiped_k` are [tokens, ...] (e.g. [tokens, kv_heads, head_size]); every trailing dimension is
     reduced with max |.|.
     """
-    clean = _to_numpy(clean_k, "clean_k")
-    wiped = _to_numpy(wiped_k, "wiped_k")
+    clean = to_numpy(clean_k, "clean_k")
+    wiped = to_numpy(wiped_k, "wiped_k")
     if clean.shape != wiped.shape or clean.ndim < 1:
         raise ValueError(f"clean_k {clean.shape} and wiped_k {wiped.shape} must have the same, non-scalar shape")
     clean_mag = np.abs(clean.reshape(clean.shape[0], -1)).max(axis=1)
@@ -77,7 +77,7 @@ def k_magnitude_plot(clean_k, wiped_k, title: str = "Dequantized K magnitude",
     ok = clean_mag > 0
     inflation = float(np.median(wiped_mag[ok] / clean_mag[ok])) if ok.any() else float("nan")
 
-    fig, ax = _new_figure()
+    fig, ax = new_figure()
     tokens = np.arange(clean_mag.shape[0])
     ax.plot(tokens, clean_mag, "o-", color=RIGHT, label=labels[0], markersize=3)
     ax.plot(tokens, wiped_mag, "s-", color=WRONG, label=labels[1], markersize=3)
@@ -105,7 +105,7 @@ def request_grid(damaged: Sequence[bool], max_num_seqs: int, title: str = "Reque
     for i, bad in enumerate(flags):
         grid[i // max_num_seqs, i % max_num_seqs] = 1.0 if bad else 0.0
 
-    fig, ax = _new_figure(figsize=(max(4.0, 0.55 * max_num_seqs + 2), max(2.0, 0.4 * rows + 1.2)))
+    fig, ax = new_figure(figsize=(max(4.0, 0.55 * max_num_seqs + 2), max(2.0, 0.4 * rows + 1.2)))
     cmap = ListedColormap([EMPTY, RIGHT, WRONG])
     ax.imshow(grid + 1, cmap=cmap, vmin=0, vmax=2, aspect="auto", interpolation="nearest")
     for i in range(len(flags)):
@@ -133,7 +133,7 @@ def row_layout_diagram(layout, title: str | None = None) -> Figure:
     if missing:
         raise TypeError(f"row_layout_diagram needs a KVLayout (missing attributes: {', '.join(missing)})")
 
-    fig, axes = _new_figure(3, 1, figsize=(8.0, 4.2))
+    fig, axes = new_figure(3, 1, figsize=(8.0, 4.2))
     code_bytes = layout.head_size * layout.elem_bytes
     bars = [
         ("block", layout.block_bytes,
@@ -178,13 +178,13 @@ def quant_error_plot(errors_by_format: Mapping[str, object], title: str = "Quant
     if not errors_by_format:
         raise ValueError("errors_by_format must name at least one format")
     names = list(errors_by_format)
-    errors = [np.abs(_to_numpy(errors_by_format[n], f"errors_by_format[{n!r}]")).ravel() for n in names]
+    errors = [np.abs(to_numpy(errors_by_format[n], f"errors_by_format[{n!r}]")).ravel() for n in names]
     means = np.array([e.mean() if e.size else 0.0 for e in errors])
     maxes = np.array([e.max() if e.size else 0.0 for e in errors])
     positive = np.concatenate([means[means > 0], maxes[maxes > 0]])
     floor = positive.min() / 10 if positive.size else 1e-12
 
-    fig, ax = _new_figure(figsize=(min(MAX_WIDTH_IN, max(5.0, 1.5 * len(names) + 1)), 4.0))
+    fig, ax = new_figure(figsize=(min(MAX_WIDTH_IN, max(5.0, 1.5 * len(names) + 1)), 4.0))
     x = np.arange(len(names))
     ax.bar(x, np.maximum(means, floor), color=POOL_COLOURS[0], label="mean")
     ax.plot(x, np.maximum(maxes, floor), "o", color=NEUTRAL, label="max")

@@ -30,7 +30,7 @@ MIN_FONT_PT = 8.0
 FONT = 8.0              # the smallest font size the figures use (8 pt at DPI 100 shows as 8.3 pt)
 
 
-def _new_figure(nrows: int = 1, ncols: int = 1, figsize=(7.0, 4.0), **kwargs) -> tuple[Figure, object]:
+def new_figure(nrows: int = 1, ncols: int = 1, figsize=(7.0, 4.0), **kwargs) -> tuple[Figure, object]:
     width, height = figsize
     fig, axes = plt.subplots(nrows, ncols, figsize=(min(width, MAX_WIDTH_IN), height), layout="constrained",
                              dpi=DPI, **kwargs)
@@ -38,14 +38,14 @@ def _new_figure(nrows: int = 1, ncols: int = 1, figsize=(7.0, 4.0), **kwargs) ->
     return fig, axes
 
 
-def _text_fits(ax, text: str, width: float, span: float, fontsize: float = FONT) -> bool:
+def text_fits(ax, text: str, width: float, span: float, fontsize: float = FONT) -> bool:
     """Whether `text` fits into `width` of the `span` data units along ax's x extent (estimated from the figure's
     size: about 0.6 em per character)."""
     axes_px = ax.get_position().width * ax.figure.get_figwidth() * ax.figure.dpi
     return width / span * axes_px >= 0.62 * fontsize * ax.figure.dpi / 72 * len(text) + 2
 
 
-def _to_numpy(values, name: str, ndim: int | tuple[int, ...] | None = None) -> np.ndarray:
+def to_numpy(values, name: str, ndim: int | tuple[int, ...] | None = None) -> np.ndarray:
     """Convert a list, array or torch tensor to a float64 NumPy array, checking its number of dimensions."""
     if hasattr(values, "detach"):                      # torch tensor, without importing torch here
         values = values.detach().to("cpu").float().numpy()
@@ -57,9 +57,9 @@ def _to_numpy(values, name: str, ndim: int | tuple[int, ...] | None = None) -> n
     return array
 
 
-def _as_token_head(scales, name: str) -> np.ndarray:
+def as_token_head(scales, name: str) -> np.ndarray:
     """Scales as a [tokens, heads] matrix; [blocks, block_size, heads] views are flattened block by block."""
-    array = _to_numpy(scales, name, ndim=(1, 2, 3))
+    array = to_numpy(scales, name, ndim=(1, 2, 3))
     if array.ndim == 1:
         return array[:, None]
     if array.ndim == 3:

@@ -40,5 +40,5 @@ from .cli import main  # noqa: F401
 from .context_read import run_context  # noqa: F401
 from .report import (check_signatures, error_display, factor_key, measure, quantities, results_dict,  # noqa: F401
                      tables, write_results)
-from .run import (MODEL, _generate, bind_time_check, engine, make_prompts, model_dtype,  # noqa: F401
+from .run import (MODEL, bind_time_check, engine, generate_tokens, make_prompts, model_dtype,  # noqa: F401
                   reference_tokens, references, run_pool, task_of)

@@ -42,7 +42,7 @@ def overrun_facts(factor: float, need: int, device="cpu", model: str = MODEL) ->
 def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu", backend="torch",
                      model: str = MODEL) -> dict:
     """Serve `prompts` on a buggy engine (historical stride, sanitizer off) with a cross pool of
-    floor(factor * need) blocks and return one panel of `minikv.viz_cross_stride.stride_byte_map`: the arena's
+    floor(factor * need) blocks and return one panel of `minikv.viz.cross_stride.stride_byte_map`: the arena's
     regions, every cross layer's blocks in use at the doubled stride per request, the requests' self-attention
     blocks, and the requests whose token ids differ from `reference`."""
     import minikv
@@ -115,13 +115,13 @@ def arena_runs(prompts, reference, need: int, factor: float = 1.5, device="cpu",
 
 def arena_rows(runs: list[tuple[str, PoolRun]], n: int) -> list[list]:
     return [[arena, "on" if r.sanitize else "off", r.blocks,
-             r.outcome + (f" ({_of(r.wrong, n)})" if r.outcome == "wrong tokens" else "")] for arena, r in runs]
+             r.outcome + (f" ({wrong_of(r.wrong, n)})" if r.outcome == "wrong tokens" else "")] for arena, r in runs]
 
 
 ARENA_COLUMNS = ["arena", "sanitizer", "cross pool blocks", "historical stride"]
 
 
-def _of(wrong: list[int], n: int) -> str:
+def wrong_of(wrong: list[int], n: int) -> str:
     return f"{len(wrong)} of {n}"
 
 

@@ -13,7 +13,7 @@ from .run import AUTO_REFERENCE, MODEL, RESULTS_COMMAND
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minikv.argtypes import UsageParser, device_and_backend_args, positive_int, resolve_backend
+    from minikv.engine.arguments import UsageParser, device_and_backend_args, positive_int, resolve_backend
     p = UsageParser(prog="minikv repro cross-stride", description=sys.modules[__package__].__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL,

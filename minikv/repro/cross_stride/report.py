@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .arena import ARENA_COLUMNS, Overrun, _of, arena_rows, arena_runs, overrun_facts
+from .arena import ARENA_COLUMNS, Overrun, arena_rows, arena_runs, overrun_facts, wrong_of
 from .context_read import ContextRun, run_context
 from .run import (
     AUTO_REFERENCE,
@@ -165,7 +165,7 @@ def quantities(m: Measurement) -> dict[str, dict]:
     for f in (1.0, 1.5, 2.0):
         r = silent[f]
         q[f"b1_wrong_requests_{factor_key(f)}"] = {
-            "value": len(r.wrong), "display": _of(r.wrong, n),
+            "value": len(r.wrong), "display": wrong_of(r.wrong, n),
             "statistic": f"requests whose token ids differ from the auto-cache run, historical stride, cross pool "
                          f"of {r.blocks} blocks ({f:g}x the {m.need} needed), sanitizer off"}
     o15 = m.overruns[1.5]
@@ -192,7 +192,7 @@ def quantities(m: Measurement) -> dict[str, dict]:
             "value": by[v].context_error, "display": error_display(by[v].context_error),
             "statistic": f"the same statistic at the context step, {v} path"}
     q["b2_wrong_requests"] = {
-        "value": len(hist.wrong), "display": _of(hist.wrong, n),
+        "value": len(hist.wrong), "display": wrong_of(hist.wrong, n),
         "statistic": "requests whose token ids differ from the auto-cache run with the historical context read"}
     first = [round(f, 2) for _, f, d in m.copies if 0 in d]
     factors = [round(f, 2) for _, f, _ in m.copies]
@@ -217,13 +217,13 @@ def tables(m: Measurement) -> dict[str, dict]:
     for f in FACTORS:
         row = [cell[(f, b, s)] for b, s in ((True, True), (True, False), (False, True), (False, False))]
         b1["rows"].append([f"{f:g}x", row[0].blocks] + [
-            r.outcome + (f" ({_of(r.wrong, n)})" if r.outcome == "wrong tokens" else "") for r in row])
+            r.outcome + (f" ({wrong_of(r.wrong, n)})" if r.outcome == "wrong tokens" else "") for r in row])
     b2 = {"caption": "B2: cross-attention output vs exact float32 attention over the K/V the path is meant to "
                      "read (the FP8 cache's contents; the 16-bit K/V for the unfused path), max |out - exact| / "
                      "max |exact| over requests and cross layers",
           "columns": ["version", "context path", "context step", "decode steps", "wrong requests"],
           "rows": [[r.version, r.path, error_display(r.context_error), error_display(r.decode_error),
-                    _of(r.wrong, n)] for r in m.ctx_runs]}
+                    wrong_of(r.wrong, n)] for r in m.ctx_runs]}
     over = {"caption": "B1: where each cross layer's highest block in use ends at the doubled stride",
             "columns": ["pool factor", "cross pool", "bytes past its end", "last byte lands in"],
             "rows": [[f"{f:g}x", o.pool, o.bytes_past_end, o.lands_in] for f, os in m.overruns.items() for o in os]}

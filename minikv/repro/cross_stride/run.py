@@ -45,7 +45,7 @@ def make_prompts(n: int = 6, seed: int = 0, model: str = MODEL) -> list[str]:
     return task_of(model).prompts(n, seed=seed)
 
 
-def _generate(llm, prompts):
+def generate_tokens(llm, prompts):
     import minikv
     task = task_of(llm.model_name)
     params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
@@ -53,7 +53,7 @@ def _generate(llm, prompts):
 
 
 def reference_tokens(prompts, device="cpu", backend="triton", model: str = MODEL) -> list[list[int]]:
-    return _generate(engine("auto", device, backend, model, max_num_seqs=len(prompts)), prompts)
+    return generate_tokens(engine("auto", device, backend, model, max_num_seqs=len(prompts)), prompts)
 
 
 AUTO_REFERENCE = "the auto-cache run"
@@ -73,12 +73,12 @@ def references(prompts, need: int, device="cpu", backend="triton", model: str = 
     depend on the pool's size)."""
     import minikv
     auto = reference_tokens(prompts, device, backend, model)
-    fp8 = _generate(engine("fp8", device, backend, model, max_num_seqs=len(prompts)), prompts)
+    fp8 = generate_tokens(engine("fp8", device, backend, model, max_num_seqs=len(prompts)), prompts)
     if fp8 == auto:
         return auto, auto, AUTO_REFERENCE
     ample = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=3 * need,
                    repro=minikv.ReproConfig(check_layout=False), reintroduce=("cross-stride",))
-    return _generate(ample, prompts), fp8, SPLIT_REFERENCE
+    return generate_tokens(ample, prompts), fp8, SPLIT_REFERENCE
 
 
 @dataclass
@@ -100,7 +100,7 @@ def run_pool(prompts, reference, factor: float, need: int, buggy: bool, sanitize
                  sanitize=sanitize, reintroduce=("cross-stride",) if buggy else (),
                  repro=minikv.ReproConfig(check_layout=False, kv_arena=kv_arena))
     try:
-        tokens = _generate(llm, prompts)
+        tokens = generate_tokens(llm, prompts)
     except minikv.KVCacheOverrunError as err:
         return PoolRun(factor, blocks, buggy, sanitize, "overrun caught", f"pool {err.pool!r}")
     damage = llm.arena.damaged_guards()
@@ -125,7 +125,7 @@ def identical_requests(prompt: str, device="cpu", backend="torch",
     for blocks in range(need, 2 * need + 1):
         llm = engine("fp8", device, backend, model, max_num_seqs=3, cross_pool_blocks=blocks, sanitize=False,
                      repro=minikv.ReproConfig(check_layout=False), reintroduce=("cross-stride",))
-        tokens = _generate(llm, prompts)
+        tokens = generate_tokens(llm, prompts)
         rows.append((blocks, blocks / need, [i for i, (t, r) in enumerate(zip(tokens, reference)) if t != r]))
     return rows
 

@@ -9,7 +9,7 @@ from minikv.repro.common import ranges
 
 from .run import Fill, Run, compare
 
-# Upstream's census on gemma-4-E2B-it (the description of vLLM pull request #51061, minikv/provenance.py): fills that
+# Upstream's census on gemma-4-E2B-it (the description of vLLM pull request #51061, minikv/defects/provenance.py): fills that
 # wiped nothing, and the written scales each late wiping fill overwrote. It does not break the harmless fills down further.
 UPSTREAM_CENSUS = {"harmless": 33, "wiping": 2, "wiped": (22_384, 13_394)}
 UPSTREAM_INFLATION = {"K": 221, "V": 24}

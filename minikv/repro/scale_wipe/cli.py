@@ -36,7 +36,7 @@ from .run import E2B_MODEL, FORMATS, MODEL, attention_damage, compare, judge_of,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minikv.argtypes import UsageParser, device_and_backend_args, positive_int, resolve_backend
+    from minikv.engine.arguments import UsageParser, device_and_backend_args, positive_int, resolve_backend
     p = UsageParser(prog="minikv repro scale-wipe", description=sys.modules[__package__].__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL,

@@ -1,0 +1,485 @@
+"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt.
+
+Every error ends as one line on stderr, `minikv: error: MESSAGE (hint: WHAT TO DO)`, and an exit status: 2 for bad
+input (an argument, a checkpoint directory or a prompt minikv cannot take: argparse's own checks, minikv's
+`BadInputError`s and its boundary checks' ValueError/TypeError/MemoryError), 1 for a found defect or failed check
+(a hunt's finding, a reproduction whose signatures do not hold, the sanitizer's `KVCacheOverrunError`), 3 for an
+engine fault (anything else: a fault in minikv). `--traceback` anywhere on the command line, or MINIKV_TRACEBACK=1,
+prints the traceback too. The reproductions, benchmarks and the hunter parse their own options with `UsageParser`,
+so their usage errors look the same.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import traceback
+
+from minikv.engine.arguments import UsageParser, model_arg, positive_int
+from minikv.config import BACKENDS, KV_CACHE_DTYPES
+
+
+def _cmd_demo(args) -> int:
+    from minikv.cli import demo
+    return demo.main(device=args.device)
+
+
+def unknown_only(tokenizer, prompt: str) -> str | None:
+    """The unknown token a prompt encodes to when it encodes to nothing else (a Hugging Face tokenizer's `[UNK]`
+    for text it has no tokens for), else None."""
+    inner = getattr(tokenizer, "_tok", None)           # minikv.models.dir_tokenizer.HFTokenizer's tokenizers object
+    unk = getattr(getattr(inner, "model", None), "unk_token", None)
+    unk_id = inner.token_to_id(unk) if unk is not None else None
+    if unk_id is None:
+        return None
+    ids = tokenizer.encode(prompt)
+    return unk if ids and all(i == unk_id for i in ids) else None
+
+
+def _cmd_generate(args) -> int:
+    import minikv
+    llm = minikv.LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, device=args.device,
+                     backend=args.backend, max_num_seqs=args.max_num_seqs)
+    for prompt in args.prompts:
+        unk = unknown_only(llm.tokenizer, prompt)
+        if unk is not None:
+            raise ValueError(f"prompt {prompt!r} encodes to the unknown token {unk!r} only: {args.model}'s tokenizer "
+                             f"has no token for its characters, so the model would see nothing of it")
+    params = minikv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    for out in llm.generate(args.prompts, params, use_tqdm=sys.stderr.isatty()):
+        if args.ids:
+            prompt_ids = llm.tokenizer.encode(out.prompt)
+            print(f"{out.prompt!r} {prompt_ids} -> {list(out.token_ids)}  [{out.finish_reason}]")
+        else:
+            print(f"{out.prompt!r} -> {out.text!r}  [{out.finish_reason}]")
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from minikv.bench import accuracy
+    result = accuracy.exact_match(args.model, args.kv_cache_dtype, n=args.n, device=args.device,
+                                  backend=args.backend, max_num_seqs=args.max_num_seqs, task=args.task)
+    print(result.report())
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from minikv.models import train
+    metrics = train.train(args.model, steps=args.steps, seed=args.seed, out_dir=args.out_dir)
+    print(metrics)
+    print(f"checkpoint written to {args.out_dir}/{args.model}/; to ship it, copy it over "
+          f"minikv/models/weights/{args.model}/")
+    return 0
+
+
+# What kind of model each defect's mechanism needs, and a shipped model that has it.
+MODEL_KIND_NEEDED = {
+    "scale-wipe": ("decoder-only", "a decoder-only model with KV-sharing layers (num_kv_shared_layers > 0 in its "
+                                   "config.json), such as tiny-gemma4"),
+    "cross-stride": ("encoder-decoder", "an encoder-decoder model with cross attention (a T5), such as tiny-t5"),
+    "cross-fp8-context-read": ("encoder-decoder", "an encoder-decoder model with cross attention (a T5), such as "
+                                                  "tiny-t5"),
+}
+REPRODUCTIONS = {  # name: (module, the defects it reproduces, what it shows)
+    "scale-wipe": ("minikv.repro.scale_wipe", ("scale-wipe",),
+                   "vLLM's scale wipe: KV-sharing layers wipe the inline KV scales of the whole first batch"),
+    "cross-stride": ("minikv.repro.cross_stride", ("cross-stride", "cross-fp8-context-read"),
+                     "TensorRT-LLM's FP8 cross attention: the doubled cross-pool stride, then the fused context "
+                     "read of the FP8 pool as 16-bit"),
+}
+
+
+def model_kind(model: str) -> str:
+    """"encoder-decoder", "decoder-only" (with KV-sharing layers) or "decoder-only without KV sharing", read from a
+    shipped model's config or a checkpoint directory's config.json (ModelLoadError for a directory that has none)."""
+    from minikv.models import hf_checkpoint, registry
+    if registry.is_checkpoint_model(model):
+        config = registry.CHECKPOINT_CONFIGS[model]
+    elif hf_checkpoint.is_checkpoint_dir(model):
+        try:
+            config = hf_checkpoint.read_config(model)
+        except hf_checkpoint.CheckpointError as err:
+            raise registry.ModelLoadError(str(err), hint=err.hint) from None
+        config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    elif os.path.isdir(model):
+        raise ValueError(f"{model!r} is not a checkpoint directory: it has no config.json (expected transformers' "
+                         f"config.json + model.safetensors of a Gemma-4 or T5 model)")
+    else:
+        return "unknown"                         # LLM(...) says what is wrong with it
+    if config.get("model_type") == "t5" or config.get("is_encoder_decoder"):
+        return "encoder-decoder"
+    return "decoder-only" if (config.get("num_kv_shared_layers") or 0) > 0 else "decoder-only without KV sharing"
+
+
+def _check_model_kind(defects, model: str, what: str) -> None:
+    """Refuse, before anything runs, a defect whose mechanism the model cannot have, saying which kind it needs."""
+    kind = model_kind(model)
+    if kind == "unknown":
+        return
+    for name in defects:
+        needed, description = MODEL_KIND_NEEDED[name]
+        if kind != needed:
+            raise ValueError(f"{what} {name} needs {description}; {model} is "
+                             f"{'an' if kind[0] in 'ae' else 'a'} {kind} model")
+
+
+def _option(rest: list[str], name: str) -> str | None:
+    """The value of option `name` in a subcommand's own arguments (`--name VALUE` or `--name=VALUE`), or None."""
+    for i, arg in enumerate(rest):
+        if arg == name and i + 1 < len(rest):
+            return rest[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _cmd_repro(args) -> int:
+    import importlib
+    if args.defect is None:
+        print("usage: minikv repro DEFECT [options]: reproduce a historical defect on a buggy and a fixed engine "
+              "and check its upstream signatures (exit 0: all reproduced). The reproductions:")
+        for name, (_, defects, what) in REPRODUCTIONS.items():
+            print(f"  {name:14} {what} (the defects {', '.join(defects)} of `minikv bugs`)")
+            print(f"  {'':14} needs {MODEL_KIND_NEEDED[name][1]}; its options: minikv repro {name} --help")
+        return 0
+    module, defects, _ = REPRODUCTIONS[args.defect]
+    model = _option(args.rest, "--model")
+    if model is not None:
+        _check_model_kind(defects[:1], model, f"minikv repro {args.defect}: the reproduction of")
+    return importlib.import_module(module).main(args.rest)
+
+
+def _cmd_bench(args) -> int:
+    from minikv.bench import main as bench_main
+    return bench_main([args.what] + args.rest)
+
+
+def _cmd_hunt(args) -> int:
+    from minikv.hunt import cli as hunt_cli
+    command = "minikv " + shlex.join(args.argv)
+    if args.every_defect:
+        if args.reintroduce:
+            raise ValueError("--every-defect hunts the fixed engine and then every defect in turn: leave out "
+                             "--reintroduce")
+        return _hunt_every_defect(args, command)
+    if args.reintroduce and args.model:
+        _check_model_kind(args.reintroduce, args.model, "--reintroduce")
+    label = ("the fixed engine" if not args.reintroduce
+             else "with " + ", ".join(args.reintroduce) + " reintroduced")
+    return hunt_cli.run(args, label=label, command=command)
+
+
+# The check each upstream test matrix lacked, run alone: (what it is, the defect it would have caught, the invariant).
+UPSTREAM_CHECKS = (("first batch vs a later one (vLLM)", "scale-wipe", "repeat-identical"),
+                   ("dense reference alone, pools down to the need (TensorRT-LLM's golden)", "cross-stride",
+                    "matches-reference"))
+
+
+def _hunt_every_defect(args, command: str) -> int:
+    """`minikv hunt --every-defect`: the fixed engine, then each registered defect (each where the model has the
+    mechanism), then the checks upstream's test matrices lacked, one at a time, and the near-tie calibration; one
+    line each, and with --results the file results/hunt.json is (quantities and tables for the docs, and every
+    hunt's own report). Exit 0 when the fixed engine is clean and every defect the model can have is found."""
+    import os
+
+    from minikv.defects.registry import DEFECTS
+    from minikv.hunt import cli as hunt_cli
+    from minikv.hunt import hunt
+    from minikv.hunt.reference import LOGIT_TOLERANCE, DenseReference, calibrate
+    from minikv.hunt.strategies import cell_label, prompt_pool
+    hunt_cli.check_outputs(args)
+    load = os.getloadavg()[0]
+    reference = DenseReference()
+    common = dict(model=args.model, backend=args.backend, seed=args.seed, budget_s=args.budget,
+                  max_scenarios=args.max_scenarios or None, oracles=args.oracle, reference=reference)
+    reports = {"the fixed engine": hunt(**common)}
+    fixed = reports["the fixed engine"]
+    print(f"the fixed engine: {fixed.text().splitlines()[0]}")
+    ok = not fixed.found
+    rows, quantities, skipped = [], {}, []
+    for name in DEFECTS:
+        try:
+            report = hunt(reintroduce=(name,), **common)
+        except ValueError as err:                   # every cell refused: the model cannot have this defect
+            if "refused every scenario" not in str(err):
+                raise
+            skipped.append(name)
+            print(f"{name}: not applicable: {str(err).split('its first refusal: ')[-1]}")
+            continue
+        reports[f"with {name} reintroduced"] = report
+        f = report.finding
+        ok = ok and f is not None
+        if f is None:
+            print(f"{name}: NOT FOUND: {report.text()}")
+            rows.append([name, "-", "-", "-", "-", "-", f"{report.seconds:.1f} s"])
+        else:
+            invariants = ", ".join(dict.fromkeys(v.oracle for v in f.violations))
+            print(f"{name}: found by {invariants} in cell {cell_label(f.cell)} at scenario {f.scenarios_before + 1} "
+                  f"({f.seconds_to_find:.1f} s), shrunk in {f.shrink_runs} runs")
+            rows.append([name, invariants, cell_label(f.cell), str(f.scenarios_before + 1),
+                         f"{f.seconds_to_find:.1f} s", str(f.shrink_runs), f"{report.seconds:.1f} s"])
+        quantities[f"{name.replace('-', '_')}_wall"] = {
+            "value": round(report.seconds, 1), "display": f"{report.seconds:.1f} s",
+            "statistic": f"seconds `minikv hunt --reintroduce {name}` spent searching and shrinking (in-process, "
+                         f"after start-up), {args.backend} backend"}
+    checks = []
+    for title, name, oracle in UPSTREAM_CHECKS:
+        if name in skipped:
+            continue
+        report = hunt(reintroduce=(name,), **{**common, "oracles": (oracle,)})
+        reports[f"with {name} reintroduced, {oracle} alone"] = report
+        f = report.finding
+        print(f"{title}: {name} {'found' if f else 'not found'} by {oracle} alone"
+              + (f" at scenario {f.scenarios_before + 1} ({f.seconds_to_find:.1f} s)" if f else ""))
+        checks.append([title, name, oracle, "found" if f else "not found",
+                       str(f.scenarios_before + 1) if f else "-", f"{f.seconds_to_find:.1f} s" if f else "-"])
+    margin, gap = calibrate(reference, fixed.cells, prompt_pool)
+    print(f"near ties: the dense model picks every reference token by at least {margin:.2f} logits; its float16 "
+          f"and float32 runs differ by up to {gap:.2f} logits")
+    budget = f"budget {args.budget:g} s" + (f", at most {args.max_scenarios} scenarios" if args.max_scenarios else "")
+    quantities.update({
+        "fixed_scenarios": {"value": fixed.scenarios_run, "display": f"{fixed.scenarios_run} scenarios",
+                            "statistic": f"scenarios `minikv hunt --budget {args.budget:g}` ran on the fixed engine, "
+                                         f"all clean" if not fixed.found else "scenarios run on the fixed engine"},
+        "budget": {"value": args.budget, "display": f"{args.budget:g} s",
+                   "statistic": "the --budget of every hunt measured here"},
+        "load_average": {"value": round(load, 1), "display": f"load average {load:.1f}",
+                         "statistic": f"1-minute load average of the {os.cpu_count()}-core machine when the "
+                                      f"measurement started (shared with other sessions)"},
+        "tie_min_margin": {"value": round(margin, 2), "display": f"{margin:.1f} logits",
+                           "statistic": "smallest margin by which the dense model picks a reference token, over the "
+                                        "prompt pool, every KV format, float16 and float32"},
+        "f16_f32_gap": {"value": round(gap, 2), "display": f"{gap:.1f} logits",
+                        "statistic": "largest logit difference between the dense model's float16 and float32 runs "
+                                     "of the same reference (same tokens so far), same pool and formats"},
+    })
+    if args.results:
+        models = sorted({c[0] for c in fixed.cells}, key=lambda m: [c[0] for c in fixed.cells].index(m))
+        hunt_cli.write_json(args.results, {
+            "name": "hunt", "command": command, "model": ", ".join(cell_label((m,)) for m in models),
+            "notebook": "notebooks/06_catching_defects.ipynb", "quantities": quantities,
+            "tables": {
+                "defects": {"caption": f"Each historical defect found blind by `minikv hunt` ({args.backend} backend, "
+                                       f"{budget}, seed {args.seed}; {os.cpu_count()}-core CPU at load average "
+                                       f"{load:.1f})",
+                            "columns": ["defect", "invariant", "cell", "scenario", "to the finding", "shrink runs",
+                                        "hunt time"],
+                            "rows": rows},
+                "upstream_checks": {"caption": "The check each upstream test matrix lacked (minikv's reading), run alone",
+                                    "columns": ["check", "defect", "invariant", "outcome", "scenario",
+                                                "to the finding"],
+                                    "rows": checks}},
+            # each hunt's report, less its list of scenarios (thousands; the same seed tries them again, and
+            # `minikv hunt --results` for one hunt lists them)
+            "calibration": {
+                "statistic": "largest deviation of the fixed engine's logits from the dense reference's (same "
+                             "context; |difference| over the row's largest |logit|), per cell, over every scenario "
+                             "of the fixed engine's hunt, beside minikv.hunt.reference.LOGIT_TOLERANCE",
+                "largest_logit_deviation": {cell_label(c): float(f"{d:.3g}")
+                                            for c, d in fixed.logit_deviation.items()},
+                "tolerance": {f"{k[0]} x {k[1]}": v for k, v in LOGIT_TOLERANCE.items()}},
+            "hunts": {label: {k: v for k, v in hunt_cli.results_data(r, command, label).items() if k != "scenarios"}
+                      for label, r in reports.items()}})
+        print(f"results written to {args.results}")
+    if args.plot:
+        hunt_cli.save_plot(args.plot, reports)
+        print(f"search map written to {args.plot}")
+    return 0 if ok else 1
+
+
+def _cmd_bugs(args) -> int:
+    from minikv.defects import registry
+    print(registry.table())
+    return 0
+
+
+HUNT_DESCRIPTION = """\
+Search engine configurations for a violated KV-cache invariant, the way a differential tester does: hypothesis
+draws scenarios, each runs on the engine, six invariants are checked, and a failure is shrunk to a minimal scenario
+printed as a program that, run as printed, shows the failure (expected beside seen) and exits 1.
+Exit status: 0 nothing found within the budget, 1 an invariant failed, 2 bad input."""
+HUNT_WORDS = """\
+words in the output:
+  scenario     one engine configuration (max_num_seqs, block size, pool sizes, prefix caching, ...) and the
+               requests it serves; the unit the hunter draws, runs, checks and shrinks
+  cell         one (model, KV cache format, activation dtype) of the matrix: each cell gets its own search, and
+               the cells take turns in rounds of 1, 2, 4, ... scenarios
+  invariant    what must hold for every scenario (runs, writes-in-bounds, kernels-match-references,
+               repeat-identical, schedule-invariant, matches-reference: docs/hunt.md)
+  refused by the engine
+               a scenario the engine will not build (its own input checks raise ValueError, e.g. a defect switched
+               on where its mechanism cannot occur): outside its domain, not a failure
+  wave         the requests of a scenario are submitted in waves: wave 0 first, and, when the scenario repeats,
+               wave 1 the same requests again once wave 0 has finished
+  near tie     a divergence from the dense reference where its logits for the two tokens are within 1 logit:
+               excused, since computing in another order may swap them
+  shrunk       the smallest failing scenario hypothesis reached from the first failing one
+  reproduction a Python program of the shrunk scenario that checks the invariant itself
+with --model DIR (a checkpoint directory in transformers' format), the prompts come from its own tokenizer, the
+cells from what its config has (every KV cache format, both activation dtypes), and the dense reference from the
+same weights."""
+
+
+def demo_doc() -> str:
+    """`minikv demo --help`'s description: the demo module's own docstring, so it says what the demo does today."""
+    from minikv.cli import demo
+    return " ".join(demo.__doc__.split("\n\n")[0].split())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import minikv
+    from minikv.models.registry import MODEL_NAMES
+    p = UsageParser(prog="minikv", description=__doc__.splitlines()[0],
+                    epilog="Every error is one line, `minikv: error: MESSAGE (hint: WHAT TO DO)`. Exit status: 0 "
+                           "done; 1 a found defect or failed check (a hunt's finding, a reproduction whose "
+                           "signatures do not hold, the sanitizer catching an overrun); 2 bad input (an argument, "
+                           "a checkpoint directory or a prompt minikv cannot take); 3 an engine fault (a fault in "
+                           "minikv itself: run again with --traceback and report it).")
+    p.add_argument("--version", action="version", version=f"minikv {minikv.__version__}")
+    p.add_argument("--traceback", action="store_true",
+                   help="on an error, print the traceback before the one-line message (anywhere on the command "
+                        "line; or set MINIKV_TRACEBACK=1)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="the main job: the kernels against their references per KV cache format, then "
+                                    "each defect reproduced and fixed in a few lines (exit 1 if one is not as "
+                                    "expected)",
+                       description=demo_doc())
+    d.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
+    d.set_defaults(func=_cmd_demo)
+
+    def engine_args(sp):
+        model_arg(sp)
+        sp.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+        sp.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+        sp.add_argument("--backend", default="triton", choices=BACKENDS)
+        sp.add_argument("--max-num-seqs", type=positive_int, default=8)
+
+    g = sub.add_parser("generate", help="generate continuations for prompts (greedy unless --temperature)",
+                       description="Generate a continuation for each prompt and print it as `'prompt' -> 'text'  "
+                                   "[finish reason]`; with --ids, the token ids instead of the text.")
+    engine_args(g)
+    g.add_argument("prompts", nargs="+", help="the prompts (a shipped model takes only prompts of its task's "
+                                              "domain; a checkpoint directory takes any text its tokenizer encodes)")
+    g.add_argument("--ids", action="store_true",
+                   help="print the prompt's and the continuation's token ids instead of the text (a random-weight "
+                        "model's text is often unreadable)")
+    g.add_argument("--max-tokens", type=positive_int, default=12)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.set_defaults(func=_cmd_generate)
+
+    e = sub.add_parser("eval", help="greedy exact match on held-out prompts of the model's task")
+    engine_args(e)
+    e.add_argument("--n", type=positive_int, default=200, help="number of held-out prompts (at least 1)")
+    e.add_argument("--task", default=None, choices=MODEL_NAMES,
+                   help="whose task's prompts (default: the model's; for a checkpoint directory, its directory "
+                        "name when that is a shipped model's, as `minikv train` writes them)")
+    e.set_defaults(func=_cmd_eval)
+
+    t = sub.add_parser("train", help="train a shipped model from scratch (writes a checkpoint directory)")
+    t.add_argument("model", choices=MODEL_NAMES)
+    t.add_argument("--steps", type=positive_int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out-dir", default="build/weights", help="where to write the weights (default build/weights; "
+                                                             "the shipped weights are never overwritten)")
+    t.set_defaults(func=_cmd_train)
+
+    r = sub.add_parser("repro", help="reproduce a historical defect, buggy and fixed, and check its signatures "
+                                     "(without a defect: list them)",
+                       description="Reproduce a historical defect on a buggy and a fixed engine and check the "
+                                   "signatures upstream reported (exit 0: all reproduced, 1: one is missing). "
+                                   "scale-wipe needs a decoder-only model with KV-sharing layers; cross-stride (with "
+                                   "the FP8 context read) an encoder-decoder model. `minikv repro DEFECT --help` "
+                                   "lists a reproduction's own options.")
+    r.add_argument("defect", nargs="?", default=None, choices=tuple(REPRODUCTIONS), metavar="DEFECT",
+                   help="which reproduction: " + ", ".join(REPRODUCTIONS) + " (leave out to list them)")
+    r.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="the reproduction's own options")
+    r.set_defaults(func=_cmd_repro)
+
+    from minikv.bench import DESCRIPTIONS
+    b = sub.add_parser("bench", help="benchmarks (kernels, engine, attention)",
+                       description="benchmarks: " + "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
+    b.add_argument("what", choices=tuple(DESCRIPTIONS), help="which benchmark: " + ", ".join(DESCRIPTIONS))
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(func=_cmd_bench)
+
+    s = sub.add_parser("bugs", help="list the historical defects minikv can reintroduce")
+    s.set_defaults(func=_cmd_bugs)
+
+    # `minikv hunt`: its options live in minikv/hunt/cli.py; --reintroduce is checked here against the
+    # registry, so the hunter itself never reads defect names.
+    from minikv.defects.registry import DEFECTS
+    from minikv.hunt.cli import add_arguments as hunt_arguments
+    h = sub.add_parser("hunt", help="search engine configurations for violated KV-cache invariants "
+                                    "(exit 0: clean, 1: found, 2: usage error)",
+                       description=HUNT_DESCRIPTION, epilog=HUNT_WORDS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    hunt_arguments(h)
+    h.add_argument("--every-defect", action="store_true",
+                   help="hunt the fixed engine, then each historical defect in turn (where the model has its "
+                        "mechanism), then the checks upstream's test matrices lacked, one at a time; with --results, "
+                        "the measurement results/hunt.json holds (exit 0: clean, and every defect found)")
+    h.add_argument("--reintroduce", nargs="+", default=[], choices=tuple(DEFECTS), metavar="NAME",
+                   help="run the hunt on an engine with these historical defects switched back on: "
+                        + ", ".join(DEFECTS))
+    h.set_defaults(func=_cmd_hunt)
+    return p
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
+def describe_error(err: BaseException) -> tuple[int, str]:
+    """(exit status, the one line after `minikv: error: `) for an exception a command raised.
+
+    minikv's own errors (`minikv.MinikvError`) carry their status and hint. ValueError, TypeError and MemoryError
+    come from minikv's boundary checks of an argument (bad input, 2); OSError from a file the command was told to
+    read or write (2). Anything else is a fault of minikv itself (3)."""
+    from minikv.kernels.errors import BAD_INPUT, ENGINE_FAULT, MinikvError
+    if isinstance(err, MinikvError):
+        status, hint = err.exit_status, err.hint
+    elif isinstance(err, (ValueError, TypeError, MemoryError, OSError)):
+        status, hint = BAD_INPUT, None
+    else:
+        return ENGINE_FAULT, (f"internal error, {type(err).__name__}: {_one_line(err)} (a fault in minikv: run again "
+                              f"with --traceback and report it)")
+    return status, _one_line(err) + (f" (hint: {' '.join(hint.split())})" if hint else "")
+
+
+def _wants_traceback(argv: list[str]) -> tuple[bool, list[str]]:
+    """--traceback anywhere on the command line (taken out before parsing: the subcommands that parse their own
+    options never see it), or MINIKV_TRACEBACK=1 in the environment."""
+    wanted = os.environ.get("MINIKV_TRACEBACK", "").strip() not in ("", "0")
+    if "--traceback" in argv:
+        end = argv.index("--") if "--" in argv else len(argv)
+        if "--traceback" in argv[:end]:
+            wanted = True
+            argv = [a for i, a in enumerate(argv) if not (a == "--traceback" and i < end)]
+    return wanted, argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; return its exit status (0, or 1 for a found defect or failed check). An error exits through
+    SystemExit with its status after one line on stderr: `minikv: error: MESSAGE (hint: WHAT TO DO)`."""
+    show_traceback, argv = _wants_traceback(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = argv
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted\n")
+    except Exception as err:  # noqa: BLE001  (every error ends as one line and a documented status)
+        status, message = describe_error(err)
+        if show_traceback:
+            traceback.print_exc()
+        sys.stdout.flush()
+        parser.exit(status, f"{parser.prog}: error: {message}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

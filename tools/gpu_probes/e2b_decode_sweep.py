@@ -1,0 +1,130 @@
+"""Decode launch configurations at the engine bench's attention shapes (gemma-4-E2B: 8 query heads over 1 KV head),
+batch 64, context 8192, on a CUDA machine:
+
+    python tools/gpu_probes/e2b_decode_sweep.py OUT_DIR
+
+The full layers (head size 512, no window) and the sliding ones (256, window 512), every format in the default
+"row" placement: launch.decode_config's own choice ("default") and a grid of (block_n, warps, stages) at its
+split count, half and twice it. Each candidate is checked against the torch reference on a small problem first.
+Timings: CUDA-graph replay, L2 flushed (minikv.bench.attention.cuda_time_ms). Writes e2b_decode_sweep.csv.
+"""
+import csv
+import dataclasses
+import itertools
+import os
+import sys
+
+import torch
+
+FORMATS = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head")
+SHAPES = ((512, 0), (256, 512))          # (head size, sliding window)
+GRID = list(itertools.product((16, 32), (4, 8), (3, 4, 5)))
+
+
+def problem(fmt, head_size, batch, ctx):
+    from minikv.bench.attention import fill_pool
+    from minikv.cache.layout import KVLayout
+    torch.manual_seed(0)
+    layout = KVLayout(fmt, torch.bfloat16, 1, head_size, 16, "row")
+    blocks = batch * ((ctx + 15) // 16)
+    pool = torch.empty(blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
+    fill_pool(pool, layout)
+    tables = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, 8, head_size, dtype=torch.bfloat16, device="cuda")
+    return layout, pool, tables, lens, q
+
+
+def candidates(fmt, head_size):
+    from minikv.cache.layout import KVLayout
+    from minikv.kernels import launch
+    layout = KVLayout(fmt, torch.bfloat16, 1, head_size, 16, "row")
+    base = launch.decode_config(64, 1, 8, head_size, layout.elem_bytes, 8192, torch.device("cuda"), fmt=layout.fmt,
+                                placement=layout.placement)
+    # the rule before head sizes above 128 had their own entry (launch.DECODE_LARGE_HEAD)
+    old_n = max(16, min(launch.DECODE_MAX_TOKENS, launch.DECODE_TILE_BYTES // (head_size * layout.elem_bytes)))
+    old = dataclasses.replace(base, block_n=old_n, num_stages=launch.DECODE_STAGES[layout.elem_bytes],
+                              num_splits=launch.decode_splits(64, 1, 8192, old_n, launch.num_sms(0)))
+    cands = [("default", base), ("old rule", old)]
+    for (block_n, warps, stages) in GRID:
+        for splits in sorted({base.num_splits, min(64, 2 * base.num_splits)}):
+            cands.append(("grid", dataclasses.replace(base, block_n=block_n, num_warps=warps, num_stages=stages,
+                                                      num_splits=splits)))
+    return base, cands
+
+
+def check(job):
+    """Compile one (format, shape, candidate) on a small problem (same specializations as the large one: the
+    block table is 64 wide) and return its max |difference| from the torch reference."""
+    import minikv.kernels  # noqa: F401
+    from minikv.kernels import paged_decode_attention
+    from minikv.kernels.decode_attention import paged_decode_attention_reference
+    fmt, head_size, window, index = job
+    cfg = candidates(fmt, head_size)[1][index][1]
+    layout, pool, tables, lens, q = problem(fmt, head_size, 3, 1024)
+    lens = torch.tensor([1, 700, 1024], dtype=torch.int32, device="cuda")
+    try:
+        got = paged_decode_attention(q, pool, tables, lens, layout, head_size ** -0.5, sliding_window=window,
+                                     config=cfg)
+        ref = paged_decode_attention_reference(q, pool, tables, lens, layout, head_size ** -0.5,
+                                               sliding_window=window)
+        return (got.float() - ref.float()).abs().max().item()
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {str(exc)[:160]}"
+
+
+def main(out_dir):
+    import multiprocessing as mp
+    import time
+    from minikv.bench.attention import cuda_time_ms
+    from minikv.kernels import paged_decode_attention
+    os.makedirs(out_dir, exist_ok=True)
+    f = open(os.path.join(out_dir, "e2b_decode_sweep.csv"), "w", newline="")
+    w = csv.DictWriter(f, ["head_size", "window", "format", "config", "block_n", "warps", "stages", "splits", "us",
+                           "max_abs_diff", "error"])
+    w.writeheader()
+    jobs = [(fmt, hs, win, i) for hs, win in SHAPES for fmt in FORMATS for i in range(len(candidates(fmt, hs)[1]))]
+    start = time.time()
+    with mp.get_context("spawn").Pool(15) as workers:
+        diffs = dict(zip(jobs, workers.map(check, jobs, chunksize=1)))
+    print(f"compiled and checked {len(jobs)} candidates in {time.time() - start:.0f} s", flush=True)
+    for head_size, window in SHAPES:
+        for fmt in FORMATS:
+            layout, pool, tables, lens, q = problem(fmt, head_size, 64, 8192)
+            base, cands = candidates(fmt, head_size)
+            best, rows_done = None, []
+            for name, cfg in cands:
+                r = dict(head_size=head_size, window=window, format=fmt, config=name, block_n=cfg.block_n,
+                         warps=cfg.num_warps, stages=cfg.num_stages, splits=cfg.num_splits)
+                diff = diffs[(fmt, head_size, window, len(rows_done))]
+                rows_done.append(name)
+                try:
+                    if isinstance(diff, str):
+                        raise RuntimeError(diff)
+                    r["max_abs_diff"] = diff
+                    r["us"] = 1e3 * cuda_time_ms(lambda: paged_decode_attention(
+                        q, pool, tables, lens, layout, head_size ** -0.5, sliding_window=window, validate=False,
+                        config=cfg)).ms
+                    if best is None or r["us"] < best[0]:
+                        best = (r["us"], name, cfg)
+                    if name == "default":
+                        default_us = r["us"]
+                    if name == "old rule":
+                        old_us = r["us"]
+                except Exception as exc:  # noqa: BLE001
+                    r["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                w.writerow(r)
+                f.flush()
+            print(f"head {head_size} window {window} {fmt:20s}: default {default_us:8.1f} us "
+                  f"(block_n {base.block_n}, warps {base.num_warps}, stages {base.num_stages}, splits "
+                  f"{base.num_splits}); best {best[0]:8.1f} us = {default_us / best[0]:.2f}x faster (block_n "
+                  f"{best[2].block_n}, warps {best[2].num_warps}, stages {best[2].num_stages}, splits "
+                  f"{best[2].num_splits}); old rule {old_us:8.1f} us ({old_us / default_us:.2f}x the default's time)",
+                  flush=True)
+            del pool
+            torch.cuda.empty_cache()
+    f.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
