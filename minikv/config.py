@@ -1,9 +1,5 @@
 """Configuration objects: how the KV cache is laid out, how requests are scheduled, what an engine is built from.
-
-Every engine option is a field of one of these frozen dataclasses and is checked in its `__post_init__`, once:
-`LLM(...)` only builds them, and the scheduler, model runner and attention impls take their values as given.
-A bad value raises TypeError or ValueError naming the argument and what is allowed.
-"""
+See docs/internals.md#config."""
 from __future__ import annotations
 
 import dataclasses
@@ -52,6 +48,19 @@ def check_int(name: str, value, low: int = 1, high: int | None = None, allow_non
 def check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
         raise InvalidTypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def check_backend(backend) -> None:
+    """A backend is minikv's ("triton", "torch"), an adapter's name (minikv.attention.backends.NAMES), or an object
+    with the engine's four calls (minikv.attention.protocol.AttentionBackend)."""
+    from minikv.attention import backends
+    from minikv.attention.protocol import AttentionBackend
+    if isinstance(backend, str):
+        check_choice("backend", backend, BACKENDS + backends.NAMES)
+    elif not isinstance(backend, AttentionBackend):
+        raise InvalidTypeError(f"backend must be a name ({', '.join(BACKENDS + backends.NAMES)}) or an object with "
+                               f"name, write_kv, decode, context and paged_context (minikv.attention.protocol."
+                               f"AttentionBackend), got {type(backend).__name__}")
 
 
 def check_choice(name: str, value, choices) -> None:
@@ -112,26 +121,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ReproConfig:
-    """The switches the reproductions turn, each an engine variant upstream had or a shape it ran in. The
-    defaults are the engine as shipped; `LLM(..., repro=ReproConfig(...))` changes them. (Which defects are
-    switched back on, `reintroduce`, and the guard check, `sanitize`, are LLM arguments of their own.)
-
-      check_layout          check each backend's layout against its pool's when binding (KVLayoutMismatchError)
-      warmup                "dummy": upstream's warmup, one forward without attention metadata; "capture": every
-                            layer runs with metadata, as a CUDA-graph capture run does (notebook 03)
-      reinit_scales_on_wake False: sleep() does not tell the fix's registry that the contents were discarded
-                            (the scale-wipe reproduction's "nothing re-initializes" ablation)
-      kv_arena              "one": every pool in one allocation with guard zones between them; "per-pool": an
-                            allocation per pool, as TensorRT-LLM's pool manager (on CUDA exactly the pool, for
-                            compute-sanitizer)
-      cross_context_path    encoder-decoder only: "fused" (the cross context step reads K/V back from the paged
-                            cache) or "fallback" (from the 16-bit workspace), defect B2's two paths (notebook 04);
-                            "fused" takes the 16-bit workspace too at a step whose longest query is longer than
-                            minikv.attention.cross.FUSED_CROSS_MAX_QUERY_LEN, where the fused kernel is slower
-      paged_context         encoder-decoder only: upstream's "paged context FMHA" switch
-      cross_construction    encoder-decoder only: "eager" (a cross layer gets its backend at construction) or
-                            "deferred" (later, from the pool), the two orders of defect B1
-    """
+    """The switches the reproductions turn, each an engine variant upstream had or a shape it ran in."""
 
     check_layout: bool = True
     warmup: str = "dummy"                   # WARMUP_SHAPES
@@ -152,16 +142,14 @@ class ReproConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything an engine is built from. `model` is the loaded model's config (None only while the LLM is
-    being built: the options are checked before any weights are read, the model-dependent checks when it is set);
-    `device` may be given as a str and is stored as a torch.device; `dtype` None means the model's default."""
+    """Everything an engine is built from."""
 
     model: Gemma4Config | T5Config | None   # what the engine reads: num_layers, num_kv_heads, kv_sharing...
     cache: CacheConfig
     scheduler: SchedulerConfig
     device: torch.device
     dtype: torch.dtype | None = None        # activations; None: the model's default (float32 CPU, bfloat16 CUDA)
-    backend: str = "triton"                 # "triton" or "torch"
+    backend: object = "triton"              # "triton", "torch", an adapter's name, or an AttentionBackend
     reintroduce: tuple[str, ...] = ()       # minikv.bugs.DEFECTS names; stored sorted
     sanitize: bool = True                   # check the arena's guard canaries after every step
     seed: int = 0
@@ -181,7 +169,7 @@ class EngineConfig:
         object.__setattr__(self, "device", resolve_device(self.device))
         if self.dtype is not None and self.dtype not in ACTIVATION_DTYPES:
             raise InvalidTypeError(f"dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {self.dtype!r}")
-        check_choice("backend", self.backend, BACKENDS)
+        check_backend(self.backend)
         object.__setattr__(self, "reintroduce", tuple(sorted(registry.validate(self.reintroduce))))
         if not isinstance(self.repro, ReproConfig):
             raise InvalidTypeError(f"repro must be a minikv.ReproConfig, got {type(self.repro).__name__} {self.repro!r}")

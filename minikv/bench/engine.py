@@ -1,33 +1,5 @@
 """`python -m minikv.bench engine`: end-to-end generation speed through the engine.
-
-On a CPU (the default): tiny-gemma4 (or `--model`), 48 prompts x 12 new tokens at max_num_seqs=8 (the figures
-docs/results.md quotes), greedy, per backend. Through the Triton interpreter this measures the interpreter, not the kernels'
-design; the process's CPU time is printed beside the wall time: on a shared, busy machine it is the better
-estimate of what an idle one takes (set OMP_NUM_THREADS=1 so that the two measure the same work).
-
-On a GPU (`--device cuda`): decode tokens/s per KV-cache format of a model at gemma-4-E2B's dimensions with random
-weights (35 layers of hidden 1536, MLP 6144, 8 query heads over 1 KV head of 256 on sliding layers and 512 on
-full ones, 4 sliding : 1 full, window 512, the last 20 layers sharing KV; a 100-character vocabulary instead of
-262,144), bfloat16, batch 64, every prompt `--context` tokens long. The engine runs as it does by default on CUDA:
-decode steps replayed from CUDA graphs (minikv.engine.cuda_graph; mode "replayed"), prefill eager; the arena's
-canary check after each step off, as in production. Decode tokens/s = tokens sampled in decode steps / their wall
-time (scheduler, input copies, sampling and all). Beside it, in the same run (`plan` lists the runs, in order):
-
-* the same model's graph-captured decode step alone: the engine's own graph of the batch, replayed back to back
-  (CUDA events), which is what the engine's step would take with no host work at all (graph_replay_ms);
-* `--eager-formats` (default bf16 and int8_per_token_head) eagerly (enforce_eager=True), launched op by op: what
-  the graphs save (mode "eager");
-* the SDPA step (mode "sdpa-graph", minikv.bench.sdpa_step): the same model's decode step with torch SDPA over a
-  contiguous bf16 cache, no paging, captured in a CUDA graph: a lower bound on the engine's step;
-* batch 1: the time per output token of bf16, with graphs, eagerly, and the SDPA step's;
-* every format again at each of `--contexts` (default 512, 2048, 8192; `--context` is the main one, 2048), with
-  graphs and (`--eager-formats`) eagerly, and the SDPA step: tokens/s against context length;
-* prefill tokens/s per run (64 prompts of the run's context) and each run's wall seconds (run_s).
-
-The targets, each a ratio within the run (at `--context`, the 1-byte formats' at the longest context), are
-printed met/MISSED last; before them, with no target, the SDPA step's time per output token over the engine's.
-Rows go to `--csv` after every run, one per (format, batch, context, mode).
-"""
+See docs/internals.md#bench-engine."""
 from __future__ import annotations
 
 import cProfile
@@ -168,12 +140,7 @@ EAGER_FORMATS = ("auto", "int8_per_token_head")
 
 def plan(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, contexts=CONTEXTS,
          eager_formats=EAGER_FORMATS, context_formats=None, extras: bool = True) -> list[tuple[str, int, int, str]]:
-    """The runs of `gpu_rows`, in order: (format, batch, context, how), how "graph", "eager" or "sdpa".
-
-    At `context` first (the targets' context): every format with graphs, then (extras) `eager_formats` eagerly
-    and the SDPA step; then (extras) batch 1: bf16 with graphs, eagerly, and the SDPA step; then every other of
-    `contexts`, longest first (the 1-byte-vs-bf16 target's): `context_formats` (None: every format) with graphs
-    and (extras) `eager_formats` eagerly and the SDPA step."""
+    """The runs of `gpu_rows`, in order: (format, batch, context, how), how "graph", "eager" or "sdpa"."""
     def at(ctx, formats):
         runs = [(f, batch, ctx, "graph") for f in formats]
         return runs + ([(f, batch, ctx, "eager") for f in eager_formats] + [("auto", batch, ctx, "sdpa")]
@@ -189,9 +156,7 @@ def plan(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, 
 def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, new_tokens: int = 16,
              log=print, contexts=CONTEXTS, eager_formats=EAGER_FORMATS, context_formats=None, csv_path=None,
              extras: bool = True, profile: bool = False) -> list[dict]:
-    """Decode speed per format on a fresh E2B-like checkpoint, the runs of `plan`; one dict per (format, batch,
-    context, mode), mode "replayed" (graphs), "eager" or "sdpa-graph" (x_auto: speed over auto's at the same
-    batch, context and mode, engine rows only; run_s: the run's wall seconds, the LLM's construction included)."""
+    """Decode speed per format on a fresh E2B-like checkpoint, one dict per (format, batch, context, mode)."""
     import torch
     runs = plan(kv_cache_dtypes, batch, context, contexts, eager_formats, context_formats, extras)
     log(f"gemma-4-E2B-like model (random weights, bf16), batch {batch}, prompts of {context} tokens (and "

@@ -1,10 +1,5 @@
 """The one timing helper of the benchmarks: median milliseconds per call, on the CPU or on a GPU.
-
-CPU: wall-clock (`time.perf_counter`) around each call, after one warm-up call. GPU: CUDA events around each
-call, with the L2 cache flushed before it (a benchmark should not read last run's bytes from L2), optionally
-replayed from a CUDA graph (which takes Python's launch overhead out, as a real engine's captured decode step
-does). `Timing.how` says which way a figure was taken: "wall clock", "eager" or "cuda graph".
-"""
+See docs/internals.md#bench-timing."""
 from __future__ import annotations
 
 import math

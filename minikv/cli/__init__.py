@@ -1,13 +1,4 @@
-"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt.
-
-Every error ends as one line on stderr, `minikv: error: MESSAGE (hint: WHAT TO DO)`, and an exit status: 2 for bad
-input (an argument, a checkpoint directory or a prompt minikv cannot take: argparse's own checks, minikv's
-`BadInputError`s and its boundary checks' ValueError/TypeError/MemoryError), 1 for a found defect or failed check
-(a hunt's finding, a reproduction whose signatures do not hold, the sanitizer's `KVCacheOverrunError`), 3 for an
-engine fault (anything else: a fault in minikv). `--traceback` anywhere on the command line, or MINIKV_TRACEBACK=1,
-prints the traceback too. The reproductions, benchmarks and the hunter parse their own options with `UsageParser`,
-so their usage errors look the same.
-"""
+"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt. See docs/internals.md#cli."""
 from __future__ import annotations
 
 import argparse
@@ -159,6 +150,8 @@ def _cmd_hunt(args) -> int:
     from minikv.hunt import cli as hunt_cli
     command = "minikv " + shlex.join(args.argv)
     if args.every_defect:
+        if args.backend in hunt_cli.FOREIGN_BACKENDS:
+            raise ValueError(f"--every-defect hunts minikv's engine; leave out --backend {args.backend}")
         if args.reintroduce:
             raise ValueError("--every-defect hunts the fixed engine and then every defect in turn: leave out "
                              "--reintroduce")
@@ -177,10 +170,7 @@ UPSTREAM_CHECKS = (("first batch vs a later one (vLLM)", "scale-wipe", "repeat-i
 
 
 def _hunt_every_defect(args, command: str) -> int:
-    """`minikv hunt --every-defect`: the fixed engine, then each registered defect (each where the model has the
-    mechanism), then the checks upstream's test matrices lacked, one at a time, and the near-tie calibration; one
-    line each, and with --results the file results/hunt.json is (quantities and tables for the docs, and every
-    hunt's own report). Exit 0 when the fixed engine is clean and every defect the model can have is found."""
+    """`minikv hunt --every-defect`: the fixed engine, then each registered defect, one line each."""
     import os
 
     from minikv.defects.registry import DEFECTS
@@ -316,6 +306,9 @@ words in the output:
                excused, since computing in another order may swap them
   shrunk       the smallest failing scenario hypothesis reached from the first failing one
   reproduction a Python program of the shrunk scenario that checks the invariant itself
+  family       with --backend flexattention, sdpa or flashinfer: one kind of kernel-level scenario (block tables,
+               GQA, head sizes, block sizes, sliding windows, KV sharing, cross pools, fp8 scales) run against
+               that attention backend alone; pass, fail or skipped (with the backend's reason): docs/backends.md
 with --model DIR (a checkpoint directory in transformers' format), the prompts come from its own tokenizer, the
 cells from what its config has (every KV cache format, both activation dtypes), and the dense reference from the
 same weights."""
@@ -434,11 +427,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def describe_error(err: BaseException) -> tuple[int, str]:
-    """(exit status, the one line after `minikv: error: `) for an exception a command raised.
-
-    minikv's own errors (`minikv.MinikvError`) carry their status and hint. ValueError, TypeError and MemoryError
-    come from minikv's boundary checks of an argument (bad input, 2); OSError from a file the command was told to
-    read or write (2). Anything else is a fault of minikv itself (3)."""
+    """(exit status, the one line after `minikv: error: `) for an exception a command raised."""
     from minikv.kernels.errors import BAD_INPUT, ENGINE_FAULT, MinikvError
     if isinstance(err, MinikvError):
         status, hint = err.exit_status, err.hint

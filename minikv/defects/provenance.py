@@ -1,18 +1,5 @@
 """What upstream said about each reproduced defect, and when: the one source of every upstream number and state.
-
-The defect pages (docs/defects/*.md, through the docs hook's `<!-- provenance: NAME -->` marker), notebooks 03
-and 04 (a cell calling `show(NAME)`) and `minikv.defects.registry` render from the records here;
-`tests/test_provenance.py` fails when a page cites a pull request or issue number, or a state, that is not in
-this file.
-
-Sources: the reduced upstream texts the project works from (`shared/upstream/vllm-scale-wipe.md` and
-`shared/upstream/trtllm-20958-cross-fp8.md`, outside the repository) and, for what they do not give, the public
-threads as they stood on `CHECKED`. Each step's `said` is one line in minikv's own words, not a quotation. A date
-or state the sources do not give is `None` and rendered as "not recorded", never guessed. What minikv adds is in
-`READING`, labelled on every page as minikv's reading.
-
-Pure data: imports nothing from minikv, so any layer may use it.
-"""
+See docs/internals.md#defects-provenance."""
 from __future__ import annotations
 
 from dataclasses import dataclass

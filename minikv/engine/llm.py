@@ -1,24 +1,5 @@
 """LLM: the public facade. Builds an engine (model, scheduler, block managers, model runner) and runs it.
-
-    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
-    outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12))
-
-or one step at a time (requests added between steps join the running batch):
-
-    rid = llm.add_request("5 10 15", minikv.SamplingParams(max_tokens=4))
-    while llm.has_unfinished():
-        out = llm.step()            # a StepOutput (minikv.engine.step): what ran, what was sampled, the trace
-
-Rules the facade keeps:
-- every input is checked before anything is queued; a call that raises leaves the engine as it was (no request
-  id used, later seeded sampling unchanged);
-- a step that raises aborts the requests it was running; after a KVCacheOverrunError the cache contents are
-  untrusted, so every in-flight request is aborted and every later call raises `EngineNeedsResetError` until
-  `reset()` (or `sleep()` then `wake_up()`) gives the engine a fresh arena. The error carries the failed step
-  as far as it got, `err.step_output` (given when the error is raised: a StepOutput with no sampled tokens and guard_check "failed");
-- an engine serves one thread at a time: a call from a second thread while one runs raises
-  `ConcurrentUseError` (give each thread its own LLM; two engines in two threads are independent).
-"""
+See docs/internals.md#engine-llm."""
 from __future__ import annotations
 
 import contextlib
@@ -61,36 +42,11 @@ def _moved_keywords(moved: dict) -> InvalidTypeError:
 
 
 class LLM:
-    """A minikv engine for one model.
-
-    Arguments (all checked here, before any memory is allocated):
-      model                 a shipped model name (`minikv.models.registry.MODEL_NAMES`), whose prompts must lie in
-                            its task's domain (`minikv.tasks`), else a ValueError says which bound they break;
-                            or the path of a local checkpoint directory in transformers' format (Gemma-4 or T5:
-                            config.json + model.safetensors + a tokenizer), whose prompts are not checked
-      kv_cache_dtype        "auto", "fp8", "int8_per_token_head" or "fp8_per_token_head"
-      kv_scale_placement    per-token-head formats: "row" (vLLM's layout, each scale after its row) or "block"
-                            (each block half's scales grouped after its codes: aligned rows, faster on a GPU)
-      max_num_seqs          sequences per step (the first prefill batch is this many requests)
-      block_size            tokens per cache block (8, 16, 32 or 64)
-      enable_prefix_caching share full blocks between requests with equal prefixes
-      device                "cpu" (Triton interpreter) or "cuda[:N]" (compiled kernels)
-      backend               "triton" or "torch" (the pure-PyTorch references, same byte addressing)
-      reintroduce           historical defects to switch back on (`minikv.bugs.DEFECTS`)
-      sanitize              check the arena's guard zones after every step (KVCacheOverrunError)
-      seed                  the engine's seed (per-request sampling seeds derive from it)
-      num_blocks, cross_pool_blocks  pool sizes in blocks; None sizes them for max_num_seqs full-length requests
-      dtype                 activation dtype (torch.float32/float16/bfloat16); None: the model's default
-      max_num_batched_tokens the most tokens one prefill step may compute
-      repro                 a `minikv.ReproConfig`: the switches the reproductions turn (layout check at bind,
-                            warmup shape, re-initialization on wake, arena mode, the cross-attention variants)
-      enforce_eager         True: no CUDA graphs; None (default): decode steps replay CUDA graphs on CUDA with the
-                            triton backend (minikv.engine.cuda_graph), eager on CPU
-    """
+    """A minikv engine for one model; its arguments: docs/internals.md#engine-llm."""
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
                  block_size: int = 16, enable_prefix_caching: bool = False, device: str = "cpu",
-                 backend: str = "triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
+                 backend="triton", reintroduce: Iterable[str] = (), sanitize: bool = True,
                  seed: int = 0, cross_pool_blocks: int | None = None, num_blocks: int | None = None,
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int = 4096,
                  kv_scale_placement: str = "row", repro: ReproConfig | None = None,
@@ -232,10 +188,7 @@ class LLM:
 
     # ---- stepping -----------------------------------------------------------------------------------------------
     def step(self, capture: bool = False) -> StepOutput:
-        """Run one engine step (a prefill or a decode batch) and say what it did.
-
-        `capture=True` also keeps a copy of every attention layer's q, k, v and output in its trace event
-        (`CacheEvent.tensors`): for measuring attention error; it costs memory, so it is off by default."""
+        """Run one engine step (a prefill or a decode batch) and say what it did."""
         if not isinstance(capture, bool):
             raise InvalidTypeError(f"capture must be True or False, got {type(capture).__name__} {capture!r}")
         with self._exclusive():
@@ -301,12 +254,7 @@ class LLM:
     # ---- generation ---------------------------------------------------------------------------------------------
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in the order of `prompts`.
-
-        Every prompt and parameter is checked before any request is queued. Then it is `add_request` for each
-        prompt and `while has_unfinished(): step()`; requests queued earlier with add_request run too, but only
-        this call's outputs are returned. To watch the steps, drive the engine with add_request()/step().
-        """
+        """Generate for every prompt; outputs come back in the order of `prompts`."""
         prompts = _prompt_list(prompts)
         check_bool("use_tqdm", use_tqdm)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -370,9 +318,7 @@ class LLM:
 
     # ---- memory -----------------------------------------------------------------------------------------------
     def sleep(self, mode: str = "free") -> None:
-        """Release the KV cache (requests must be finished): mode "free" drops the arena, "discard" (vLLM's
-        shape) keeps its storage and addresses and discards the contents. sleep("free") after sleep("discard")
-        drops the arena too."""
+        """Release the KV cache: "free" drops the arena, "discard" keeps it and drops its contents."""
         check_choice("sleep mode", mode, SLEEP_MODES)
         with self._exclusive(usable=False):
             if self.scheduler.has_unfinished():
@@ -380,8 +326,7 @@ class LLM:
             self.runner.sleep(mode)
 
     def wake_up(self) -> None:
-        """Bring the KV cache back (a fresh arena after mode "free"), re-initialize it and warm up again (this also
-        clears the state left by an overrun)."""
+        """Bring the KV cache back, re-initialize it and warm up again."""
         with self._exclusive(usable=False):
             if self.runner.asleep:
                 self.runner.wake_up()
@@ -389,9 +334,7 @@ class LLM:
                 self._needs_reset = None
 
     def reset(self) -> None:
-        """Abort every request in flight and replace the KV arena with a fresh one (sleep() then wake_up()).
-
-        The way back after a KVCacheOverrunError. Request ids keep counting up."""
+        """Abort every request in flight and replace the KV arena with a fresh one."""
         with self._exclusive(usable=False):
             for rid in list(self.scheduler.unfinished_ids()):
                 self.scheduler.abort(rid)
@@ -412,27 +355,17 @@ class LLM:
     # ---- inspection: what the notebooks and tests look at, besides StepOutput ---------------------------------
     @property
     def attention_layers(self) -> dict:
-        """Every attention layer of the model by name, in model order, as the engine bound it (read it, don't
-        rebind it): the runner's binding table, name -> `LayerBinding` (minikv.engine.model_runner) with `kind`
-        ("self" or "cross"), `kv_sharing_target` (the layer whose cache a KV-sharing layer reads, else None),
-        `owner` and `pool` (the layer that owns the pool it reads, and the pool's arena name), `layout` (that
-        pool's layout, as allocated), `kv_cache` (the pool's tensor; a sharing layer holds the *same tensor
-        object* as its target; None while asleep after sleep("free")), `impl` (the attention impl, whose `layout`
-        is what its backend believes the pool holds) and `op` (the model's attention op)."""
+        """Every attention layer by name, in model order, as the engine bound it (read only)."""
         return dict(self.runner.bindings)
 
     @property
     def kv_layout(self):
-        """The `KVLayout` of the first self-attention pool: every pool's when the model has one head size and
-        KV-head count in all its layers (per pool, as allocated: `kv_layouts`)."""
+        """The `KVLayout` of the first self-attention pool."""
         return self.runner.layout
 
     @property
     def kv_layouts(self) -> dict:
-        """Every arena pool's `KVLayout`, as allocated, by pool name ("kv.<layer>" for a self-attention layer that
-        owns its cache, "cross.<layer>" for a cross-attention layer): each built from its own layer's head size
-        and KV-head count (Gemma-4's sliding and full layers may differ). A KV-sharing layer has no pool of its
-        own; it addresses its source's with its source's layout."""
+        """Every arena pool's `KVLayout`, as allocated, by pool name."""
         return dict(self.runner.layouts)
 
     @property

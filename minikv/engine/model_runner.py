@@ -1,28 +1,5 @@
 """ModelRunner: owns the model, the KV arena and the attention impls; turns a scheduled batch into tokens.
-
-Lifecycle (the shape of the real engines):
-  1. the binding table (`bindings`, layer name -> LayerBinding): for every attention op of the model, the pool it
-     reads, that pool's layout and owner, and one attention impl (the cross layers' backend layouts come from
-     CrossBackendBuilder). Everything that needs a layer's pool, layout or impl looks it up here;
-  2. allocate the KV arena: one pool per KV-owning self-attention layer and one cross pool per cross layer, each
-     with the layout of its own layer (head size and KV heads may differ by layer, as Gemma-4's sliding and
-     full layers do); a KV-sharing layer addresses its source's pool with its source's layout;
-  3. bind caches: each binding gets its pool's tensor, and a KV-sharing layer's gets *the same tensor object* as
-     its target layer's;
-  4. warmup, in one of two shapes (`ReproConfig.warmup`):
-     "dummy" (default, upstream's): one forward without attention metadata; owning layers run their cache update
-       with slot -1 (nothing is written), sharing layers are not touched at all;
-     "capture": one decode-shaped forward *with* attention metadata through every layer (minikv's model of a
-       CUDA-graph capture run; upstream does not name its warmup shapes), all slots -1, dummy sequences of length
-       1 on block 0, so every impl is touched before any real step;
-  then per step `forward(seqs, is_prefill)`, `check` and `sample`: `prepare` builds the step's metadata, and the model's forward is
-  called with a ForwardContext (metadata + binding table) as an argument; each attention op calls
-  `ctx.attend(...)`, which runs its binding's impl over its binding's cache.
-`sleep(mode)`: "discard" keeps the arena's storage and address and discards the pools' contents (zeroed here):
-minikv's model of a sleep that wakes up at the same address, which upstream's text neither states nor excludes;
-"free" drops the arena and `wake_up()` allocates a new one. `wake_up()` binds the
-caches and warms up again; in the fixed engine every scale region is initialized again, in both modes.
-"""
+See docs/internals.md#engine-model-runner."""
 from __future__ import annotations
 
 import math
@@ -159,8 +136,7 @@ class ModelRunner:
                 for name, layout in self.layouts.items()]
 
     def _bind_caches(self) -> None:
-        """Hand every layer its pool's tensor: owners from the arena (with the layout contract checked against
-        what their backend believes), KV-sharing layers the same tensor object as their owner."""
+        """Hand every layer its pool's tensor (a KV-sharing layer its owner's very tensor)."""
         for b in self.bindings.values():
             if b.owns_pool:
                 b.kv_cache = self.arena.bind(b.pool, b.impl.layout, check=self.config.repro.check_layout)
@@ -180,8 +156,7 @@ class ModelRunner:
         self.warmup()
 
     def sleep(self, mode: str = "free") -> None:
-        """Release the KV cache's contents: "discard" keeps the storage at its address, "free" drops it (also
-        after an earlier "discard"). `mode` is one of minikv.config.SLEEP_MODES, checked by the LLM."""
+        """Release the KV cache's contents: "discard" keeps the storage at its address, "free" drops it."""
         if self.arena is None:
             return                               # already freed
         if self.graphs is not None:
@@ -300,9 +275,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, seqs, is_prefill: bool, capture: bool = False) -> tuple[torch.Tensor, ForwardContext]:
-        """Run one forward step for `seqs`; return the logits of each sequence's last token and the step's
-        context, which carries the step's metadata and its trace of cache events (`ForwardContext.events`).
-        Nothing is checked yet: `check` does that, so a caller whose check fails still holds the context."""
+        """Run one forward step for `seqs`; return the last tokens' logits and the step's context."""
         if self.arena is None or self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         if self.graphs is not None and not is_prefill and not capture and self.graphs.fits(seqs):
@@ -317,9 +290,7 @@ class ModelRunner:
         return self.model.compute_logits(hidden[last]), ctx
 
     def check(self, ctx: ForwardContext, logits: torch.Tensor) -> None:
-        """With sanitize on: KVCacheOverrunError when a guard zone was written, and FloatingPointError, naming
-        the step and the first layer whose attention output was not finite, when the logits hold NaN or inf.
-        (Part of the sanitizer: with sanitize=False a defect runs silently, as upstream, NaN logits included.)"""
+        """With sanitize on: raise when a guard zone was written or the logits hold NaN or inf."""
         if not self.config.sanitize:
             return
         self.arena.check()

@@ -1,10 +1,5 @@
 """Requests as the engine sees them: sampling parameters, the running sequence, and the finished output.
-
-A `Sequence` is one request in flight. It owns its token ids (prompt first, then everything generated), the
-cache blocks holding their K/V (`block_table`), and, for an encoder-decoder model, the encoder tokens and the
-cross-pool blocks holding their K/V (`cross_block_table`). The scheduler moves it between WAITING, RUNNING and
-FINISHED; the block manager fills its block tables; the model runner reads both to build a step's metadata.
-"""
+See docs/internals.md#engine-sequence."""
 from __future__ import annotations
 
 import enum
@@ -28,15 +23,7 @@ MAX_SEED = 2**63 - 1
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one request; frozen and validated when built.
-
-    `max_tokens`: new tokens to generate (at least 1; the engine refuses more than the model has room for).
-    `temperature`: 0 is greedy; otherwise between MIN_TEMPERATURE and MAX_TEMPERATURE.
-    `seed`: makes temperature sampling repeatable (0 <= seed <= 2**63 - 1); None derives one from the engine's
-    seed and the request id. `stop`: strings that end the request when they appear in the generated text (the
-    output's text and token_ids are both cut just before the first one). `ignore_eos` keeps generating past the
-    end-of-sequence token (useful for fixed-length benchmarks).
-    """
+    """How to sample one request; frozen and validated when built."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -77,17 +64,7 @@ class SequenceStatus(enum.Enum):
 
 
 class Sequence:
-    """One request in flight.
-
-    `token_ids` holds the decoder's tokens: the prompt, then each generated token as it is appended.
-    `num_cached_tokens` counts the tokens at the start of `token_ids` whose K/V were already in the cache when
-    the sequence was (re)allocated (prefix-cache hits); a prefill computes `token_ids[num_cached_tokens:]`.
-
-    Temperature sampling draws from the sequence's own `generator`, so a request's samples do not depend on
-    which other requests share its batch. The generator is seeded with `sampling.seed`, or, when that is None,
-    with a value derived from `default_seed` (the engine's seed) and `request_id`. It is a CPU generator:
-    sample on the CPU (or copy its draws) so that CPU and GPU runs agree.
-    """
+    """One request in flight."""
 
     def __init__(
         self,

@@ -8,6 +8,10 @@ from __future__ import annotations
 import argparse
 
 
+# The adapters minikv.attention.backends holds (their names, spelled here so the parser imports no torch).
+FOREIGN_BACKENDS = ("flexattention", "sdpa", "flashinfer")
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -34,8 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also stop after N scenarios (a limit that does not depend on the machine's speed)")
     p.add_argument("--oracle", action="append", choices=tuple(ORACLES), metavar="NAME",
                    help="check only this invariant (repeatable; default all: " + ", ".join(ORACLES) + ")")
-    p.add_argument("--backend", default="torch", choices=("torch", "triton"),
-                   help="the engine's kernels (default torch: the references, fast on CPU)")
+    p.add_argument("--backend", default="torch", choices=("torch", "triton") + FOREIGN_BACKENDS,
+                   help="torch or triton: the engine's kernels (default torch: the references, fast on CPU), hunted "
+                        "through whole-engine scenarios; flexattention, sdpa or flashinfer: that attention backend "
+                        "alone, over the kernel-level families (docs/backends.md)")
+    p.add_argument("--family", action="append", default=None, metavar="NAME",
+                   help="with a foreign --backend: hunt only this family (repeatable; default all: "
+                        "block-tables, gqa, head-sizes, block-sizes, sliding-window, kv-sharing, cross-pools, "
+                        "fp8-scales)")
     p.add_argument("--results", default=None, metavar="PATH",
                    help="write the report as JSON: the settings, every scenario tried with its cell and outcome, the "
                         "finding (its invariants, the shrunk scenario, the reproduction) and the timings")
@@ -94,6 +104,10 @@ def run(args, label: str = "the hunt", command: str = "minikv hunt") -> int:
               "pip install hypothesis (a dependency of minikv; missing only after a --no-deps install)")
         return 2
     check_outputs(args)
+    if args.backend in FOREIGN_BACKENDS:
+        return run_backend(args, command)
+    if getattr(args, "family", None):
+        raise ValueError("--family goes with a foreign --backend (flexattention, sdpa, flashinfer)")
     from .search import hunt
     report = hunt(model=getattr(args, "model", None), reintroduce=tuple(getattr(args, "reintroduce", ()) or ()),
                   backend=args.backend, seed=args.seed, budget_s=args.budget,
@@ -106,4 +120,31 @@ def run(args, label: str = "the hunt", command: str = "minikv hunt") -> int:
     if getattr(args, "plot", None):
         save_plot(args.plot, {label: report})
         print(f"search map written to {args.plot}")
+    return 1 if report.found else 0
+
+
+def run_backend(args, command: str) -> int:
+    """`minikv hunt --backend flexattention|sdpa|flashinfer`: the kernel-level families against that adapter."""
+    for option in ("model", "oracle", "plot"):
+        if getattr(args, option, None):
+            raise ValueError(f"--{option} goes with the engine hunt (--backend torch or triton), not with "
+                             f"--backend {args.backend}")
+    if getattr(args, "reintroduce", None):
+        raise ValueError(f"--reintroduce switches minikv's own defects on; --backend {args.backend} hunts that "
+                         f"adapter alone")
+    from minikv.attention.backends import MissingBackendError
+
+    from .backend_hunt import hunt_backend
+    try:
+        report = hunt_backend(args.backend, families=args.family, seed=args.seed, budget_s=args.budget,
+                              max_scenarios=args.max_scenarios or None)
+    except MissingBackendError as e:
+        print(f"minikv hunt: error: {e}")
+        return 2
+    print(report.text())
+    if getattr(args, "results", None):
+        import os
+        write_json(args.results, {"name": "hunt-backend", "command": command,
+                                  "machine": {"cpus": os.cpu_count()}, **report.to_dict()})
+        print(f"results written to {args.results}")
     return 1 if report.found else 0

@@ -1,11 +1,5 @@
 """The invariants: what must hold for every configuration, written without knowing any particular defect.
-
-Each oracle reads a `Run` (minikv.hunt.record: token ids per request, how each was scheduled, its KV bytes after
-prefill, the bytes each step changed outside its slot mapping) and returns the violations it finds. Four of them
-need nothing but the engine's own outputs; `matches-reference` also needs a reference (the dense model with the
-same KV quantization, minikv.hunt.reference). They apply unchanged to any paged-KV engine whose outputs an
-adapter records (docs/hunt.md).
-"""
+See docs/internals.md#hunt-oracles."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -50,9 +44,7 @@ def _first_difference(a, b) -> int | None:
 
 
 def _near_tie(ref, tokens, position: int, other: int | None = None) -> bool:
-    """Whether `tokens[position]` and `other` (default: the reference's own token there) are a near tie: the
-    reference saw the same tokens before `position`, and its logits there separate the two by at most
-    TIE_MARGIN."""
+    """Whether `tokens[position]` and `other` are a near tie in the reference's logits."""
     if ref is None or position >= len(ref.token_ids) or tuple(ref.token_ids[:position]) != tuple(tokens[:position]):
         return False
     other = ref.token_ids[position] if other is None else other
@@ -182,9 +174,7 @@ def largest_logit_deviation(run: Run, refs) -> float | None:
 
 
 def matches_reference(run: Run, refs) -> list[Violation]:
-    """Greedy tokens equal the dense reference's with the same KV quantization, except at a near tie; and where the
-    engine recorded its logits and its tokens agree, every row with the reference's context lies within the
-    format's LOGIT_TOLERANCE (a shift that flips no token)."""
+    """Greedy tokens equal the dense reference's, except at a near tie, and logits within tolerance."""
     out = []
     tolerance = LOGIT_TOLERANCE.get((run.scenario.kv_cache_dtype, run.scenario.dtype))
     for r in run.requests:

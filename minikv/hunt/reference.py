@@ -1,14 +1,5 @@
 """The reference the `matches-reference` oracle compares with: the model run densely, without the engine.
-
-For a prompt, the model's own greedy decoding (dense attention over its own K/V: no paged cache, no
-scheduler, no attention backend), with every fresh K and V quantized and dequantized exactly as the cache
-format stores it (`minikv.models.train.kv_transform_for`: the format's scale rule and rounding). So a quantized
-paged cache is held to the same quantization error, computed another way: a correct engine gives the same
-greedy tokens, except where two logits are so close that rounding in another order may swap them (a near tie).
-
-Results are cached per (model, format, dtype, prompt), as long as the longest request asked for; a request
-compares with the first `max_tokens` (greedy decoding is prefix-stable).
-"""
+See docs/internals.md#hunt-reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -108,9 +99,7 @@ class DenseReference:
 
 
 def calibrate(reference: DenseReference, cells, prompts) -> tuple[float, float]:
-    """(the smallest margin by which the dense model picks any of its reference tokens, the largest logit difference
-    between its float16 and float32 runs while their tokens agree), over `prompts(model)` in every cell's format:
-    what TIE_MARGIN must stay below and above."""
+    """(smallest reference margin, largest float16/float32 logit difference): TIE_MARGIN's bounds."""
     margin, gap = float("inf"), 0.0
     for model, fmt in dict.fromkeys((c[0], c[1]) for c in cells):
         for prompt in prompts(model):

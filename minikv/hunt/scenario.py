@@ -1,12 +1,5 @@
 """Scenario: one engine configuration and the requests it serves, the unit the hunter generates and shrinks.
-
-A scenario is plain data (frozen dataclasses of ints, strings and tuples), so that hypothesis can shrink it, the
-result cache can key on it, and `repro.snippet` can print it as a ready-to-run `minikv.LLM(...)` call.
-
-The requests run in *waves*: wave 0 is `requests`; with `repeat`, wave 1 submits the same requests again once
-wave 0 has finished (after `sleep`/`wake_up` when `sleep` names a mode). Inside a wave a request is added to
-the engine `arrival` steps after the wave's first step, so later arrivals join a running batch.
-"""
+See docs/internals.md#hunt-scenario."""
 from __future__ import annotations
 
 import math

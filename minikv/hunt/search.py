@@ -1,17 +1,5 @@
 """The search: hypothesis over engine configurations, cell by cell, until an invariant fails or the budget ends.
-
-Order. Cells (model x KV cache format x activation dtype, `strategies.cells`) take turns in rounds: round r gives
-each cell 2**r examples of its own hypothesis search (seeded, so the same examples come in the same order on
-every machine; results are cached, so a later round only pays for the examples the earlier ones did not run).
-The first example of every cell is its plainest configuration, so one round is the whole matrix at its
-defaults: the cases a filtered backend matrix would skip.
-
-Failure. An example whose run violates an oracle raises; hypothesis shrinks it (within `max_shrink_runs` further
-runs) to a minimal scenario, which the report prints with a ready-to-run reproduction.
-
-Budget. `budget_s` (seconds) and/or `max_scenarios` (runs) bound the search before a failure; the first makes
-results depend on the machine's speed, the second does not (the notebook and the tests use it).
-"""
+See docs/internals.md#hunt-search."""
 from __future__ import annotations
 
 import contextlib
@@ -39,14 +27,7 @@ class _NoConstants:
 
 @contextlib.contextmanager
 def _no_source_constants():
-    """Keep hypothesis from scanning local source files while the hunter searches.
-
-    Hypothesis (6.131 and later) collects the literal constants of every local (not site-packages) module loaded,
-    to draw from them now and then, and caches them under `.hypothesis/` in the working directory: a notebook or
-    a test would leave files in the repository. The hunter's draws are all small integers and choices, which
-    hypothesis never takes from source (it skips integers below 100), so switching the scan off changes no
-    scenario; it only stops the scan and the writes (the per-process cache is cleared on both sides). Where a
-    hypothesis version lacks the hook, nothing is changed."""
+    """Keep hypothesis from scanning local source files while the hunter searches."""
     try:
         from hypothesis.internal.conjecture import providers
         hook, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
@@ -100,9 +81,7 @@ class HuntReport:
         return self.finding is not None
 
     def to_dict(self) -> dict:
-        """The report as JSON-ready data: how the hunt was run, every scenario tried (in order, with its cell and
-        outcome; those after the first failure were spent shrinking it), the finding with its shrunk scenario and
-        reproduction, and the timings."""
+        """The report as JSON-ready data."""
         import dataclasses
 
         def scenario(s: Scenario) -> dict:
@@ -157,24 +136,7 @@ def hunt(engine=None, *, model=None, reintroduce=(), instrument=None, backend: s
          budget_s: float | None = 60.0, max_scenarios: int | None = None, max_shrink_runs: int = 40,
          oracles=None, cells=None, reference=None, progress: bool | None = None,
          threads: int | None = 1) -> HuntReport:
-    """Search engine configurations for a violated invariant.
-
-    engine          what to drive (an object with `run(scenario)` and `snippet(scenario)`); default
-                    `MinikvEngine(reintroduce, backend, instrument)`: minikv.LLM with the given `reintroduce` tuple
-                    passed through, and `instrument(llm)` applied to every engine built (an engine given here
-                    brings its own: `reintroduce`, `instrument` and `backend` are then not used)
-    seed            the hypothesis seed (the same seed tries the same scenarios in the same order)
-    budget_s, max_scenarios  stop the search after this many seconds / runs (None: no limit of that kind)
-    max_shrink_runs runs spent shrinking a failure
-    oracles         names from `minikv.hunt.oracles.ORACLES` (default all)
-    model           one model to hunt over: a shipped model's name or a checkpoint directory (transformers'
-                    format); its cells are every KV cache format in both activation dtypes, its prompts come from
-                    its own tokenizer and its dense reference from the same weights. Default: the trained models
-    cells           (model, kv_cache_dtype, dtype) triples (default `strategies.cells()`, or `model`'s)
-    progress        a progress bar on stderr (None: only when stderr is a terminal)
-    threads         torch's intra-op threads while hunting (restored after; None: leave as set). The engines are
-                    tiny: more threads only add hand-offs, and on a busy machine they wait for each other
-    """
+    """Search engine configurations for a violated invariant."""
     if budget_s is None and max_scenarios is None:
         raise ValueError("give budget_s or max_scenarios (or both): the search needs a limit")
     if oracles is not None:
@@ -205,8 +167,7 @@ def hunt(engine=None, *, model=None, reintroduce=(), instrument=None, backend: s
 
 def check_model(model) -> str:
     """A model the hunter can take, as the string its cells name: a shipped model's name, or a checkpoint
-    directory's path (absolute, so a printed reproduction runs from anywhere). The directory is loaded once here,
-    so that a bad checkpoint is refused with the loader's error (ModelLoadError) before the search starts."""
+    directory's path (absolute, so a printed reproduction runs from anywhere)."""
     from pathlib import Path
 
     from minikv.models import registry

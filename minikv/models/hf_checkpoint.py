@@ -1,26 +1,6 @@
 """Checkpoint directories in transformers' format: `config.json` + `model.safetensors` (or sharded, with
 `model.safetensors.index.json`), read into minikv's Gemma-4 and T5 modules and written back.
-
-minikv's modules use transformers' parameter names, so loading is a state-dict copy plus the few rules
-transformers applies on top:
-
-* Gemma-4 (`model_type` "gemma4_text"; a multimodal "gemma4" checkpoint is read through its `text_config`, its
-  `model.language_model.*` weights, and without its vision/audio towers): KV-sharing layers have no K/V
-  projections or norms, so any stored for them are ignored, as transformers ignores them;
-* T5: `encoder.embed_tokens` / `decoder.embed_tokens` are the shared embedding; the decoder's first cross
-  attention never has a position-bias table;
-* both: the LM head is tied to the embedding unless the checkpoint stores an `lm_head.weight` that differs
-  from it (transformers decides the same way).
-
-Loading builds the model on PyTorch's meta device and takes the checkpoint's tensors as its parameters, cast
-once to the target dtype: no random initialization and no float32 copy of a bfloat16 checkpoint (a real
-gemma-4-E2B is 5.1 B parameters). Every file is checked before it is used: a config.json that is not a JSON object,
-sizes that are not positive integers, a digest, index or tokenizer file that does not parse or lacks its keys, an
-index naming a shard that is not there - each raises `CheckpointError` naming the file and what is wrong.
-
-transformers is never imported here; `tests/test_parity_*.py` check that both libraries read the same
-directory to the same logits.
-"""
+See docs/internals.md#models-hf-checkpoint."""
 from __future__ import annotations
 
 import hashlib

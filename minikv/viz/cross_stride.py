@@ -1,20 +1,5 @@
 """The figures (and the code-site diff) of defect B, cross-attention stride doubling and the FP8 context read.
-
-Like `minikv.viz`, every figure function takes plain data and returns a new `matplotlib.figure.Figure` that is
-already closed in pyplot (shown once when a notebook cell returns it). Colours follow `minikv.viz`: red is WRONG
-and nothing else (a block written outside its own pool, a value decoded wrong, an output off the exact one);
-green is RIGHT.
-
-* `stride_byte_map` - the 1.0x / 1.5x / 2.0x arenas stacked on one byte axis: every cross layer's blocks at the
-  doubled stride, labelled by request, and the self-attention blocks they land on.
-* `fp8_row_as_16bit` - one FP8 row of the cross cache next to what a 16-bit reader decodes from the same bytes.
-* `output_scatter` - cross-attention output against the exact output, one panel per context path.
-* `cross_timeline_figure` - who writes and reads the arena when: the decoder's layers x steps, stray writes and
-  overwritten reads marked (from `minikv.repro.cross_stride_trace.trace_run`).
-* `cross_causal_chain_figure` - one request from the doubled stride to its overwritten self-attention rows to its
-  first wrong token (from `minikv.repro.cross_stride_trace.causal_chain`).
-* `code_site_diff` - a HISTORICAL / FIX site as a unified diff, generated from the source itself.
-"""
+See docs/internals.md#viz-cross-stride."""
 from __future__ import annotations
 
 import difflib
@@ -95,20 +80,7 @@ LANDING_LABEL = {"own": "block bytes in its own pool",
 
 def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
                     title: str = "Historical cross stride: where every cross layer's blocks land") -> Figure:
-    """One panel per pool factor, all on the same arena-byte axis (KiB).
-
-    Each panel is a dict (see `minikv.repro.cross_stride.byte_arrangement`):
-      title        - e.g. "1.5x: 15 blocks per cross pool"
-      regions      - `KVArena.byte_map()`: [(kind, name, start, end)]
-      doubled      - {cross pool name: [(start, end, request)]}: the arena bytes each block in use spans at the
-                     doubled stride; its bytes drawn green in its own pool, dotted in a guard zone (harmless) and
-                     red in another layer's live pool (`landing_segments`)
-      self_blocks  - [(start, end, request)]: self-attention blocks of the requests (where stray writes do damage)
-      wrong        - optional [request]: requests whose tokens came out wrong (named in the panel's label)
-    Rows, top to bottom: the arena (pools and hatched guard zones), one row per cross layer, then the requests'
-    self-attention blocks, outlined red where a write into a live pool covers them. Every label in the figure is
-    a request ("r4"), never a block number; the self-attention blocks (a few KiB each) are named beside their row.
-    """
+    """One panel per pool factor, all on the same arena-byte axis (KiB)."""
     if not panels:
         raise ValueError("panels is empty: pass one arrangement per pool factor")
     for p in panels:
@@ -199,14 +171,7 @@ def _plain(value: float, _pos=None) -> str:
 
 
 def fp8_row_as_16bit(row_bytes, fp8_values, read_values, title: str = "One FP8 K row, read as 16-bit") -> Figure:
-    """Top: the bytes a 16-bit reader fetches for one row, in two lines: the FP8 row's `head_size` bytes (one byte
-    per element), then the `head_size` bytes after them (the next row's); under each line, the 16-bit elements the
-    reader decodes from pairs of those bytes, red where the value differs from the FP8 element of that index.
-    Bottom: element j of the row as the FP8 cache holds it (green dot) and as the 16-bit reader decodes it from
-    bytes 2j, 2j+1 (red cross where it differs).
-
-    row_bytes: [2 * head_size] uint8; fp8_values: [head_size] the FP8 row decoded; read_values: [head_size] the
-    16-bit reader's decoding (may hold inf/NaN, drawn at the axis edge)."""
+    """One FP8 row's bytes as a 16-bit reader decodes them."""
     raw = to_numpy(row_bytes, "row_bytes", ndim=1).astype(np.int64)
     want = to_numpy(fp8_values, "fp8_values", ndim=1)
     got = to_numpy(read_values, "read_values", ndim=1)
@@ -265,10 +230,7 @@ def fp8_row_as_16bit(row_bytes, fp8_values, read_values, title: str = "One FP8 K
 
 def output_scatter(samples: Mapping[str, object], tolerance: float = 0.02,
                    title: str = "Cross-attention output at the context step vs exact") -> Figure:
-    """One panel per version: every output element at the context step against the exact one.
-
-    samples: {label: [(exact, got), ...]} (e.g. `ContextRun.samples`). A point is red when |got - exact| exceeds
-    `tolerance` x max|exact| of its panel, green otherwise; the diagonal is where a right output lies."""
+    """One panel per version: every output element at the context step against the exact one."""
     if not samples:
         raise ValueError("samples is empty: pass {version: [(exact, got), ...]}")
     fig, axes = new_figure(1, len(samples), figsize=(MAX_WIDTH_IN, 3.6))
@@ -316,12 +278,7 @@ def _b_state(events: Sequence[str]) -> int:
 
 def cross_timeline_figure(*timelines, max_columns: int = 6,
                           title: str = "Who writes and reads the arena, and when (historical cross stride)") -> Figure:
-    """One panel per run (`minikv.repro.cross_stride_trace.CrossTimeline`, e.g. the 1.5x pool buggy, then fixed):
-    the decoder's attention layers in the order they run (rows) x engine steps (columns, the first `max_columns`).
-
-    Each cell lists what the layer did: W wrote its own pool, W! wrote bytes outside it (the doubled stride), R
-    read only what it wrote itself, R! read bytes another layer had overwritten since, with the requests that read
-    them. Red: W! or R!; green: R; grey: a write only."""
+    """One panel per run: what each attention layer wrote and read, step by step."""
     if not timelines:
         raise ValueError("cross_timeline_figure needs at least one CrossTimeline")
     rows = sum(len(t.layers) + 1.8 for t in timelines)
@@ -365,14 +322,7 @@ def _token(text: str) -> str:
 
 
 def cross_causal_chain_figure(chain, title: str | None = None) -> Figure:
-    """Three panels for one damaged request (`minikv.repro.cross_stride_trace.CrossCausalChain`).
-
-    1. the arena around the culprit cross layer's pool (pools, guard zones), its blocks as the pool holds them and
-       where the doubled stride puts them, each labelled by its request: green in its own pool, dotted in a guard
-       zone (harmless), red in a live pool; the victim's self-attention rows outlined where they land;
-    2. the victim's self-attention rows after the context step: red where the bytes differ from the fixed engine's
-       (measured), green where they are the same;
-    3. the generated tokens of the fixed and the buggy engine, up to the first that differs."""
+    """Three panels for one damaged request (`minikv.repro.cross_stride_trace.CrossCausalChain`)."""
     fig = Figure(figsize=(MAX_WIDTH_IN, 6.4), dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(3, 1, height_ratios=(1.5, 1.0, 1.0))
     ax1, ax2, ax3 = (fig.add_subplot(grid[i]) for i in range(3))
@@ -464,12 +414,7 @@ def _indent(line: str) -> int:
 
 
 def site_versions(source: str) -> tuple[list[str], list[str]]:
-    """(historical, fixed) source lines of a function with one HISTORICAL / FIX site.
-
-    The site is an `if <switch>:` whose block starts with a `# HISTORICAL` comment. Its FIX is the `else:` block,
-    or, without one, the rest of the enclosing block after the `if` (the historical branch returns early). When
-    the condition also holds a real test (`if self.historical_x and not self.paged_context:`), the historical
-    version keeps that test (`if not self.paged_context:`) and falls through to the rest, as the old code did."""
+    """(historical, fixed) source lines of a function with one HISTORICAL / FIX site."""
     lines = source.splitlines()
     n = len(lines)
     try:

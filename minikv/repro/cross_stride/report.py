@@ -1,6 +1,6 @@
 """B1's and B2's signatures, tables, one number per quantity and the JSON results file (`measure` runs all of
 it once; `quantities`, `tables` and `results_dict` are what README, docs and notebook 04 quote).
-"""
+See docs/internals.md#repro-cross-stride-report."""
 from __future__ import annotations
 
 import json
@@ -92,9 +92,7 @@ def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
 
 
 def error_display(err: float) -> str:
-    """The portable text of a relative error: the band it supports when small ('< 1e-3': 16-bit rounding,
-    '< 0.1': FP8 rounding), else two significant digits ('x1.5' style values differ in their last bits from one
-    CPU to another; the bands and two digits do not, for the errors this repro produces)."""
+    """The portable text of a relative error: a band when small, else two significant digits."""
     for bound in (1e-3, 0.1):
         if err < bound:
             return f"< {bound:g}"

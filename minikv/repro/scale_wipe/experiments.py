@@ -1,7 +1,7 @@
 """The side experiments of defect A, each with its table and its check: arrival timing through the step API,
 the census per warmup shape (minikv's reading of upstream's "(pre-write)"), prefix caching by the order of the
-copies and the prompts' length, which cached blocks each copy reuses (and which were evicted), and sleep / wake-up.
-"""
+copies and the prompts' length, the cached blocks each request finds, and sleep / wake-up. See
+docs/internals.md#repro-scale-wipe-experiments."""
 from __future__ import annotations
 
 import itertools
@@ -60,9 +60,7 @@ def _arrivals(prompts, max_num_seqs: int, seed: int, buggy: bool, device, backen
 
 def arrival_run(prompts, max_num_seqs: int, seed: int, device="cpu", backend="torch",
                 max_tokens: int = 12, *, model: str = MODEL) -> ArrivalRun:
-    """The buggy engine driven step by step while requests arrive over several steps (0 to max_num_seqs of them
-    before each step, seeded), as a server sees them: the damaged set is the first scheduled batch, whatever it
-    holds. (A model judged by the fixed run: a fixed engine fed the same arrivals is the reference.)"""
+    """The buggy engine driven step by step while requests arrive over several steps."""
     ids, texts, arrivals, first = _arrivals(prompts, max_num_seqs, seed, True, device, backend, max_tokens, model)
     task = task_of(model)
     if judge_of(model) == "task":
@@ -106,10 +104,7 @@ def later_sharers(run: Run) -> tuple[int, ...]:
 def warmup_census(prompts, max_num_seqs: int = 4, device="cpu", backend="torch", *, model: str = MODEL,
                   max_tokens: int = 12, damage: str = "tokens", runs: tuple[Run, Run] | None = None
                   ) -> list[WarmupCensus]:
-    """The buggy engine's census and damage under each of `WARMUP_CASES` (int8_per_token_head, no prefix
-    caching), damage judged against one fixed engine: by the answers (`damage="tokens"`, `compare`), or by the
-    prefill step's attention outputs in the sharing layers (`damage="attention"`, `attention_damage`). `runs`:
-    an existing (fixed, buggy) pair of these prompts and settings, used for the fixed engine and the dummy row."""
+    """The buggy engine's census and damage under each of `WARMUP_CASES`."""
     capture = damage == "attention"
     fixed = runs[0] if runs else run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device,
                                             backend, max_tokens, model=model, capture_attention=capture)
@@ -198,9 +193,7 @@ def prefix_prompts(order: str, prompt_set: str, distinct: int = 6, copies: int =
 def prefix_caching_runs(max_num_seqs=(4, 6, 8), device="cpu", backend="torch", *, model: str = MODEL,
                         max_tokens: int = 4, distinct: int = 6, copies: int = 4) -> list[PrefixRun]:
     """The buggy engine with prefix caching on, int8_per_token_head, for each order x prompt set x
-    max_num_seqs: which requests come out damaged (against a fixed engine with the same settings). A model judged
-    by the fixed run (random weights) is judged by its prefill-step attention outputs (`attention_damage`): a copy
-    that reuses wiped blocks attends over them at its own prefill, while its 4 tokens may not differ yet."""
+    max_num_seqs: which requests come out damaged (against a fixed engine with the same settings)."""
     out, checked = [], {}
     by_task = judge_of(model) == "task"
     capture = judge_of(model) == "fixed run"
@@ -245,9 +238,7 @@ def format_prefix_runs(runs: list[PrefixRun]) -> str:
 
 
 def check_prefix_runs(runs: list[PrefixRun], copies: int = 4) -> list[str]:
-    """Prompts without a full block: exactly the first batch in every order; with full blocks, copies after the
-    first batch reuse its wiped blocks, and adjacent copies stay inside it only when max_num_seqs is a multiple of
-    the copy count."""
+    """Check which requests the prefix-caching runs damaged."""
     problems = []
     for r in runs:
         expect = r.prompt_set == "no full block" or (r.order == "adjacent" and r.max_num_seqs % copies == 0)
