@@ -18,6 +18,7 @@ _LAZY = {
     "KVLayout": ("minikv.cache.layout", "KVLayout"),
     "KVArena": ("minikv.cache.arena", "KVArena"),
     "MinikvError": ("minikv.kernels.errors", "MinikvError"),
+    "MaxModelLenError": ("minikv.engine.memory", "MaxModelLenError"),
     "EngineFaultError": ("minikv.engine.errors", "EngineFaultError"),
     "ConcurrentUseError": ("minikv.engine.errors", "ConcurrentUseError"),
     "EngineNeedsResetError": ("minikv.engine.errors", "EngineNeedsResetError"),
@@ -43,4 +44,4 @@ def __getattr__(name):
 
 
 __all__ = ["LLM", "ReproConfig", "SamplingParams", "RequestOutput", "KVCacheOverrunError", "KVLayoutMismatchError",
-           "KVLayout", "KVArena", "tasks", "bugs", "viz"]
+           "KVLayout", "KVArena", "MaxModelLenError", "tasks", "bugs", "viz"]

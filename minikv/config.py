@@ -99,12 +99,24 @@ class CacheConfig:
     cross_pool_blocks: int | None = None   # encoder-decoder only; None: sized automatically
     enable_prefix_caching: bool = False
     kv_scale_placement: str = "row"        # per-token-head scales: "row" (vLLM's) or "block" (minikv.cache.layout)
+    kv_cache_memory_bytes: int | None = None   # the KV-cache budget; None: minikv.engine.memory's default
+    gpu_memory_utilization: float = 0.9    # CUDA, without a budget: the share of the device's memory to use
 
     def __post_init__(self):
         check_kv_cache_dtype(self.kv_cache_dtype)
         check_block_size(self.block_size)
         check_int("num_blocks", self.num_blocks, allow_none=True)
         check_int("cross_pool_blocks", self.cross_pool_blocks, allow_none=True)
+        check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, allow_none=True)
+        if self.num_blocks is not None and self.kv_cache_memory_bytes is not None:
+            raise InvalidValueError(f"num_blocks={self.num_blocks} and kv_cache_memory_bytes="
+                                    f"{self.kv_cache_memory_bytes} both size the KV cache: give one of them")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)):
+            raise InvalidTypeError(f"gpu_memory_utilization must be a float, got {type(u).__name__} {u!r}")
+        if not 0 < u <= 1:
+            raise InvalidValueError(f"gpu_memory_utilization must be in (0, 1], a share of the device's memory; "
+                                    f"got {u}")
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
         check_scale_placement(self.kv_scale_placement)
 
@@ -113,10 +125,12 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 4096
+    max_model_len: int | None = None       # None: the model's context length, or less if the cache holds less
 
     def __post_init__(self):
         check_int("max_num_seqs", self.max_num_seqs)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        check_int("max_model_len", self.max_model_len, low=2, allow_none=True)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt. See docs/internals.md#cli."""
+"""The `minikv` command: demo, generate, eval, train, repro, bench, checkpoint, bugs, hunt. See docs/internals.md#cli."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +7,8 @@ import shlex
 import sys
 import traceback
 
-from minikv.engine.arguments import UsageParser, model_arg, positive_int
-from minikv.config import BACKENDS, KV_CACHE_DTYPES
+from minikv.config import BACKENDS, BLOCK_SIZES, KV_CACHE_DTYPES
+from minikv.engine.arguments import UsageParser, byte_count, model_arg, positive_int, share, whole_number
 
 
 def _cmd_demo(args) -> int:
@@ -31,7 +31,7 @@ def unknown_only(tokenizer, prompt: str) -> str | None:
 def _cmd_generate(args) -> int:
     import minikv
     llm = minikv.LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, device=args.device,
-                     backend=args.backend, max_num_seqs=args.max_num_seqs)
+                     backend=args.backend, max_num_seqs=args.max_num_seqs, **cache_options(args))
     for prompt in args.prompts:
         unk = unknown_only(llm.tokenizer, prompt)
         if unk is not None:
@@ -47,10 +47,17 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+def cache_options(args) -> dict:
+    """The LLM keywords of the cache-sizing options (engine_args), those given on the command line only."""
+    names = ("block_size", "num_blocks", "max_model_len", "kv_cache_memory_bytes", "gpu_memory_utilization")
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
 def _cmd_eval(args) -> int:
     from minikv.bench import accuracy
     result = accuracy.exact_match(args.model, args.kv_cache_dtype, n=args.n, device=args.device,
-                                  backend=args.backend, max_num_seqs=args.max_num_seqs, task=args.task)
+                                  backend=args.backend, max_num_seqs=args.max_num_seqs, task=args.task,
+                                  **cache_options(args))
     print(result.report())
     return 0
 
@@ -179,6 +186,9 @@ def _hunt_every_defect(args, command: str) -> int:
     from minikv.hunt.reference import LOGIT_TOLERANCE, DenseReference, calibrate
     from minikv.hunt.strategies import cell_label, prompt_pool
     hunt_cli.check_outputs(args)
+    if args.model:
+        from minikv.models import registry
+        registry.check_loadable(args.model)            # a bad model is one error line, before the first bar
     load = os.getloadavg()[0]
     reference = DenseReference()
     common = dict(model=args.model, backend=args.backend, seed=args.seed, budget_s=args.budget,
@@ -278,6 +288,15 @@ def _hunt_every_defect(args, command: str) -> int:
     return 0 if ok else 1
 
 
+def _cmd_checkpoint(args) -> int:
+    from minikv.models import new_checkpoint
+    path = new_checkpoint.write(args.dir, arch=args.arch, size=args.size, seed=args.seed, force=args.force,
+                                progress=sys.stderr.isatty())
+    print(f"{args.arch} {args.size} checkpoint with random weights written to {path}/; run it with "
+          f"minikv generate --model {shlex.quote(str(path))} --ids '3 7 11'")
+    return 0
+
+
 def _cmd_bugs(args) -> int:
     from minikv.defects import registry
     print(registry.table())
@@ -348,6 +367,18 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
         sp.add_argument("--backend", default="triton", choices=BACKENDS)
         sp.add_argument("--max-num-seqs", type=positive_int, default=8)
+        sp.add_argument("--block-size", type=int, default=None, choices=BLOCK_SIZES,
+                        help="tokens per KV-cache block (default 16)")
+        sp.add_argument("--num-blocks", type=positive_int, default=None,
+                        help="blocks of each self-attention pool (default: from the memory budget)")
+        sp.add_argument("--max-model-len", type=whole_number(2), default=None,
+                        help="the longest prompt + max tokens a request may have (default: the model's context "
+                             "length, or what the cache holds if less)")
+        sp.add_argument("--kv-cache-memory-bytes", type=byte_count, default=None, metavar="SIZE",
+                        help="the KV-cache budget, in bytes or as 64MiB, 1GiB (default: 64MiB on CPU; on CUDA "
+                             "--gpu-memory-utilization decides)")
+        sp.add_argument("--gpu-memory-utilization", type=share, default=None, metavar="FRACTION",
+                        help="CUDA: the share of the device's memory the engine may use (default 0.9)")
 
     g = sub.add_parser("generate", help="generate continuations for prompts (greedy unless --temperature)",
                        description="Generate a continuation for each prompt and print it as `'prompt' -> 'text'  "
@@ -397,6 +428,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("what", choices=tuple(DESCRIPTIONS), help="which benchmark: " + ", ".join(DESCRIPTIONS))
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_cmd_bench)
+
+    c = sub.add_parser("checkpoint", help="make a checkpoint directory (random weights, transformers' format)")
+    csub = c.add_subparsers(dest="action", required=True)
+    n = csub.add_parser("new", help="write a random-weight checkpoint: config.json, model.safetensors, tokenizer.json",
+                        description="Write a random-weight checkpoint directory in transformers' format (config.json, "
+                                    "model.safetensors in bfloat16, tokenizer.json, tokenizer_config.json) that "
+                                    "minikv and transformers both load: tiny for experiments and tests; gemma4 e2b "
+                                    "is gemma-4-E2B's text config in full (about 10 GB), t5 base flan-t5-base's.")
+    n.add_argument("dir", help="the directory to write (new or empty; an existing one needs --force)")
+    n.add_argument("--arch", required=True, choices=("gemma4", "t5"))
+    n.add_argument("--size", default="tiny", choices=("tiny", "e2b", "base"),
+                   help="tiny (both), e2b (gemma4), base (t5); default tiny")
+    n.add_argument("--seed", type=int, default=0)
+    n.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    n.set_defaults(func=_cmd_checkpoint)
 
     s = sub.add_parser("bugs", help="list the historical defects minikv can reintroduce")
     s.set_defaults(func=_cmd_bugs)

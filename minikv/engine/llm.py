@@ -22,7 +22,9 @@ from minikv.config import (
     check_int,
 )
 from minikv.engine.errors import ConcurrentUseError, EngineNeedsResetError
+from minikv.engine.memory import MaxModelLenError
 from minikv.engine.model_runner import ModelRunner
+from minikv.engine.progress import held_warnings
 from minikv.engine.scheduler import Scheduler
 from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
 from minikv.engine.step import StepOutput, StepTrace
@@ -50,7 +52,8 @@ class LLM:
                  seed: int = 0, cross_pool_blocks: int | None = None, num_blocks: int | None = None,
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int = 4096,
                  kv_scale_placement: str = "row", repro: ReproConfig | None = None,
-                 enforce_eager: bool | None = None, **moved):
+                 enforce_eager: bool | None = None, max_model_len: int | None = None,
+                 kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9, **moved):
         if moved:
             raise _moved_keywords(moved)
         model = registry.check_model(model)
@@ -60,8 +63,10 @@ class LLM:
             seed=seed, repro=ReproConfig() if repro is None else repro, enforce_eager=enforce_eager,
             cache=CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                               cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
-                              kv_scale_placement=kv_scale_placement),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens))
+                              kv_scale_placement=kv_scale_placement, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                              gpu_memory_utilization=gpu_memory_utilization),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                      max_model_len=max_model_len))
         torch.manual_seed(seed)
         self.model_name = model
         self.tokenizer = registry.get_tokenizer(model)
@@ -136,11 +141,18 @@ class LLM:
             # The decoder starts from the model's start token where the config names one (T5: its
             # decoder_start_token_id, 0 = pad in real checkpoints), else from BOS.
             return [getattr(mc, "decoder_start_token_id", self.tokenizer.bos_id)], ids
-        ids = [self.tokenizer.bos_id] + ids
-        if len(ids) >= mc.max_position:
-            raise InvalidValueError(f"prompt is {len(ids)} tokens (with BOS), which leaves no room to generate: the model's "
-                                    f"maximum is {mc.max_position - 1} prompt tokens (max_position {mc.max_position})")
-        return ids, None
+        return [self.tokenizer.bos_id] + ids, None
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence (prompt tokens + max_tokens) a request may have (minikv.engine.memory)."""
+        return self.runner.max_model_len
+
+    def _longer_hint(self) -> str:
+        if self.max_model_len >= self.config.model.max_position:
+            return f"shorten the prompt (the model's context length is {self.config.model.max_position})"
+        return (f"for a longer request give max_model_len (up to the model's {self.config.model.max_position}) with "
+                f"a cache that holds it (kv_cache_memory_bytes or num_blocks)")
 
     def _prepare(self, prompt, params, name: str) -> tuple[list[int], list[int] | None, SamplingParams]:
         """Check one request completely, without touching the engine (`name`: how an error names it)."""
@@ -149,11 +161,15 @@ class LLM:
         if not isinstance(params, SamplingParams):
             raise InvalidTypeError(f"sampling params must be a minikv.SamplingParams, got {type(params).__name__}")
         ids, enc = self._encode(prompt)
-        room = self.config.model.max_position - len(ids)
+        if enc is None and len(ids) >= self.max_model_len:
+            raise MaxModelLenError(f"{name} is {len(ids)} tokens (with BOS), which leaves no room to generate: "
+                                   f"max_model_len is {self.max_model_len}, so at most {self.max_model_len - 1} "
+                                   f"prompt tokens; " + self._longer_hint())
+        room = self.max_model_len - len(ids)
         if params.max_tokens > room:
-            raise InvalidValueError(f"max_tokens={params.max_tokens} but the model has room for only {room} new tokens "
-                                    f"after this {len(ids)}-token prompt (max_position {self.config.model.max_position}); "
-                                    f"lower max_tokens to at most {room}")
+            raise MaxModelLenError(f"{name}: {len(ids)} prompt tokens + max_tokens={params.max_tokens} is longer than "
+                                   f"max_model_len={self.max_model_len}: room for only {room} new tokens; lower "
+                                   f"max_tokens to at most {room}, or " + self._longer_hint())
         probe = Sequence(self._next_id, prompt, ids, params, encoder_token_ids=enc)
         self.scheduler.check_admissible(probe, name)
         return ids, enc, params
@@ -276,18 +292,24 @@ class LLM:
             bar = tqdm(total=len(ids), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
             wanted = set(ids)
             try:
-                while self.scheduler.has_unfinished():
-                    out = self._step()
-                    for r in out.finished:
-                        if r.request_id in wanted:
-                            results[r.request_id] = r
-                    bar.update(len(results) - bar.n)
+                # Library warnings wait for the bar to close, then come once each. Only while a bar is drawn, and
+                # only on the main thread: holding swaps process-wide warning state, which two engines generating
+                # in two threads at once must not do.
+                hold = not bar.disable and threading.current_thread() is threading.main_thread()
+                with held_warnings() if hold else contextlib.nullcontext():
+                    try:
+                        while self.scheduler.has_unfinished():
+                            out = self._step()
+                            for r in out.finished:
+                                if r.request_id in wanted:
+                                    results[r.request_id] = r
+                            bar.update(len(results) - bar.n)
+                    finally:
+                        bar.close()
             except BaseException:
                 for rid in ids:                     # leave nothing half-done in the engine
                     self.scheduler.abort(rid)
                 raise
-            finally:
-                bar.close()
             return [results[rid] for rid in ids]
 
     def _stop_cut(self, seq: Sequence) -> int | None:

@@ -16,6 +16,7 @@ from minikv.cache.arena import KVArena, PoolSpec, SeparateKVArena
 from minikv.cache.blocks import slot_of
 from minikv.cache.layout import KVLayout
 from minikv.config import EngineConfig
+from minikv.engine import memory
 from minikv.engine.cuda_graph import DecodeGraphs
 
 
@@ -54,12 +55,13 @@ class ModelRunner:
         # `layout`: the layout of the first self-attention pool (the cross pool's for a model without one); on a
         # model with one layout everywhere it is every pool's. Per-pool: `layouts`.
         self.layout = next((b.layout for b in owners if b.kind == "self"), owners[0].layout)
-        per_seq = math.ceil(mc.max_position / self.block_size)
-        self.num_blocks = config.cache.num_blocks or config.scheduler.max_num_seqs * per_seq
+        # Pool sizes and max_model_len, from num_blocks or a memory budget (minikv.engine.memory)
+        self.size = self._size_cache()
+        self.num_blocks, self.num_cross_blocks = self.size.num_blocks, self.size.num_cross_blocks
+        self.max_model_len = self.size.max_model_len
+        per_seq = math.ceil(self.max_model_len / self.block_size)
         per_enc = math.ceil(max(mc.max_encoder_len, 1) / self.block_size)
         has_cross = any(b.kind == "cross" for b in owners)
-        self.num_cross_blocks = (config.cache.cross_pool_blocks or config.scheduler.max_num_seqs * per_enc
-                                 if has_cross else 0)
         # CUDA-graph decode (minikv.engine.cuda_graph): the self pools get one block more than the block manager
         # hands out, for the padding rows of a graph's batch
         self.graphs = (DecodeGraphs(config.scheduler.max_num_seqs, per_seq, self.block_size, self.num_blocks,
@@ -118,16 +120,64 @@ class ModelRunner:
                              f"{source.num_kv_heads} of size {source.head_size}; a sharing layer must match "
                              f"the shape of the cache it reads")
 
+    # ---- sizing -----------------------------------------------------------------------------------------------
+    def _size_cache(self) -> memory.CacheSize:
+        cache, sched, mc = self.config.cache, self.config.scheduler, self.model.config
+        self_bytes = sum(lay.block_bytes for n, lay in self.layouts.items() if not n.startswith("cross."))
+        cross_bytes = sum(lay.block_bytes for n, lay in self.layouts.items() if n.startswith("cross."))
+        budget, source = cache.kv_cache_memory_bytes, f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes}"
+        if budget is None and cache.num_blocks is None:
+            if self.device.type == "cuda":
+                budget = memory.cuda_budget(self.device, cache.gpu_memory_utilization, self._profile_activations())
+                source = f"gpu_memory_utilization={cache.gpu_memory_utilization}"
+            else:
+                budget, source = memory.DEFAULT_CPU_KV_CACHE_BYTES, "the CPU default budget"
+        if budget is not None and self.config.cuda_graphs:
+            budget -= self_bytes                # the padding block of CUDA-graph batches
+        return memory.size_cache(block_bytes=self_bytes, cross_block_bytes=cross_bytes, block_size=self.block_size,
+                                 max_num_seqs=sched.max_num_seqs, config_len=mc.max_position,
+                                 encoder_len=mc.max_encoder_len, num_blocks=cache.num_blocks,
+                                 cross_pool_blocks=cache.cross_pool_blocks, max_model_len=sched.max_model_len,
+                                 budget_bytes=budget, budget_source=source)
+
+    @torch.inference_mode()
+    def _profile_activations(self) -> int:
+        """CUDA: the activation peak of a dense forward of the largest prefill (max_num_batched_tokens dummy tokens,
+        at most the model's length), as vLLM profiles before sizing the cache. An encoder-decoder profiles its
+        encoder over max_num_seqs full-length inputs."""
+        mc, sched = self.model.config, self.config.scheduler
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        if mc.is_encoder_decoder:
+            width = min(sched.max_num_batched_tokens // sched.max_num_seqs or 1, mc.max_encoder_len)
+            ids = torch.zeros(sched.max_num_seqs, width, dtype=torch.long, device=self.device)
+            self.model.encode(ids, torch.ones_like(ids, dtype=torch.bool))
+        else:
+            n = min(sched.max_num_batched_tokens, mc.max_position)
+            self.model(torch.zeros(1, n, dtype=torch.long, device=self.device))
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()
+        return max(peak, 0)
+
     def check_memory(self) -> None:
-        """Refuse, before allocating, an arena larger than the memory the device has free."""
+        """Refuse, before allocating, an arena larger than the memory the device has free, naming what sized it."""
         need = sum(s.nbytes for s in self.pool_specs())
         if self.device.type == "cuda":
             free = torch.cuda.mem_get_info(self.device)[0]
         else:
             free = _available_host_bytes()
         if free is not None and need > free:
-            raise MemoryError(f"the KV cache would need {need / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB "
-                              f"is free on {self.device}; lower num_blocks, cross_pool_blocks or max_num_seqs")
+            cross = ", cross_pool_blocks" if self.num_cross_blocks else ""
+            if self.config.cache.num_blocks is not None:
+                fix = f"lower num_blocks (--num-blocks){cross}"
+            else:
+                fix = (f"lower kv_cache_memory_bytes (--kv-cache-memory-bytes), max_model_len (--max-model-len) or "
+                       f"max_num_seqs (--max-num-seqs){cross}")
+            raise MemoryError(f"the KV cache would need {need / 2**30:.2f} GiB ({self.size.budget_source}: "
+                              f"{self.num_blocks} blocks of {self.block_size} tokens) but only {free / 2**30:.2f} "
+                              f"GiB is free on {self.device}; {fix}")
 
     # ---- the arena ------------------------------------------------------------------------------------------
     def pool_specs(self) -> list[PoolSpec]:

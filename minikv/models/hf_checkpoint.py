@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -152,6 +152,19 @@ def read_digests(path: Path) -> dict[str, str]:
         raise CheckpointError(f"{file}: expected {{\"weights file name\": \"64 hex digits\"}}, got "
                               f"{json.dumps(digests)[:200]}")
     return digests
+
+
+def check_weight_headers(path: str | Path) -> None:
+    """Read config.json and every weights file's header, without the tensor data: a missing, truncated or
+    malformed file fails here, in a moment, before a command draws a progress bar or loads gigabytes."""
+    path = Path(path)
+    read_config(path)
+    for file in weight_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                f.keys()
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise CheckpointError(f"cannot read {file}: {err}", hint=DAMAGED_HINT) from None
 
 
 def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:

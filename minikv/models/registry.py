@@ -172,6 +172,20 @@ def weights_path(name: str, weights_dir: str | Path | None = None) -> Path:
     return checkpoint_dir(name, weights_dir) / hf_checkpoint.WEIGHTS_FILE
 
 
+def check_loadable(model) -> str:
+    """`model` checked as far as it can be without loading weights (check_model, then for a checkpoint directory
+    config.json, each weights file's header and the tokenizer); returned as `check_model` returns it. Commands call
+    it before their first progress bar, so a bad model is one error line, not an error after a 0% bar."""
+    model = check_model(model)
+    if not is_checkpoint_model(model):
+        try:
+            hf_checkpoint.check_weight_headers(model)
+        except hf_checkpoint.CheckpointError as err:
+            raise ModelLoadError(str(err), hint=err.hint) from None
+    get_tokenizer(model)
+    return model
+
+
 def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,
                weights_dir: str | Path | None = None) -> nn.Module:
     """The model with its shipped weights, in eval mode, on `device`, in `dtype` (None: `default_dtype`).
