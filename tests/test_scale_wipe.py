@@ -407,3 +407,16 @@ def test_two_engines_in_one_process_share_the_class_level_registry_without_colli
     assert keys(a) | keys(b) <= set(AttentionImpl._initialized_storages)
     served = [[o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] for llm in (a, b)]
     assert served == [alone, alone]
+
+
+def test_prefix_caching_carries_the_wipe_only_to_copies_that_find_wiped_blocks_still_cached():
+    """The rule the docs state: with prefix caching on, a request is damaged when it ran in the first step or found
+    a wiped block in the prefix cache. With the 32-block pool of max_num_seqs=4 the copies come after eviction."""
+    prompts = scale_wipe.make_prompts(24, copies=2)
+    small = scale_wipe.prefix_reuse(prompts, 4, backend="torch")
+    assert small.predicted == small.damaged == [0, 1, 2, 3]
+    assert all(r.found == 0 and r.evictions > 0 and r.full_blocks > 0 for r in small.requests[12:16])
+    large = scale_wipe.prefix_reuse(prompts, 8, backend="torch")
+    assert large.predicted == large.damaged and set(range(8)) < set(large.damaged)
+    assert all(r.evictions == 0 for r in large.requests)
+    assert [r.request for r in large.requests[12:] if r.found_wiped] == [r for r in large.damaged if r >= 12]

@@ -175,6 +175,7 @@ class CrossCausalChain:
     first_overwritten_read: tuple[str, str]
     factor: float
     blocks: int
+    regions: list[tuple[str, str, int, int]] = field(default_factory=list)   # the arena's KVArena.byte_map()
 
 
 def causal_chain(prompts: list[str], factor: float = 1.5, request: int = 0, backend: str = "torch",
@@ -234,5 +235,6 @@ def causal_chain(prompts: list[str], factor: float = 1.5, request: int = 0, back
     diverging = next((i for i, (a, b) in enumerate(zip(fixed_tokens, buggy_tokens)) if a != b),
                      min(len(fixed_tokens), len(buggy_tokens)))
     return CrossCausalChain(request, culprit, victim_layer, start, start + llm.arena.pool(pool).numel(), doubled,
-                            victim_blocks, rows, fixed_tokens, buggy_tokens, diverging, where, factor, blocks)
+                            victim_blocks, rows, fixed_tokens, buggy_tokens, diverging, where, factor, blocks,
+                            llm.arena.byte_map())
 
