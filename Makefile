@@ -1,7 +1,8 @@
 # minikv: the commands the README names. Everything runs inside .venv, which `make setup` creates.
 #
 #   make run        the main job (minikv demo)
-#   make test       unit/property/engine tests, then the notebooks through nbval (CPU); not the `slow` tests
+#   make test       unit/property/engine tests, the Python blocks of README.md and docs/, then the notebooks through
+#                   nbval (CPU); not the `slow` tests
 #   make test-all   the same with the `slow` tests too (every notebook in the browser, ...)
 #   make test-gpu   GPU tests and both reproductions compiled on CUDA (system python with CUDA torch)
 #   make notebooks  sync the .py/.ipynb pairs and re-execute the CPU notebooks in place
@@ -66,10 +67,15 @@ WORKERS ?= 2
 XDIST   := -n $(WORKERS) --dist loadfile
 MARKS   ?= not slow
 
+# Every Python block of README.md and docs/ runs as a test (pytest-markdown-docs; the superfences syntax is the one
+# the site renders, so a block names a skipping fixture of ./conftest.py as `{.python fixture:needs_cuda}`).
+DOC_BLOCKS := -p no:cacheprovider --markdown-docs --markdown-docs-syntax=superfences -m markdown-docs README.md docs
+
 # lint-imports first: the layer contracts in pyproject.toml (no upward import, no import loop), in a second.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(TEST_ENV) MPLBACKEND=Agg $(PY) -m pytest -q $(XDIST) -m "$(MARKS)" --durations=30 tests
+	$(TEST_ENV) MPLBACKEND=Agg $(PY) -m pytest -q $(DOC_BLOCKS)
 ifneq ($(NOTEBOOKS),)
 	$(TEST_ENV) $(PY) -m pytest -q $(XDIST) -p no:cacheprovider $(NBVAL_FLAGS) $(NOTEBOOKS)
 	$(TEST_ENV) $(SECOND_FLOAT_ENV) $(PY) -m pytest -q $(XDIST) -p no:cacheprovider $(NBVAL_FLAGS) $(NOTEBOOKS)

@@ -1,24 +1,7 @@
 """Byte addressing of a KV pool: the one place its address formula is written, as torch/Python helpers
 (`row_byte_offset`, `scale_byte_offset`, and the gathers and scatters of the references) and as a Triton helper
 (`cache_offset`, used by the write kernel and by `paged_rows` / `block_scales` for the readers).
-
-A pool is one contiguous run of bytes. The row of (block b, K=0/V=1 half kv, slot-in-block o, kv head h) starts at
-
-    b * block_bytes + kv * kv_bytes + o * slot_bytes + h * row_bytes
-
-and, for the per-token-head formats, its fp32 scale sits at
-
-    b * block_bytes + kv * kv_bytes + scale_offset + o * scale_slot_bytes + h * scale_head_bytes
-
-(placement ROW, vLLM's: that is row start + scale_offset; BLOCK: inside the half's scale region). Token n of a
-sequence lives
-in block block_table[n // block_size] at slot-in-block n % block_size; a cache slot s is block s // block_size,
-slot-in-block s % block_size.
-
-The references gather and scatter the pool's bytes with exactly these offsets and reinterpret them with
-`.view(dtype)`. The kernels receive the pool as typed views (elements, and fp32 words for the scales) and the same
-offsets divided by the element size, so both sides address the same bytes.
-"""
+See docs/internals.md#kernels-addressing."""
 from __future__ import annotations
 
 import math
@@ -28,6 +11,8 @@ import triton
 import triton.language as tl
 
 from . import formats
+from .checks import (check_block_tables, check_float_tensor, check_int_tensor, check_pool,  # noqa: F401 (re-exported)
+                     check_query_against_cache, check_scale, pool_capacity)
 from .mode import INTERPRETED
 
 # Views of the one per-format table (formats.TABLE), under the names the kernels use.
@@ -50,90 +35,14 @@ SCALES_IN_BLOCK: tl.constexpr = tl.constexpr(formats.BLOCK)
 SCALE_WORD: tl.constexpr = tl.constexpr(formats.SCALE_BYTES)     # bytes per fp32 scale word
 
 
-# ---- checks shared by every kernel's validation ---------------------------------------------------------------
 def check_spec(spec) -> formats.CacheSpec:
-    """The spec as a CacheSpec, which checks every field when it is made (TypeError naming a missing field,
-    ValueError for values a kernel cannot address)."""
+    """The spec as a CacheSpec, which checks every field when it is made."""
     return formats.CacheSpec.of(spec)
 
 
-def check_pool(pool: torch.Tensor, spec) -> int:
-    """Raise unless `pool` is a contiguous uint8 tensor holding at least one block; return its block capacity."""
-    if not isinstance(pool, torch.Tensor):
-        raise TypeError(f"pool must be a torch.Tensor, got {type(pool).__name__}")
-    if pool.dtype != torch.uint8:
-        raise TypeError(f"a pool is a uint8 tensor of raw bytes, got {pool.dtype}")
-    if not pool.is_contiguous():
-        raise ValueError("the pool tensor must be contiguous")
-    align = SCALE_BYTES if formats.has_inline_scales(spec.fmt) else spec.elem_bytes
-    if pool.data_ptr() % align:
-        raise ValueError(f"the pool's first byte must be {align}-byte aligned for {formats.NAMES[spec.fmt]}")
-    capacity = pool_capacity(pool, spec)
-    if capacity < 1:
-        raise ValueError(f"pool of {pool.numel()} bytes holds no whole {spec.block_bytes}-byte block")
-    return capacity
-
-
-def check_float_tensor(name: str, t, ndim: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-    if t.dtype == torch.bfloat16 and INTERPRETED:
-        raise TypeError(f"{name} is bfloat16, which the Triton interpreter (CPU) cannot run; use float16 or "
-                        f"float32 on CPU")
-
-
-def check_int_tensor(name: str, t, dtype: torch.dtype, ndim: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
-
-
-def check_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, spec, capacity: int) -> None:
-    """Every block a sequence of length seq_lens[b] uses must be a block of the pool."""
-    lens = seq_lens.to("cpu", torch.int64)
-    max_blocks = block_tables.shape[1]
-    if bool((lens > max_blocks * spec.block_size).any()):
-        raise ValueError(f"seq_lens up to {int(lens.max())} exceed what the block table holds "
-                         f"({max_blocks} blocks x {spec.block_size} slots = {max_blocks * spec.block_size})")
-    used = torch.arange(max_blocks)[None, :] < (lens[:, None] + spec.block_size - 1) // spec.block_size
-    entries = block_tables.to("cpu", torch.int64)[used]
-    bad = (entries < 0) | (entries >= capacity)
-    if bool(bad.any()):
-        raise ValueError(f"block table entry {int(entries[bad][0])} is outside the pool, which holds {capacity} "
-                         f"blocks of {spec.block_bytes} bytes")
-
-
-def check_query_against_cache(q: torch.Tensor, spec, k_scale, v_scale) -> None:
-    """Checks shared by the paged readers: GQA head counts, a bfloat16 cache read by a bfloat16 q, valid fp8 scales."""
-    if q.shape[1] % spec.num_kv_heads:
-        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {spec.num_kv_heads} kv heads")
-    if spec.fmt in AUTO_DTYPES and AUTO_DTYPES[spec.fmt] == torch.bfloat16 and q.dtype != torch.bfloat16:
-        raise TypeError("a bfloat16 cache needs a bfloat16 q")
-    if spec.fmt == formats.FP8:
-        check_scale("k_scale", k_scale)
-        check_scale("v_scale", v_scale)
-
-
-def check_scale(name: str, value) -> None:
-    if not isinstance(value, (int, float)) or not (0.0 < float(value) < float("inf")):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-
-
 # ---- torch side: the references' byte arithmetic ---------------------------------------------------------------
-def pool_capacity(pool: torch.Tensor, spec) -> int:
-    return pool.numel() // spec.block_bytes
-
-
 def row_byte_offset(spec, block, kv, slot_in_block, head):
-    """Byte offset of the row of (block, half kv: 0 = K / 1 = V, slot in block, kv head): the formula, for ints
-    or int64 tensors (broadcast)."""
+    """Byte offset of the row of (block, half kv: 0 = K / 1 = V, slot in block, kv head)."""
     return block * spec.block_bytes + kv * spec.kv_bytes + slot_in_block * spec.slot_bytes + head * spec.row_bytes
 
 
@@ -157,9 +66,7 @@ def row_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
 
 
 def slot_of(block_table, position, block_size: int):
-    """The cache slot of token `position` of a sequence: its block's id times block_size, plus its place in it.
-    The one place the formula is written: `block_table` a list and `position` an int (the block manager, the
-    runner), or both tensors (`sequence_slots`)."""
+    """The cache slot of token `position` of a sequence."""
     return block_table[position // block_size] * block_size + position % block_size
 
 
@@ -170,11 +77,7 @@ def sequence_slots(block_table_row: torch.Tensor, length: int, block_size: int) 
 
 
 def _flat(pool: torch.Tensor) -> torch.Tensor:
-    """The pool's bytes from its first byte to the end of its storage: what a kernel's raw pointer can reach.
-
-    A pool inside a KVArena is a view of the arena's one allocation, so a reference given a wrong layout addresses
-    the same guard zones and neighbouring pools a kernel would (and the arena's canaries see it); a standalone pool
-    ends where its storage ends, and an index past it is an IndexError."""
+    """The pool's bytes from its first byte to the end of its storage."""
     if not pool.is_contiguous():
         return pool.reshape(-1)
     reach = pool.untyped_storage().nbytes() // pool.element_size() - pool.storage_offset()
@@ -246,11 +149,7 @@ def read_views(pool: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---- Triton side --------------------------------------------------------------------------------------------
 def row_alignment(spec) -> int:
-    """The largest power of two (in elements, at most 16 bytes' worth) dividing every row offset of the pool.
-
-    Kernels pass it to tl.multiple_of so the compiler can use wide loads: 16 bytes for the plain formats and the
-    per-token-head ones with "block" placement, but only 4 for "row" placement, whose rows are head_size + 4
-    bytes long."""
+    """The largest power of two (at most 16 bytes' worth) dividing every row offset of the pool."""
     align = 16 // spec.elem_bytes
     for stride in element_strides(spec):
         align = math.gcd(align, stride)
@@ -263,9 +162,7 @@ def words(nbytes: int) -> int:
 
 
 def scale_word_strides(spec) -> tuple[int, int, int]:
-    """(slot, head, first) of the scales in fp32 words: scale word of (block b, half kv, slot o, head h) =
-    b * block_words + kv * kv_words + first + o * slot + h * head (`half_word_strides`). Zeros for formats
-    without scales."""
+    """(slot, head, first) of the scales in fp32 words."""
     if not formats.has_inline_scales(spec.fmt):
         return 0, 0, 0
     return words(spec.scale_slot_bytes), words(spec.scale_head_bytes), words(spec.scale_offset)
@@ -277,8 +174,7 @@ def half_word_strides(spec) -> tuple[int, int]:
 
 
 def scale_alignment(spec) -> int:
-    """"block" placement: how many consecutive tokens' scales (of one head) may be read as one vector: contiguous
-    within a block, and every vector's first word aligned to it (at most 4 words = 16 bytes). 1 for "row"."""
+    """"block" placement: how many consecutive tokens' scales may be read as one vector."""
     if spec.placement != formats.BLOCK or spec.scale_slot_bytes != SCALE_BYTES or spec.elem_bytes != 1:
         return 1
     align = 4
@@ -289,19 +185,14 @@ def scale_alignment(spec) -> int:
 
 @triton.jit
 def cache_offset(block, slot_in_block, head_offset, block_stride, slot_stride):
-    """The address formula (`row_byte_offset`) in the units of a typed view of the pool, K half (the V half is
-    the kv stride further): block * block_stride + slot_in_block * slot_stride + head_offset, where head_offset
-    is kv head * the row (or scale-head) stride. Used for element rows (element strides) and for scale words
-    (word strides, plus the first scale's word). Broadcasts like its arguments."""
+    """The address formula (`row_byte_offset`) in the units of a typed view of the pool, K half."""
     return block * block_stride + slot_in_block * slot_stride + head_offset
 
 
 @triton.jit
 def block_scales(scales_ptr, block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_words, slot_words,
                  head_words, SCALE_ALIGN: tl.constexpr):
-    """fp32 scales of tokens `n` of one sequence and kv head, "block" placement: `head_words` is the word offset
-    of the head's slot-0 scale in the half, `block_words` / `slot_words` the strides (scale_word_strides).
-    Tiles start at multiples of SCALE_ALIGN tokens, so each run of SCALE_ALIGN scales is one aligned vector."""
+    """fp32 scales of tokens `n` of one sequence and kv head, "block" placement."""
     block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
     words = cache_offset(block, (n % BLOCK_SIZE).to(tl.int64), head_words, block_words, slot_words)
     words = tl.max_contiguous(tl.multiple_of(words, SCALE_ALIGN), SCALE_ALIGN)
@@ -311,10 +202,7 @@ def block_scales(scales_ptr, block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr,
 @triton.jit
 def paged_rows(block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_stride, slot_stride, head_offset,
                ROW_ALIGN: tl.constexpr):
-    """Element offsets (int64) of the rows of tokens `n` of one sequence, for one kv head, in the K half.
-
-    `block_table_ptr` points at the sequence's row of the block table. Tokens outside `mask` get offset 0.
-    """
+    """Element offsets (int64) of the rows of tokens `n` of one sequence, for one kv head, in the K half."""
     block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
     rows = cache_offset(block, (n % BLOCK_SIZE).to(tl.int64), head_offset, block_stride, slot_stride)
     return tl.multiple_of(tl.where(mask, rows, 0), ROW_ALIGN)
@@ -329,8 +217,7 @@ def row_scales(scales_ptr, rows, mask, scale_offset):
 @triton.jit
 def tile_scales(scales_ptr, table, n, rows, mask, kv_offset, scale_offset, block_words, slot_words, head_words,
                 BLOCK_SIZE: tl.constexpr, SCALE_PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr):
-    """fp32 scales of a tile of tokens `n` (rows `rows`, as paged_rows gives them) of one kv head, in the K half
-    (kv_offset 0) or the V half (kv_offset = kv stride in bytes), for either placement (1-byte codes)."""
+    """fp32 scales of a tile of tokens `n` of one kv head, in the K or V half, for either placement."""
     if SCALE_PLACEMENT == SCALES_IN_ROW:
         scales = row_scales(scales_ptr, rows + kv_offset, mask, scale_offset)
     else:

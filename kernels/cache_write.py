@@ -1,14 +1,5 @@
 """write_kv: store new tokens' K and V into their cache slots, quantizing as the pool's format says.
-
-    auto (float16 / bfloat16 / float32)  the value as is
-    fp8 (per layer)                      code = e4m3(clamp(x / k_scale, -448, 448))   (v with v_scale)
-    int8 / fp8 per token-head            scale = max(amax(|x|) / QMAX, SCALE_EPS), code = clamp(rne(x / scale)),
-                                         the fp32 scale stored where the spec places it (after the row's
-                                         codes, or in the block half's scale region)
-
-Slot s of slot_mapping is block s // block_size, slot-in-block s % block_size; -1 skips the token (warmup, padding).
-`write_kv_reference` does the same with torch, scattering into the pool's bytes; the two agree byte for byte.
-"""
+See docs/internals.md#kernels-cache-write."""
 from __future__ import annotations
 
 import torch
@@ -16,9 +7,9 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (AUTO_DTYPES, BF16, CODE_DTYPES, F16, F32, FP8, INT8_PTH, cache_offset, check_float_tensor,
-                         check_int_tensor, check_pool, check_scale, check_spec, element_strides, half_word_strides,
-                         scale_word_strides, scatter_rows, typed_pool)
+from .addressing import (AUTO_DTYPES, BF16, CODE_DTYPES, F16, F32, FP8, INT8_PTH, cache_offset, check_spec,
+                         element_strides, half_word_strides, scale_word_strides, scatter_rows, typed_pool)
+from .checks import check_float_tensor, check_int_tensor, check_pool, check_scale
 from .mode import require_device
 from .quant import quantize_fp8, quantize_int8, quantize_reference, torch_e4m3_saturates
 
@@ -118,10 +109,7 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor, spec,
              k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True,
              config: launch.WriteConfig | None = None, num_programs: int | None = None) -> None:
-    """Write key/value [T, num_kv_heads, head_size] into `pool` at `slot_mapping` (int64 [T], -1 = skip).
-
-    `config`: the launch configuration (None: `launch.write_config` chooses one); `num_programs`: run only the
-    first programs of the grid (to watch what each program writes; None: all of them)."""
+    """Write key/value [T, num_kv_heads, head_size] into `pool` at `slot_mapping` (int64 [T], -1 = skip)."""
     spec = check_spec(spec)
     if validate:
         _validate(key, value, pool, slot_mapping, spec, k_scale, v_scale)

@@ -1,22 +1,5 @@
 """Context (prefill) attention over variable-length sequences, flash-attention style.
-
-Two entry points share one kernel:
-
-* `context_attention` - the UNFUSED path: K/V come from the 16/32-bit workspace tensors [Tk, Hkv, D] that the
-  layer just computed (the cache is written separately, by write_kv).
-* `paged_context_attention` - the FUSED path: K/V are read back from the paged cache, in the cache's format
-  (codes dequantized through their scales), which is what prefix caching and cross attention over a cached
-  encoder need.
-
-Causal attention aligns the last query of a sequence with its last key: query i of a sequence with q_len queries
-and kv_len keys sees keys 0 .. kv_len - q_len + i (with a sliding window W, only the last W of those). Non-causal
-attention (cross attention) sees all kv_len keys.
-
-A program owns BLOCK_M rows of one sequence and one kv head, where a row is a (query, head-of-the-GQA-group)
-pair, so K/V tiles are loaded once per group. Programs find their sequence themselves from cu_seqlens_q (a
-prefix sum over per-sequence tile counts), so the launch needs no host sync. Each program first runs over the
-keys every row may see (no masks), then over the diagonal and the ragged tail (masked).
-"""
+See docs/internals.md#kernels-context-attention."""
 from __future__ import annotations
 
 import math
@@ -26,10 +9,9 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (FP8, SCALE_WORD, SUPPORTED_HEAD_SIZES, check_block_tables, check_float_tensor, check_int_tensor,
-                         check_pool, check_query_against_cache, check_spec, element_strides, gather_sequence,
-                         paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides,
-                         tile_scales)
+from .addressing import (FP8, SCALE_WORD, SUPPORTED_HEAD_SIZES, check_spec, element_strides, gather_sequence,
+                         paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales)
+from .checks import check_block_tables, check_float_tensor, check_int_tensor, check_pool, check_query_against_cache
 from .decode_attention import check_rel_bias, pow2_row_scale, relative_bias_reference
 from .mode import require_device
 
@@ -289,12 +271,8 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
                       cu_seqlens_k: torch.Tensor, causal: bool, sm_scale: float, validate: bool = True,
                       sliding_window: int = 0, rel_bias: torch.Tensor | None = None,
                       config: launch.ContextConfig | None = None) -> torch.Tensor:
-    """Attention of q [Tq, Hq, D] over workspace k/v [Tk, Hkv, D]; sequences delimited by cu_seqlens (int32 [B+1]).
-    `config`: the launch configuration (None: `launch.context_config` chooses one).
-
-    sliding_window > 0 (causal only): query i of a sequence sees only keys c + i - sliding_window < j <= c + i,
-    c = kv_len - q_len. rel_bias (causal only): T5's relative position bias, float32 [Hq, max_distance + 1],
-    rel_bias[h, min(c + i - j, max_distance)] added to the scaled score."""
+    """Attention of q [Tq, Hq, D] over workspace k/v [Tk, Hkv, D]; sequences delimited by cu_seqlens (int32
+    [B+1])."""
     if validate:
         _validate_unfused(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
         _check_window(sliding_window, causal, rel_bias, q)

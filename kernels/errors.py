@@ -1,19 +1,5 @@
 """The one base class of every error minikv raises on purpose, and the exit status the `minikv` command gives it.
-
-    try:
-        llm = minikv.LLM(model="path/to/checkpoint")
-    except minikv.MinikvError as err:     # a bad checkpoint, a bad option, a found defect, an engine fault
-        print(err, err.hint, err.exit_status)
-
-Each error class derives from `MinikvError` *and* keeps its own standard base (`ModelLoadError` is still a
-RuntimeError, a model config error still a ValueError), so code that catches the standard type keeps working.
-`exit_status` says what kind of error it is, and is what `minikv` exits with: 2 bad input (a checkpoint or option
-it cannot take), 1 a found defect or failed check (the sanitizer caught an overrun, a layout contract failed), 3 an
-engine fault (the engine is in a state it cannot serve from). `hint`, when set, says what to do about it.
-
-This module is in the lowest layer (minikv.kernels) so that every layer above can derive from it; it imports
-nothing. Each layer's own errors live in that layer (the engine's in minikv.engine.errors).
-"""
+See docs/internals.md#kernels-errors."""
 from __future__ import annotations
 
 FOUND_DEFECT, BAD_INPUT, ENGINE_FAULT = 1, 2, 3

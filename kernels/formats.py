@@ -1,10 +1,5 @@
 """The KV-cache element formats: one table of every per-format fact, shared by the kernels, their references,
-minikv's KVLayout and the quantization-aware training.
-
-The kernels import nothing from minikv. They receive the cache's addressing as a *spec*: a `CacheSpec` (or an
-object that has one, such as minikv's `KVLayout`, which computes its spec once; `CacheSpec.of` takes either). A format is
-named by a small int code (`F16` ... `FP8_PTH`) because Triton kernels branch on it as a compile-time constant.
-"""
+minikv's KVLayout and the quantization-aware training. See docs/internals.md#kernels-formats."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -127,16 +122,7 @@ def qmax(fmt: int) -> float:
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """How a kernel addresses a pool: all byte counts relative to the pool's first byte (the formulas are in
-    `minikv.kernels.addressing`, the one place that turns them into addresses).
-
-    placement ROW: scale_offset is the offset of a row's scale inside the row and the scale strides are the row's
-    (slot_bytes, row_bytes); BLOCK: scale_offset is where the half's scale region starts (after its codes) and the
-    region is `[kv head][slot]` (scale_head_bytes = block_size * 4, scale_slot_bytes = 4), so one head's scales of a
-    block are one contiguous vector. Formats without scales: scale_offset -1, scale strides 0, placement ROW.
-
-    A CacheSpec is checked when it is made (`__post_init__`): every one a kernel receives can be addressed.
-    """
+    """How a kernel addresses a pool: byte counts relative to the pool's first byte."""
 
     fmt: int
     elem_bytes: int
@@ -154,8 +140,7 @@ class CacheSpec:
 
     @classmethod
     def of(cls, spec) -> CacheSpec:
-        """A CacheSpec from any object carrying the same fields, or a `.spec` that is one (minikv's KVLayout);
-        TypeError naming what it lacks."""
+        """A CacheSpec from any object carrying the same fields, or a `.spec` that is one."""
         if isinstance(spec, cls):
             return spec
         if isinstance(getattr(spec, "spec", None), cls):

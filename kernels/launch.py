@@ -1,10 +1,5 @@
 """Launch configurations per device: tile sizes, program counts, warps and pipeline stages for each kernel.
-
-The two modes want opposite things. A compiled kernel on a GPU wants many programs (enough to fill every SM) with
-tiles sized for registers and shared memory. The Triton interpreter runs each program as Python over numpy
-arrays, at roughly a millisecond per program plus tens of microseconds per tile operation, so on CPU we launch
-as few programs as possible with tiles as large as the problem.
-"""
+See docs/internals.md#kernels-launch."""
 from __future__ import annotations
 
 import functools
@@ -170,9 +165,7 @@ SHORT_ROWS = 64
 def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = None,
                    max_kv_len: int | None = None, rows_per_seq: float | None = None,
                    one_byte_cache: bool = False) -> ContextConfig:
-    """`max_rows` (longest q_len x group) and `max_kv_len` are only used on CPU, where they are cheap to know;
-    `rows_per_seq` (query tokens x group / sequences, known on the host without a sync) picks small query tiles
-    on a GPU when every sequence brings few queries; `one_byte_cache`: K/V come from a paged 1-byte cache."""
+    """The context attention kernel's launch configuration for this device and shape."""
     if INTERPRETED:
         block_m = min(_pow2(max_rows or 1), 512)
         block_n = min(_pow2(max_kv_len or 1), 256, max(16, 2 * CPU_TILE_ELEMENTS // block_m))

@@ -1,15 +1,5 @@
 """Chooses how the Triton kernels run: compiled on a CUDA GPU, or in the Triton interpreter on a CPU.
-
-Triton reads TRITON_INTERPRET when each `@triton.jit` decorator runs, i.e. when a kernel module is imported.
-This module is imported first by the package, so the switch is set before any kernel is defined:
-
-* TRITON_INTERPRET already set by the user: respected.
-* otherwise, no CUDA device: TRITON_INTERPRET=1 (every kernel runs in the interpreter, on CPU tensors).
-* otherwise: compiled kernels, CUDA tensors.
-
-A process can hold one mode only. `require_device` turns a tensor on the wrong device into a clear error instead
-of Triton's own (for example "0 active drivers").
-"""
+See docs/internals.md#kernels-mode."""
 from __future__ import annotations
 
 import os
@@ -53,14 +43,7 @@ def require_device(*tensors: torch.Tensor) -> torch.device:
 
 
 def _skip_repeated_language_patching() -> None:
-    """Make calls between @triton.jit functions cheap in the interpreter.
-
-    The interpreter re-patches `triton.language` (walking every member of the module with `inspect`) each time one
-    jitted function calls another, and `tl.max`, `tl.sum`, `tl.cdiv` and our own helpers are such calls: that walk
-    was most of the CPU time of a decode step. Within one launch the language modules are already patched after the
-    first walk, so later walks for the same modules are skipped. Only the interpreter is touched, only if its
-    internals look as expected; compiled kernels are unaffected.
-    """
+    """Make calls between @triton.jit functions cheap in the interpreter."""
     try:
         from triton.runtime import interpreter as interp
     except ImportError:
@@ -98,12 +81,7 @@ def _skip_repeated_language_patching() -> None:
 
 
 def _skip_overflow_checks_that_assert_nothing() -> None:
-    """Drop the interpreter's integer-overflow checks, which cost a quarter of a decode launch and can never fail.
-
-    With `sanitize_overflow` on (the interpreter's default), every 32-bit integer add, sub and mul is computed a
-    second time in int64, compared with the type's bounds and handed to `device_assert`, which returns at once
-    unless Triton's debug mode is on: the work is thrown away. In debug mode (TRITON_DEBUG=1) it is left on.
-    """
+    """Drop the interpreter's integer-overflow checks, which can never fail."""
     try:
         from triton.runtime import interpreter as interp
     except ImportError:

@@ -1,21 +1,5 @@
 """Quantization arithmetic: float32 -> e4m3 bits, round-half-even, per-token-head scales (Triton and torch).
-
-The cache stores fp8 codes that must be bit-identical to torch's own `x.to(torch.float8_e4m3fn)`. Triton's
-float32 -> fp8 cast cannot be used for that (the interpreter gets a few percent of values wrong, and compiled
-casts saturate differently from torch), so `e4m3_bits` builds the code from the float's bits:
-
-* |x| below 2**-6 (e4m3's smallest normal) becomes a denormal: adding 2**14 as a float makes the hardware round
-  the value to a multiple of 2**-9 (round to nearest even), which is then read off the low mantissa bits;
-* otherwise the exponent is rebiased (127 -> 7) and the 23-bit mantissa rounded to 3 bits, to nearest even;
-* values that round past the top code 0x7E = 448 (|x| > 464), finite overflow and infinities are where torch
-  versions differ: torch >= 2.12 saturates them to 0x7E, earlier versions give NaN (0x7F).
-  `torch_e4m3_saturates` probes the torch in use and the kernels follow it. NaN always gives 0x7F. The sign bit
-  is copied, so -0.0 -> 0x80.
-
-The quantizers clamp to [-448, 448] before encoding, so cache codes never depend on that difference.
-Integer codes use round-half-even built from truncation, exact for every float32 (no magic-number tricks that a
-compiler could fold).
-"""
+See docs/internals.md#kernels-quant."""
 from __future__ import annotations
 
 import functools

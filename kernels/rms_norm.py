@@ -1,25 +1,5 @@
 """rms_norm: Gemma's RMSNorm in one launch, with the two steps that follow it in the model fused in when asked.
-
-    out = rms_norm(x, weight, eps)                    # x / sqrt(mean(x^2) + eps) * weight, in x's dtype
-    out = rms_norm(x, weight, eps, cos=cos, sin=sin)  # ... then rotated by RoPE (q and k: rows are heads)
-    out = rms_norm(x, weight, eps, residual=r)        # r + the norm (the sandwich norms after attention and MLP)
-
-Why it exists: written with torch ops, one norm is about nine kernel launches (a float32 copy of x, its square,
-the mean, the epsilon, the reciprocal square root, two products, the weight's float32 copy, the cast back), and
-RoPE five more. A gemma-4-E2B-sized decode step held 3,330 launches, 2,926 of them such elementwise work, 5.6 ms
-of the step's 9.7 ms of kernel time at batch 64 (results/gpu/decode-profile/steps.txt). On a GPU each launch costs a
-few microseconds whatever its size; this kernel does a row's norm (and its RoPE or residual) in one.
-
-The result is the torch formula's, rounded as it rounds: the norm in float32, rounded once to x's dtype; RoPE and
-the residual add then in float32 with a rounding to x's dtype after each product and each sum, as torch does for a
-16-bit tensor (each elementwise op computes in float32 and stores in the tensor's dtype). Only the order of the
-mean's additions differs from torch's, which can move an output by one unit in its last place.
-
-`rms_norm_reference` is that torch formula. The model (minikv.models.gemma4, which this package may not import)
-writes the same ops itself and runs them on a CPU or with gradients on, and this kernel on CUDA in inference;
-tests/test_rms_norm.py holds the model's ops and the reference bit-identical. Kernel and reference share the
-argument checks.
-"""
+See docs/internals.md#kernels-rms-norm."""
 from __future__ import annotations
 
 import torch
@@ -102,8 +82,7 @@ def _check(x, weight, eps, residual, cos, sin) -> None:
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                        residual: torch.Tensor | None = None, cos: torch.Tensor | None = None,
                        sin: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
-    """The torch formula: RMSNorm in float32 rounded to x's dtype; then RoPE (cos, sin [..., D] for x
-    [..., heads, D]) or residual + the norm, in x's dtype."""
+    """The torch formula: RMSNorm in float32 rounded to x's dtype, then RoPE or residual + the norm."""
     if validate:
         _check(x, weight, eps, residual, cos, sin)
     xf = x.float()

@@ -2,7 +2,8 @@
 
     import minikv
     llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
-    outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12))
+    outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(temperature=0, max_tokens=12))
+    outs[0].outputs[0].text
 """
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ __version__ = "0.1.0"
 _LAZY = {
     "LLM": ("minikv.engine.llm", "LLM"),
     "ReproConfig": ("minikv.config", "ReproConfig"),
-    "SamplingParams": ("minikv.engine.sequence", "SamplingParams"),
-    "RequestOutput": ("minikv.engine.sequence", "RequestOutput"),
+    "SamplingParams": ("minikv.engine.sampling_params", "SamplingParams"),
+    "RequestOutput": ("minikv.engine.outputs", "RequestOutput"),
+    "CompletionOutput": ("minikv.engine.outputs", "CompletionOutput"),
+    "Logprob": ("minikv.engine.outputs", "Logprob"),
     "KVCacheOverrunError": ("minikv.cache.arena", "KVCacheOverrunError"),
     "KVLayoutMismatchError": ("minikv.cache.layout", "KVLayoutMismatchError"),
     "KVLayout": ("minikv.cache.layout", "KVLayout"),
     "KVArena": ("minikv.cache.arena", "KVArena"),
     "MinikvError": ("minikv.kernels.errors", "MinikvError"),
+    "MaxModelLenError": ("minikv.engine.memory", "MaxModelLenError"),
     "EngineFaultError": ("minikv.engine.errors", "EngineFaultError"),
     "ConcurrentUseError": ("minikv.engine.errors", "ConcurrentUseError"),
     "EngineNeedsResetError": ("minikv.engine.errors", "EngineNeedsResetError"),
@@ -42,5 +46,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'minikv' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "ReproConfig", "SamplingParams", "RequestOutput", "KVCacheOverrunError", "KVLayoutMismatchError",
-           "KVLayout", "KVArena", "tasks", "bugs", "viz"]
+__all__ = ["LLM", "ReproConfig", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
+           "KVCacheOverrunError", "KVLayoutMismatchError", "KVLayout", "KVArena", "MaxModelLenError", "tasks", "bugs",
+           "viz"]

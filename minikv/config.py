@@ -1,9 +1,5 @@
 """Configuration objects: how the KV cache is laid out, how requests are scheduled, what an engine is built from.
-
-Every engine option is a field of one of these frozen dataclasses and is checked in its `__post_init__`, once:
-`LLM(...)` only builds them, and the scheduler, model runner and attention impls take their values as given.
-A bad value raises TypeError or ValueError naming the argument and what is allowed.
-"""
+See docs/internals.md#config."""
 from __future__ import annotations
 
 import dataclasses
@@ -103,12 +99,24 @@ class CacheConfig:
     cross_pool_blocks: int | None = None   # encoder-decoder only; None: sized automatically
     enable_prefix_caching: bool = False
     kv_scale_placement: str = "row"        # per-token-head scales: "row" (vLLM's) or "block" (minikv.cache.layout)
+    kv_cache_memory_bytes: int | None = None   # the KV-cache budget; None: minikv.engine.memory's default
+    gpu_memory_utilization: float = 0.9    # CUDA, without a budget: the share of the device's memory to use
 
     def __post_init__(self):
         check_kv_cache_dtype(self.kv_cache_dtype)
         check_block_size(self.block_size)
         check_int("num_blocks", self.num_blocks, allow_none=True)
         check_int("cross_pool_blocks", self.cross_pool_blocks, allow_none=True)
+        check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, allow_none=True)
+        if self.num_blocks is not None and self.kv_cache_memory_bytes is not None:
+            raise InvalidValueError(f"num_blocks={self.num_blocks} and kv_cache_memory_bytes="
+                                    f"{self.kv_cache_memory_bytes} both size the KV cache: give one of them")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)):
+            raise InvalidTypeError(f"gpu_memory_utilization must be a float, got {type(u).__name__} {u!r}")
+        if not 0 < u <= 1:
+            raise InvalidValueError(f"gpu_memory_utilization must be in (0, 1], a share of the device's memory; "
+                                    f"got {u}")
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
         check_scale_placement(self.kv_scale_placement)
 
@@ -117,34 +125,17 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 4096
+    max_model_len: int | None = None       # None: the model's context length, or less if the cache holds less
 
     def __post_init__(self):
         check_int("max_num_seqs", self.max_num_seqs)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        check_int("max_model_len", self.max_model_len, low=2, allow_none=True)
 
 
 @dataclass(frozen=True)
 class ReproConfig:
-    """The switches the reproductions turn, each an engine variant upstream had or a shape it ran in. The
-    defaults are the engine as shipped; `LLM(..., repro=ReproConfig(...))` changes them. (Which defects are
-    switched back on, `reintroduce`, and the guard check, `sanitize`, are LLM arguments of their own.)
-
-      check_layout          check each backend's layout against its pool's when binding (KVLayoutMismatchError)
-      warmup                "dummy": upstream's warmup, one forward without attention metadata; "capture": every
-                            layer runs with metadata, as a CUDA-graph capture run does (notebook 03)
-      reinit_scales_on_wake False: sleep() does not tell the fix's registry that the contents were discarded
-                            (the scale-wipe reproduction's "nothing re-initializes" ablation)
-      kv_arena              "one": every pool in one allocation with guard zones between them; "per-pool": an
-                            allocation per pool, as TensorRT-LLM's pool manager (on CUDA exactly the pool, for
-                            compute-sanitizer)
-      cross_context_path    encoder-decoder only: "fused" (the cross context step reads K/V back from the paged
-                            cache) or "fallback" (from the 16-bit workspace), defect B2's two paths (notebook 04);
-                            "fused" takes the 16-bit workspace too at a step whose longest query is longer than
-                            minikv.attention.cross.FUSED_CROSS_MAX_QUERY_LEN, where the fused kernel is slower
-      paged_context         encoder-decoder only: upstream's "paged context FMHA" switch
-      cross_construction    encoder-decoder only: "eager" (a cross layer gets its backend at construction) or
-                            "deferred" (later, from the pool), the two orders of defect B1
-    """
+    """The switches the reproductions turn, each an engine variant upstream had or a shape it ran in."""
 
     check_layout: bool = True
     warmup: str = "dummy"                   # WARMUP_SHAPES
@@ -165,9 +156,7 @@ class ReproConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything an engine is built from. `model` is the loaded model's config (None only while the LLM is
-    being built: the options are checked before any weights are read, the model-dependent checks when it is set);
-    `device` may be given as a str and is stored as a torch.device; `dtype` None means the model's default."""
+    """Everything an engine is built from."""
 
     model: Gemma4Config | T5Config | None   # what the engine reads: num_layers, num_kv_heads, kv_sharing...
     cache: CacheConfig

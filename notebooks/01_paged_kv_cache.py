@@ -116,7 +116,7 @@ del cache
 
 # %%
 prompts = task.prompts(16, seed=0)
-params = minikv.SamplingParams(max_tokens=12)
+params = minikv.SamplingParams(temperature=0, max_tokens=12)
 llm = minikv.LLM(model="tiny-gemma4", max_num_seqs=16, device=DEVICE, backend="torch")
 cached_tokens, blocks_held, blocks_in_use = {}, {}, []
 

@@ -164,7 +164,7 @@ viz.row_layout_diagram(layout_of("fp8"))
 
 # %%
 prompts = task.prompts(8, seed=3)
-params = minikv.SamplingParams(max_tokens=12)
+params = minikv.SamplingParams(temperature=0, max_tokens=12)
 captured = {}
 
 

@@ -16,12 +16,15 @@
 # %% [markdown]
 # # 04 · Cross attention: stride doubling (B1) and the FP8 context read (B2)
 #
-# An encoder-decoder keeps two kinds of KV cache. The decoder's self-attention grows by one token per step, like
-# any decoder-only model. Its cross-attention looks at the *encoder's* output, which is fixed once the request
-# starts: those keys and values are projected once, stored in a separate **cross pool**, and read again at every
-# decode step.
+# An [encoder-decoder](../docs/glossary.md#encoder-decoder-and-cross-attention) keeps two kinds of KV cache. The
+# decoder's self-attention grows by one token per step, like any decoder-only model. Its
+# [cross attention](../docs/glossary.md#encoder-decoder-and-cross-attention) looks at the *encoder's* output, which
+# is fixed once the request starts: those keys and values are projected once, stored in a separate **cross pool**
+# (a [paged](../docs/glossary.md#page-paged) pool of blocks, like the self-attention cache), and read again at
+# every decode step.
 #
-# TensorRT-LLM's PyTorch backend had two defects on that path when the KV cache was FP8 (issue
+# TensorRT-LLM's PyTorch backend had two defects on that path when the KV cache was
+# [FP8](../docs/glossary.md#fp8) (issue
 # [#19861](https://github.com/NVIDIA/TensorRT-LLM/issues/19861); pull request
 # [#20958](https://github.com/NVIDIA/TensorRT-LLM/pull/20958) carries both fixes; the box under the first code
 # cell has upstream's steps, and the project's page is
@@ -29,7 +32,9 @@
 #
 # * **B1, `cross-stride`.** The cross-attention layer built its attention backend without the model's quantization
 #   config. The cache manager sized the cross pool for FP8 (1 byte per element); the backend addressed it at the
-#   model's element size (2 bytes for a 16-bit model). Every block therefore sits at twice its real offset. Writes
+#   model's [element size](../docs/glossary.md#element-size) (2 bytes for a 16-bit model), so its
+#   [stride](../docs/glossary.md#stride) from one block to the next is doubled. Every block therefore sits at
+#   twice its real offset. Writes
 #   and reads use the same wrong stride, so with a big enough pool nothing looks wrong, and with a smaller one the
 #   addresses run past the end of the pool.
 # * **B2, `cross-fp8-context-read`.** With the addressing fixed, the fused context-attention kernel reads the
@@ -46,8 +51,9 @@
 # This notebook reproduces both on `tiny-t5`, a T5 (3 encoder and 3 decoder layers, relative position bias in
 # self-attention, none in cross-attention, no attention scaling) trained here to write the distinct characters
 # of a string in alphabet order, so every answer is simply right or wrong. It runs as a **16-bit model**
-# (float16 on the CPU), as flan-t5-base did upstream; exercise 1 (section 7) asks what changes for a float32
-# model. Both versions of each code site sit side by side in `minikv/attention/cross.py`, and
+# (float16 on the CPU: every engine below passes `dtype=torch.float16` through `cross_stride.engine`, since
+# tiny-t5's registry default on a CPU is float32), as flan-t5-base did upstream; exercise 1 (section 7) asks what
+# changes for a float32 model. Terms: the [glossary](../docs/glossary.md). Both versions of each code site sit side by side in `minikv/attention/cross.py`, and
 # `LLM(..., reintroduce=(...))` picks the historical one for a single engine. Everything runs on the CPU.
 
 # %%
@@ -104,7 +110,7 @@ def one_engine(**kwargs):
 
 
 def params_for(prompt_list):
-    return [minikv.SamplingParams(max_tokens=TASK.max_tokens(p)) for p in prompt_list]
+    return [minikv.SamplingParams(temperature=0, max_tokens=TASK.max_tokens(p)) for p in prompt_list]
 
 
 def serve(llm, prompt_list, after_step=lambda out: None, capture=False):
@@ -223,9 +229,12 @@ for fixed_site in B1_SITES:        # a half-fix: one site fixed, the other order
 #
 # The figure stacks three buggy arenas (historical stride, sanitizer off) with cross pools of 1x, 1.5x and 2x the
 # blocks needed, on one byte axis. Per arena: the arena itself (three cross pools, then the self-attention pools,
-# guard zones hatched); one row per cross layer with each block in use where the doubled stride puts it, labelled
-# by request, green inside its own pool and red anywhere else; and the requests' self-attention blocks, outlined
-# red where a stray write covers them. Each title names the requests whose tokens came out wrong.
+# with a **guard zone**, hatched, after each pool: bytes that belong to no layer, filled with a canary the
+# sanitizer checks); one row per cross layer with each block in use where the doubled stride puts it, labelled
+# `rN` for its request N; and the requests' self-attention blocks. A block's bytes are green where they land in
+# its own pool, dotted where they land in a guard zone (nothing lives there: harmless), and red where they land in
+# another layer's **live pool** (they overwrite that layer's data). A self-attention block is outlined red where
+# such a write covers it. Each title names the requests whose tokens came out wrong.
 
 # %%
 factors = (1.0, 1.5, 2.0)
@@ -294,35 +303,47 @@ assert not buggy_15x.scheduler.has_unfinished()       # the engine aborted the b
 
 # %% [markdown]
 # With the sanitizer off (the middle panel of the figure), the engine behaves as upstream did when the overrun
-# landed on live memory: no error, and some answers simply wrong. Which ones? Per request: does any of its cross
-# blocks cross its pool's end (in which layers), and does a stray write cover one of its self-attention blocks?
+# landed on live memory: no error, and some answers simply wrong. Which ones? Per request, from the real
+# addresses of the 1.5x arena: in which cross layers do some of its block's bytes land in a guard zone, in which
+# do they land in another layer's live pool, and does such a write cover one of its self-attention blocks?
 
 # %%
 silent = panels[1]
-crossed, self_hit = {}, set()
+into_guard, into_live, live_bytes = {}, {}, []
 for name, blocks in silent["doubled"].items():
-    lo, hi = next((s, e) for k, n, s, e in silent["regions"] if k == "pool" and n == name)
+    layer = name.split(".")[2]
     for start, end, r in blocks:
-        if end > hi:
-            crossed.setdefault(r, []).append(name.split(".")[2])
-stray = [(s, e) for name, blocks in silent["doubled"].items() for s, e, _ in blocks
-         if e > next(e2 for k, n, s2, e2 in silent["regions"] if k == "pool" and n == name)]
-self_hit = {r for s, e, r in silent["self_blocks"] if any(a < e and s < b for a, b in stray)}
-print(f"{'req':>3s} {'cross blocks':12s} {'crosses end in layers':22s} {'self block under a stray write':30s} wrong")
+        for a, b, where in vcs.landing_segments(start, end, name, silent["regions"]):
+            if where == "guard":
+                into_guard.setdefault(r, set()).add(layer)
+            elif where == "live":
+                into_live.setdefault(r, set()).add(layer)
+                live_bytes.append((a, b))
+self_hit = {r for s, e, r in silent["self_blocks"] if any(a < e and s < b for a, b in live_bytes)}
+print(f"{'req':>3s} {'cross blocks':12s} {'bytes in a guard zone':22s} {'bytes in a live pool':21s} "
+      f"{'self block overwritten':22s} wrong")
 for r in range(len(prompts)):
-    print(f"{r:3d} {ranges(block_tables[r]):12s} {', '.join(sorted(set(crossed.get(r, [])))) or '-':22s} "
-          f"{str(r in self_hit):30s} {r in silent['wrong']}")
-assert set(silent["wrong"]) <= set(crossed) | self_hit
-assert silent["wrong"] and set(silent["wrong"]) != set(range(len(prompts)))
+    print(f"{r:3d} {ranges(block_tables[r]):12s} {', '.join(sorted(into_guard.get(r, ()))) or '-':22s} "
+          f"{', '.join(sorted(into_live.get(r, ()))) or '-':21s} {str(r in self_hit):22s} {r in silent['wrong']}")
+assert sorted(set(into_live) | self_hit) == silent["wrong"]          # a live-pool landing explains every wrong one
+guard_only = set(into_guard) - set(into_live) - self_hit                # overhang in guard zones only ...
+assert guard_only and not guard_only & set(silent["wrong"])            # ... and every such request comes out right
+assert (guard_only, set(into_live), self_hit) == ({4}, {5}, {0, 1, 2, 3})   # what the text below says
 
 # %% [markdown]
-# The damage is not only where the overrun started. The requests with the highest blocks cross their pools' ends
-# in every layer: what they wrote there sits in the next layer's pool, and that layer's own writes, later in the
-# same step, cover it. The lowest requests cross nothing, yet the third layer's stray writes land on their
-# self-attention blocks in the first self-attention pool, and their answers go wrong too. A request whose
-# crossing part landed only in a guard zone (which holds no other layer's data) can survive. With the sanitizer
-# off, the defect shows up on the wrong requests, in the wrong layer, and only sometimes: the way an overrun
-# that lands on live memory looks from the outside.
+# Where the bytes land decides the damage, not whether a block leaves its pool. At 1.5x:
+#
+# * **Request 4** leaves its pool in every layer, yet comes out right: the part of its last block past the pool
+#   lands in the guard zone after it, which holds no layer's data. Nobody else writes there, so request 4 reads
+#   back exactly what it wrote (in minikv; the guard is the arena's, sized for the sanitizer).
+# * **Request 5**, the highest, lands whole in the next live pool in every layer: cross 0's blocks in cross 1's
+#   pool and cross 1's in cross 2's, where those layers' own writes, later in the same step, replace them; cross 2's
+#   in the first self-attention pool. Its cross reads then return other layers' data: wrong.
+# * **Requests 0-3** leave their pools nowhere, yet go wrong: cross 2's write of request 5 covers their
+#   self-attention blocks in layer 0's pool (the lowest blocks, which are theirs).
+#
+# With the sanitizer off, the defect shows up on other requests than the one that overran, in another layer, and
+# only where a landing hits live data: the way an overrun looks from the outside.
 
 # %% [markdown]
 # ### The picture story: who writes and reads the arena, and when
@@ -388,9 +409,9 @@ assert chain_b.first_overwritten_read == ("decoder.0.self_attn", "step 1")
 viz_cross_stride.cross_causal_chain_figure(chain_b)
 
 # %% [markdown]
-# The chain, link by link: cross 2 addresses block `b` at twice its offset, so the blocks of requests 4 and 5 end
-# up past its pool, the last of them on the first blocks of layer 0's self-attention pool, where request 0's rows
-# live. At the context step request 0 has one decoder token (the start token): layer 0 wrote its K and V first
+# The chain, link by link: cross 2 addresses block `b` at twice its offset, so its highest blocks end up past its
+# pool. Request 4's last block ends in the guard zone after the pool (harmless: nothing lives there); request 5's
+# two blocks land on the first blocks of layer 0's self-attention pool, a live pool, where request 0's rows live. At the context step request 0 has one decoder token (the start token): layer 0 wrote its K and V first
 # thing in the step, and cross 2, the last layer to run, wrote over both later in the same step. The first
 # generated token comes out of that context step, computed before the overwrite, so it is right; the first decode
 # step reads the overwritten rows back, and the second token, and everything after it, goes wrong.
@@ -556,22 +577,23 @@ for version in ("fallback", "taught-fused"):
 vcs.output_scatter({f"{r.version} ({r.path})": r.samples for r in m.ctx_runs})
 
 # %%
-# What the historical fused kernel is told, with paged context off and on: the context step's trace records the
-# layout each cross layer's read addressed the pool with.
+# What the historical fused kernel is told with paged context off (the default): the context step's trace records
+# the layout each cross layer's read addressed the pool with.
 for paged in (False, True):
     llm = one_engine(reintroduce=("cross-fp8-context-read",), repro=minikv.ReproConfig(paged_context=paged))
     llm.add_request(prompts[0], params_for(prompts[:1])[0])
     context_step = llm.step()
     event = next(e for e in context_step.trace.events if e.kind == "cross" and e.context_path == "fused")
     told = event.read_layout
-    print(f"historical, paged_context={paged!s:5s}: the fused kernel reads the pool as {told.describe()}")
+    if not paged:                   # exercise 2 asks about paged_context=True
+        print(f"historical, paged_context={paged!s:5s}: the fused kernel reads the pool as {told.describe()}")
     assert (told == llm.attention_layers[event.layer].layout) == paged
 
 # %% [markdown]
 # The historical fused path is wrong at the context step only: its outputs scatter far off the diagonal, by
 # several times the largest exact value. Decode steps use the paged decode kernel, which has always been given
 # the pool's layout, so their error is 16-bit arithmetic, as in the fixed runs. The one bad step is enough to
-# change the generated tokens. With paged context on, the historical kernel is told the FP8 layout.
+# change the generated tokens.
 #
 # The fallback attends over the 16-bit workspace copy; the taught fused path reads the FP8 pool the way the
 # decode kernel does. Both give token ids equal to the `auto` cache. As upstream's, the fallback logs one warning
@@ -630,20 +652,6 @@ assert any(0 in d for _, f, d in m.copies if f < 2) and not any(d for _, f, d in
 # The first copy differs whenever the overrun reaches the self-attention pool, and never alone: the last copy's
 # own stray bytes are overwritten first. Exactly which copy differs is set by the allocation order and the pool's
 # neighbours, which upstream's text does not give.
-#
-# ## Summary
-#
-# * **B1.** The cross backend was built without the quantization config, so it addressed a 1-byte pool with a
-#   2-byte stride. That works when the pool holds at least twice the blocks in use, and overruns otherwise: into
-#   the next cross pool, and from the last cross layer into the self-attention pool. The fix passes the config in
-#   both construction orders (a half-fix leaves the other order broken). The layout contract, beyond upstream,
-#   rejects the mismatch when the backend is bound; the arena's guard canaries catch an overrun within the step.
-# * **B2.** The fused context kernel found the right blocks of the FP8 cross pool but read their bytes as 16-bit
-#   elements unless paged context was on. Upstream falls back to the unfused path; minikv tells the fused kernel
-#   the real layout. Both give token ids equal to the `auto` cache.
-#
-# The same checks run from the command line with `minikv repro cross-stride --results results/cross_stride.json`,
-# which writes the numbers printed above.
 
 # %% [markdown]
 # ## 7. Try it yourself
@@ -654,8 +662,9 @@ assert any(0 in d for _, f, d in m.copies if f < 2) and not any(d for _, f, d in
 # of it; on the docs site, click "Solution"). The notebook tests run all three, with no answer filled in.
 #
 # **Exercise 1: a float32 model's safe pool factor.** The historical backend addresses the pool at the model's
-# element size. tiny-t5 in float32 (its default on the CPU), pools of 2x, 3x and 4x the blocks needed: from
-# which one is the buggy engine safe?
+# element size. This notebook ran tiny-t5 in float16 so far, passed explicitly; the model registry's default for
+# tiny-t5 on a CPU is float32. Run it in float32 (`dtype=torch.float32`), with pools of 2x, 3x and 4x the blocks
+# needed: from which one is the buggy engine safe?
 
 # %% tags=["exercise"]
 my_answer_1 = None      # your answer: a pool factor (a number)
@@ -707,7 +716,13 @@ check("Exercise 2", my_answer_2, len(paged_wrong))
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
 # Solution. None: historically the fused kernel was told the cache's type exactly when paged context was on (the
-# `if not self.paged_context:` line of the diff in section 5), so only paged context off was affected.
+# `if not self.paged_context:` line of the diff in section 5), so only paged context off was affected. The context
+# step's trace shows what the historical fused kernel is told with paged context on: the pool's real layout.
+paged_step = one_engine(reintroduce=("cross-fp8-context-read",), repro=minikv.ReproConfig(paged_context=True))
+paged_step.add_request(prompts[0], params_for(prompts[:1])[0])
+event = next(e for e in paged_step.step().trace.events if e.kind == "cross" and e.context_path == "fused")
+print(f"historical, paged_context=True : the fused kernel reads the pool as {event.read_layout.describe()}")
+assert event.read_layout == paged_step.attention_layers[event.layer].layout
 assert paged_wrong == []
 print("answer:", len(paged_wrong), "(every token id equals the auto-cache run)")
 
@@ -735,3 +750,24 @@ check("Exercise 3", my_answer_3, changed[0])
 big = outlier_read[2].abs().item()
 assert changed == [2] and int(outlier_bytes[5]) == 0x79 and 2**15 <= big < 2**16
 print("answer:", changed[0], f"(code 0x{int(outlier_bytes[5]):02x}; 2^15 <= |value| < 2^16: {2**15 <= big < 2**16})")
+
+# %% [markdown]
+# ## Summary
+#
+# * **B1.** The cross backend was built without the quantization config, so it addressed a 1-byte pool with a
+#   2-byte stride. That works when the pool holds at least twice the blocks in use, and overruns otherwise: into
+#   the next cross pool, and from the last cross layer into the self-attention pool. The fix passes the config in
+#   both construction orders (a half-fix leaves the other order broken). The layout contract, beyond upstream,
+#   rejects the mismatch when the backend is bound; the arena's guard canaries catch an overrun within the step.
+#   Where an overrun's bytes land decides the damage: in a guard zone nothing (request 4 at 1.5x), in a live pool
+#   the data of another layer, and through it other requests (0-3, whose self-attention rows cross 2 covers).
+# * **B2.** The fused context kernel found the right blocks of the FP8 cross pool but read their bytes as 16-bit
+#   elements unless paged context was on. Upstream falls back to the unfused path; minikv tells the fused kernel
+#   the real layout. Both give token ids equal to the `auto` cache.
+#
+# The same checks run from the command line with `minikv repro cross-stride --results results/cross_stride.json`,
+# which writes the numbers printed above.
+#
+# Next: [notebook 05](05_gpu_performance.ipynb), the kernels on a GPU. Docs:
+# [Encoder-decoder cross attention](../docs/concepts/cross-attention.md),
+# [Defect B](../docs/defects/cross-stride-fp8-context.md), [glossary](../docs/glossary.md).

@@ -60,7 +60,7 @@ def test_engine_matches_transformers(dirs, kind):
     hf = hf_class.from_pretrained(path, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     llm = minikv.LLM(model=str(path), backend="torch", max_num_seqs=3)
-    outs = llm.generate(PROMPTS, minikv.SamplingParams(max_tokens=5, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(PROMPTS, minikv.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
     tok = llm.tokenizer
     for prompt, out in zip(PROMPTS, outs):
         if kind == "gemma4":
@@ -85,11 +85,11 @@ def _main(argv) -> int:
 def test_walk_generate(dirs, capsys):
     for kind in ("gemma4", "t5"):
         assert _main(["generate", "--model", str(dirs[kind]), "--backend", "torch", "--max-tokens", "3",
-                      *PROMPTS[:2]]) == 0
+                      "--temperature", "0", *PROMPTS[:2]]) == 0
         lines = capsys.readouterr().out.splitlines()
         assert [line.split(" -> ")[0] for line in lines] == [repr(p) for p in PROMPTS[:2]]
         assert _main(["generate", "--model", str(dirs[kind]), "--backend", "torch", "--max-tokens", "3", "--ids",
-                      PROMPTS[0]]) == 0
+                      "--temperature", "0", PROMPTS[0]]) == 0
         shown = capsys.readouterr().out
         ids = registry.get_tokenizer(dirs[kind]).encode(PROMPTS[0])
         assert shown.startswith(f"{PROMPTS[0]!r} {ids} -> [") and shown.rstrip().endswith("[length]"), shown

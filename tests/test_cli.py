@@ -11,7 +11,7 @@ from minikv.cli import main
 def test_generate_prints_right_continuations(capsys):
     task = minikv.tasks.for_model("tiny-gemma4")
     prompts = task.prompts(2, seed=0)
-    assert main(["generate", "--model", "tiny-gemma4", "--backend", "torch", *prompts]) == 0
+    assert main(["generate", "--model", "tiny-gemma4", "--backend", "torch", "--temperature", "0", *prompts]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
     for prompt, line in zip(prompts, lines):
@@ -45,3 +45,18 @@ def test_version_and_bench_help(capsys):
         main(["bench", "--help"])
     out = capsys.readouterr().out
     assert all(name in out for name in ("kernels", "attention", "engine"))
+
+
+def test_generate_samples_as_vllm_by_default_and_takes_its_options(capsys):
+    base = ["generate", "--model", "tiny-gemma4", "--backend", "torch", "3 7 11 15"]
+    assert main(base + ["--temperature", "0", "--stop", " 27"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["'3 7 11 15' -> ' 19 23'  [stop]"]
+    sampled = base + ["--temperature", "3", "--top-k", "4", "--top-p", "0.9", "--min-p", "0.01", "--seed", "5",
+                      "--n", "3", "--max-tokens", "6"]
+    assert main(sampled) == 0
+    first = capsys.readouterr().out.splitlines()
+    assert len(first) == 3 and all(line.startswith("'3 7 11 15' -> ") for line in first)
+    assert main(sampled) == 0 and capsys.readouterr().out.splitlines() == first       # seeded: the same again
+    assert main(base + ["--temperature", "0", "--ids"]) == 0
+    generated = capsys.readouterr().out.split(" -> ")[1].removesuffix("  [length]\n")
+    assert len(eval(generated)) == minikv.SamplingParams().max_tokens == 16          # the same default as Python's

@@ -109,7 +109,7 @@ def test_the_step_trace_says_why(repro, why):
     llm = minikv.LLM(model="tiny-t5", kv_cache_dtype="fp8", dtype=torch.float16, backend="torch", max_num_seqs=2,
                      repro=repro)
     for p in ("abc1", "zyx9"):
-        llm.add_request(p, minikv.SamplingParams(max_tokens=2))
+        llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=2))
     first = llm.step()
     cross_events = [e for e in first.trace.events if e.kind == "cross"]
     assert cross_events and all(e.context_dispatch == why for e in cross_events)

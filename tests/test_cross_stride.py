@@ -33,7 +33,7 @@ def reference(prompts):
 
 def test_fixed_fp8_equals_auto_and_is_right(prompts, reference):
     llm = cross_stride.engine("fp8", max_num_seqs=4, backend="torch")
-    outs = llm.generate(prompts, [minikv.SamplingParams(max_tokens=TASK.max_tokens(p)) for p in prompts],
+    outs = llm.generate(prompts, [minikv.SamplingParams(temperature=0, max_tokens=TASK.max_tokens(p)) for p in prompts],
                         use_tqdm=False)
     assert [o.token_ids for o in outs] == reference
     assert all(TASK.check(p, o.text) for p, o in zip(prompts, outs))
@@ -88,7 +88,7 @@ def test_overrun_of_every_cross_layer_lands_in_the_next_pool():
 def test_same_request_twice_through_the_engine_gives_the_same_output(prompts):
     llm = cross_stride.engine("fp8", max_num_seqs=4, backend="torch")
     p = [prompts[0]] * 3
-    params = minikv.SamplingParams(max_tokens=TASK.max_tokens(prompts[0]))
+    params = minikv.SamplingParams(temperature=0, max_tokens=TASK.max_tokens(prompts[0]))
     together = [o.token_ids for o in llm.generate(p, params, use_tqdm=False)]
     again = llm.generate(prompts[0], params, use_tqdm=False)[0].token_ids
     assert together[0] == together[1] == together[2] == again
@@ -139,7 +139,7 @@ def cross_fallback_warnings(caplog, **kw):
         llm = cross_stride.engine(max_num_seqs=2, backend="torch",
                                   repro=minikv.ReproConfig(cross_context_path="fallback"), **kw)
         for p in cross_stride.make_prompts(2):
-            llm.add_request(p, minikv.SamplingParams(max_tokens=3))
+            llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=3))
         prefill = llm.step()                      # the context step: its trace says which path each layer took
         while llm.has_unfinished():
             llm.step()

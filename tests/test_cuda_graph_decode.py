@@ -74,7 +74,7 @@ def _run(prompts, graphs: bool, monkeypatch, max_tokens=3):
         monkeypatch.setattr(cuda_graph, "CudaGraphCapture", EagerCapture)
     llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, seed=0)
     for p in prompts:
-        llm.add_request(p, minikv.SamplingParams(max_tokens=max_tokens))
+        llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=max_tokens))
     steps, tokens = [], {}
     while llm.has_unfinished():
         out = llm.step()

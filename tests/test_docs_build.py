@@ -238,7 +238,63 @@ def test_notebook_solutions_are_folded(built_site):
         cells = json.loads(path.read_text())["cells"]
         solutions = [c for c in cells if "solution" in c.get("metadata", {}).get("tags", [])]
         page = page_file(built_site, f"notebooks/{stem}").read_text()
-        assert page.count('<details class="minikv-solution">') == len(solutions), stem
+        assert page.count('<details class="minikv-solution" data-search-exclude="">') == len(solutions), stem
+
+
+def _site_text(html_text: str, keep_solutions: bool) -> str:
+    """The visible text of a built page, with or without its folded solutions."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html_text, "html.parser")
+    for tag in soup.find_all(["script", "style"]):
+        tag.decompose()
+    if not keep_solutions:
+        for details in soup.find_all("details", class_="minikv-solution"):
+            details.decompose()
+    return soup.get_text(" ")
+
+
+def _solution_outputs(notebook: Path) -> str:
+    """The recorded outputs of a notebook's solution cells."""
+    from test_exercises import _output
+
+    return "\n".join(_output(c) for c in json.loads(notebook.read_text())["cells"]
+                     if "solution" in c.get("metadata", {}).get("tags", []))
+
+
+def test_solutions_are_sealed_in_the_built_site(built_site):
+    """The built site shows an exercise's answer only inside a folded solution, and its search index (which the
+    offline plugin also embeds in the pages) holds no folded solution: not a notebook's "answer:" line, not a
+    sentence of a docs page's solution block."""
+    from test_exercises import DOCS_SHOWN_ON_PURPOSE, NOTEBOOKS, _shows, exercise_answers
+
+    index = json.loads((built_site / "search" / "search_index.json").read_text())
+    indexed = " ".join(" ".join((doc.get("title", ""), doc.get("text", ""))) for doc in index["docs"])
+    indexed = re.sub(r"<[^>]+>", " ", html.unescape(indexed))
+    indexed = re.sub(r"\s+", " ", indexed)
+    printed = [re.sub(r"\s+", " ", line).strip() for notebook in NOTEBOOKS
+               for line in re.findall(r"^answer: .+$", _solution_outputs(notebook), re.MULTILINE)]
+    assert printed and not [line for line in printed if line in indexed]
+    pages = {page: page.read_text() for page in sorted(built_site.rglob("*.html"))
+             if "api" not in page.relative_to(built_site).parts}
+    sealed = 0
+    from bs4 import BeautifulSoup
+    for page, text in pages.items():
+        visible = re.sub(r"\s+", " ", _site_text(text, keep_solutions=False))
+        for details in BeautifulSoup(text, "html.parser").find_all("details", class_="minikv-solution"):
+            assert details.has_attr("data-search-exclude"), f"{page.name}: a solution the search index would hold"
+            for sentence in re.split(r"(?<=[.:;])\s", re.sub(r"\s+", " ", details.get_text(" "))):
+                if len(sentence) > 60 and sentence.strip() not in visible:     # text only the solution holds
+                    sealed += 1
+                    assert sentence.strip() not in indexed, f"{page.name}: the search index holds {sentence!r}"
+    assert sealed > 0
+    shown = {page: _site_text(text, keep_solutions=False) for page, text in pages.items()
+             if "notebooks" not in page.relative_to(built_site).parts}
+    leaks = [f"{page.relative_to(built_site)} shows {form!r} ({notebook.stem}, exercise {n})"
+             for notebook in NOTEBOOKS for n, forms in exercise_answers(notebook)
+             if (notebook.stem[:2], n) not in DOCS_SHOWN_ON_PURPOSE
+             for form in forms for page, text in shown.items() if _shows(form, text)]
+    assert not leaks, "\n".join(leaks)
 
 
 def test_api_pages_come_from_docstrings(built_site):
@@ -272,7 +328,8 @@ def test_no_markdown_line_starts_with_hash_number():
 # The words the notebooks use without explaining them each have a glossary entry (### heading).
 GLOSSARY_TERMS = ("BOS", "GQA", "amax", "e4m3", "slot", "row", "pool", "arena", "canary", "impl", "census", "FMHA",
                   "golden output", "backend matrix", "oracle", "sm89", "CUDA graph",
-                  "workspace", "sliding window", "KV sharing", "relative position bias")
+                  "workspace", "sliding window", "KV sharing", "relative position bias", "stride", "page / paged",
+                  "slot mapping", "element size", "storage and view", "encoder-decoder and cross attention", "FP8")
 
 
 def test_glossary_defines_the_walkthrough_terms():

@@ -16,7 +16,7 @@ GEMMA4 = "tiny-gemma4"
 
 
 def greedy(n=12):
-    return minikv.SamplingParams(max_tokens=n)
+    return minikv.SamplingParams(temperature=0, max_tokens=n)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_encoder_decoder_generates_right_answers():
     task = minikv.tasks.for_model("tiny-t5")
     prompts = task.prompts(4, seed=1)
     llm = minikv.LLM(model="tiny-t5", kv_cache_dtype="fp8", max_num_seqs=4, backend="torch")
-    outs = llm.generate(prompts, [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts],
+    outs = llm.generate(prompts, [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts],
                         use_tqdm=False)
     llm.arena.check()
     assert all(task.check(p, o.text) for p, o in zip(prompts, outs))
@@ -120,7 +120,7 @@ def test_bad_input_is_rejected_clearly(prompts):
     with pytest.raises(ValueError, match="two or more non-negative integers"):
         llm.add_request("7", greedy())
     with pytest.raises(ValueError, match="max_tokens"):
-        minikv.SamplingParams(max_tokens=0)
+        minikv.SamplingParams(temperature=0, max_tokens=0)
     assert not llm.scheduler.has_unfinished()          # nothing was half-queued
     out = llm.generate(prompts[:1], greedy(), use_tqdm=False)
     assert out[0].token_ids
@@ -151,7 +151,7 @@ def test_t5_refuses_prompts_outside_its_domain():
     with pytest.raises(ValueError, match="alphabet"):
         llm.add_request("Banana42")
     assert not llm.has_unfinished()
-    assert llm.generate(["banana42"], minikv.SamplingParams(max_tokens=6), use_tqdm=False)[0].text == "24abn"
+    assert llm.generate(["banana42"], minikv.SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)[0].text == "24abn"
 
 
 @pytest.mark.gpu

@@ -50,7 +50,7 @@ def test_engine_greedy_equals_transformers_generate(tmp_path, monkeypatch):
     hf = checkpoint(tmp_path, monkeypatch)
     llm = minikv.LLM(model=str(tmp_path), backend="torch", max_num_seqs=4, block_size=8)
     assert sum(1 for a in llm.attention_layers.values() if a.kv_sharing_target is not None) == 6
-    outs = llm.generate(PROMPTS, minikv.SamplingParams(max_tokens=10, ignore_eos=True))
+    outs = llm.generate(PROMPTS, minikv.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     tok = CharTokenizer()
     for prompt, out in zip(PROMPTS, outs):
         ids = torch.tensor([[tok.bos_id, *tok.encode(prompt)]])
@@ -92,7 +92,7 @@ def test_engine_with_a_window_shorter_than_the_context(windowed, monkeypatch, ba
     llm = minikv.LLM(model=str(path), backend=backend, kv_cache_dtype=kv_cache_dtype, max_num_seqs=4, block_size=8)
     windows = {a.impl.sliding_window for a in llm.attention_layers.values()}
     assert windows == {0, 6}
-    outs = llm.generate(WINDOW_PROMPTS, minikv.SamplingParams(max_tokens=10, ignore_eos=True))
+    outs = llm.generate(WINDOW_PROMPTS, minikv.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     assert [o.token_ids for o in outs] == expected
 
 
@@ -102,7 +102,7 @@ def test_llm_takes_a_checkpoint_directory_path(tmp_path):
     for model in (tmp_path, str(tmp_path)):
         llm = minikv.LLM(model=model, backend="torch", max_num_seqs=2)
         assert llm.model_name == str(tmp_path) and llm.task is None      # a user's checkpoint: prompts unchecked
-        assert len(llm.generate(["12 3"], minikv.SamplingParams(max_tokens=3), use_tqdm=False)[0].token_ids) == 3
+        assert len(llm.generate(["12 3"], minikv.SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0].token_ids) == 3
     with pytest.raises(ValueError, match="neither a shipped model"):
         minikv.LLM(model=str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()

@@ -107,7 +107,7 @@ def test_engine_greedy_equals_reference(perlayer, monkeypatch, backend, kv_cache
         assert a.impl.layout == layouts[f"kv.{owner}"]                       # sharers address the source's pool
         assert a.kv_cache is llm.arena.pool(f"kv.{owner}")                   # ... through the same tensor object
         assert a.kv_cache.shape[1] == layouts[f"kv.{owner}"].block_bytes
-    outs = llm.generate(PROMPTS, minikv.SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(PROMPTS, minikv.SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in outs] == expected[kv_cache_dtype]
     llm.arena.check()
 
@@ -172,7 +172,7 @@ def engine_and_dense_logits(llm, dense, prompt: str, new_tokens: int) -> tuple[t
 
     llm.model.compute_logits = recording
     try:
-        out = llm.generate([prompt], minikv.SamplingParams(max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)[0]
+        out = llm.generate([prompt], minikv.SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)[0]
     finally:
         del llm.model.compute_logits
     tok = CharTokenizer()

@@ -87,7 +87,7 @@ def test_engine_greedy_equals_transformers_or_dense_fake_quant(random_t5, monkey
     assert [a.kind for a in llm.attention_layers.values()] == ["self"] * n + ["cross"] * n
     # the self layers' relative bias, passed down with every step's forward context (greedy ids below use it)
     assert llm.model.decoder_bias_table().shape == (CONFIG["num_heads"], CONFIG["relative_attention_max_distance"] + 1)
-    outs = llm.generate(PROMPTS, minikv.SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(PROMPTS, minikv.SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in outs] == expected[kv_cache_dtype]
 
 
@@ -100,7 +100,7 @@ def test_tiny_t5_engine_equals_dense_greedy_and_solves_the_task(kv_cache_dtype):
     task = tasks.for_model("tiny-t5")
     prompts = task.prompts(30, seed=13)
     llm = minikv.LLM(model="tiny-t5", backend="torch", kv_cache_dtype=kv_cache_dtype, max_num_seqs=8)
-    outs = llm.generate(prompts, [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts],
+    outs = llm.generate(prompts, [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts],
                         use_tqdm=False)
     model = registry.load_model("tiny-t5")
     model.kv_transform = train.kv_transform_for(None if kv_cache_dtype == "auto" else kv_cache_dtype)
@@ -115,7 +115,7 @@ def test_cross_stride_reproduces_on_tiny_t5():
     (the sanitizer catches it); the fixed engine's fp8 ids equal the auto run's."""
     task = tasks.for_model("tiny-t5")
     prompts = task.prompts(4, seed=2)
-    params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
+    params = [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts]
     auto = minikv.LLM(model="tiny-t5", backend="torch", max_num_seqs=4)
     need = auto.cross_blocks_needed(prompts)
     reference = [o.token_ids for o in auto.generate(prompts, params, use_tqdm=False)]

@@ -100,6 +100,7 @@ def test_check_says_right_or_wrong_and_never_the_answer(capsys):
 # ---- sealed exercises: no answer shown anywhere before its exercise ---------------------------------------------
 
 NUMBER = re.compile(r"^-?\d[\d,]*(?:\.\d+)?")
+RANGES = re.compile(r"\d+-\d+(?:, \d+(?:-\d+)?)*|\d+(?:-\d+)?(?:, \d+(?:-\d+)?)+")
 
 
 def answer_forms(answer: str) -> set[str]:
@@ -107,6 +108,8 @@ def answer_forms(answer: str) -> set[str]:
     significant digits, and a fraction as a percentage). A small integer alone (0-9) is everywhere in a notebook,
     so it counts only with its unit (`4x`, `2%`)."""
     answer = answer.strip()
+    if RANGES.fullmatch(answer):
+        return {answer}             # a list of request numbers as `ranges` prints it: "0-5, 12-17"
     match = NUMBER.match(answer)
     if not match:
         return {answer} if len(answer) >= 3 else set()
@@ -150,6 +153,7 @@ def test_answer_forms():
     assert {"448.0", "448"} <= answer_forms("448.0 (clamped)")
     assert answer_forms("4x; {...}") == {"4x"} and answer_forms("0 (every token)") == set()
     assert "1,076" in answer_forms("1,076 = 2 x 2 x 269") and "1.94" in answer_forms("1.94x")
+    assert answer_forms("0-5, 12-17") == {"0-5, 12-17"} and answer_forms("3, 7") == {"3, 7"}
     assert _shows("51.6%", "at most 51.6% of") and not _shows("448", "4480 bytes") and not _shows("1.9", "1.94")
 
 
@@ -157,7 +161,7 @@ def test_answer_forms():
 SHOWN_ON_PURPOSE = {
     ("01", 2): "16 is the block size, printed throughout; the exercise asks which of E's blocks are shared",
     ("03", 2): "the point of the exercise is that the count does not change with the block size: the figure "
-               "printed in section 4 is the one to reason from",
+               "printed in section 7 (the census) is the one to reason from",
     ("04", 1): "a choice among the factors the question itself lists (2x, 3x, 4x)",
     ("05", 2): "the 0.99 printed earlier is int8's speed ratio of two kernel versions, another quantity",
 }
@@ -191,3 +195,55 @@ def test_no_answer_is_shown_before_its_exercise(notebook):
         pytest.xfail(f"{notebook.name}, fixed at its next recording: " + "; ".join(pending))
     stale = [key for key in NEEDS_RECORDING if key[0] == notebook.stem[:2]]
     assert not stale, f"{notebook.name}: {stale} no longer leak: remove them from NEEDS_RECORDING"
+
+
+# ---- and not on the docs pages either: only inside a folded block labelled as the solution ---------------------
+
+DOCS = REPO / "docs"
+# A docs page's folded solution: `<details class="success minikv-solution" markdown="1">` with a summary that says
+# it is a solution (tools/docs_hooks.py also keeps it out of the site's search index).
+FOLDED_SOLUTION = re.compile(r'<details class="[^"]*\bminikv-solution\b[^"]*"[^>]*>\s*<summary>(?P<summary>.*?)'
+                             r'</summary>.*?</details>', re.DOTALL)
+# (notebook prefix, exercise number) -> why a docs page may show the figure outside a folded solution.
+DOCS_SHOWN_ON_PURPOSE = {
+    ("01", 2): "16 is the block size, on every page",
+    ("03", 2): "the count the exercise asks about does not change with the block size: the pages quote it as the "
+               "measured count of the default run",
+}
+
+
+def outside_solutions(text: str) -> str:
+    """A page's text with its folded solutions cut out."""
+    return FOLDED_SOLUTION.sub("", text)
+
+
+def exercise_answers(notebook: Path) -> list[tuple[int, set[str]]]:
+    """[(exercise number, the forms its printed answer can take)] of a notebook."""
+    found = []
+    for n, ex in enumerate(_exercises(notebook), 1):
+        printed = re.search(r"^answer: (.+)$", _output(ex["solution"]), re.MULTILINE)
+        if printed:
+            found.append((n, answer_forms(re.split(r"[;(]| = | tokens", printed.group(1))[0])))
+    return found
+
+
+def test_outside_solutions_cuts_only_folded_solutions():
+    page = ('a <details class="success minikv-solution" markdown="1">\n<summary>Solution: x</summary>\n\n0-5, 12-17\n'
+            '</details> b <details markdown="1">\n<summary>More</summary>\n4x\n</details>')
+    assert "0-5, 12-17" not in outside_solutions(page) and "4x" in outside_solutions(page)
+    for match in FOLDED_SOLUTION.finditer((DOCS / "defects" / "scale-wipe.md").read_text()):
+        assert "solution" in match.group("summary").lower(), match.group("summary")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_answer_is_shown_on_a_docs_page_outside_a_folded_solution(notebook):
+    """The docs pages a learner is sent to before an exercise (and every other one) show an exercise's answer
+    only inside a folded block whose summary says it is the solution."""
+    pages = {path: outside_solutions(path.read_text()) for path in sorted(DOCS.rglob("*.md"))}
+    leaks = [f"{path.relative_to(REPO)} shows {form!r}, the answer of exercise {n}"
+             for n, forms in exercise_answers(notebook) if (notebook.stem[:2], n) not in DOCS_SHOWN_ON_PURPOSE
+             for form in forms for path, text in pages.items() if _shows(form, text)]
+    assert not leaks, f"{notebook.name}:\n" + "\n".join(leaks)
+    for text in (path.read_text() for path in pages):
+        for match in FOLDED_SOLUTION.finditer(text):
+            assert "solution" in match.group("summary").lower(), f"a minikv-solution block not labelled: {match.group(0)[:80]}"

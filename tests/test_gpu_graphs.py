@@ -19,7 +19,7 @@ def _generate(model, fmt, placement, prefix, prompts, enforce_eager):
     llm = minikv.LLM(model=model, kv_cache_dtype=fmt, kv_scale_placement=placement, device="cuda",
                      max_num_seqs=8, enable_prefix_caching=prefix, enforce_eager=enforce_eager)
     for p in prompts:
-        llm.add_request(p, minikv.SamplingParams(max_tokens=10))
+        llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=10))
     tokens, graph_steps = {}, []
     while llm.has_unfinished():
         out = llm.step()

@@ -76,22 +76,19 @@ def attention_off_by_a_hair(llm):
         wrap_kernel_op(llm, op, lambda kernel: lambda *args, **kwargs: kernel(*args, **kwargs) * 1.002)
 
 
-def test_a_shift_no_token_shows_is_found_by_the_logits(scratch):
-    """matches-reference compares each step's logits with the dense model's, within the cell's LOGIT_TOLERANCE:
-    tight on 16-bit float32 cells, so a defect that changes no token is still found, and on the plainest cell."""
-    from minikv.hunt.reference import LOGIT_TOLERANCE
+def test_a_shift_no_token_shows_is_found_by_the_logits(scratch, monkeypatch):
+    """matches-reference compares each step's logits with the dense model's, within each row's tolerance
+    (minikv.hunt.logit_tolerance): tight on float32 cells, so a defect that changes no token is still found."""
+    from minikv.hunt import oracles
     reference = DenseReference()
     report = hunt(instrument=attention_off_by_a_hair, max_scenarios=24, budget_s=None, reference=reference,
                   progress=False)
     assert report.found, report.text()
     v = report.finding.violations[0]
     assert v.oracle == "matches-reference" and "logits before token" in v.summary, report.text()
-    assert (report.finding.scenario.kv_cache_dtype, report.finding.scenario.dtype) in LOGIT_TOLERANCE
-    saved = dict(LOGIT_TOLERANCE)
-    try:          # without the logits check (tolerances out of reach), the same scenarios up to it find nothing
-        LOGIT_TOLERANCE.update({k: float("inf") for k in LOGIT_TOLERANCE})
-        blind = hunt(instrument=attention_off_by_a_hair, max_scenarios=report.finding.scenarios_before + 1,
-                     budget_s=None, reference=reference, progress=False)
-    finally:
-        LOGIT_TOLERANCE.update(saved)
+    assert report.finding.scenario.dtype == "float32"
+    # without the logits check, the same scenarios up to it find nothing
+    monkeypatch.setattr(oracles, "_logits_leave", lambda *args: None)
+    blind = hunt(instrument=attention_off_by_a_hair, max_scenarios=report.finding.scenarios_before + 1,
+                 budget_s=None, reference=reference, progress=False)
     assert not blind.found, blind.text()

@@ -118,7 +118,7 @@ def llm():
 
 
 def test_abort_takes_a_request_id(llm):
-    rid = llm.add_request("3 7", minikv.SamplingParams(max_tokens=2))
+    rid = llm.add_request("3 7", minikv.SamplingParams(temperature=0, max_tokens=2))
     with pytest.raises(TypeError, match="request_id must be an int, got str '0'"):    # regression: returned False
         llm.abort(str(rid))
     with pytest.raises(ValueError, match="request_id must be at least 0"):
@@ -128,7 +128,7 @@ def test_abort_takes_a_request_id(llm):
 
 
 def test_step_capture_must_be_a_bool(llm):
-    llm.add_request("3 7", minikv.SamplingParams(max_tokens=1))
+    llm.add_request("3 7", minikv.SamplingParams(temperature=0, max_tokens=1))
     with pytest.raises(TypeError, match="capture must be True or False, got str 'no'"):   # regression: counted as true
         llm.step(capture="no")
     while llm.has_unfinished():
@@ -143,16 +143,17 @@ def test_sleep_free_after_discard_drops_the_arena(llm):
     llm.sleep("free")                                     # regression: kept the arena
     assert llm.arena is None and all(a.kv_cache is None for a in llm.attention_layers.values())
     llm.wake_up()
-    assert llm.arena is not None and llm.generate("3 7 11", minikv.SamplingParams(max_tokens=3), use_tqdm=False)
+    assert llm.arena is not None and llm.generate("3 7 11", minikv.SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
 
 
 def test_a_request_that_can_never_fit_is_named_as_the_caller_knows_it():
     small = minikv.LLM(model=GEMMA4, backend="torch", num_blocks=2, block_size=8, max_num_seqs=1)
     long = "3 7 11 15 19 23 27 31"
-    with pytest.raises(ValueError, match=r"^prompts\[1\] can never fit: 22 prompt tokens"):   # was "request -1"
-        small.generate(["3 7", long], minikv.SamplingParams(max_tokens=12), use_tqdm=False)
-    with pytest.raises(ValueError, match=r"^the request can never fit"):
-        small.add_request(long, minikv.SamplingParams(max_tokens=12))
+    # the pool holds 16 tokens, so max_model_len defaults to 16 and the request is refused for it
+    with pytest.raises(ValueError, match=r"^prompts\[1\] is 22 tokens \(with BOS\).*max_model_len is 16"):
+        small.generate(["3 7", long], minikv.SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^the request is 22 tokens"):
+        small.add_request(long, minikv.SamplingParams(temperature=0, max_tokens=12))
     assert not small.has_unfinished()
 
 
@@ -174,6 +175,13 @@ CLI_ERRORS = [
     ("generate kv dtype", ["generate", "--kv-cache-dtype", "int4", "3 7"], "invalid choice: 'int4'"),
     ("generate temperature", ["generate", "--backend", "torch", "--temperature", "-2", "3 7"],
      "temperature must be 0 (greedy) or between"),
+    ("generate top-p 0", ["generate", "--top-p", "0", "3 7"], "top_p must be in (0, 1] (1 keeps every token), got 0"),
+    ("generate top-k -5", ["generate", "--top-k", "-5", "3 7"], "top_k must be 0 or -1 (every token) or at least 1"),
+    ("generate top-k float", ["generate", "--top-k", "2.5", "3 7"], "argument --top-k: invalid int value"),
+    ("generate min-p 2", ["generate", "--min-p", "2", "3 7"], "min_p must be in [0, 1]"),
+    ("generate n 0", ["generate", "--n", "0", "3 7"], "argument --n: must be at least 1"),
+    ("generate seed negative", ["generate", "--seed", "-1", "3 7"], "seed must be between 0"),
+    ("generate stop empty", ["generate", "--stop", "", "3 7"], "stop strings must be non-empty"),
     ("generate device cpu:3", ["generate", "--device", "cpu:3", "3 7"], "there is one CPU device"),
     ("generate no prompts", ["generate"], "the following arguments are required: prompts"),
     ("eval path without task", ["eval", "--model", "/tmp", "--n", "2"], "pass --task"),
@@ -212,7 +220,8 @@ def test_cli_usage_error_is_one_line_and_exit_2(capsys, case, argv, fragment):
 def test_cli_model_takes_a_checkpoint_directory(tmp_path, capsys):
     # regression: --model refused a checkpoint path although LLM(model=PATH) takes one
     path = shutil.copytree(registry.checkpoint_dir(GEMMA4), tmp_path / GEMMA4)
-    assert main(["generate", "--model", str(path), "--backend", "torch", "--max-tokens", "6", "3 7 11"]) == 0
+    assert main(["generate", "--model", str(path), "--backend", "torch", "--max-tokens", "6", "--temperature", "0",
+                 "3 7 11"]) == 0
     assert capsys.readouterr().out.strip() == "'3 7 11' -> ' 15 19'  [length]"
     assert main(["eval", "--model", str(path), "--backend", "torch", "--n", "2"]) == 0     # its task: tiny-gemma4's
     assert "exact match 2/2" in capsys.readouterr().out

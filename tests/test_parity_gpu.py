@@ -110,7 +110,7 @@ def test_shipped_checkpoint_engine_greedy_against_generate(name, dtype):
     task = tasks.for_model(name)
     prompts = task.prompts(32, seed=3)
     llm = minikv.LLM(model=name, device="cuda", backend="triton", dtype=dtype, max_num_seqs=8)
-    params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
+    params = [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts]
     outs = llm.generate(prompts, params, use_tqdm=False)
     hf, _ = _pair(_shipped_dir(name), dtype)
     hf.generation_config.eos_token_id = llm.tokenizer.eos_id
@@ -153,7 +153,7 @@ def test_random_t5_at_flan_t5_base_dims_bf16(tmp_path, monkeypatch):
     print(f"t5-base dims: bf16 max |logit error| minikv {ours_err:.3g}, transformers {their_err:.3g}")
     llm = minikv.LLM(model=str(path), device="cuda", backend="triton", dtype=torch.float32, max_num_seqs=4)
     prompts = ["hello world", "minikv", "the quick brown fox"]
-    outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     # A random model's top logits nearly tie, and tl.dot rounds float32 inputs through TF32 on the GPU, so ids are
     # checked as greedy up to tolerance: under transformers' float32 model, fed the engine's own tokens, every
     # token the engine picked is within 1% of the logits' scale of the best one.

@@ -111,7 +111,7 @@ def test_the_records_are_complete():
         for step in steps:
             assert step.said and len(step.said) < 400, step
             assert step.url.startswith(("https://github.com/vllm-project/vllm/", "https://github.com/NVIDIA/"))
-            assert step.date is None or re.fullmatch(r"(before )?\d{4}-\d{2}-\d{2}", step.date), step.date
+            assert step.date is None or re.fullmatch(r"(on or before )?\d{4}-\d{2}-\d{2}", step.date), step.date
     wipe = {s.number: s for s in provenance.SCALE_WIPE}
     assert wipe[51061].state == "closed" and wipe[51091].state == "open"        # as of provenance.CHECKED
     assert [s.kind for s in provenance.SCALE_WIPE].count("pull request") == 2

@@ -1,26 +1,27 @@
-"""The request path as a reader follows it: the files one decode step runs through, their lines, and the calls
-from a model's attention op to the kernel. CONTRIBUTING.md ("The request path") states the numbers and the
-limits this test keeps; print them with
+"""The request path: the files one decode step runs through, their lines, and the calls from a model's attention
+op to the kernel. The limits live here; CONTRIBUTING.md ("The request path") states them, and this test prints
+the measured numbers: `python -m pytest -q -s tests/test_request_path.py`.
 
-    python -m pytest -q -s tests/test_request_path.py
-
-A decode step of tiny-gemma4 with an int8 per-token-head cache through the Triton backend (the interpreter on a
-CPU) is traced with `sys.settrace` (calls only, no line events): every Python call into a file of minikv/ or kernels/ is recorded, and for the
-first call into kernels/ made under a model's attention op, the minikv frames between the two are counted.
+A decode step of tiny-gemma4 (int8 per-token-head cache, Triton backend) is traced with `sys.settrace`, calls only.
 """
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 import minikv
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = (ROOT / "minikv", ROOT / "kernels")
-# What the path is today (19 files, 4,305 lines, 4 calls), kept from growing. The readable-core work aimed at 15
-# files and 4,000 lines; the 19 are one concept each (CONTRIBUTING.md, "The request path", says which and why).
-MAX_FILES, MAX_LINES, MAX_HOPS = 19, 4400, 4
+MAX_FILES, MAX_LINES, MAX_HOPS = 21, 4300, 4
+# What a GPU decode step adds to the CPU's path: the CUDA-graph replay and the fused RMSNorm kernel. They are
+# counted on every machine, so the CPU and the GPU path keep one limit; test_gpu_path_adds_only_these checks the list.
+GPU_ONLY = (ROOT / "minikv/engine/cuda_graph.py", ROOT / "kernels/rms_norm.py")
 
 
 @functools.cache
@@ -29,33 +30,35 @@ def _in_repo(filename: str) -> Path | None:
     return path if any(d in path.parents for d in PACKAGE_DIRS) else None
 
 
-def trace_one_decode_step() -> tuple[dict[Path, int], int]:
-    """(file -> its line count, for every minikv/kernels file the step called into; hops from the attention op
-    to the kernel entry point)."""
-    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=2, backend="triton")
-    llm.add_request("3 7 11 15", minikv.SamplingParams(max_tokens=4))
-    llm.step()                                              # the prefill: compiled and warm before the trace
+def _is_attention_op(frame) -> bool:
+    return frame.f_code.co_filename.endswith("layers.py") and frame.f_code.co_name == "forward" \
+        and type(frame.f_locals.get("self")).__name__ == "Attention"
+
+
+def trace_one_decode_step(**engine_kw) -> tuple[set[Path], int]:
+    """The minikv/kernels files one decode step called into, and the minikv frames from the attention op to the
+    first kernel entry point (-1 when no attention op ran in Python, as in a CUDA-graph replay)."""
+    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=2, backend="triton",
+                     **engine_kw)
+    llm.add_request("3 7 11 15", minikv.SamplingParams(temperature=0, max_tokens=4))
+    llm.step()                                  # the prefill: compiled and warm before the trace
     files: set[Path] = set()
     hops: list[int] = []
 
-    def on_call(frame, event, arg):             # a global trace function: called for every new Python frame
+    def on_call(frame, event, arg):
         path = _in_repo(frame.f_code.co_filename)
         if path is None:
             return None                         # None: no line events for this frame
         files.add(path)
         if hops or ROOT / "kernels" not in path.parents:
             return None
-        # The first call into kernels/: walk back to the model's attention op, counting minikv's frames.
-        count, f = 0, frame
-        while f is not None:
-            caller = _in_repo(f.f_code.co_filename)
-            if caller is not None and caller.name == "layers.py" and f.f_code.co_name == "forward" \
-                    and type(f.f_locals.get("self")).__name__ == "Attention":
-                hops.append(count)
-                return None
-            if caller is not None:
-                count += 1
+        count, f = 0, frame                     # the first call into kernels/: walk back to the attention op
+        while f is not None and not _is_attention_op(f):
+            count += _in_repo(f.f_code.co_filename) is not None
             f = f.f_back
+        if f is not None:
+            hops.append(count)
+        return None
 
     sys.settrace(on_call)
     try:
@@ -63,15 +66,37 @@ def trace_one_decode_step() -> tuple[dict[Path, int], int]:
     finally:
         sys.settrace(None)
     assert out.phase == "decode"
-    return {p: len(p.read_text().splitlines()) for p in sorted(files)}, (hops[0] if hops else -1)
+    return files, (hops[0] if hops else -1)
 
 
 def test_one_decode_step_is_a_short_chain_of_calls():
     files, hops = trace_one_decode_step()
-    lines = sum(files.values())
-    print(f"\none decode step: {len(files)} files, {lines} lines; {hops} calls from the attention op to the kernel")
-    for path, n in files.items():
+    files |= set(GPU_ONLY)
+    counts = {p: len(p.read_text().splitlines()) for p in sorted(files)}
+    lines = sum(counts.values())
+    print(f"\none decode step (CPU path + {len(GPU_ONLY)} GPU-only files): {len(files)} files, {lines} lines; "
+          f"{hops} calls from the attention op to the kernel")
+    for path, n in counts.items():
         print(f"  {n:5d}  {path.relative_to(ROOT)}")
     assert hops >= 1, "the trace never reached kernels/ from a model's attention op"
     assert len(files) <= MAX_FILES and lines <= MAX_LINES and hops <= MAX_HOPS, \
         f"{len(files)} files (at most {MAX_FILES}), {lines} lines (at most {MAX_LINES}), {hops} hops (at most {MAX_HOPS})"
+
+
+def test_contributing_states_these_limits():
+    text = " ".join((ROOT / "CONTRIBUTING.md").read_text().split())
+    section = text[text.index("**The request path.**"):]
+    for stated in (f"{MAX_FILES} files", f"{MAX_LINES:,} lines", f"{MAX_HOPS} calls"):
+        assert stated in section, f"CONTRIBUTING.md's request path section should state the limit {stated!r}"
+    assert not re.search(r"\b\d,\d{3} lines \(", section[:1500]), "CONTRIBUTING states limits, not a measured count"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_path_adds_only_these():
+    cpu_files, _ = trace_one_decode_step()
+    graphed, _ = trace_one_decode_step(device="cuda")
+    eager, hops = trace_one_decode_step(device="cuda", enforce_eager=True)
+    extra = (graphed | eager) - cpu_files - set(GPU_ONLY)
+    assert not extra, f"a GPU decode step also runs {sorted(str(p.relative_to(ROOT)) for p in extra)}"
+    assert 1 <= hops <= MAX_HOPS, hops

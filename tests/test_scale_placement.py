@@ -150,7 +150,7 @@ def test_scale_wipe_reproduces_with_block_placement():
     def run(**kw):
         llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4,
                          backend="torch", **kw)
-        outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)
+        outs = llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
         llm.arena.check()
         return llm, [o.text for o in outs]
 
@@ -172,5 +172,5 @@ def test_encoder_decoder_runs_with_block_placement():
     for placement in ("row", "block"):
         llm = minikv.LLM(model="tiny-t5", kv_cache_dtype="int8_per_token_head", backend="torch",
                          kv_scale_placement=placement)
-        outs[placement] = [o.token_ids for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=8))]
+        outs[placement] = [o.token_ids for o in llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=8))]
     assert outs["row"] == outs["block"]

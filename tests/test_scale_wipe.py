@@ -28,7 +28,7 @@ def damaged(prompts, texts, reference):
 
 def generate(prompts, max_tokens=8, **kw):
     llm = minikv.LLM(model="tiny-gemma4", **kw)
-    outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=max_tokens), use_tqdm=False)
+    outs = llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
     llm.arena.check()
     return llm, [o.text for o in outs]
 
@@ -153,7 +153,7 @@ def test_fixed_path_damages_nothing(fmt, prefix_caching, residue):
 def kv_bytes_after_prefill(prompts, target: str, **kw) -> dict[str, torch.Tensor]:
     """The cache rows (codes and inline scales) of request `target`, per KV-owning layer, right after its prefill."""
     llm = minikv.LLM(model="tiny-gemma4", **kw)
-    rids = {llm.add_request(p, minikv.SamplingParams(max_tokens=2)): p for p in prompts}
+    rids = {llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=2)): p for p in prompts}
     rows = {}
     while llm.has_unfinished():
         out = llm.step()
@@ -199,7 +199,7 @@ def scale_regions(llm):
 def test_sleep_wake_up_reinitializes_every_scale_region(mode):
     llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
     prompts = scale_wipe.make_prompts(4)
-    before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)]
     address = llm.arena.storage.data_ptr()
     fills = len(llm.census.fills)
     llm.sleep(mode=mode)
@@ -209,7 +209,7 @@ def test_sleep_wake_up_reinitializes_every_scale_region(mode):
     assert len(llm.census.fills) == fills + len(scale_regions(llm))   # each region initialized once, at warmup
     for k, v in scale_regions(llm).values():
         assert bool((k == 1).all()) and bool((v == 1).all())
-    after = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    after = [o.text for o in llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)]
     assert after == before
     assert not llm.census.wiping
 
@@ -218,14 +218,14 @@ def test_same_address_wake_without_reinitialization_leaves_zero_scales_that_noth
     llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch",
                      repro=minikv.ReproConfig(reinit_scales_on_wake=False))  # a registry keyed by (data_ptr, nbytes) alone
     prompts = scale_wipe.make_prompts(4)
-    before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    before = [o.text for o in llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)]
     fills = len(llm.census.fills)
     llm.sleep(mode="discard")
     llm.wake_up()
     assert len(llm.census.fills) == fills                     # nothing re-initialized ...
     for k, v in scale_regions(llm).values():
         assert bool((k == 0).all()) and bool((v == 0).all())  # ... every scale slot is 0, not 1
-    after = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    after = [o.text for o in llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)]
     assert after == before                                    # minikv's kernels never read an unwritten slot
 
 
@@ -236,12 +236,12 @@ def test_historical_engine_is_not_rearmed_by_wake_up(mode):
     llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch",
                      reintroduce=("scale-wipe",))
     task = minikv.tasks.for_model("tiny-gemma4")
-    first = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    first = [o.text for o in llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)]
     assert not any(task.check(p, t) for p, t in zip(prompts, first))
     fills = len(llm.census.fills)
     llm.sleep(mode=mode)
     llm.wake_up()
-    again = [o.text for o in llm.generate(prompts, minikv.SamplingParams(max_tokens=6), use_tqdm=False)]
+    again = [o.text for o in llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)]
     assert all(task.check(p, t) for p, t in zip(prompts, again))
     assert len(llm.census.fills) == fills                     # no impl filled anything after the wake-up
 
@@ -392,7 +392,7 @@ def test_two_engines_in_one_process_share_the_class_level_registry_without_colli
     """The fix's registry is class-level (upstream's shape): two live engines register disjoint storages, and
     each serves exactly what one engine alone serves."""
     prompts = scale_wipe.make_prompts(4)
-    params = minikv.SamplingParams(max_tokens=6)
+    params = minikv.SamplingParams(temperature=0, max_tokens=6)
 
     def build():
         return minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4, backend="torch")
@@ -407,3 +407,16 @@ def test_two_engines_in_one_process_share_the_class_level_registry_without_colli
     assert keys(a) | keys(b) <= set(AttentionImpl._initialized_storages)
     served = [[o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] for llm in (a, b)]
     assert served == [alone, alone]
+
+
+def test_prefix_caching_carries_the_wipe_only_to_copies_that_find_wiped_blocks_still_cached():
+    """The rule the docs state: with prefix caching on, a request is damaged when it ran in the first step or found
+    a wiped block in the prefix cache. With the 32-block pool of max_num_seqs=4 the copies come after eviction."""
+    prompts = scale_wipe.make_prompts(24, copies=2)
+    small = scale_wipe.prefix_reuse(prompts, 4, backend="torch")
+    assert small.predicted == small.damaged == [0, 1, 2, 3]
+    assert all(r.found == 0 and r.evictions > 0 and r.full_blocks > 0 for r in small.requests[12:16])
+    large = scale_wipe.prefix_reuse(prompts, 8, backend="torch")
+    assert large.predicted == large.damaged and set(range(8)) < set(large.damaged)
+    assert all(r.evictions == 0 for r in large.requests)
+    assert [r.request for r in large.requests[12:] if r.found_wiped] == [r for r in large.damaged if r >= 12]

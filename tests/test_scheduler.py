@@ -19,7 +19,7 @@ def fake_next_token(seq):
 def make_seq(request_id, prompt_len=5, max_tokens=4, encoder_len=None, **sampling):
     prompt = [100 + 1000 * request_id + i for i in range(prompt_len)]   # distinct per request: no prefix hits
     encoder = None if encoder_len is None else list(range(encoder_len))
-    params = SamplingParams(max_tokens=max_tokens, **sampling)
+    params = SamplingParams(**{"temperature": 0, "max_tokens": max_tokens, **sampling})
     return Sequence(request_id, f"prompt {request_id}", prompt, params, encoder_token_ids=encoder)
 
 
@@ -251,8 +251,8 @@ def test_cross_blocks_follow_the_sequence():
 def test_prefix_caching_within_the_scheduler():
     scheduler = make_scheduler(prefix_caching=True, max_num_seqs=1)
     shared = [7] * 9
-    first = Sequence(0, "", shared, SamplingParams(max_tokens=2))
-    second = Sequence(1, "", shared, SamplingParams(max_tokens=2))
+    first = Sequence(0, "", shared, SamplingParams(temperature=0, max_tokens=2))
+    second = Sequence(1, "", shared, SamplingParams(temperature=0, max_tokens=2))
     scheduler.add(first)
     scheduler.add(second)
     batch, _ = scheduler.schedule()
@@ -264,18 +264,19 @@ def test_prefix_caching_within_the_scheduler():
 
 def test_sampling_params_validation():
     with pytest.raises(ValueError, match="max_tokens must be at least 1, got 0"):
-        SamplingParams(max_tokens=0)
+        SamplingParams(temperature=0, max_tokens=0)
     with pytest.raises(ValueError, match="temperature must be 0 .greedy. or between"):
         SamplingParams(temperature=-0.5)
     with pytest.raises(ValueError, match="non-empty"):
-        SamplingParams(stop=[""])
-    with pytest.raises(TypeError, match="list of strings"):
-        SamplingParams(stop="\n")
+        SamplingParams(temperature=0, stop=[""])
+    with pytest.raises(TypeError, match="a str, a list of str or None"):
+        SamplingParams(temperature=0, stop=5)
+    assert SamplingParams(stop="\n").stop == ("\n",)          # one string is one stop string, as in vLLM
 
 
 def test_seeded_generator_does_not_depend_on_the_batch():
     torch = pytest.importorskip("torch")
-    greedy = Sequence(0, "", [1], SamplingParams())
+    greedy = Sequence(0, "", [1], SamplingParams(temperature=0))
     assert greedy.generator is None
     seeded = [Sequence(i, "", [1], SamplingParams(temperature=0.7, seed=5)) for i in range(2)]
     draws = [torch.rand(3, generator=seq.generator) for seq in seeded]

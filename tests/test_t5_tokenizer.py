@@ -71,7 +71,7 @@ def test_engine_equals_transformers_standard_pipeline(t5_dir):
     hf.generation_config.eos_token_id = None
     theirs = hf_tokenizer(t5_dir)
     llm = minikv.LLM(model=str(t5_dir), backend="torch", max_num_seqs=3)
-    params = minikv.SamplingParams(max_tokens=5, ignore_eos=True)
+    params = minikv.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     for prompt, out in zip(PROMPTS, outs):
         expected = hf.generate(**theirs(prompt, return_tensors="pt"), max_new_tokens=5, do_sample=False)[0, 1:]

@@ -111,7 +111,7 @@ def test_shipped_checkpoint_matches_transformers_dense_and_in_the_engine():
     ours, tok = registry.load_model(NAME), registry.get_tokenizer(NAME)
     prompts = tasks.for_model(NAME).prompts(2, seed=5)
     llm = minikv.LLM(model=NAME, backend="torch", max_num_seqs=2)
-    outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         ids = torch.tensor([[tok.bos_id, *tok.encode(prompt)]])
         want = hf(ids).logits

@@ -151,7 +151,7 @@ def test_gemma4_runs_in_the_paged_engine_like_dense(kv_cache_dtype):
     prompts = _prompts("tiny-gemma4", 6)
     llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype=kv_cache_dtype, backend="torch", max_num_seqs=6)
     assert sum(1 for a in llm.attention_layers.values() if a.kv_sharing_target is not None) == 4
-    outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=12, ignore_eos=True))
+    outs = llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     fmt = None if kv_cache_dtype == "auto" else kv_cache_dtype
     model = registry.load_model("tiny-gemma4")
     model.kv_transform = train.kv_transform_for(fmt)
@@ -171,7 +171,7 @@ def test_t5_runs_in_the_paged_engine_like_dense(kv_cache_dtype):
     llm = minikv.LLM(model="tiny-t5", kv_cache_dtype=kv_cache_dtype, backend="torch", max_num_seqs=6)
     kinds = [a.kind for a in llm.attention_layers.values()]
     assert kinds.count("self") == kinds.count("cross") == 3
-    outs = llm.generate(prompts, [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts])
+    outs = llm.generate(prompts, [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts])
     model = registry.load_model("tiny-t5")
     model.kv_transform = train.kv_transform_for(kv_cache_dtype)
     dense = train.generate_dense(model, prompts, max(task.max_tokens(p) for p in prompts))
@@ -200,7 +200,7 @@ def test_gemma4_window_is_shorter_than_long_prompts_and_the_engine_slides_it(bac
     assert not torch.allclose(model.logits(ids), unwindowed.logits(ids), atol=1e-3)
     llm = minikv.LLM(model="tiny-gemma4", backend=backend, max_num_seqs=2)
     assert {a.impl.sliding_window for a in llm.attention_layers.values()} == {0, window}
-    outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=12, ignore_eos=True))
+    outs = llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert [o.token_ids for o in outs] == train.generate_dense(model, prompts, 12)
     assert all(task.check(p, o.text) for p, o in zip(prompts, outs))
 

@@ -47,6 +47,18 @@ def test_stride_byte_map_marks_blocks_outside_their_pool_red_and_the_self_blocks
     assert "wrong requests: 0" in bottom.get_title(loc="left")
 
 
+def test_stride_byte_map_draws_a_landing_in_a_guard_zone_apart_from_one_in_a_live_pool():
+    """A block whose overhang ends in the guard zone damages nothing: no red, and no self block outlined."""
+    into_guard = panel([(8 * KB, 16 * KB, 0)])
+    fig = vcs.stride_byte_map([into_guard], x_max=40 * KB)
+    (ax,) = fig.axes
+    assert to_hex(WRONG) not in face_colours(fig) and to_hex(WRONG) not in edge_colours(fig)
+    dotted = [p for p in ax.patches if p.get_hatch() == vcs.LANDING_STYLE["guard"]["hatch"]]
+    assert len(dotted) == 1 and dotted[0].get_x() == 12.0 and dotted[0].get_width() == 4.0
+    assert vcs.landing_segments(8 * KB, 20 * KB, "cross.decoder.0.cross_attn", REGIONS) == [
+        (8 * KB, 12 * KB, "own"), (12 * KB, 16 * KB, "guard"), (16 * KB, 20 * KB, "live")]
+
+
 def test_stride_byte_map_refuses_bad_panels():
     with pytest.raises(ValueError, match="panels is empty"):
         vcs.stride_byte_map([])

@@ -13,6 +13,8 @@
 * Back links: every rendered notebook page starts with links to the docs pages that explain it.
 * Provenance: `<!-- provenance: NAME -->` becomes the defect's "What upstream said, and when" box, rendered from
   minikv/defects/provenance.py.
+* Sealed solutions: a folded solution (a notebook's solution cell, or a docs page's
+  `<details class="success minikv-solution" markdown="1">` block) is left out of the search index.
 """
 from __future__ import annotations
 
@@ -275,9 +277,24 @@ def _figures_open_full_size(html: str) -> str:
     return str(soup)
 
 
+SOLUTION_CLASS = "minikv-solution"
+
+
+def _solutions_out_of_search(html: str) -> str:
+    """Every folded solution gets `data-search-exclude`, which mkdocs-material's search plugin skips (with all it
+    holds) when it builds the index: an answer must not turn up as a search result before its exercise."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    for details in soup.find_all("details", class_=SOLUTION_CLASS):
+        details["data-search-exclude"] = ""
+    return str(soup)
+
+
 def on_page_content(html, page, config, files):
     """Notebook pages: links back to the docs pages that explain them, links rewritten for the site, figures
-    as files, solutions folded. Every page: figures open at full size on click."""
+    as files, solutions folded. Every page: figures open at full size on click, folded solutions left out of the
+    search index."""
     repo = _repo(config)
     stem = Path(page.file.src_uri).stem
     if page.file.src_uri.startswith("notebooks/") and stem in NOTEBOOK_PAGES:
@@ -291,7 +308,7 @@ def on_page_content(html, page, config, files):
         note = ('<div class="admonition info minikv-backlinks"><p class="admonition-title">Explained in the docs</p>'
                 f"<p>{' · '.join(links)}</p></div>")
         html = note + _notebook_page(html, page, files, repo)
-    return _figures_open_full_size(html)
+    return _solutions_out_of_search(_figures_open_full_size(html))
 
 
 def on_post_build(config):

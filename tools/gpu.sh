@@ -192,7 +192,7 @@ for model in ("tiny-gemma4", "tiny-t5"):
             for backend in ("torch", "triton"):
                 llm = minikv.LLM(model=model, kv_cache_dtype=fmt, backend=backend, max_num_seqs=4, seed=0,
                                  device="cuda", kv_scale_placement=placement)
-                outs = llm.generate(prompts, minikv.SamplingParams(max_tokens=10 if model == "tiny-gemma4" else 44),
+                outs = llm.generate(prompts, minikv.SamplingParams(temperature=0, max_tokens=10 if model == "tiny-gemma4" else 44),
                                     use_tqdm=False)
                 key = f"{model}/{fmt}/{placement}/{backend}"
                 out[key] = {"prompts": prompts, "ids": [o.token_ids for o in outs],

@@ -7,9 +7,10 @@ cost host syncs, and the arena's guard canaries are the engine's safety net.
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from minikv.attention.protocol import Features
@@ -23,19 +24,12 @@ class KernelOps:
     context: Callable              # unfused context attention: K/V from the workspace
     paged_context: Callable        # fused context attention: K/V read back from the paged cache
     features: Features = field(default_factory=Features)
+    # Held around a layer's kernel calls: the Triton interpreter patches triton.language process-wide while it
+    # runs a kernel, so engines in different threads take turns (compiled kernels and the references need not).
+    lock: AbstractContextManager = field(default_factory=contextlib.nullcontext)
 
 
-# The Triton interpreter patches triton.language process-wide while it runs a kernel, so two threads cannot
-# interpret kernels at once; engines in different threads take turns per kernel call (compiled kernels need not).
 _INTERPRETER_LOCK = threading.Lock()
-
-
-def _one_interpreter_at_a_time(op: Callable) -> Callable:
-    @functools.wraps(op)
-    def locked(*args, **kwargs):
-        with _INTERPRETER_LOCK:
-            return op(*args, **kwargs)
-    return locked
 
 
 def get_ops(name):
@@ -48,10 +42,9 @@ def get_ops(name):
     if name in backends.NAMES:
         return backends.get(name)
     if name == "triton":
-        ops = (k.write_kv, k.paged_decode_attention, k.context_attention, k.paged_context_attention)
-        if k.mode.INTERPRETED:
-            ops = tuple(_one_interpreter_at_a_time(op) for op in ops)
-        return KernelOps("triton", *ops)
+        lock = _INTERPRETER_LOCK if k.mode.INTERPRETED else contextlib.nullcontext()
+        return KernelOps("triton", k.write_kv, k.paged_decode_attention, k.context_attention,
+                         k.paged_context_attention, lock=lock)
     if name != "torch":
         raise KeyError(name)
     return KernelOps("torch", k.write_kv_reference, k.paged_decode_attention_reference,

@@ -1,9 +1,5 @@
 """LayerBinding: one attention layer as the engine bound it, the entry of the runner's binding table.
-
-The model runner builds one binding per attention op of the model (minikv.engine.model_runner); the forward
-context looks a layer up here on every attention call (minikv.attention.context). It lives in the attention
-layer because both sides read it, and the attention side must not import the engine.
-"""
+See docs/internals.md#attention-binding."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,10 +18,7 @@ def pool_name(kind: str, owner: str) -> str:
 
 @dataclass(eq=False)
 class LayerBinding:
-    """One attention layer as the engine bound it: the pool it reads (owned by `owner`, the layer itself or its
-    KV-sharing target), the pool's layout as allocated, the impl that runs its attention, and, while the engine
-    is awake, the pool's tensor (`kv_cache`; a KV-sharing layer holds the same tensor object as its owner).
-    `impl.layout` is what the backend believes the pool holds; with defect B1 it differs from `layout`."""
+    """One attention layer as the engine bound it: its pool, layout, impl and (while awake) cache tensor."""
 
     layer_name: str
     kind: str                                 # "self" or "cross"

@@ -1,17 +1,8 @@
 """The forward context: the per-step object the model runner passes down the model's forward call.
-
-The runner builds one `ForwardContext` per forward pass and calls `model(input_ids, positions, ctx=ctx)`; each
-layer passes `ctx` on, and each attention op calls `ctx.attend(layer_name, q, k, v)`. That call looks the layer up
-in the runner's binding table (`ctx.bindings`: its impl and its pool's cache tensor), runs the impl, and records
-the trace data the impl returns. A model called without a context (`ctx=None`) runs dense: training and the
-golden reference. A context whose `attn_metadata` is None is the warmup (dummy) forward: impls return zeros,
-KV-owning layers still run their cache update with slot -1 (nothing is written), KV-sharing layers do nothing.
-
-Everything one step produces (its cache events, its scale fills) lives on its own `ForwardContext`, which
-belongs to the engine that created it: no module state, so two engines can run in two threads.
-"""
+See docs/internals.md#attention-context."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -20,6 +11,8 @@ import torch
 
 from .metadata import AttentionMetadata
 from .trace import CacheEvent
+
+_NO_LOCK = contextlib.nullcontext()
 
 if TYPE_CHECKING:
     from minikv.attention.binding import LayerBinding
@@ -49,8 +42,9 @@ class ForwardContext:
         if binding is None:
             raise RuntimeError(f"{layer_name}: no attention impl bound to this layer; run the model through the "
                                f"engine (minikv.LLM), or call it without ctx for dense attention")
-        out, access = binding.impl.forward(q, k, v, binding.kv_cache, self.attn_metadata, step=self.step,
-                                           rel_bias=rel_bias)
+        with getattr(binding.impl.ops, "lock", _NO_LOCK):     # KernelOps.lock; an adapter's kernels need none
+            out, access = binding.impl.forward(q, k, v, binding.kv_cache, self.attn_metadata, step=self.step,
+                                               rel_bias=rel_bias)
         if access.scale_fill is not None:
             self.scale_fills.append(access.scale_fill)
         if self.attn_metadata is None:

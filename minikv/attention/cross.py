@@ -1,32 +1,5 @@
 """Cross attention over the encoder's K/V in the cross pool. Home of defects B1 and B2.
-
-The cross K/V of a request are projected from the encoder output once, at the decoder's context (prefill) step,
-written into the cross pool, and read at every decode step.
-
-B1, `cross-stride` — which quantization config the cross layer's attention backend gets. The backend's layout
-follows its quant config (none: the model's 16-bit elements), while the allocator sized the cross pool from the
-engine's config (1 byte per fp8 element). Writes and reads share the doubled stride, so a pool of at least twice
-the needed blocks happens to work; a smaller one runs past its end. Upstream's layer gets its backend in one of two
-construction orders, modelled here by `CrossAttentionModule`, each with its own fix site:
-  eager    — the layer is built with its quant config and its weights at once; the backend is created last, from
-             the constructor's argument. HISTORICAL: `create_attention` without the config. FIX: pass it.
-  deferred — the layer is built before the quant config is known (`skip_create_weights_in_init`); the loader sets
-             the config and calls `create_weights()`. HISTORICAL: the backend is never updated. FIX:
-             `create_weights()` calls `backend.update_quant_config(...)`.
-  Each order depends on its own site only, so fixing one site (a half-fix) leaves the other order broken.
-
-B2, `cross-fp8-context-read` — what the fused context path is told about the cache (`_context_read_layout`):
-  HISTORICAL: the fused context kernel reads the encoder K/V back from the paged cross cache but is given the
-  cache's data type only when `paged_context` is on; otherwise it reads fp8 bytes as 16-bit elements. In minikv's
-  model the blocks themselves are located from the pool's real bytes per block (and the V half from the pool's
-  real K/V split); only the addressing inside a half-block uses the 16-bit element size.
-  UPSTREAM FIX ("fallback"): use the unfused path (K/V from the 16-bit workspace) for cross attention with a
-  quantized cache unless `paged_context` is on, with a warning once per cross-attention layer; a float32 model
-  has no fused context kernel upstream and takes the unfused path in every layer.
-  MINIKV ("fused", the default): the fused kernel is always given the cache's real layout; no fallback needed.
-  The fused kernel is slower than the unfused one on long queries, so each context step picks by its shape
-  (`context_path_for`): fused up to FUSED_CROSS_MAX_QUERY_LEN query tokens, unfused above.
-"""
+See docs/internals.md#attention-cross."""
 from __future__ import annotations
 
 import logging
@@ -164,11 +137,8 @@ class ReadLayout(formats.CacheSpec):
 
 
 def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
-    """HISTORICAL (cross-fp8-context-read): the pool's blocks, with their insides read as the model's elements.
-
-    Block and K/V-half offsets come from the pool (its real bytes per block): minikv's assumption about the fused
-    kernel's block pointers (upstream says only that it read the FP8 pool as bf16); slots and rows inside a
-    half-block are addressed at the 16-bit element size the kernel believes in."""
+    """HISTORICAL (cross-fp8-context-read): the pool's blocks, with their insides read as the model's
+    elements."""
     auto = KVLayout("auto", pool_layout.model_dtype, pool_layout.num_kv_heads, pool_layout.head_size,
                     pool_layout.block_size)
     fields = {f: getattr(auto, f) for f in formats.SPEC_FIELDS}
@@ -177,12 +147,7 @@ def sixteen_bit_read_of(pool_layout: KVLayout) -> ReadLayout:
 
 
 class CrossAttentionImpl:
-    """Non-causal attention of decoder tokens over their request's encoder K/V in the cross pool.
-
-    The context step's path: minikv's fused configuration (context_path "fused", B2 fixed) picks it at each step
-    from the step's longest query (`context_path_for`), on every device and backend, so that a CPU trace says what
-    a GPU run does. Upstream's fallback and the historical B2 path decide it once, at initialization. Each context
-    step's `Access` says which path it took and why (`context_path`, `context_dispatch`)."""
+    """Non-causal attention of decoder tokens over their request's encoder K/V in the cross pool."""
 
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
                  context_path: str = "fused", paged_context: bool = False, historical_context_read: bool = False,

@@ -1,34 +1,5 @@
 """AttentionImpl: one decoder self-attention layer's access to the paged KV cache. Home of defect A.
-
-Per step, a KV-owning layer writes the new tokens' K/V into its cache (quantizing them), then attends over the
-cache; a KV-sharing layer writes nothing and attends over its target layer's cache, which the model runner's
-binding table gives it as the *same tensor object*. `forward` is called with the layer's cache tensor and the
-step's metadata (`minikv.attention.context.ForwardContext.attend`) and returns its output and its trace data
-(an `Access`: what it wrote and read, and the scale fill it made, if any).
-
-Per-token-head formats keep an fp32 scale inline in every cache row. The impl addresses those scales through
-fp32 views over the cache bytes (`KVLayout.scale_views`). A freshly allocated cache is zero-filled, so the scale
-regions must be set to 1.0 once before any kernel reads a slot nobody wrote. *When* that happens is defect A:
-
-* HISTORICAL (scale-wipe): as upstream's `_ensure_scale_caches`, each impl builds its views lazily on first touch,
-  fills the whole storage's scale regions then, and returns early on every later call, for good. Warmup touches
-  only KV-owning layers; a KV-sharing layer's first touch comes in the middle of the first real forward pass,
-  after its target layer wrote the prompt's real scales into the shared storage, and the fill wipes them.
-* FIX: a class-level registry initializes each storage region exactly once. Its key is the region's
-  (data pointer, size in bytes), and each entry keeps a weak reference to the *storage itself*
-  (`tensor.untyped_storage()`, whose Python object torch keeps unique per live storage): two views of one
-  storage count once, two layers packed into one allocation are two regions, and an address that was freed and
-  reused by a new allocation no longer matches the dead reference, so it is initialized again. An address that is
-  kept across sleep (minikv's model of vLLM's sleep mode) still matches: `release_scale_init` is how the runner says "the
-  contents were discarded, initialize again".
-
-  The registry is class-level state on purpose: it is the shape of upstream's fix (a registry keyed by storage
-  address, shared by every impl in the process), kept so the fix reads as upstream's does. What that means for
-  two engines in one process: their arenas are separate allocations, so their keys never collide while both are
-  alive, and each engine's storages are initialized once, by whichever of its layers touches them first; an
-  engine that frees its arena releases its entries (the weak references die), so a second engine that gets the
-  same address initializes it again. tests/test_scale_wipe.py runs two engines side by side to show it.
-"""
+See docs/internals.md#attention-impl."""
 from __future__ import annotations
 
 import weakref
@@ -85,9 +56,7 @@ class AttentionImpl:
 
     # ---- the defect site: inline-scale views -----------------------------------------------------------------
     def scale_views(self, kv_cache: torch.Tensor, step: int = -1) -> ScaleFill | None:
-        """Make sure this impl has fp32 views of the K and V inline scales of `kv_cache` (formats with inline
-        scales); return the fill of the scale regions that this touch made, if it made one (`step`: for the fill's
-        record, -1 in warmup)."""
+        """Build fp32 views of `kv_cache`'s inline scales; return the fill this touch made, if any."""
         if not self.layout.has_inline_scales:
             return None
         if self.historical_scale_init:
@@ -137,16 +106,13 @@ class AttentionImpl:
         return self._views is not None
 
     def forget_storage(self) -> None:
-        """Drop this impl's views (the fixed runner calls it when sleep() frees the cache).
-
-        The historical impl is never told: upstream's views outlive a sleep, so its fill never runs again."""
+        """Drop this impl's views (the fixed runner calls it when sleep() frees the cache)."""
         self._views, self._views_of = None, None
 
     # ---- forward ----------------------------------------------------------------------------------------------
     def write_cache(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     slot_mapping: torch.Tensor, step: int = -1) -> ScaleFill | None:
-        """Quantize and scatter the new tokens' K/V into their slots (slot -1: skipped); return the scale fill
-        this first touch of the storage made, if any."""
+        """Quantize and scatter the new tokens' K/V into their slots; return the scale fill, if any."""
         fill = self.scale_views(kv_cache, step)
         self.ops.write_kv(key, value, kv_cache, slot_mapping, spec=self.layout.spec, k_scale=self.k_scale,
                           v_scale=self.v_scale, validate=False)
@@ -155,8 +121,7 @@ class AttentionImpl:
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kv_cache: torch.Tensor,
                 md: AttentionMetadata | None, *, step: int,
                 rel_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, Access]:
-        """Attention of the step's queries over `kv_cache`; `rel_bias`: T5's relative position bias table
-        (float32 [num_heads, max_distance + 1]), None for none. Returns the output and what it did."""
+        """Attention of the step's queries over `kv_cache`; returns the output and what it did."""
         owner = self.kv_sharing_target is None
         if md is None:
             # Warmup (dummy) forward: no attention metadata. A KV-owning layer still runs its cache-update step,
@@ -166,13 +131,8 @@ class AttentionImpl:
                 none = torch.full((k.shape[0],), -1, dtype=torch.int64, device=k.device)
                 fill = self.write_cache(kv_cache, k, v, none, step)
             return torch.zeros_like(q), Access(scale_fill=fill)
-        # The first touch of the storage, an owner's or (defect A's site) a sharing layer's, may fill its scales;
-        # then an owner writes the new tokens' K/V (written out here, not through write_cache: one call fewer
-        # between the model and the kernel).
-        fill = self.scale_views(kv_cache, step)
-        if owner:
-            self.ops.write_kv(k, v, kv_cache, md.slot_mapping, spec=self.layout.spec, k_scale=self.k_scale,
-                              v_scale=self.v_scale, validate=False)
+        # The first touch of the storage, an owner's or (defect A's site) a sharing layer's, may fill its scales.
+        fill = self.write_cache(kv_cache, k, v, md.slot_mapping, step) if owner else self.scale_views(kv_cache, step)
         spec = self.layout.spec
         if md.is_prefill:
             out = self.ops.paged_context(q, kv_cache, block_tables=md.block_tables, cu_seqlens_q=md.query_start_loc,

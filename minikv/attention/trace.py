@@ -1,9 +1,5 @@
 """What attention records about the cache: an impl's `Access` per call, the trace's `CacheEvent`s, the scale fills.
-
-An attention impl returns an `Access` beside its output; the forward context (minikv.attention.context) turns
-each into a `CacheEvent` of the step's trace (minikv.engine.step). All are plain records, imported by the impls,
-the context and the engine alike, so they sit in a module of their own.
-"""
+See docs/internals.md#attention-trace."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,13 +9,7 @@ import torch
 
 @dataclass(frozen=True)
 class Access:
-    """What an attention impl did with its cache in one call: the trace data it returns beside its output.
-
-    `wrote`: it wrote new K/V into its pool; `read`: its attention read K/V from the pool; `read_layout`: the
-    layout that read addressed the pool with (the impl's own, or what the historical B2 context path is told);
-    `context_path`: cross attention's context step only, "fused" or "unfused"; `context_dispatch`: why it took
-    that path (as `CacheEvent.context_dispatch`); `scale_fill`: the fill of the pool's scale regions this call
-    made, if any (defect A's instrumentation)."""
+    """What an attention impl did with its cache in one call: the trace data it returns beside its output."""
 
     wrote: bool = False
     read: bool = False
@@ -31,17 +21,7 @@ class Access:
 
 @dataclass(frozen=True)
 class CacheEvent:
-    """What one attention layer did with the KV cache in one step.
-
-    `pool`: the arena pool the layer's cache tensor is (a KV-sharing layer names its target's pool).
-    `wrote`: the layer wrote new K/V into that pool this step; `read`: its attention read K/V from it.
-    `context_path`: cross attention's context (prefill) step only: "fused" (K/V read back from the paged cache)
-    or "unfused" (K/V from the 16-bit workspace); None otherwise. `context_dispatch`: why it took that path:
-    "by shape (q_len 512 > 16)" when minikv's fused configuration picked it from the step's longest query
-    (minikv.attention.cross.context_path_for), "by config (...)" when the layer's configuration fixed it
-    (upstream's fallback, the historical B2 read, a float32 model); None when `context_path` is. `read_layout`:
-    the layout its read addressed the pool with (None when it read nothing).
-    """
+    """What one attention layer did with the KV cache in one step."""
 
     layer: str
     kind: str                   # "self" or "cross"

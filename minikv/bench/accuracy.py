@@ -42,15 +42,17 @@ def task_of(model, task: str | None = None) -> tasks.Task:
 
 
 def exact_match(model: str, kv_cache_dtype: str = "auto", n: int = 200, seed: int = 0, device: str = "cpu",
-                backend: str = "triton", max_num_seqs: int = 8, llm=None, task: str | None = None) -> EvalResult:
-    """Run n held-out prompts of the model's task (`task_of`) greedily and count the right answers."""
+                backend: str = "triton", max_num_seqs: int = 8, llm=None, task: str | None = None,
+                **cache_options) -> EvalResult:
+    """Run n held-out prompts of the model's task (`task_of`) greedily and count the right answers
+    (`cache_options`: LLM's cache-sizing keywords, block_size, num_blocks, max_model_len, ...)."""
     import minikv
     task = task_of(model, task)
     prompts = task.prompts(n, seed=seed)
     if llm is None:
         llm = minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
-                         max_num_seqs=max_num_seqs)
-    params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
+                         max_num_seqs=max_num_seqs, **cache_options)
+    params = [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts]
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - start

@@ -1,29 +1,5 @@
 """`python -m minikv.bench attention`: paged attention on a GPU against the hardware and torch SDPA.
-
-* Paged decode for auto (bf16), fp8, fp8_per_token_head and int8_per_token_head at batch x context, 32 query heads,
-  8 KV heads, head size 128, block size 16, blocks in shuffled order; the per-token-head formats twice: with vLLM's
-  row layout (each scale after its row) and with "/block" (KVLayout scale_placement="block": scales grouped after
-  each block half's codes). Achieved bandwidth = bytes read (KV rows with
-  their inline scales, queries, block tables) + bytes written (outputs), over the kernel time.
-* Two ceilings measured in the same run: a device-to-device copy (bytes read + written) and a read-only pass (sum).
-* torch SDPA on a contiguous (unpaged) bf16 cache of the same shape: the ratio SDPA time / minikv time.
-* Context attention TFLOP/s: causal self attention (minikv's unfused and fused paths vs SDPA), and the cross
-  attention context step, fused (fp8 paged cache, taught the format) vs unfused (bf16 workspace).
-* `--peer flashinfer`: FlashInfer's paged decode on the same pools, block tables and queries, for the formats it
-  has (bf16 and fp8 per tensor; minikv.bench.flashinfer_peer), the faster of its two variants.
-* The kernel targets, each a ratio within this run, printed met/MISSED last (`targets`).
-
-Prints a table and writes CSV (--csv). Needs CUDA. Columns of the CSV (one row per case): kind (decode, prefill,
-cross-context, engine-decode), format, batch, context, q_len, ms, GBps, bytes, pct_copy, sdpa_ms,
-sdpa_over_minikv, TFLOPs, unfused_over_fused, timing, sdpa_timing, each timing's spread (min_ms, max_ms, remeasured,
-noisy; sdpa_ and flashinfer_ before them for the peers': minikv.bench.timing), the ceilings (copy_GBps, read_GBps), gpu,
-torch, triton; kernel (how the decode kernel read the cache: "pipelined", or "row-window" for the row placement's
-aligned reads), splits, block_n, stages (its launch configuration), tokens_per_s (engine-decode rows);
-engine_path, unfused_over_engine (fused cross-context rows: the path the engine takes at that q_len, and its speed
-over unfused); with the peer, flashinfer_ms, flashinfer_over_minikv (its time over minikv's: above 1, minikv is
-faster), flashinfer_variant, flashinfer_timing, flashinfer_max_abs_diff (its output against minikv's, same
-inputs) and flashinfer (its version).
-"""
+See docs/internals.md#bench-attention."""
 from __future__ import annotations
 
 import argparse
@@ -167,10 +143,8 @@ def prefill_cases(batch: int = 8, length: int = 4096) -> list[dict]:
 
 def cross_context_cases(shapes=((64, 1, 1024), (64, 16, 1024), (32, 64, 2048), (16, 128, 4096), (8, 256, 4096),
                                (8, 512, 4096))) -> list[dict]:
-    """The cross-attention context step over (batch, q_len, encoder) shapes: fused (reads the fp8 paged cross cache)
-    vs unfused (bf16 workspace). Each fused row also says which of the two the engine takes at that q_len
-    (`engine_path`, minikv.attention.cross.context_path_for) and that path's speed over unfused
-    (`unfused_over_engine`)."""
+    """The cross-attention context step over (batch, q_len, encoder) shapes: fused (reads the fp8 paged cross
+    cache) vs unfused (bf16 workspace)."""
     from minikv.attention.cross import context_path_for
     from minikv.cache.layout import KVLayout
     from minikv.kernels.context_attention import context_attention, paged_context_attention
@@ -203,10 +177,7 @@ def cross_context_cases(shapes=((64, 1, 1024), (64, 16, 1024), (32, 64, 2048), (
 
 def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine: bool = False,
         peer: str | None = None, csv_path=None) -> list[dict]:
-    """Measure everything; return one dict per row (decode, prefill and cross-context cases, with the ceilings;
-    with `engine`, also `minikv.bench engine`'s decode tokens/s of a gemma-4-E2B-like model per format; with
-    `peer="flashinfer"`, FlashInfer's decode beside minikv's). With `csv_path`, the rows so far are written there
-    after each part, so that a time limit keeps what finished."""
+    """Measure everything; return one dict per row."""
     import triton
     gpu = torch.cuda.get_device_name()
     log(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}")
@@ -326,10 +297,7 @@ PEER_GOALS = {"auto": 1.0, "fp8": 1.1}
 
 
 def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
-    """(what, measured ratio, target) for every kernel target, each ratio taken within the one run `rows`.
-
-    Works on the rows `run` returns and on rows read back from its CSV (numbers as floats). The per-token-head
-    lines name the placement; the one that is not the engine's default says "(other placement)"."""
+    """(what, measured ratio, target) for every kernel target, each ratio taken within the one run `rows`."""
     decode = [r for r in rows if r["kind"] == "decode"]
     ms = {(r["format"], int(r["batch"]), int(r["context"])): float(r["ms"]) for r in decode}
     out = []

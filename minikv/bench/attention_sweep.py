@@ -1,20 +1,5 @@
 """`python -m minikv.bench.attention_sweep --out DIR`: sweep launch configurations of the attention kernels (GPU).
-
-Tuning aid behind the constants in kernels/launch.py, for the shapes of `python -m minikv.bench attention`:
-
-1. Compiles every candidate configuration first, in parallel processes (Triton's on-disk cache is shared), so the
-   timing loop never waits on the compiler.
-2. Decode of the 1-byte per-token-head formats in the "row" placement, stage A: every tile / warps / stages
-   candidate, with and without the aligned row reads (DecodeConfig.row_window), at two shapes (batch 64 / context
-   4096 and batch 16 / context 16384), splits 1-8. Stage B: the three best of each format at every shape,
-   splits 1-64, plus SDPA at that shape.
-3. Context: long-query tiles (causal prefill from workspace and paged cache; the long cross step fused and
-   unfused) and short-query tiles (the one-query cross step).
-
-Every candidate is passed to the kernel as its `config` argument. Every timing is
-`minikv.bench.attention.cuda_time_ms` (CUDA-graph replay, L2 flushed). Writes decode_sweep.csv, context_sweep.csv and
-best.json under --out.
-"""
+See docs/internals.md#bench-attention-sweep."""
 from __future__ import annotations
 
 import argparse

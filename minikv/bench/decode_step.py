@@ -1,13 +1,5 @@
 """`python -m minikv.bench.decode_step`: tokens/s of a model-sized decode step per KV-cache format (GPU).
-
-A stand-in for end-to-end decode throughput, measured without the engine's Python scheduler: one decode step of a
-Llama-like 1.4B-parameter model with random weights (16 layers, hidden 2048, 32 query / 8 KV heads of 128, MLP
-8192, vocabulary 128256, bf16), at batch 64 with every sequence `--context` tokens long. Per layer: RMSNorm, the
-QKV projection, minikv's write_kv of the new token into that layer's own paged pool (shuffled blocks), minikv's
-paged decode attention, the output projection, RMSNorm and a SwiGLU MLP; then the LM head and a greedy argmax.
-No rotary embedding (a few elementwise ops). The whole step is captured in a CUDA graph, as a serving engine does,
-and timed as the median of 20 replays. tokens/s = batch / step time.
-"""
+See docs/internals.md#bench-decode-step."""
 from __future__ import annotations
 
 import argparse

@@ -1,37 +1,5 @@
 """`python -m minikv.bench engine`: end-to-end generation speed through the engine.
-
-On a CPU (the default): tiny-gemma4 (or `--model`), 48 prompts x 12 new tokens at max_num_seqs=8 (the figures
-docs/results.md quotes), greedy, per backend. Through the Triton interpreter this measures the interpreter, not the kernels'
-design; the process's CPU time is printed beside the wall time: on a shared, busy machine it is the better
-estimate of what an idle one takes (set OMP_NUM_THREADS=1 so that the two measure the same work).
-
-On a GPU (`--device cuda`): decode tokens/s per KV-cache format of a model at gemma-4-E2B's dimensions with random
-weights (35 layers of hidden 1536, MLP 6144, 8 query heads over 1 KV head of 256 on sliding layers and 512 on
-full ones, 4 sliding : 1 full, window 512, the last 20 layers sharing KV; a 100-character vocabulary instead of
-262,144), bfloat16, batch 64, every prompt `--context` tokens long. The engine runs as it does by default on CUDA:
-decode steps replayed from CUDA graphs (minikv.engine.cuda_graph; mode "replayed"), prefill eager; the arena's
-canary check after each step off, as in production. Decode tokens/s = tokens sampled in decode steps / their wall
-time (scheduler, input copies, sampling and all). Beside it, in the same run (`plan` lists the runs, in order):
-
-* the same model's graph-captured decode step alone: the engine's own graph of the batch, replayed back to back
-  (CUDA events), which is what the engine's step would take with no host work at all (graph_replay_ms);
-* `--eager-formats` (default bf16 and int8_per_token_head) eagerly (enforce_eager=True), launched op by op: what
-  the graphs save (mode "eager");
-* the SDPA step (mode "sdpa-graph", minikv.bench.sdpa_step): the same model's decode step with torch SDPA over a
-  contiguous bf16 cache, no paging, captured in a CUDA graph: a lower bound on the engine's step;
-* batch 1: the time per output token of bf16, with graphs, eagerly, and the SDPA step's;
-* every format again at each of `--contexts` (default 512, 2048, 8192; `--context` is the main one, 2048), with
-  graphs and (`--eager-formats`) eagerly, and the SDPA step: tokens/s against context length;
-* prefill tokens/s per run (64 prompts of the run's context) and each run's wall seconds (run_s);
-* beside each engine row, its physical bound: the bytes a decode step must read (`decode_step_bytes`) over the
-  device-to-device copy bandwidth measured at the start (bound_ms), and the spread of its steady steps;
-* `--capacity`: each format at the most sequences whose KV fits CAPACITY_GIB at CAPACITY_CONTEXT (mode
-  "capacity"): what a 1-byte cache buys a user who is out of memory.
-
-The targets, each a ratio within the run (at `--context`, the 1-byte formats' at the longest context), are
-printed met/MISSED last; before them, with no target, the SDPA step's time per output token over the engine's.
-Rows go to `--csv` after every run, one per (format, batch, context, mode).
-"""
+See docs/internals.md#bench-engine."""
 from __future__ import annotations
 
 import cProfile
@@ -55,7 +23,7 @@ def measure(backend: str, device: str, kv_cache_dtype: str, prompts: int, max_to
     llm = minikv.LLM(model=model, kv_cache_dtype=kv_cache_dtype, device=device, backend=backend,
                      max_num_seqs=max_num_seqs)
     start, cpu_start = time.perf_counter(), time.process_time()
-    outs = llm.generate(ps, minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(ps, minikv.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     tokens = sum(len(o.token_ids) for o in outs)
     right = sum(task.check(p, o.text) for p, o in zip(ps, outs))
@@ -130,12 +98,12 @@ def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_to
                      enforce_eager=enforce_eager)
     rng = random.Random(0)
     prompts = ["".join(rng.choice("0123456789 ") for _ in range(context)) for _ in range(batch)]
-    params = minikv.SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    params = minikv.SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     # Compile first, at the prefill steps' own composition (as many prompts as one step's token budget holds):
     # Triton specializes kernels on some integer arguments, so a warm-up with fewer prompts leaves compiles in
     # the measured prefill (seen on the H200: 9-26k tokens/s in the first run at a context, 53-70k after).
     per_step = max(1, min(batch, PREFILL_TOKENS_PER_STEP // max(context, 1)))
-    llm.generate(prompts[:per_step], minikv.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    llm.generate(prompts[:per_step], minikv.SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     for p in prompts:
         llm.add_request(p, params)
     decode_seconds, decode_tokens, prefill_seconds, prefill_tokens, modes = 0.0, 0, 0.0, 0, set()
@@ -237,12 +205,7 @@ def capacity_batch(kv_cache_dtype: str, context: int = CAPACITY_CONTEXT, budget_
 
 def plan(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, contexts=CONTEXTS,
          eager_formats=EAGER_FORMATS, context_formats=None, extras: bool = True) -> list[tuple[str, int, int, str]]:
-    """The runs of `gpu_rows`, in order: (format, batch, context, how), how "graph", "eager" or "sdpa".
-
-    At `context` first (the targets' context): every format with graphs, then (extras) `eager_formats` eagerly
-    and the SDPA step; then (extras) batch 1: bf16 with graphs, eagerly, and the SDPA step; then every other of
-    `contexts`, longest first (the 1-byte-vs-bf16 target's): `context_formats` (None: every format) with graphs
-    and (extras) `eager_formats` eagerly and the SDPA step."""
+    """The runs of `gpu_rows`, in order: (format, batch, context, how), how "graph", "eager" or "sdpa"."""
     def at(ctx, formats):
         runs = [(f, batch, ctx, "graph") for f in formats]
         return runs + ([(f, batch, ctx, "eager") for f in eager_formats] + [("auto", batch, ctx, "sdpa")]
@@ -258,9 +221,7 @@ def plan(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, 
 def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, new_tokens: int = 16,
              log=print, contexts=CONTEXTS, eager_formats=EAGER_FORMATS, context_formats=None, csv_path=None,
              extras: bool = True, profile: bool = False, capacity: bool = False) -> list[dict]:
-    """Decode speed per format on a fresh E2B-like checkpoint, the runs of `plan`; one dict per (format, batch,
-    context, mode), mode "replayed" (graphs), "eager" or "sdpa-graph" (x_auto: speed over auto's at the same
-    batch, context and mode, engine rows only; run_s: the run's wall seconds, the LLM's construction included)."""
+    """Decode speed per format on a fresh E2B-like checkpoint, one dict per (format, batch, context, mode)."""
     import torch
     runs = plan(kv_cache_dtypes, batch, context, contexts, eager_formats, context_formats, extras)
     if capacity:        # per format, the most sequences whose KV fits CAPACITY_GIB at CAPACITY_CONTEXT

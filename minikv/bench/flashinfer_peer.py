@@ -1,19 +1,5 @@
 """FlashInfer's paged decode timed on minikv's own pools: the peer of `python -m minikv.bench attention --peer flashinfer`.
-
-FlashInfer is an optional benchmark dependency: this module imports it only when a peer is asked for, and nothing
-in the package imports this module. Its `BatchDecodeWithPagedKVCacheWrapper` reads an "NHD" paged cache of
-[pages, 2 (K, V), page size, KV heads, head size], which is byte for byte minikv's block layout for the formats
-without inline scales (bf16 "auto" and fp8 per tensor): each half-block holds [block size, KV heads, head size]
-elements, K then V. So the peer runs on the same pool, with the same shuffled block tables (as FlashInfer's
-indptr/indices), the same queries and an output of the same shape, and its result is compared with minikv's on
-the spot (`flashinfer_max_abs_diff`): a figure for the same arithmetic, not just for the same shape. FlashInfer
-has no per-token-head format; those rows get no peer figure.
-
-Each case is timed with both of FlashInfer's decode variants (tensor cores, as its prefill kernel does, and
-CUDA cores) and the faster one is kept (`flashinfer_variant`). Getting it onto a machine without the internet:
-`tools/pack_flashinfer.sh` (run where pip can download) writes the two archives `tools/gpu.sh` unpacks from
-`.whl/`; the first plan of each variant JIT-compiles it with the machine's nvcc (a minute or so each).
-"""
+See docs/internals.md#bench-flashinfer-peer."""
 from __future__ import annotations
 
 import torch

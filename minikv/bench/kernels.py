@@ -1,12 +1,5 @@
 """`python -m minikv.bench kernels`: time each Triton kernel against its torch reference on this device.
-
-On a GPU the attention kernels are also compared with torch's scaled_dot_product_attention (SDPA) on the same
-problem stored contiguously: paged decode at batch 64 / context 4096 / 32 q heads / 8 kv heads / head 128 /
-block 16, and causal prefill at batch 8 / length 4096 / head 128, bf16. On CPU (Triton interpreter) the shapes are
-small and the table adds the interpreter's cost per launched program.
-
-Options: --quick (fewer cases), --sweep (GPU: also try a few tile configurations of prefill and decode).
-"""
+See docs/internals.md#bench-kernels."""
 from __future__ import annotations
 
 import argparse

@@ -1,13 +1,5 @@
 """Run the paged decode kernel at batch 64 / context 4096 for Nsight Compute, or summarize ncu's CSV.
-
-    ncu --clock-control none -k regex:decode_kernel --csv --page details [--section ...] \\
-        python3 -m minikv.bench.profile_decode run [FORMAT ...]
-    python3 -m minikv.bench.profile_decode summarize NCU_CSV
-
-`run` launches each format's kernel (the engine's launch configuration) twice (the first launch compiles), so ncu
-sees two launches per format (with the 1-byte per-token-head formats in the row placement, a third and fourth
-with the aligned row reads off: `row_window=False`).
-"""
+See docs/internals.md#bench-profile-decode."""
 import csv
 import sys
 

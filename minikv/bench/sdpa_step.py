@@ -1,24 +1,5 @@
 """`python -m minikv.bench.sdpa_step`: the E2B-like model's decode step with torch SDPA over a contiguous cache (GPU).
-
-A lower-bound reference for `minikv.bench engine --device cuda`: what one graph-captured decode step of the same
-model costs with torch's best attention and no paging. The model is the engine bench's (`e2b_like_config`,
-`e2b_like_model`: gemma-4-E2B's layer dimensions, random weights, a 100-character vocabulary); the step runs
-minikv's own Gemma-4 modules (minikv.models.gemma4) for everything but attention, so it computes what the model
-does per layer: the scaled token embedding and the per-layer inputs (PLE), four RMSNorms, the q projection with
-its RMSNorm and RoPE (rotary included, its cos/sin computed in the step), on the 15 layers that own K/V the k and
-v projections with their norms and RoPE, the output projection, the gelu-tanh gated MLP, the PLE gate, the layer
-scalar; then the final norm, the tied LM head with logit soft-capping, and a greedy argmax.
-
-Attention is `torch.nn.functional.scaled_dot_product_attention` over a contiguous cache per K/V-owning layer,
-[batch, kv_heads, context, head_dim], the new token's K/V written into it at position context - 1 within the
-step (a slice assignment); a sliding layer attends the cache sliced to its last `sliding_window` positions, a
-full layer the whole context, a KV-sharing layer its source layer's cache. With one query token and no mask, the
-query heads of one KV head are handed to SDPA as that head's query rows ([batch, kv_heads, heads per KV head,
-head_dim]), so any of torch's fused kernels may take it (no GQA expansion).
-
-`SdpaDecodeStep` runs eagerly anywhere (the tests run it on CPU at tiny dimensions); `step_ms` times it on CUDA
-captured in a CUDA graph, through minikv.bench.timing.time_ms (median of `reps` replays, L2 flushed before each).
-"""
+See docs/internals.md#bench-sdpa-step."""
 from __future__ import annotations
 
 import argparse
@@ -29,10 +10,7 @@ import torch.nn.functional as F
 
 
 def e2b_like_config(full_head_dim: int = 512, **overrides) -> dict:
-    """The `gemma4_text` config.json dict of the engine bench's model: gemma-4-E2B's layer dimensions (35 layers of
-    hidden 1536, MLP 6144, 8 query heads over 1 KV head of 256 on sliding layers and `full_head_dim` on full ones,
-    4 sliding : 1 full, window 512, the last 20 layers sharing KV, PLE of 256) and a 100-character vocabulary.
-    `overrides` replace its keys; a changed num_hidden_layers keeps the 4 : 1 pattern of layer types."""
+    """The `gemma4_text` config.json dict of the engine bench's gemma-4-E2B-like model."""
     from minikv.models.gemma4 import FULL, SLIDING
     from minikv.models.tokenizer import CharTokenizer
     vocab = CharTokenizer().vocab_size
@@ -61,11 +39,7 @@ def e2b_like_model(device="cpu", dtype: torch.dtype = torch.bfloat16, seed: int 
 
 
 class SdpaDecodeStep:
-    """One decode step of `model` for `batch` sequences of `context` tokens each (the new token included, at
-    position context - 1), over contiguous caches: `caches[layer] = (k, v)`, each [batch, kv_heads, context,
-    head_dim], for every layer that owns K/V (random unit-RMS contents, as the model's normed keys and values;
-    overwrite them to set a prompt's K/V). `input_ids` [batch]: the new tokens. Calling it runs the step and
-    returns the next token per sequence (int64 [batch]); `logits()` returns the float32 logits [batch, vocab]."""
+    """One decode step of `model` for `batch` sequences of `context` tokens, over contiguous caches."""
 
     def __init__(self, model, batch: int, context: int, seed: int = 0):
         c = model.config

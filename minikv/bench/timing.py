@@ -1,12 +1,5 @@
 """The one timing helper of the benchmarks: median milliseconds per call, on the CPU or on a GPU.
-
-CPU: wall-clock (`time.perf_counter`) around each call, after one warm-up call. GPU: CUDA events around each
-call, with the L2 cache flushed before it (a benchmark should not read last run's bytes from L2), optionally
-replayed from a CUDA graph (which takes Python's launch overhead out, as a real engine's captured decode step
-does). `Timing.how` says which way a figure was taken: "wall clock", "eager" or "cuda graph". Each figure also
-keeps its spread (`min_ms`, `max_ms` of its repeats); a GPU figure whose spread exceeds NOISY (max / min - 1) is
-measured again, up to REMEASURES times, the steadiest attempt kept, and marked `noisy` if it never settled.
-"""
+See docs/internals.md#bench-timing."""
 from __future__ import annotations
 
 import math

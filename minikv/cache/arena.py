@@ -1,16 +1,5 @@
 """KVArena: one byte allocation per device holding every KV pool, separated by guard zones (the sanitizer).
-
-    [guard | pool 0 | guard | pool 1 | guard | ... | pool N-1 | tail guard]
-
-Every guard is filled with a canary pattern. `check()` compares each guard with the pattern and raises
-KVCacheOverrunError naming the pool just before the first damaged guard. Pools are views into the one
-allocation, so a kernel that runs past its pool lands in a guard zone or in the next pool, never outside the
-allocation: the tail guard is sized for the farthest address a pool can be reached at when it is addressed
-with the widest element size in use (`reach_elem_bytes`), which is what defect B1 does.
-
-`SeparateKVArena` (at the end of this file, `LLM(repro=ReproConfig(kv_arena="per-pool"))`) gives every pool an allocation of its own
-instead, as TensorRT-LLM's pool manager does, so that a GPU bounds checker sees an overrun leave its pool.
-"""
+See docs/internals.md#cache-arena."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -157,25 +146,7 @@ class KVArena:
 
 
 class SeparateKVArena(KVArena):
-    """Every pool in an allocation of its own, as TensorRT-LLM's pool manager allocates its KV pools
-    (`LLM(repro=ReproConfig(kv_arena="per-pool"))`); the same interface as KVArena (`pool`, `bind`, `check`, `damaged_guards`).
-
-    Inside one KVArena a kernel that runs past its pool lands in a guard zone and then in the next pool: silent
-    neighbour damage that no GPU bounds checker can see, since every byte it touches belongs to the one
-    allocation. Here there is no neighbour inside the allocation:
-
-    * on CUDA each allocation is exactly its pool's bytes (`guarded=False`, the default there), so an overrun leaves
-      the allocation, as upstream's cross pool overrun did, and `compute-sanitizer --tool memcheck` reports it
-      (run with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so that each pool is its own cudaMalloc and not a slice of the
-      caching allocator's segments). Without a checker the access is undefined (an illegal-address error, or a
-      write into whatever memory follows), which is why this mode is for a separate process, such as
-      tools/memcheck_cross_stride.py;
-    * on CPU each allocation is the pool followed by its own canary guard, sized like the one arena's tail guard for
-      the farthest byte the pool can be addressed at with the widest element (`guarded=True`, the default there).
-      The Triton interpreter checks no bounds, so an exact allocation would turn the overrun into a segfault or
-      into damage to whatever the heap holds next; with the guard every access stays inside the pool's own
-      allocation, the sanitizer still catches it, and with the sanitizer off it harms nothing (no neighbour).
-    """
+    """Every pool in an allocation of its own, as TensorRT-LLM's pool manager allocates them."""
 
     allocation = "per-pool"
 
@@ -204,8 +175,7 @@ class SeparateKVArena(KVArena):
                        for s in specs}
 
     def damaged_guards(self) -> list[tuple[str, int, int, int, int]]:
-        """[(pool, guard start, guard end, first damaged offset, bytes damaged)], offsets in the pool's own
-        allocation."""
+        """[(pool, guard start, guard end, first damaged offset, bytes damaged)]."""
         found = []
         for name, start, end in self.guards:
             bad = (self.storages[name][start:end] != self._expected(start, end)).nonzero()

@@ -1,28 +1,5 @@
 """The block manager: which cache blocks each sequence owns, and the prefix cache over full blocks.
-
-A pool of `num_blocks` blocks, each holding the K/V of `block_size` consecutive tokens. A sequence's
-`block_table` lists its blocks in token order: token i lives in block `block_table[i // block_size]`, slot
-`i % block_size`. The same block id indexes every layer's cache, so one table serves the whole model.
-
-Allocation order is deterministic, because the reproduced defects depend on which block ids are used:
-the lowest-numbered free block is always taken first. With prefix caching on, a freed block whose content is
-registered stays "cached-free": still findable by its hash, so a later request with the same prefix revives it
-instead of recomputing. Cached-free blocks are evicted (their hash forgotten) only when no other free block is
-left, least recently freed first.
-
-Prefix caching works on FULL blocks only, identified by a chained hash: the hash of a block covers the hash of
-the block before it and its own token ids, so two sequences share a block only when every token up to the
-end of that block is the same. A partly filled last block is never shared.
-
-When is a block's hash registered? When the block's tokens are all known and its K/V are written in the
-step about to run: at `allocate()` for the full blocks of a prompt, at `may_append()` for a block that the
-decode step's token fills. A later sequence of the SAME prefill batch may therefore hit blocks that an
-earlier sequence of that batch writes in the same step; the runner writes every new slot of a layer before
-that layer's attention reads the cache, so those reads see the written K/V.
-
-A second instance without prefix caching serves an encoder-decoder's cross pool, through `allocate_tokens`
-and `free_blocks`.
-"""
+See docs/internals.md#cache-blocks."""
 from __future__ import annotations
 
 import heapq
@@ -35,9 +12,7 @@ from minikv.kernels.addressing import slot_of  # noqa: F401  (the slot formula, 
 
 
 class BlockTableHolder(Protocol):
-    """What the block manager needs from a request: the cache package defines it, the engine's `Sequence`
-    implements it (so nothing here imports the engine). The manager reads the tokens and writes the two fields
-    that describe the request's blocks, `block_table` and `num_cached_tokens`."""
+    """What the block manager needs from a request (the engine's `Sequence` implements it)."""
 
     request_id: int
     token_ids: list[int]
@@ -53,19 +28,12 @@ NO_PARENT = -1
 
 
 def block_hash(parent_hash: int, token_ids: SequenceOf[int]) -> int:
-    """Chained content hash of one full block: covers the previous block's hash and this block's token ids.
-
-    Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so it is the same in every run.
-    """
+    """Chained content hash of one full block: covers the previous block's hash and this block's token ids."""
     return hash((parent_hash, tuple(token_ids)))
 
 
 def chain_root(seq: BlockTableHolder) -> int:
-    """The parent hash of a sequence's first block.
-
-    An encoder-decoder's decoder K/V depend on the encoder input (through cross-attention), so for such a
-    sequence the encoder tokens seed the chain: equal decoder prefixes under different inputs never match.
-    """
+    """The parent hash of a sequence's first block."""
     if seq.encoder_token_ids is None:
         return NO_PARENT
     return hash((tuple(seq.encoder_token_ids),))
@@ -133,14 +101,7 @@ class BlockManager:
         return self.blocks_for_tokens(len(seq)) - shared_in_use <= self.num_free_blocks
 
     def allocate(self, seq: BlockTableHolder) -> None:
-        """Give `seq` blocks for all of `seq.token_ids` (a prefill, first or after preemption).
-
-        With prefix caching, the longest chain of registered full blocks matching the sequence's start is
-        reused (ref_count + 1), and `seq.num_cached_tokens` is set to the tokens they cover. At least the last
-        token is always left to compute (its logits give the next token), so hits stop at
-        `(len(seq) - 1) // block_size` blocks. The other blocks are taken lowest id first; the full ones
-        among them are registered.
-        """
+        """Give `seq` blocks for all of `seq.token_ids` (a prefill, first or after preemption)."""
         if seq.block_table:
             raise RuntimeError(f"request {seq.request_id} already holds blocks {seq.block_table}")
         if not self.can_allocate(seq):
@@ -174,13 +135,7 @@ class BlockManager:
         return len(seq.block_table) >= self.blocks_for_tokens(len(seq)) or self.num_free_blocks >= 1
 
     def may_append(self, seq: BlockTableHolder) -> None:
-        """Make room for the decode step that computes the K/V of the last token, `token_ids[len(seq) - 1]`.
-
-        Call it after that token was appended and before the step. Before: `block_table` covers
-        `len(seq) - 1` tokens (or already `len(seq)`). After: it covers `len(seq)` tokens, a new block being
-        taken when the token starts one. When the token fills its block, the block's hash is registered
-        (prefix caching), so later requests can hit it.
-        """
+        """Make room for the decode step that computes the K/V of the last token."""
         needed = self.blocks_for_tokens(len(seq))
         have = len(seq.block_table)
         if have not in (needed - 1, needed):
@@ -198,11 +153,7 @@ class BlockManager:
                 self._register(seq.block_table[index], parent, tokens)
 
     def deallocate(self, seq: BlockTableHolder) -> None:
-        """Release the sequence's blocks (ref_count - 1) and reset its block table and cached-token count.
-
-        Blocks are released last to first, so among the blocks this frees, the end of the prefix is evicted
-        before its beginning (the beginning is the part other requests are most likely to share).
-        """
+        """Release the sequence's blocks (ref_count - 1) and reset its block table and cached-token count."""
         self.free_blocks(seq.block_table)
         seq.block_table = []
         seq.num_cached_tokens = 0

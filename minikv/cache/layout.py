@@ -1,23 +1,6 @@
 """KVLayout: the one place where the bytes of a KV-cache pool are computed (once per layout, into a frozen
 `CacheSpec`: `layout.spec`); every address computed from them goes through `minikv.kernels.addressing`.
-
-A pool is a run of blocks. A block holds `block_size` slots for K, then `block_size` slots for V. A slot holds one
-*row* per KV head. A row is the head vector's elements; the per-token-head formats add one fp32 scale per row,
-placed as `scale_placement` says:
-
-    "row" (vLLM's layout, the default): each scale right after its row's codes
-        row  = [ codes: head_size * elem_bytes | scale: 4 bytes fp32 ]
-    "block": each half (K or V) of a block keeps its rows' codes together, then all their scales
-        half = [ codes: block_size x kv heads rows of head_size bytes | scales: [kv head][slot] fp32, padded to 16 ]
-    auto, fp8 (no scales): row = [ elements: head_size * elem_bytes ], whatever the placement
-
-"row" gives 132-byte rows (head size 128) that are only 4-byte aligned and a scattered 4-byte load per row;
-"block" keeps every row 16-byte aligned (wide loads) and one head's scales of a block as one contiguous vector.
-
-The allocator sizes pools from a layout, the kernels address pools from its spec, and the scale and code views
-are built from its spec's strides. If two parties use two different layouts for one pool, they disagree
-about where every block lives: that is defect B1, and `check_compatible` is the contract that catches it.
-"""
+See docs/internals.md#cache-layout."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,13 +1,4 @@
-"""The `minikv` command: demo, generate, eval, train, repro, bench, bugs, hunt.
-
-Every error ends as one line on stderr, `minikv: error: MESSAGE (hint: WHAT TO DO)`, and an exit status: 2 for bad
-input (an argument, a checkpoint directory or a prompt minikv cannot take: argparse's own checks, minikv's
-`BadInputError`s and its boundary checks' ValueError/TypeError/MemoryError), 1 for a found defect or failed check
-(a hunt's finding, a reproduction whose signatures do not hold, the sanitizer's `KVCacheOverrunError`), 3 for an
-engine fault (anything else: a fault in minikv). `--traceback` anywhere on the command line, or MINIKV_TRACEBACK=1,
-prints the traceback too. The reproductions, benchmarks and the hunter parse their own options with `UsageParser`,
-so their usage errors look the same.
-"""
+"""The `minikv` command: demo, generate, eval, train, repro, bench, checkpoint, bugs, hunt. See docs/internals.md#cli."""
 from __future__ import annotations
 
 import argparse
@@ -16,8 +7,8 @@ import shlex
 import sys
 import traceback
 
-from minikv.engine.arguments import UsageParser, model_arg, positive_int
-from minikv.config import BACKENDS, KV_CACHE_DTYPES
+from minikv.config import BACKENDS, BLOCK_SIZES, KV_CACHE_DTYPES
+from minikv.engine.arguments import UsageParser, byte_count, model_arg, positive_int, share, whole_number
 
 
 def _cmd_demo(args) -> int:
@@ -39,27 +30,37 @@ def unknown_only(tokenizer, prompt: str) -> str | None:
 
 def _cmd_generate(args) -> int:
     import minikv
+    # The sampling options are checked first: a bad one costs no model load.
+    params = minikv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                   top_k=args.top_k, min_p=args.min_p, seed=args.seed, n=args.n, stop=args.stop)
     llm = minikv.LLM(model=args.model, kv_cache_dtype=args.kv_cache_dtype, device=args.device,
-                     backend=args.backend, max_num_seqs=args.max_num_seqs)
+                     backend=args.backend, max_num_seqs=args.max_num_seqs, **cache_options(args))
     for prompt in args.prompts:
         unk = unknown_only(llm.tokenizer, prompt)
         if unk is not None:
             raise ValueError(f"prompt {prompt!r} encodes to the unknown token {unk!r} only: {args.model}'s tokenizer "
                              f"has no token for its characters, so the model would see nothing of it")
-    params = minikv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    for out in llm.generate(args.prompts, params, use_tqdm=sys.stderr.isatty()):
-        if args.ids:
-            prompt_ids = llm.tokenizer.encode(out.prompt)
-            print(f"{out.prompt!r} {prompt_ids} -> {list(out.token_ids)}  [{out.finish_reason}]")
-        else:
-            print(f"{out.prompt!r} -> {out.text!r}  [{out.finish_reason}]")
+    for prompt, out in zip(args.prompts, llm.generate(args.prompts, params, use_tqdm=sys.stderr.isatty())):
+        for c in out.outputs:
+            if args.ids:
+                prompt_ids = llm.tokenizer.encode(prompt)
+                print(f"{prompt!r} {prompt_ids} -> {list(c.token_ids)}  [{c.finish_reason}]")
+            else:
+                print(f"{prompt!r} -> {c.text!r}  [{c.finish_reason}]")
     return 0
+
+
+def cache_options(args) -> dict:
+    """The LLM keywords of the cache-sizing options (engine_args), those given on the command line only."""
+    names = ("block_size", "num_blocks", "max_model_len", "kv_cache_memory_bytes", "gpu_memory_utilization")
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
 def _cmd_eval(args) -> int:
     from minikv.bench import accuracy
     result = accuracy.exact_match(args.model, args.kv_cache_dtype, n=args.n, device=args.device,
-                                  backend=args.backend, max_num_seqs=args.max_num_seqs, task=args.task)
+                                  backend=args.backend, max_num_seqs=args.max_num_seqs, task=args.task,
+                                  **cache_options(args))
     print(result.report())
     return 0
 
@@ -179,18 +180,19 @@ UPSTREAM_CHECKS = (("first batch vs a later one (vLLM)", "scale-wipe", "repeat-i
 
 
 def _hunt_every_defect(args, command: str) -> int:
-    """`minikv hunt --every-defect`: the fixed engine, then each registered defect (each where the model has the
-    mechanism), then the checks upstream's test matrices lacked, one at a time, and the near-tie calibration; one
-    line each, and with --results the file results/hunt.json is (quantities and tables for the docs, and every
-    hunt's own report). Exit 0 when the fixed engine is clean and every defect the model can have is found."""
+    """`minikv hunt --every-defect`: the fixed engine, then each registered defect, one line each, and the
+    tolerance of one row worked through."""
     import os
 
     from minikv.defects.registry import DEFECTS
     from minikv.hunt import cli as hunt_cli
     from minikv.hunt import hunt
-    from minikv.hunt.reference import LOGIT_TOLERANCE, DenseReference, calibrate
-    from minikv.hunt.strategies import cell_label, prompt_pool
+    from minikv.hunt.reference import DenseReference
+    from minikv.hunt.strategies import cell_label
     hunt_cli.check_outputs(args)
+    if args.model:
+        from minikv.models import registry
+        registry.check_loadable(args.model)            # a bad model is one error line, before the first bar
     load = os.getloadavg()[0]
     reference = DenseReference()
     common = dict(model=args.model, backend=args.backend, seed=args.seed, budget_s=args.budget,
@@ -236,9 +238,9 @@ def _hunt_every_defect(args, command: str) -> int:
               + (f" at scenario {f.scenarios_before + 1} ({f.seconds_to_find:.1f} s)" if f else ""))
         checks.append([title, name, oracle, "found" if f else "not found",
                        str(f.scenarios_before + 1) if f else "-", f"{f.seconds_to_find:.1f} s" if f else "-"])
-    margin, gap = calibrate(reference, fixed.cells, prompt_pool)
-    print(f"near ties: the dense model picks every reference token by at least {margin:.2f} logits; its float16 "
-          f"and float32 runs differ by up to {gap:.2f} logits")
+    example = _tolerance_example(reference, fixed.cells[0][0])
+    used = max(fixed.tolerance_used.values(), default=0.0)
+    print(f"logits: the fixed engine used at most {used:.2f} of a row's tolerance")
     budget = f"budget {args.budget:g} s" + (f", at most {args.max_scenarios} scenarios" if args.max_scenarios else "")
     quantities.update({
         "fixed_scenarios": {"value": fixed.scenarios_run, "display": f"{fixed.scenarios_run} scenarios",
@@ -249,12 +251,9 @@ def _hunt_every_defect(args, command: str) -> int:
         "load_average": {"value": round(load, 1), "display": f"load average {load:.1f}",
                          "statistic": f"1-minute load average of the {os.cpu_count()}-core machine when the "
                                       f"measurement started (shared with other sessions)"},
-        "tie_min_margin": {"value": round(margin, 2), "display": f"{margin:.1f} logits",
-                           "statistic": "smallest margin by which the dense model picks a reference token, over the "
-                                        "prompt pool, every KV format, float16 and float32"},
-        "f16_f32_gap": {"value": round(gap, 2), "display": f"{gap:.1f} logits",
-                        "statistic": "largest logit difference between the dense model's float16 and float32 runs "
-                                     "of the same reference (same tokens so far), same pool and formats"},
+        "tolerance_used": {"value": round(used, 2), "display": f"{used:.2f} of its tolerance",
+                           "statistic": "largest |engine - reference| / tolerance over every logits row the fixed "
+                                        "engine's hunt compared (minikv.hunt.logit_tolerance)"},
     })
     if args.results:
         models = sorted({c[0] for c in fixed.cells}, key=lambda m: [c[0] for c in fixed.cells].index(m))
@@ -268,19 +267,18 @@ def _hunt_every_defect(args, command: str) -> int:
                             "columns": ["defect", "invariant", "cell", "scenario", "to the finding", "shrink runs",
                                         "hunt time"],
                             "rows": rows},
-                "upstream_checks": {"caption": "The check each upstream test matrix lacked (minikv's reading), run alone",
+                "upstream_checks": {"caption": "The check each upstream test matrix lacked (minikv's reading), "
+                                               "run alone",
                                     "columns": ["check", "defect", "invariant", "outcome", "scenario",
                                                 "to the finding"],
-                                    "rows": checks}},
+                                    "rows": checks},
+                "tolerance_example": example},
             # each hunt's report, less its list of scenarios (thousands; the same seed tries them again, and
             # `minikv hunt --results` for one hunt lists them)
-            "calibration": {
-                "statistic": "largest deviation of the fixed engine's logits from the dense reference's (same "
-                             "context; |difference| over the row's largest |logit|), per cell, over every scenario "
-                             "of the fixed engine's hunt, beside minikv.hunt.reference.LOGIT_TOLERANCE",
-                "largest_logit_deviation": {cell_label(c): float(f"{d:.3g}")
-                                            for c, d in fixed.logit_deviation.items()},
-                "tolerance": {f"{k[0]} x {k[1]}": v for k, v in LOGIT_TOLERANCE.items()}},
+            "tolerance_used": {
+                "statistic": "largest |engine - reference| / tolerance of the fixed engine's logits rows (same "
+                             "context), per cell, over every scenario of the fixed engine's hunt",
+                "largest_share": {cell_label(c): float(f"{d:.3g}") for c, d in fixed.tolerance_used.items()}},
             "hunts": {label: {k: v for k, v in hunt_cli.results_data(r, command, label).items() if k != "scenarios"}
                       for label, r in reports.items()}})
         print(f"results written to {args.results}")
@@ -288,6 +286,43 @@ def _hunt_every_defect(args, command: str) -> int:
         hunt_cli.save_plot(args.plot, reports)
         print(f"search map written to {args.plot}")
     return 0 if ok else 1
+
+
+def _tolerance_example(reference, model: str) -> dict:
+    """The tolerance of one logits row worked through (docs/hunt.md): the first prompt of `model`'s pool, an int8
+    cache in float32, the row before its first generated token, each term with the fixed engine's deviation."""
+    from minikv.hunt import MinikvEngine, Request, Scenario
+    from minikv.hunt.strategies import prompt_pool
+    prompt = prompt_pool(model)[0]
+    fmt, dtype = "int8_per_token_head", "float32"
+    ref = reference.get(model, fmt, dtype, prompt, 1)
+    run = MinikvEngine().run(Scenario(model, fmt, dtype, requests=(Request(prompt, 1),)))
+    t = ref.terms[0]
+    deviation = float((run.requests[0].logits[0].double() - ref.logits[0]).abs().max())
+    rows = [["L, n", f"{t.layers}, {t.inner}", "the model's layers, its longest dot product (from its config)"],
+            ["γ = (L + 1) √n", f"{t.gamma:.1f}", "how many unit roundoffs the final hidden state may be off by"],
+            [f"u ({dtype})", f"{t.u:.3g}", "unit roundoff of the activation dtype"],
+            ["max_v |W_v| |h|", f"{t.bound:.3g}", "unembedding row norm times final hidden norm (reference)"],
+            ["compute = γ u max_v |W_v| |h|", f"{t.compute:.3g}", "rounding of the engine's own arithmetic"],
+            ["own", f"{t.own:.3g}", f"the dense model run in {dtype} against float64 (same prompt, same cache "
+                                    f"format)"],
+            ["flip", f"{t.flip:.3g}", "the moves of the reference's logits, summed, each group of codes within reach "
+                                      "of a rounding boundary flipped alone"],
+            ["tolerance = 2 (compute + own + flip)", f"{t.total:.3g}", "in logits, for this row"],
+            ["the fixed engine's deviation", f"{deviation:.3g}", f"max |engine - reference| over the row "
+                                                                 f"({deviation / t.total:.2g} of the tolerance)"]]
+    return {"caption": f"The tolerance of one row worked through: {model}, {fmt} x {dtype}, prompt {prompt!r}, "
+                       f"the logits before the first generated token (`minikv hunt --every-defect`)",
+            "columns": ["term", "value", "what it is"], "rows": rows}
+
+
+def _cmd_checkpoint(args) -> int:
+    from minikv.models import new_checkpoint
+    path = new_checkpoint.write(args.dir, arch=args.arch, size=args.size, seed=args.seed, force=args.force,
+                                progress=sys.stderr.isatty())
+    print(f"{args.arch} {args.size} checkpoint with random weights written to {path}/; run it with "
+          f"minikv generate --model {shlex.quote(str(path))} --ids '3 7 11'")
+    return 0
 
 
 def _cmd_bugs(args) -> int:
@@ -314,8 +349,8 @@ words in the output:
                on where its mechanism cannot occur): outside its domain, not a failure
   wave         the requests of a scenario are submitted in waves: wave 0 first, and, when the scenario repeats,
                wave 1 the same requests again once wave 0 has finished
-  near tie     a divergence from the dense reference where its logits for the two tokens are within 1 logit:
-               excused, since computing in another order may swap them
+  near tie     a divergence from the dense reference where its logits for the two tokens are within twice that
+               row's tolerance (docs/hunt.md): excused, since rounding in another order may swap them
   shrunk       the smallest failing scenario hypothesis reached from the first failing one
   reproduction a Python program of the shrunk scenario that checks the invariant itself
   family       with --backend flexattention, sdpa or flashinfer: one kind of kernel-level scenario (block tables,
@@ -360,19 +395,40 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
         sp.add_argument("--backend", default="triton", choices=BACKENDS)
         sp.add_argument("--max-num-seqs", type=positive_int, default=8)
+        sp.add_argument("--block-size", type=int, default=None, choices=BLOCK_SIZES,
+                        help="tokens per KV-cache block (default 16)")
+        sp.add_argument("--num-blocks", type=positive_int, default=None,
+                        help="blocks of each self-attention pool (default: from the memory budget)")
+        sp.add_argument("--max-model-len", type=whole_number(2), default=None,
+                        help="the longest prompt + max tokens a request may have (default: the model's context "
+                             "length, or what the cache holds if less)")
+        sp.add_argument("--kv-cache-memory-bytes", type=byte_count, default=None, metavar="SIZE",
+                        help="the KV-cache budget, in bytes or as 64MiB, 1GiB (default: 64MiB on CPU; on CUDA "
+                             "--gpu-memory-utilization decides)")
+        sp.add_argument("--gpu-memory-utilization", type=share, default=None, metavar="FRACTION",
+                        help="CUDA: the share of the device's memory the engine may use (default 0.9)")
 
-    g = sub.add_parser("generate", help="generate continuations for prompts (greedy unless --temperature)",
+    g = sub.add_parser("generate", help="generate continuations for prompts (sampled as vLLM's defaults; "
+                                        "--temperature 0 for greedy)",
                        description="Generate a continuation for each prompt and print it as `'prompt' -> 'text'  "
-                                   "[finish reason]`; with --ids, the token ids instead of the text.")
+                                   "[finish reason]` (--n of them per prompt); with --ids, the token ids instead of "
+                                   "the text. The sampling options and their defaults are minikv.SamplingParams' "
+                                   "(vLLM's): temperature 1.0, so pass --temperature 0 for greedy output.")
     engine_args(g)
     g.add_argument("prompts", nargs="+", help="the prompts (a shipped model takes only prompts of its task's "
                                               "domain; a checkpoint directory takes any text its tokenizer encodes)")
     g.add_argument("--ids", action="store_true",
                    help="print the prompt's and the continuation's token ids instead of the text (a random-weight "
                         "model's text is often unreadable)")
-    g.add_argument("--max-tokens", type=positive_int, default=12)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=positive_int, default=16, help="new tokens per prompt (default 16)")
+    g.add_argument("--temperature", type=float, default=1.0, help="0 for greedy (default 1.0, as vLLM's)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: 0 < p <= 1 (default 1: off)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top one's probability")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: from the engine's seed)")
+    g.add_argument("--n", type=positive_int, default=1, help="completions per prompt (default 1)")
+    g.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="a stop string (repeat for several): the text is cut before it")
     g.set_defaults(func=_cmd_generate)
 
     e = sub.add_parser("eval", help="greedy exact match on held-out prompts of the model's task")
@@ -410,6 +466,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_cmd_bench)
 
+    c = sub.add_parser("checkpoint", help="make a checkpoint directory (random weights, transformers' format)")
+    csub = c.add_subparsers(dest="action", required=True)
+    n = csub.add_parser("new", help="write a random-weight checkpoint: config.json, model.safetensors, tokenizer.json",
+                        description="Write a random-weight checkpoint directory in transformers' format (config.json, "
+                                    "model.safetensors in bfloat16, tokenizer.json, tokenizer_config.json) that "
+                                    "minikv and transformers both load: tiny for experiments and tests; gemma4 e2b "
+                                    "is gemma-4-E2B's text config in full (about 10 GB), t5 base flan-t5-base's.")
+    n.add_argument("dir", help="the directory to write (new or empty; an existing one needs --force)")
+    n.add_argument("--arch", required=True, choices=("gemma4", "t5"))
+    n.add_argument("--size", default="tiny", choices=("tiny", "e2b", "base"),
+                   help="tiny (both), e2b (gemma4), base (t5); default tiny")
+    n.add_argument("--seed", type=int, default=0)
+    n.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    n.set_defaults(func=_cmd_checkpoint)
+
     s = sub.add_parser("bugs", help="list the historical defects minikv can reintroduce")
     s.set_defaults(func=_cmd_bugs)
 
@@ -439,11 +510,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def describe_error(err: BaseException) -> tuple[int, str]:
-    """(exit status, the one line after `minikv: error: `) for an exception a command raised.
-
-    minikv's own errors (`minikv.MinikvError`) carry their status and hint. ValueError, TypeError and MemoryError
-    come from minikv's boundary checks of an argument (bad input, 2); OSError from a file the command was told to
-    read or write (2). Anything else is a fault of minikv itself (3)."""
+    """(exit status, the one line after `minikv: error: `) for an exception a command raised."""
     from minikv.kernels.errors import BAD_INPUT, ENGINE_FAULT, MinikvError
     if isinstance(err, MinikvError):
         status, hint = err.exit_status, err.hint

@@ -77,7 +77,7 @@ def _ranges(indices: list[int]) -> str:
 
 def _generate(llm, task, prompts) -> list:
     import minikv
-    params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
+    params = [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts]
     return llm.generate(prompts, params, use_tqdm=False)
 
 

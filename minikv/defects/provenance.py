@@ -1,18 +1,5 @@
 """What upstream said about each reproduced defect, and when: the one source of every upstream number and state.
-
-The defect pages (docs/defects/*.md, through the docs hook's `<!-- provenance: NAME -->` marker), notebooks 03
-and 04 (a cell calling `show(NAME)`) and `minikv.defects.registry` render from the records here;
-`tests/test_provenance.py` fails when a page cites a pull request or issue number, or a state, that is not in
-this file.
-
-Sources: the reduced upstream texts the project works from (`shared/upstream/vllm-scale-wipe.md` and
-`shared/upstream/trtllm-20958-cross-fp8.md`, outside the repository) and, for what they do not give, the public
-threads as they stood on `CHECKED`. Each step's `said` is one line in minikv's own words, not a quotation. A date
-or state the sources do not give is `None` and rendered as "not recorded", never guessed. What minikv adds is in
-`READING`, labelled on every page as minikv's reading.
-
-Pure data: imports nothing from minikv, so any layer may use it.
-"""
+See docs/internals.md#defects-provenance."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,7 +17,7 @@ class Step:
     kind: str            # "issue", "pull request", "review", or "reference" (issue or pull request, not said)
     number: int
     title: str | None    # as published, where the sources give it
-    date: str | None     # YYYY-MM-DD (opened), or "before YYYY-MM-DD"; None: not recorded
+    date: str | None     # YYYY-MM-DD (opened), or "on or before YYYY-MM-DD"; None: not recorded
     state: str | None    # "open", "closed", "closed (not merged)", ...; None: not recorded
     said: str            # what it said, in one line of minikv's own words
 
@@ -47,18 +34,18 @@ class Step:
 
 # Defect A: vLLM's per-token-head scale wipe on KV-sharing layers.
 SCALE_WIPE = (
-    Step("vllm-project/vllm", "issue", 50702, None, "before 2026-08-04", None,
+    Step("vllm-project/vllm", "issue", 50702, None, "on or before 2026-08-04", None,
          "Reports wrong output with a per-token-head KV cache on Gemma-4 under conditions that looked unrelated "
          "(batch geometry, prefix caching, prompt length), as #51061 summarizes it."),
-    Step("vllm-project/vllm", "issue", 50749, None, "before 2026-08-04", None,
+    Step("vllm-project/vllm", "issue", 50749, None, "on or before 2026-08-04", None,
          "A second report of that kind, cited together with #50702 by both pull requests."),
     Step("vllm-project/vllm", "pull request", 51061, None, "2026-08-04", "closed",
          "Describes the wipe (a sharing layer's first scale fill resets the scales its target layer just wrote), "
-         "fixes it with a per-storage registry, and calls it the likely root cause of #50702 and #50749."),
+         "proposes a fix (a per-storage registry), and calls it the likely root cause of #50702 and #50749."),
     Step("vllm-project/vllm", "pull request", 51091,
          "[Bugfix] Initialize per-token-head KV scale regions once per storage", "2026-08-05", "open",
-         "Carries the same fix; its author now says the wipe is real but is not the main failure those two "
-         "issues report."),
+         "Proposes the same fix; its author now calls the wipe real but distinct from the primary failures those "
+         "two issues report."),
 )
 
 # Defect B (B1 cross-stride and B2 cross-fp8-context-read): TensorRT-LLM's FP8 cross-attention cache.
@@ -105,7 +92,8 @@ READING: dict[str, tuple[str, ...]] = {
     "scale-wipe": (
         "The defect is real and minikv reproduces it with upstream's signatures (the whole first batch damaged, "
         "K inflated by 1 / true scale, 2 wiping fills against 33 harmless ones on a model with gemma-4-E2B's topology).",
-        "Whether it explains #50702 and #50749: upstream's latest word (#51091) is that it does not; minikv "
+        "Whether it explains #50702 and #50749: upstream's latest word (#51091) is that it is real but distinct "
+        "from the primary failures they report; minikv "
         "cannot test those reports.",
         f"The fix is proposed, not merged, as of {CHECKED}.",
         "Nothing upstream says which test would have caught it; minikv's guess is a check that a request's KV "
@@ -164,12 +152,12 @@ def reference(defect: str) -> str:
     prs = [s for s in steps if s.kind == "pull request"]
     issues = [s for s in steps if s.kind == "issue"]
     fix = prs[-1]
-    state = f"{fix.state} as of {CHECKED}" if fix.state else f"merge state not recorded; checked {CHECKED}"
+    state = f"{fix.state} as of {CHECKED}" if fix.state else "merge state not in the texts minikv works from"
     engine, number = fix.short.split(" ")
     text = f"{engine} pull request {number} ({state})"
     if defect == "scale-wipe":
         return (f"{text}, after the closed #{prs[0].number}; issues "
-                f"{' and '.join('#%d' % s.number for s in issues)} (upstream now says their primary failures are another defect)")
+                f"{' and '.join('#%d' % s.number for s in issues)} (#{fix.number} calls the wipe distinct from their primary failures)")
     return f"{text}, closing issue #{issues[0].number}"
 
 

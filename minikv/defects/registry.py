@@ -1,10 +1,5 @@
 """The historical defects minikv reproduces, and the per-engine switch that brings each one back.
-
-Each defect's two versions (historical and fixed) live side by side at its code site, marked
-`# HISTORICAL (<name>)` and `# FIX (<name>)`. An engine built with `LLM(..., reintroduce=("scale-wipe",))` runs
-the historical version of that site; every other engine runs the fix. Nothing here corrupts anything: the switch
-only selects which of the two real code paths runs.
-"""
+See docs/internals.md#defects-registry."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -31,6 +31,26 @@ def whole_number(minimum: int):
 positive_int = whole_number(1)
 
 
+def byte_count(text: str) -> int:
+    """argparse type: a byte count, as an integer or with a binary unit (64MiB, 1GiB, 512k)."""
+    from minikv.engine.memory import parse_bytes
+    try:
+        return parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def share(text: str) -> float:
+    """argparse type: a fraction in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}")
+    return value
+
+
 def model_arg(parser: argparse.ArgumentParser, default: str = "tiny-gemma4") -> None:
     """--model: a shipped model name or a checkpoint directory (checked by minikv.LLM, as LLM(model=...) is)."""
     from minikv.models.registry import MODEL_NAMES

@@ -1,30 +1,5 @@
 """CUDA-graph decode: the engine's decode forward captured once per batch-size bucket and replayed.
-
-A decode step launches a few kernels per layer from Python; at a small model's size the launches, not the GPU,
-take the time. vLLM and nano-vllm capture the decode forward in a CUDA graph per batch size and replay it, and so
-does minikv on CUDA (`LLM(..., enforce_eager=True)` turns it off; on CPU the engine is always eager):
-
-* buckets: 1, 2, 4, 8, then steps of 8 up to max_num_seqs (`batch_buckets`); a batch of n sequences runs in the
-  smallest bucket >= n, its rows past n padded (`pad_decode_batch`): token 0 at position 0, one token long, its
-  K/V written into a block reserved for padding (the runner allocates one block more than the block manager
-  hands out), its block table that block alone; so a padding row never writes to a live block;
-* static buffers: token ids, positions, slot mapping, block tables (as wide as a full-length sequence needs),
-  sequence lengths and, for encoder-decoder models, the cross block tables and encoder lengths: one set of the
-  largest bucket's size, each bucket's graph reading a prefix of it;
-* lazily: a bucket is captured at the first decode step that needs it, not at start-up. That step runs eagerly
-  first on the static buffers (it is a real step: its tokens are used; it compiles every kernel at the bucket's
-  shapes), then the same forward is captured (capturing records kernels, it runs nothing). By then every layer,
-  a KV-sharing layer included, has touched its cache in the first prefill, so a capture makes no scale fill (it
-  would be baked into the graph); the scale-wipe defect still happens where it always did, in that prefill;
-* what a replay did is known from the capture: the step trace repeats the captured step's cache events, and says
-  which steps captured and which replayed (`StepTrace.cuda_graph`, `graph_batch`);
-* prefill stays eager, and so does a step with `capture=True` (its trace keeps tensor copies) or a batch larger
-  than max_num_seqs; sleep() drops every graph (they hold the arena's addresses; wake_up() may get new ones), and
-  the next decode steps capture again.
-
-The seam around torch.cuda.graph is `CudaGraphCapture`; `DecodeGraphs` takes any object with its two methods,
-so the bucketing, padding and bookkeeping run on CPU in the tests with an eager stand-in (`EagerCapture`).
-"""
+See docs/internals.md#engine-cuda-graph."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,9 +25,7 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int | None:
 
 @dataclass(frozen=True)
 class DecodeBatch:
-    """One decode step's inputs on the host, padded to `bucket` rows (`pad_decode_batch`): int64 arrays [bucket]
-    and int32 block tables [bucket, width] (numpy: filling a wide table row by row from Python lists would cost
-    more host time than the step's kernels)."""
+    """One decode step's inputs on the host, padded to `bucket` rows (numpy arrays)."""
 
     bucket: int
     num_real: int
@@ -69,15 +42,7 @@ _PADDING = object()           # HostBlockTables: a row that holds the padding ta
 
 
 class HostBlockTables:
-    """Block tables on the host, int32 [rows, width], kept from one decode step to the next.
-
-    Converting a Python list of block ids to numpy costs about 10 us per 512 entries, so writing every row anew
-    was a millisecond of each step at batch 64 and context 8192. Between two steps a running sequence's table only
-    grows: the block manager appends to it (may_append) and otherwise replaces the list whole (allocate after a
-    preemption, deallocate). So a row that holds the same list object as at the last step gets only its new
-    entries, and any other row is written whole. Each row keeps a reference to its list, so that list's identity
-    cannot pass to another list while the row relies on it. `changed` says which part of the array the last fill
-    wrote (rows [r0, r1) x columns [c0, c1), or None): all a device copy of the array needs to follow it."""
+    """Block tables on the host, int32 [rows, width], kept from one decode step to the next."""
 
     def __init__(self, rows: int, width: int, what: str):
         self.array = np.zeros((rows, width), dtype=np.int32)
@@ -118,10 +83,7 @@ class HostBlockTables:
 def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block: int,
                      cross_width: int = 0, tables: HostBlockTables | None = None,
                      cross_tables: HostBlockTables | None = None) -> DecodeBatch:
-    """The decode inputs of `seqs` (one new token each) padded to `bucket` rows: padding rows write their token into
-    slot 0 of `dummy_block` and read that one token back; encoder-decoder padding rows read one encoder token of
-    cross block 0 (a read only: decode steps write nothing to the cross pool). `tables` / `cross_tables`: the
-    host tables kept from the last step (None: written anew); the batch's tables are views of them."""
+    """The decode inputs of `seqs` padded to `bucket` rows that touch only a dummy block."""
     n = len(seqs)
     if n > bucket:
         raise ValueError(f"{n} sequences do not fit a bucket of {bucket}")
@@ -145,8 +107,7 @@ def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block
 
 
 class CudaGraphCapture:
-    """The one place torch.cuda.graph is used: capture `fn` into a graph (all graphs share one memory pool: they
-    never run at the same time, and each replay's outputs are read before the next one), replay it."""
+    """The one place torch.cuda.graph is used: capture `fn` into a graph, replay it."""
 
     def __init__(self):
         self.pool = None
@@ -176,8 +137,7 @@ class CudaGraphCapture:
 
 
 class EagerCapture:
-    """A stand-in for CudaGraphCapture that runs on CPU: "capture" keeps the function, "replay" runs it again
-    (into the same output tensors, as a graph replay writes its captured outputs). For tests of the bookkeeping."""
+    """A stand-in for CudaGraphCapture that runs on CPU, for tests of the bookkeeping."""
 
     def __init__(self):
         self.captures = 0
@@ -208,11 +168,7 @@ class _Captured:
 
 
 class DecodeGraphs:
-    """One engine's decode graphs: static buffers, one captured forward per bucket, replays.
-
-    `forward(input_ids, positions, ctx) -> logits` is the runner's decode forward (model and LM head);
-    `dummy_block`: the self-attention block reserved for padding rows; `width` / `cross_width`: blocks per
-    sequence of the self / cross block tables (0: no cross attention)."""
+    """One engine's decode graphs: static buffers, one captured forward per bucket, replays."""
 
     def __init__(self, max_num_seqs: int, width: int, block_size: int, dummy_block: int, device,
                  cross_width: int = 0, seam=None):
@@ -286,8 +242,7 @@ class DecodeGraphs:
         return md
 
     def decode(self, seqs, bindings, step: int, forward) -> tuple[ForwardContext, torch.Tensor]:
-        """One decode step of `seqs` through its bucket's graph (captured first if this is the bucket's first
-        step). Returns the step's context (trace) and the logits of the real rows."""
+        """One decode step of `seqs` through its bucket's graph: the context and the real rows' logits."""
         bucket = bucket_for(len(seqs), self.buckets)
         batch = pad_decode_batch(seqs, bucket, self.width, self.block_size, self.dummy_block, self.cross_width,
                                  self._host_tables, self._host_cross)

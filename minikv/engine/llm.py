@@ -1,24 +1,5 @@
 """LLM: the public facade. Builds an engine (model, scheduler, block managers, model runner) and runs it.
-
-    llm = minikv.LLM(model="tiny-gemma4", kv_cache_dtype="int8_per_token_head", max_num_seqs=4)
-    outs = llm.generate(["3 7 11 15"], minikv.SamplingParams(max_tokens=12))
-
-or one step at a time (requests added between steps join the running batch):
-
-    rid = llm.add_request("5 10 15", minikv.SamplingParams(max_tokens=4))
-    while llm.has_unfinished():
-        out = llm.step()            # a StepOutput (minikv.engine.step): what ran, what was sampled, the trace
-
-Rules the facade keeps:
-- every input is checked before anything is queued; a call that raises leaves the engine as it was (no request
-  id used, later seeded sampling unchanged);
-- a step that raises aborts the requests it was running; after a KVCacheOverrunError the cache contents are
-  untrusted, so every in-flight request is aborted and every later call raises `EngineNeedsResetError` until
-  `reset()` (or `sleep()` then `wake_up()`) gives the engine a fresh arena. The error carries the failed step
-  as far as it got, `err.step_output` (given when the error is raised: a StepOutput with no sampled tokens and guard_check "failed");
-- an engine serves one thread at a time: a call from a second thread while one runs raises
-  `ConcurrentUseError` (give each thread its own LLM; two engines in two threads are independent).
-"""
+See docs/internals.md#engine-llm."""
 from __future__ import annotations
 
 import contextlib
@@ -40,10 +21,16 @@ from minikv.config import (
     check_choice,
     check_int,
 )
+from minikv.engine import chat
 from minikv.engine.errors import ConcurrentUseError, EngineNeedsResetError
+from minikv.engine.memory import MaxModelLenError
 from minikv.engine.model_runner import ModelRunner
+from minikv.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from minikv.engine.prompts import Prompt, PromptEncoder, PromptInput, parse_prompt, parse_prompts
+from minikv.engine.sampling_params import SamplingParams
+from minikv.engine.progress import held_warnings
 from minikv.engine.scheduler import Scheduler
-from minikv.engine.sequence import RequestOutput, SamplingParams, Sequence
+from minikv.engine.sequence import Sequence
 from minikv.engine.step import StepOutput, StepTrace
 from minikv.kernels.errors import InvalidTypeError, InvalidValueError
 from minikv.models import registry, tasks
@@ -61,34 +48,7 @@ def _moved_keywords(moved: dict) -> InvalidTypeError:
 
 
 class LLM:
-    """A minikv engine for one model.
-
-    Arguments (all checked here, before any memory is allocated):
-      model                 a shipped model name (`minikv.models.registry.MODEL_NAMES`), whose prompts must lie in
-                            its task's domain (`minikv.tasks`), else a ValueError says which bound they break;
-                            or the path of a local checkpoint directory in transformers' format (Gemma-4 or T5:
-                            config.json + model.safetensors + a tokenizer), whose prompts are not checked
-      kv_cache_dtype        "auto", "fp8", "int8_per_token_head" or "fp8_per_token_head"
-      kv_scale_placement    per-token-head formats: "row" (vLLM's layout, each scale after its row) or "block"
-                            (each block half's scales grouped after its codes: aligned rows, faster on a GPU)
-      max_num_seqs          sequences per step (the first prefill batch is this many requests)
-      block_size            tokens per cache block (8, 16, 32 or 64)
-      enable_prefix_caching share full blocks between requests with equal prefixes
-      device                "cpu" (Triton interpreter) or "cuda[:N]" (compiled kernels)
-      backend               "triton" or "torch" (the pure-PyTorch references, same byte addressing), an adapter's
-                            name ("flexattention", "sdpa", "flashinfer": minikv.attention.backends) or any object
-                            with the engine's calls (minikv.attention.protocol; docs/backends.md)
-      reintroduce           historical defects to switch back on (`minikv.bugs.DEFECTS`)
-      sanitize              check the arena's guard zones after every step (KVCacheOverrunError)
-      seed                  the engine's seed (per-request sampling seeds derive from it)
-      num_blocks, cross_pool_blocks  pool sizes in blocks; None sizes them for max_num_seqs full-length requests
-      dtype                 activation dtype (torch.float32/float16/bfloat16); None: the model's default
-      max_num_batched_tokens the most tokens one prefill step may compute
-      repro                 a `minikv.ReproConfig`: the switches the reproductions turn (layout check at bind,
-                            warmup shape, re-initialization on wake, arena mode, the cross-attention variants)
-      enforce_eager         True: no CUDA graphs; None (default): decode steps replay CUDA graphs on CUDA with the
-                            triton backend (minikv.engine.cuda_graph), eager on CPU
-    """
+    """A minikv engine for one model; its arguments: docs/internals.md#engine-llm."""
 
     def __init__(self, model: str = "tiny-gemma4", kv_cache_dtype: str = "auto", max_num_seqs: int = 8,
                  block_size: int = 16, enable_prefix_caching: bool = False, device: str = "cpu",
@@ -96,7 +56,8 @@ class LLM:
                  seed: int = 0, cross_pool_blocks: int | None = None, num_blocks: int | None = None,
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int = 4096,
                  kv_scale_placement: str = "row", repro: ReproConfig | None = None,
-                 enforce_eager: bool | None = None, **moved):
+                 enforce_eager: bool | None = None, max_model_len: int | None = None,
+                 kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9, **moved):
         if moved:
             raise _moved_keywords(moved)
         model = registry.check_model(model)
@@ -106,8 +67,10 @@ class LLM:
             seed=seed, repro=ReproConfig() if repro is None else repro, enforce_eager=enforce_eager,
             cache=CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                               cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
-                              kv_scale_placement=kv_scale_placement),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens))
+                              kv_scale_placement=kv_scale_placement, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                              gpu_memory_utilization=gpu_memory_utilization),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                      max_model_len=max_model_len))
         torch.manual_seed(seed)
         self.model_name = model
         self.tokenizer = registry.get_tokenizer(model)
@@ -120,7 +83,9 @@ class LLM:
         self.runner = ModelRunner(self.config, net, pad_id=self.tokenizer.pad_id)
         self.is_encoder_decoder = net.config.is_encoder_decoder
         self._build_scheduler()
+        self._prompts = PromptEncoder(self.tokenizer, self.config.model, self.task, model)
         self._next_id = 0
+        self._requests: dict[int, tuple[PromptInput, list[Sequence]]] = {}   # request id -> (prompt, sequences)
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._needs_reset: str | None = None
@@ -163,64 +128,72 @@ class LLM:
             raise RuntimeError("the engine is asleep: call wake_up() first")
 
     # ---- requests -----------------------------------------------------------------------------------------------
-    def _encode(self, prompt) -> tuple[list[int], list[int] | None]:
-        """(decoder prompt ids, encoder ids or None) for one prompt, with clear errors for bad input."""
-        if not isinstance(prompt, str):
-            raise InvalidTypeError(f"a prompt must be a str, got {type(prompt).__name__}")
-        if not prompt:
-            raise InvalidValueError("empty prompt: give at least one character")
-        if prompt.isspace():
-            raise InvalidValueError(f"prompt {prompt!r} is only whitespace: give the model something to continue")
-        ids = self.tokenizer.encode(prompt)
-        if self.task is not None:
-            self.task.validate(prompt)
-        mc = self.config.model
-        if self.is_encoder_decoder:
-            if len(ids) > mc.max_encoder_len:
-                raise InvalidValueError(f"prompt is {len(ids)} tokens, longer than the encoder's maximum "
-                                        f"{mc.max_encoder_len}")
-            # The decoder starts from the model's start token where the config names one (T5: its
-            # decoder_start_token_id, 0 = pad in real checkpoints), else from BOS.
-            return [getattr(mc, "decoder_start_token_id", self.tokenizer.bos_id)], ids
-        ids = [self.tokenizer.bos_id] + ids
-        if len(ids) >= mc.max_position:
-            raise InvalidValueError(f"prompt is {len(ids)} tokens (with BOS), which leaves no room to generate: the model's "
-                                    f"maximum is {mc.max_position - 1} prompt tokens (max_position {mc.max_position})")
-        return ids, None
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence (prompt tokens + max_tokens) a request may have (minikv.engine.memory)."""
+        return self.runner.max_model_len
 
-    def _prepare(self, prompt, params, name: str) -> tuple[list[int], list[int] | None, SamplingParams]:
+    def _longer_hint(self) -> str:
+        if self.max_model_len >= self.config.model.max_position:
+            return f"shorten the prompt (the model's context length is {self.config.model.max_position})"
+        return (f"for a longer request give max_model_len (up to the model's {self.config.model.max_position}) with "
+                f"a cache that holds it (kv_cache_memory_bytes or num_blocks)")
+
+    def _prepare(self, prompt: PromptInput, params, name: str) -> tuple:
         """Check one request completely, without touching the engine (`name`: how an error names it)."""
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidTypeError(f"sampling params must be a minikv.SamplingParams, got {type(params).__name__}")
-        ids, enc = self._encode(prompt)
-        room = self.config.model.max_position - len(ids)
+        ids, enc = self._prompts.encode(prompt, name)
+        if enc is None and len(ids) >= self.max_model_len:
+            with_bos = " (with BOS)" if prompt.main.token_ids is None else ""
+            raise MaxModelLenError(f"{name} is {len(ids)} tokens{with_bos}, which leaves no room to generate: "
+                                   f"max_model_len is {self.max_model_len}, so at most {self.max_model_len - 1} "
+                                   f"prompt tokens; " + self._longer_hint())
+        room = self.max_model_len - len(ids)
         if params.max_tokens > room:
-            raise InvalidValueError(f"max_tokens={params.max_tokens} but the model has room for only {room} new tokens "
-                                    f"after this {len(ids)}-token prompt (max_position {self.config.model.max_position}); "
-                                    f"lower max_tokens to at most {room}")
-        probe = Sequence(self._next_id, prompt, ids, params, encoder_token_ids=enc)
+            raise MaxModelLenError(f"{name}: {len(ids)} prompt tokens + max_tokens={params.max_tokens} is longer than "
+                                   f"max_model_len={self.max_model_len}: room for only {room} new tokens; lower "
+                                   f"max_tokens to at most {room}, or " + self._longer_hint())
+        probe = Sequence(self._next_id, prompt.main.text, ids, params, encoder_token_ids=enc)
         self.scheduler.check_admissible(probe, name)
-        return ids, enc, params
+        return prompt, ids, enc, params
 
-    def _queue(self, prompt: str, checked) -> int:
-        ids, enc, params = checked
-        seq = Sequence(self._next_id, prompt, ids, params, encoder_token_ids=enc, default_seed=self.config.seed)
-        self.scheduler.add(seq)
-        self._next_id += 1
-        return seq.request_id
+    def _queue(self, checked) -> int:
+        """Queue a checked request: one sequence per completion (SamplingParams.n), with consecutive ids; the
+        request's id is its first sequence's."""
+        prompt, ids, enc, params = checked
+        rid = self._next_id
+        text = prompt.decoder.text if prompt.explicit_pair and prompt.decoder else prompt.main.text
+        seqs = [Sequence(rid + i, text, ids, params, encoder_token_ids=enc, default_seed=self.config.seed,
+                         index=i, parent_id=rid) for i in range(params.n)]
+        for seq in seqs:
+            self.scheduler.add(seq)
+        self._next_id += params.n
+        self._requests[rid] = (prompt, seqs)
+        return rid
 
-    def add_request(self, prompt: str, params: SamplingParams | None = None) -> int:
-        """Queue one request; return its id. It joins the running batch at the next step that has room."""
+    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
+        """Queue one request (a prompt in any form `generate` takes); return its id. It joins the running batch at
+        the next step that has room. With SamplingParams(n=k) its k sequences have ids id, id + 1, ..., id + k - 1
+        in StepOutput."""
         with self._exclusive():
-            return self._queue(prompt, self._prepare(prompt, params, "the request"))
+            return self._queue(self._prepare(parse_prompt(prompt), params, "the request"))
 
     def abort(self, request_id: int) -> bool:
         """Finish a queued or running request with reason "abort"; False if it is not in flight."""
         check_int("request_id", request_id, low=0)
         with self._exclusive(usable=False):
-            return self.scheduler.abort(request_id) is not None
+            return self._abort_request(request_id)
+
+    def _abort_request(self, request_id: int) -> bool:
+        seqs = self._requests.pop(request_id, (None, []))[1]
+        return any([self.scheduler.abort(s.request_id) is not None for s in seqs])
+
+    def _abort_all(self) -> None:
+        for rid in list(self._requests):
+            self._abort_request(rid)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -230,14 +203,11 @@ class LLM:
         if not self.is_encoder_decoder:
             raise InvalidValueError(f"{self.model_name} has no cross attention")
         bs = self.config.cache.block_size
-        return sum(-(-len(self._encode(p)[1]) // bs) for p in _prompt_list(prompts))
+        return sum(-(-len(self._prompts.encode(p)[1]) // bs) for p in parse_prompts(prompts))
 
     # ---- stepping -----------------------------------------------------------------------------------------------
     def step(self, capture: bool = False) -> StepOutput:
-        """Run one engine step (a prefill or a decode batch) and say what it did.
-
-        `capture=True` also keeps a copy of every attention layer's q, k, v and output in its trace event
-        (`CacheEvent.tensors`): for measuring attention error; it costs memory, so it is off by default."""
+        """Run one engine step (a prefill or a decode batch) and say what it did."""
         if not isinstance(capture, bool):
             raise InvalidTypeError(f"capture must be True or False, got {type(capture).__name__} {capture!r}")
         with self._exclusive():
@@ -260,21 +230,21 @@ class LLM:
                     trace=StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
                                     guard_check="failed"),
                     **self._snapshot(batch, is_prefill, ctx))
-                for rid in list(self.scheduler.unfinished_ids()):
-                    self.scheduler.abort(rid)
+                self._abort_all()
                 raise err.at_step(failed) from None
-            tokens = self.runner.sample(logits, batch)
+            tokens, logprobs = self.runner.sample(logits, batch)
         except BaseException:
             for s in batch:                                     # leave nothing half-done
-                self.scheduler.abort(s.request_id)
+                self._abort_request(s.parent_id)
             raise
         snapshot = self._snapshot(batch, is_prefill, ctx)
-        self.scheduler.postprocess(batch, tokens)
+        self.scheduler.postprocess(batch, tokens, logprobs)
         finished = []
         for s in batch:
             self._apply_stop_strings(s)
-            if s.finish_reason is not None:
-                finished.append(self._output(s))
+            group = self._requests.get(s.parent_id)
+            if s.finish_reason is not None and group and all(q.finish_reason is not None for q in group[1]):
+                finished.append(self._output(s.parent_id))
         trace = StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
                           guard_check="passed" if self.config.sanitize else "off", cuda_graph=ctx.cuda_graph,
                           graph_batch=ctx.graph_batch)
@@ -305,76 +275,127 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the order of `prompts`.
 
+        `prompts`: one prompt or a list of them, each a str, {"prompt": str} or {"prompt_token_ids": [...]}
+        (an encoder-decoder model also takes {"encoder_prompt": ..., "decoder_prompt": ...}). `sampling_params`:
+        one SamplingParams for all, one per prompt, or None (SamplingParams(): temperature 1.0, as vLLM's).
         Every prompt and parameter is checked before any request is queued. Then it is `add_request` for each
         prompt and `while has_unfinished(): step()`; requests queued earlier with add_request run too, but only
         this call's outputs are returned. To watch the steps, drive the engine with add_request()/step().
         """
-        prompts = _prompt_list(prompts)
+        return self._generate(parse_prompts(prompts), sampling_params, use_tqdm, "prompts")
+
+    def _generate(self, prompts: list[PromptInput], sampling_params, use_tqdm, what: str) -> list[RequestOutput]:
         check_bool("use_tqdm", use_tqdm)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         elif isinstance(sampling_params, (list, tuple)):
             params = list(sampling_params)
             if len(params) != len(prompts):
-                raise InvalidValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+                raise InvalidValueError(f"{len(prompts)} {what} but {len(params)} sampling params: give one "
+                                        f"SamplingParams for all, or one per {what[:-1]}")
         else:
             raise InvalidTypeError(f"sampling_params must be a SamplingParams, a list of them, or None; got "
                                    f"{type(sampling_params).__name__}")
         with self._exclusive():
-            if not prompts:
-                return []
-            checked = [self._prepare(p, sp, f"prompts[{i}]") for i, (p, sp) in enumerate(zip(prompts, params))]
-            ids = [self._queue(p, c) for p, c in zip(prompts, checked)]
-            results: dict[int, RequestOutput] = {}
-            # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
-            bar = tqdm(total=len(ids), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
-            wanted = set(ids)
-            try:
-                while self.scheduler.has_unfinished():
-                    out = self._step()
-                    for r in out.finished:
-                        if r.request_id in wanted:
-                            results[r.request_id] = r
-                    bar.update(len(results) - bar.n)
-            except BaseException:
-                for rid in ids:                     # leave nothing half-done in the engine
-                    self.scheduler.abort(rid)
-                raise
-            finally:
-                bar.close()
-            return [results[rid] for rid in ids]
+            checked = [self._prepare(p, sp, f"{what}[{i}]") for i, (p, sp) in enumerate(zip(prompts, params))]
+            return self._run(checked, use_tqdm) if checked else []
 
-    def _stop_cut(self, seq: Sequence) -> int | None:
-        """Characters of the generated text before the first stop string, or None when none appears."""
+    def _run(self, checked: list, use_tqdm: bool) -> list[RequestOutput]:
+        ids = [self._queue(c) for c in checked]
+        results: dict[int, RequestOutput] = {}
+        # Passing `disable` only when asked keeps tqdm's own TQDM_DISABLE=1 switch working otherwise.
+        bar = tqdm(total=len(ids), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
+        wanted = set(ids)
+        try:
+            # Library warnings wait for the bar to close, then come once each. Only while a bar is drawn, and
+            # only on the main thread: holding swaps process-wide warning state, which two engines generating
+            # in two threads at once must not do.
+            hold = not bar.disable and threading.current_thread() is threading.main_thread()
+            with held_warnings() if hold else contextlib.nullcontext():
+                try:
+                    while self.scheduler.has_unfinished():
+                        out = self._step()
+                        for r in out.finished:
+                            if r.request_id in wanted:
+                                results[r.request_id] = r
+                        bar.update(len(results) - bar.n)
+                finally:
+                    bar.close()
+        except BaseException:
+            for rid in ids:                     # leave nothing half-done in the engine
+                self._abort_request(rid)
+            raise
+        return [results[rid] for rid in ids]
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Render `messages` (one conversation, a list of {"role": ..., "content": ...} dicts, or a list of
+        conversations) with the checkpoint's own chat template (tokenizer_config.json's `chat_template`, or
+        chat_template.jinja beside it; `chat_template` overrides it), then generate for each, as `generate` does.
+        The rendered text is tokenized as it stands: the template writes the BOS token itself."""
+        conversations = chat.check_messages(messages)
+        template, specials = chat.load_chat_template(None if self.task is not None else self.model_name)
+        template = chat_template if chat_template is not None else template
+        if template is None:
+            raise chat.no_template_error(self.model_name)
+        if not isinstance(template, str):
+            raise InvalidTypeError(f"chat_template must be a str (a jinja2 template), got {type(template).__name__}")
+        if self.is_encoder_decoder:
+            raise InvalidValueError(f"{self.model_name} is an encoder-decoder model: LLM.chat needs a decoder-only "
+                                    f"model; call generate")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise InvalidTypeError(f"chat_template_kwargs must be a dict or None, got {chat_template_kwargs!r}")
+        prompts = []
+        for conv in conversations:
+            text = chat.render(template, conv, specials, add_generation_prompt, **(chat_template_kwargs or {}))
+            prompts.append(PromptInput(Prompt(text=text, token_ids=tuple(self.tokenizer.encode(text)))))
+        return self._generate(prompts, sampling_params, use_tqdm, "conversations")
+
+    def _stop_cut(self, seq: Sequence) -> tuple[int, str] | None:
+        """(where the first stop string starts in the generated text, that string), or None when none appears."""
         if not seq.sampling.stop:
             return None
         text = self.tokenizer.decode(seq.output_token_ids)
-        cuts = [text.find(st) for st in seq.sampling.stop if st in text]
-        return min(cuts) if cuts else None
+        found = [(text.find(st), i, st) for i, st in enumerate(seq.sampling.stop) if st in text]
+        return min(found)[::2] if found else None
 
     def _apply_stop_strings(self, seq: Sequence) -> None:
         if seq.finish_reason is None and self._stop_cut(seq) is not None:
             self.scheduler.finish(seq, "stop")
 
-    def _output(self, seq: Sequence) -> RequestOutput:
+    def _completion(self, seq: Sequence) -> CompletionOutput:
         ids = list(seq.output_token_ids)
+        text = self.tokenizer.decode(ids)
+        stop_reason = seq.stop_reason
         cut = self._stop_cut(seq)
         if cut is not None:
-            # token_ids and text end at the same place: keep tokens while their text stays before the cut.
-            kept, chars = [], 0
-            for t in ids:
-                if chars >= cut:
-                    break
-                kept.append(t)
-                chars += len(self.tokenizer.decode([t]))
-            ids = kept
-        return RequestOutput(seq.request_id, seq.prompt, self.tokenizer.decode(ids), ids, seq.finish_reason)
+            # vLLM's rule: the text ends before the stop string (after it when include_stop_str_in_output), even
+            # where it starts inside a token; token_ids keep every generated token.
+            at, stop_reason = cut
+            text = text[:at + (len(stop_reason) if seq.sampling.include_stop_str_in_output else 0)]
+        logprobs = None
+        if seq.sampling.logprobs is not None:
+            logprobs = [{t: Logprob(lp, rank, self.tokenizer.decode([t])) for t, (lp, rank) in step.items()}
+                        for step in seq.logprobs]
+        reason = {"eos": "stop"}.get(seq.finish_reason, seq.finish_reason)
+        return CompletionOutput(index=seq.index, text=text, token_ids=ids,
+                                cumulative_logprob=None if logprobs is None else seq.cumulative_logprob,
+                                logprobs=logprobs, finish_reason=reason, stop_reason=stop_reason)
+
+    def _output(self, request_id: int) -> RequestOutput:
+        prompt, seqs = self._requests.pop(request_id)
+        first = seqs[0]
+        completions = [self._completion(s) for s in seqs]
+        if not self.is_encoder_decoder:
+            return RequestOutput(request_id, prompt.main.text, first.prompt_token_ids, completions, finished=True)
+        decoder_text = prompt.decoder.text if prompt.decoder is not None else None
+        return RequestOutput(request_id, decoder_text, first.prompt_token_ids, completions, finished=True,
+                             encoder_prompt=prompt.main.text, encoder_prompt_token_ids=first.encoder_token_ids)
 
     # ---- memory -----------------------------------------------------------------------------------------------
     def sleep(self, mode: str = "free") -> None:
-        """Release the KV cache (requests must be finished): mode "free" drops the arena, "discard" (vLLM's
-        shape) keeps its storage and addresses and discards the contents. sleep("free") after sleep("discard")
-        drops the arena too."""
+        """Release the KV cache: "free" drops the arena, "discard" keeps it and drops its contents."""
         check_choice("sleep mode", mode, SLEEP_MODES)
         with self._exclusive(usable=False):
             if self.scheduler.has_unfinished():
@@ -382,8 +403,7 @@ class LLM:
             self.runner.sleep(mode)
 
     def wake_up(self) -> None:
-        """Bring the KV cache back (a fresh arena after mode "free"), re-initialize it and warm up again (this also
-        clears the state left by an overrun)."""
+        """Bring the KV cache back, re-initialize it and warm up again."""
         with self._exclusive(usable=False):
             if self.runner.asleep:
                 self.runner.wake_up()
@@ -391,12 +411,9 @@ class LLM:
                 self._needs_reset = None
 
     def reset(self) -> None:
-        """Abort every request in flight and replace the KV arena with a fresh one (sleep() then wake_up()).
-
-        The way back after a KVCacheOverrunError. Request ids keep counting up."""
+        """Abort every request in flight and replace the KV arena with a fresh one."""
         with self._exclusive(usable=False):
-            for rid in list(self.scheduler.unfinished_ids()):
-                self.scheduler.abort(rid)
+            self._abort_all()
             self.runner.sleep()
             self.runner.wake_up()
             self._build_scheduler()
@@ -414,27 +431,17 @@ class LLM:
     # ---- inspection: what the notebooks and tests look at, besides StepOutput ---------------------------------
     @property
     def attention_layers(self) -> dict:
-        """Every attention layer of the model by name, in model order, as the engine bound it (read it, don't
-        rebind it): the runner's binding table, name -> `LayerBinding` (minikv.engine.model_runner) with `kind`
-        ("self" or "cross"), `kv_sharing_target` (the layer whose cache a KV-sharing layer reads, else None),
-        `owner` and `pool` (the layer that owns the pool it reads, and the pool's arena name), `layout` (that
-        pool's layout, as allocated), `kv_cache` (the pool's tensor; a sharing layer holds the *same tensor
-        object* as its target; None while asleep after sleep("free")), `impl` (the attention impl, whose `layout`
-        is what its backend believes the pool holds) and `op` (the model's attention op)."""
+        """Every attention layer by name, in model order, as the engine bound it (read only)."""
         return dict(self.runner.bindings)
 
     @property
     def kv_layout(self):
-        """The `KVLayout` of the first self-attention pool: every pool's when the model has one head size and
-        KV-head count in all its layers (per pool, as allocated: `kv_layouts`)."""
+        """The `KVLayout` of the first self-attention pool."""
         return self.runner.layout
 
     @property
     def kv_layouts(self) -> dict:
-        """Every arena pool's `KVLayout`, as allocated, by pool name ("kv.<layer>" for a self-attention layer that
-        owns its cache, "cross.<layer>" for a cross-attention layer): each built from its own layer's head size
-        and KV-head count (Gemma-4's sliding and full layers may differ). A KV-sharing layer has no pool of its
-        own; it addresses its source's with its source's layout."""
+        """Every arena pool's `KVLayout`, as allocated, by pool name."""
         return dict(self.runner.layouts)
 
     @property
@@ -452,14 +459,3 @@ class LLM:
         """The loaded model's configuration."""
         return self.runner.model.config
 
-
-def _prompt_list(prompts) -> list[str]:
-    """A bare str is one prompt; a list or tuple of str is many. Anything else is a TypeError."""
-    if isinstance(prompts, str):
-        return [prompts]
-    if not isinstance(prompts, (list, tuple)):
-        raise InvalidTypeError(f"prompts must be a str or a list/tuple of str, got {type(prompts).__name__}")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str):
-            raise InvalidTypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
-    return list(prompts)

@@ -1,28 +1,5 @@
 """ModelRunner: owns the model, the KV arena and the attention impls; turns a scheduled batch into tokens.
-
-Lifecycle (the shape of the real engines):
-  1. the binding table (`bindings`, layer name -> LayerBinding): for every attention op of the model, the pool it
-     reads, that pool's layout and owner, and one attention impl (the cross layers' backend layouts come from
-     CrossBackendBuilder). Everything that needs a layer's pool, layout or impl looks it up here;
-  2. allocate the KV arena: one pool per KV-owning self-attention layer and one cross pool per cross layer, each
-     with the layout of its own layer (head size and KV heads may differ by layer, as Gemma-4's sliding and
-     full layers do); a KV-sharing layer addresses its source's pool with its source's layout;
-  3. bind caches: each binding gets its pool's tensor, and a KV-sharing layer's gets *the same tensor object* as
-     its target layer's;
-  4. warmup, in one of two shapes (`ReproConfig.warmup`):
-     "dummy" (default, upstream's): one forward without attention metadata; owning layers run their cache update
-       with slot -1 (nothing is written), sharing layers are not touched at all;
-     "capture": one decode-shaped forward *with* attention metadata through every layer (minikv's model of a
-       CUDA-graph capture run; upstream does not name its warmup shapes), all slots -1, dummy sequences of length
-       1 on block 0, so every impl is touched before any real step;
-  then per step `forward(seqs, is_prefill)`, `check` and `sample`: `prepare` builds the step's metadata, and the model's forward is
-  called with a ForwardContext (metadata + binding table) as an argument; each attention op calls
-  `ctx.attend(...)`, which runs its binding's impl over its binding's cache.
-`sleep(mode)`: "discard" keeps the arena's storage and address and discards the pools' contents (zeroed here):
-minikv's model of a sleep that wakes up at the same address, which upstream's text neither states nor excludes;
-"free" drops the arena and `wake_up()` allocates a new one. `wake_up()` binds the
-caches and warms up again; in the fixed engine every scale region is initialized again, in both modes.
-"""
+See docs/internals.md#engine-model-runner."""
 from __future__ import annotations
 
 import math
@@ -39,6 +16,8 @@ from minikv.cache.arena import KVArena, PoolSpec, SeparateKVArena
 from minikv.cache.blocks import slot_of
 from minikv.cache.layout import KVLayout
 from minikv.config import EngineConfig
+from minikv.engine import sampler
+from minikv.engine import memory
 from minikv.engine.cuda_graph import DecodeGraphs
 
 
@@ -77,12 +56,13 @@ class ModelRunner:
         # `layout`: the layout of the first self-attention pool (the cross pool's for a model without one); on a
         # model with one layout everywhere it is every pool's. Per-pool: `layouts`.
         self.layout = next((b.layout for b in owners if b.kind == "self"), owners[0].layout)
-        per_seq = math.ceil(mc.max_position / self.block_size)
-        self.num_blocks = config.cache.num_blocks or config.scheduler.max_num_seqs * per_seq
+        # Pool sizes and max_model_len, from num_blocks or a memory budget (minikv.engine.memory)
+        self.size = self._size_cache()
+        self.num_blocks, self.num_cross_blocks = self.size.num_blocks, self.size.num_cross_blocks
+        self.max_model_len = self.size.max_model_len
+        per_seq = math.ceil(self.max_model_len / self.block_size)
         per_enc = math.ceil(max(mc.max_encoder_len, 1) / self.block_size)
         has_cross = any(b.kind == "cross" for b in owners)
-        self.num_cross_blocks = (config.cache.cross_pool_blocks or config.scheduler.max_num_seqs * per_enc
-                                 if has_cross else 0)
         # CUDA-graph decode (minikv.engine.cuda_graph): the self pools get one block more than the block manager
         # hands out, for the padding rows of a graph's batch
         self.graphs = (DecodeGraphs(config.scheduler.max_num_seqs, per_seq, self.block_size, self.num_blocks,
@@ -141,16 +121,64 @@ class ModelRunner:
                              f"{source.num_kv_heads} of size {source.head_size}; a sharing layer must match "
                              f"the shape of the cache it reads")
 
+    # ---- sizing -----------------------------------------------------------------------------------------------
+    def _size_cache(self) -> memory.CacheSize:
+        cache, sched, mc = self.config.cache, self.config.scheduler, self.model.config
+        self_bytes = sum(lay.block_bytes for n, lay in self.layouts.items() if not n.startswith("cross."))
+        cross_bytes = sum(lay.block_bytes for n, lay in self.layouts.items() if n.startswith("cross."))
+        budget, source = cache.kv_cache_memory_bytes, f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes}"
+        if budget is None and cache.num_blocks is None:
+            if self.device.type == "cuda":
+                budget = memory.cuda_budget(self.device, cache.gpu_memory_utilization, self._profile_activations())
+                source = f"gpu_memory_utilization={cache.gpu_memory_utilization}"
+            else:
+                budget, source = memory.DEFAULT_CPU_KV_CACHE_BYTES, "the CPU default budget"
+        if budget is not None and self.config.cuda_graphs:
+            budget -= self_bytes                # the padding block of CUDA-graph batches
+        return memory.size_cache(block_bytes=self_bytes, cross_block_bytes=cross_bytes, block_size=self.block_size,
+                                 max_num_seqs=sched.max_num_seqs, config_len=mc.max_position,
+                                 encoder_len=mc.max_encoder_len, num_blocks=cache.num_blocks,
+                                 cross_pool_blocks=cache.cross_pool_blocks, max_model_len=sched.max_model_len,
+                                 budget_bytes=budget, budget_source=source)
+
+    @torch.inference_mode()
+    def _profile_activations(self) -> int:
+        """CUDA: the activation peak of a dense forward of the largest prefill (max_num_batched_tokens dummy tokens,
+        at most the model's length), as vLLM profiles before sizing the cache. An encoder-decoder profiles its
+        encoder over max_num_seqs full-length inputs."""
+        mc, sched = self.model.config, self.config.scheduler
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        if mc.is_encoder_decoder:
+            width = min(sched.max_num_batched_tokens // sched.max_num_seqs or 1, mc.max_encoder_len)
+            ids = torch.zeros(sched.max_num_seqs, width, dtype=torch.long, device=self.device)
+            self.model.encode(ids, torch.ones_like(ids, dtype=torch.bool))
+        else:
+            n = min(sched.max_num_batched_tokens, mc.max_position)
+            self.model(torch.zeros(1, n, dtype=torch.long, device=self.device))
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()
+        return max(peak, 0)
+
     def check_memory(self) -> None:
-        """Refuse, before allocating, an arena larger than the memory the device has free."""
+        """Refuse, before allocating, an arena larger than the memory the device has free, naming what sized it."""
         need = sum(s.nbytes for s in self.pool_specs())
         if self.device.type == "cuda":
             free = torch.cuda.mem_get_info(self.device)[0]
         else:
             free = _available_host_bytes()
         if free is not None and need > free:
-            raise MemoryError(f"the KV cache would need {need / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB "
-                              f"is free on {self.device}; lower num_blocks, cross_pool_blocks or max_num_seqs")
+            cross = ", cross_pool_blocks" if self.num_cross_blocks else ""
+            if self.config.cache.num_blocks is not None:
+                fix = f"lower num_blocks (--num-blocks){cross}"
+            else:
+                fix = (f"lower kv_cache_memory_bytes (--kv-cache-memory-bytes), max_model_len (--max-model-len) or "
+                       f"max_num_seqs (--max-num-seqs){cross}")
+            raise MemoryError(f"the KV cache would need {need / 2**30:.2f} GiB ({self.size.budget_source}: "
+                              f"{self.num_blocks} blocks of {self.block_size} tokens) but only {free / 2**30:.2f} "
+                              f"GiB is free on {self.device}; {fix}")
 
     # ---- the arena ------------------------------------------------------------------------------------------
     def pool_specs(self) -> list[PoolSpec]:
@@ -159,8 +187,7 @@ class ModelRunner:
                 for name, layout in self.layouts.items()]
 
     def _bind_caches(self) -> None:
-        """Hand every layer its pool's tensor: owners from the arena (with the layout contract checked against
-        what their backend believes), KV-sharing layers the same tensor object as their owner."""
+        """Hand every layer its pool's tensor (a KV-sharing layer its owner's very tensor)."""
         for b in self.bindings.values():
             if b.owns_pool:
                 b.kv_cache = self.arena.bind(b.pool, b.impl.layout, check=self.config.repro.check_layout)
@@ -180,8 +207,7 @@ class ModelRunner:
         self.warmup()
 
     def sleep(self, mode: str = "free") -> None:
-        """Release the KV cache's contents: "discard" keeps the storage at its address, "free" drops it (also
-        after an earlier "discard"). `mode` is one of minikv.config.SLEEP_MODES, checked by the LLM."""
+        """Release the KV cache's contents: "discard" keeps the storage at its address, "free" drops it."""
         if self.arena is None:
             return                               # already freed
         if self.graphs is not None:
@@ -300,9 +326,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, seqs, is_prefill: bool, capture: bool = False) -> tuple[torch.Tensor, ForwardContext]:
-        """Run one forward step for `seqs`; return the logits of each sequence's last token and the step's
-        context, which carries the step's metadata and its trace of cache events (`ForwardContext.events`).
-        Nothing is checked yet: `check` does that, so a caller whose check fails still holds the context."""
+        """Run one forward step for `seqs`; return the last tokens' logits and the step's context."""
         if self.arena is None or self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         if self.graphs is not None and not is_prefill and not capture and self.graphs.fits(seqs):
@@ -317,9 +341,7 @@ class ModelRunner:
         return self.model.compute_logits(hidden[last]), ctx
 
     def check(self, ctx: ForwardContext, logits: torch.Tensor) -> None:
-        """With sanitize on: KVCacheOverrunError when a guard zone was written, and FloatingPointError, naming
-        the step and the first layer whose attention output was not finite, when the logits hold NaN or inf.
-        (Part of the sanitizer: with sanitize=False a defect runs silently, as upstream, NaN logits included.)"""
+        """With sanitize on: raise when a guard zone was written or the logits hold NaN or inf."""
         if not self.config.sanitize:
             return
         self.arena.check()
@@ -335,14 +357,7 @@ class ModelRunner:
         return self.model.compute_logits(self._forward(input_ids, positions, ctx))
 
     @staticmethod
-    def sample(logits: torch.Tensor, seqs) -> list[int]:
-        greedy = logits.argmax(dim=-1).tolist()
-        out = []
-        for row, s, g in zip(logits, seqs, greedy):
-            t = s.sampling.temperature
-            if t == 0:
-                out.append(g)
-                continue
-            probs = torch.softmax(row.float().cpu() / t, dim=-1)
-            out.append(int(torch.multinomial(probs, 1, generator=s.generator)))
-        return out
+    def sample(logits: torch.Tensor, seqs) -> tuple[list[int], list | None]:
+        """One token per sequence (and its logprobs entry, when asked for), by `minikv.engine.sampler`: the one
+        call that hands a step's logits to the sampler, where the hunter watches them (minikv.hunt.seams)."""
+        return sampler.sample(logits, seqs)

@@ -1,14 +1,5 @@
 """The scheduler: continuous batching over a waiting and a running queue.
-
-Each engine step is either a PREFILL batch (waiting sequences, each bringing its uncached tokens) or a DECODE
-batch (every running sequence, one token each). Prefill goes first whenever a waiting sequence fits, in FIFO
-order, so a fresh engine's first step prefills `min(max_num_seqs, waiting)` sequences together. When a decode
-step needs a block and none is free, the most recently admitted running sequence is preempted by recompute:
-its blocks are freed, it goes back to the FRONT of the waiting queue with all the tokens it has generated, and
-it is prefilled again later with all of its `token_ids`.
-
-The batch is returned in the order the runner must build its metadata in; nothing here reorders it.
-"""
+See docs/internals.md#engine-scheduler."""
 from __future__ import annotations
 
 from collections import deque
@@ -19,9 +10,7 @@ from minikv.kernels.errors import InvalidValueError
 
 
 class Scheduler:
-    """Decides which sequences run in the next step and keeps the block managers in step with them.
-
-    `max_num_seqs` and `max_num_batched_tokens` come from a SchedulerConfig, which checked them."""
+    """Decides which sequences run in the next step and keeps the block managers in step with them."""
 
     def __init__(
         self,
@@ -61,10 +50,7 @@ class Scheduler:
         self._unfinished[seq.request_id] = seq
 
     def check_admissible(self, seq: Sequence, name: str | None = None) -> None:
-        """Raise ValueError when `seq` could never run with these pools and budgets. Changes nothing.
-
-        The one place that decides whether a request fits (the LLM facade asks it for every prompt of a call
-        before queueing any, naming it as the caller knows it: `name`, default "request <id>")."""
+        """Raise ValueError when `seq` could never run with these pools and budgets."""
         name = name or f"request {seq.request_id}"
         needed = self.blocks_needed(seq)
         pool = self.block_manager.num_blocks
@@ -166,30 +152,27 @@ class Scheduler:
 
     # ---- after a step ------------------------------------------------------------------------------
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> None:
-        """Record one sampled token per sequence of the step, and finish those that are done.
-
-        EOS (unless `ignore_eos`) finishes with "eos" and is not appended; reaching `max_tokens` finishes
-        with "length". Stop strings are the LLM facade's job: it calls `finish(seq, "stop")`.
-        """
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int], logprobs: list | None = None) -> None:
+        """Record one sampled token per sequence of the step (and its logprobs entry), and finish those that are
+        done: EOS and `stop_token_ids` are not appended; `max_tokens` reached finishes with "length"."""
         if len(seqs) != len(token_ids):
             raise InvalidValueError(f"postprocess got {len(seqs)} sequences but {len(token_ids)} tokens")
-        for seq, token_id in zip(seqs, token_ids):
+        for i, (seq, token_id) in enumerate(zip(seqs, token_ids)):
             if seq.status is not SequenceStatus.RUNNING:
                 raise RuntimeError(f"request {seq.request_id} is {seq.status.name}, not RUNNING")
             if token_id == self.eos_token_id and not seq.sampling.ignore_eos:
                 self.finish(seq, "eos")
                 continue
-            seq.append_token(token_id)
+            if seq.sampling.stop_token_ids and token_id in seq.sampling.stop_token_ids:
+                seq.stop_reason = int(token_id)
+                self.finish(seq, "stop")
+                continue
+            seq.append_token(token_id, None if logprobs is None else logprobs[i])
             if seq.num_output_tokens >= seq.sampling.max_tokens:
                 self.finish(seq, "length")
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """End a sequence: free its blocks and cross blocks and take it out of the queues.
-
-        On a sequence already finished, only the reason changes (a stop string found in the token that also
-        reached max_tokens reports "stop").
-        """
+        """End a sequence: free its blocks and cross blocks and take it out of the queues."""
         if reason not in FINISH_REASONS:
             raise InvalidValueError(f"unknown finish reason {reason!r}; use one of {', '.join(FINISH_REASONS)}")
         seq.finish_reason = reason

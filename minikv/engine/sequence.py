@@ -1,73 +1,18 @@
-"""Requests as the engine sees them: sampling parameters, the running sequence, and the finished output.
-
-A `Sequence` is one request in flight. It owns its token ids (prompt first, then everything generated), the
-cache blocks holding their K/V (`block_table`), and, for an encoder-decoder model, the encoder tokens and the
-cross-pool blocks holding their K/V (`cross_block_table`). The scheduler moves it between WAITING, RUNNING and
-FINISHED; the block manager fills its block tables; the model runner reads both to build a step's metadata.
-"""
+"""Requests as the engine sees them: the running sequence (SamplingParams and the outputs live beside it).
+See docs/internals.md#engine-sequence."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from minikv.kernels.errors import InvalidTypeError, InvalidValueError
+from minikv.engine.outputs import RequestOutput  # noqa: F401  (re-exported: its old home)
+from minikv.engine.sampling_params import SamplingParams
+from minikv.kernels.errors import InvalidValueError
 
 if TYPE_CHECKING:  # torch is imported only when a seeded generator is actually needed
     import torch
 
 FINISH_REASONS = ("length", "stop", "eos", "abort")
-
-
-# Temperatures below this make logits / temperature overflow float16 for ordinary logits; above MAX_TEMPERATURE
-# sampling is uniform noise. Both bounds are far outside any useful setting.
-MIN_TEMPERATURE = 1e-3
-MAX_TEMPERATURE = 100.0
-MAX_SEED = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one request; frozen and validated when built.
-
-    `max_tokens`: new tokens to generate (at least 1; the engine refuses more than the model has room for).
-    `temperature`: 0 is greedy; otherwise between MIN_TEMPERATURE and MAX_TEMPERATURE.
-    `seed`: makes temperature sampling repeatable (0 <= seed <= 2**63 - 1); None derives one from the engine's
-    seed and the request id. `stop`: strings that end the request when they appear in the generated text (the
-    output's text and token_ids are both cut just before the first one). `ignore_eos` keeps generating past the
-    end-of-sequence token (useful for fixed-length benchmarks).
-    """
-
-    max_tokens: int = 16
-    temperature: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] | None = None
-    ignore_eos: bool = False
-
-    def __post_init__(self):
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise InvalidTypeError(f"max_tokens must be an int, got {type(self.max_tokens).__name__}")
-        if self.max_tokens < 1:
-            raise InvalidValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
-            raise InvalidTypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
-        if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):  # rejects NaN
-            raise InvalidValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, "
-                                    f"got {self.temperature}")
-        if self.seed is not None:
-            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-                raise InvalidTypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
-            if not 0 <= self.seed <= MAX_SEED:
-                raise InvalidValueError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
-        if self.stop is not None:
-            if isinstance(self.stop, str) or not isinstance(self.stop, (list, tuple)):
-                raise InvalidTypeError(f"stop must be a list of strings or None, got {self.stop!r}")
-            for text in self.stop:
-                if not isinstance(text, str) or not text:
-                    raise InvalidValueError(f"stop strings must be non-empty strings, got {text!r}")
-            object.__setattr__(self, "stop", tuple(self.stop))
-        if not isinstance(self.ignore_eos, bool):
-            raise InvalidTypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
 
 
 class SequenceStatus(enum.Enum):
@@ -77,26 +22,19 @@ class SequenceStatus(enum.Enum):
 
 
 class Sequence:
-    """One request in flight.
-
-    `token_ids` holds the decoder's tokens: the prompt, then each generated token as it is appended.
-    `num_cached_tokens` counts the tokens at the start of `token_ids` whose K/V were already in the cache when
-    the sequence was (re)allocated (prefix-cache hits); a prefill computes `token_ids[num_cached_tokens:]`.
-
-    Temperature sampling draws from the sequence's own `generator`, so a request's samples do not depend on
-    which other requests share its batch. The generator is seeded with `sampling.seed`, or, when that is None,
-    with a value derived from `default_seed` (the engine's seed) and `request_id`. It is a CPU generator:
-    sample on the CPU (or copy its draws) so that CPU and GPU runs agree.
-    """
+    """One request in flight. Sampling draws from its own seeded CPU `generator` (`sampling.seed` plus `index`, or
+    one derived from the engine's seed and `request_id`), so its tokens do not depend on its batch."""
 
     def __init__(
         self,
         request_id: int,
-        prompt: str,
+        prompt: str | None,
         prompt_token_ids: list[int],
         sampling: SamplingParams | None = None,
         encoder_token_ids: list[int] | None = None,
         default_seed: int = 0,
+        index: int = 0,
+        parent_id: int | None = None,
     ):
         if len(prompt_token_ids) == 0:
             raise InvalidValueError(f"request {request_id}: the prompt has no tokens; at least one is needed")
@@ -104,6 +42,9 @@ class Sequence:
             raise InvalidValueError(
                 f"request {request_id}: encoder_token_ids is empty; pass None for a decoder-only model")
         self.request_id = request_id
+        # Completion `index` of the request `parent_id` (SamplingParams.n > 1 runs one sequence per completion).
+        self.index = index
+        self.parent_id = request_id if parent_id is None else parent_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.token_ids = list(prompt_token_ids)
@@ -115,6 +56,10 @@ class Sequence:
         self.encoder_token_ids = None if encoder_token_ids is None else list(encoder_token_ids)
         self.cross_block_table: list[int] = []
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None     # the stop token id or stop string that ended it
+        # With SamplingParams(logprobs=k): per generated token, {token id: (logprob, rank)}; and their sum.
+        self.logprobs: list[dict[int, tuple[float, int]]] = []
+        self.cumulative_logprob = 0.0
         self.generator: torch.Generator | None = None
         if self.sampling.temperature > 0:
             import torch
@@ -122,6 +67,8 @@ class Sequence:
             seed = self.sampling.seed
             if seed is None:
                 seed = (default_seed * 1_000_003 + request_id) % (1 << 63)
+            else:
+                seed += index
             self.generator = torch.Generator(device="cpu").manual_seed(seed)
 
     def __len__(self) -> int:
@@ -145,16 +92,8 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, logprobs: dict[int, tuple[float, int]] | None = None) -> None:
         self.token_ids.append(int(token_id))
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """One finished request. `token_ids` are the generated ids only; `text` is their decoded text."""
-
-    request_id: int
-    prompt: str
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
+            self.cumulative_logprob += logprobs[int(token_id)][0]

@@ -1,16 +1,5 @@
 """What one engine step did: `StepOutput`, returned by `LLM.step()`, and its `StepTrace` of cache events.
-
-This is the one documented way to watch the engine. Drive it yourself:
-
-    rid = llm.add_request("5 10 15", minikv.SamplingParams(max_tokens=4))
-    while llm.has_unfinished():
-        out = llm.step()
-        out.phase, out.request_ids, out.sampled, out.block_tables, out.trace.events
-
-Block tables and slot mappings are a snapshot taken right after the forward pass and before the requests that
-finished in this step freed their blocks, so the bytes they name can still be read from `llm.arena` after the
-step returns (a freed block keeps its bytes until another request writes it).
-"""
+See docs/internals.md#engine-step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,25 +7,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from minikv.attention.trace import CacheEvent, ScaleFill
-    from minikv.engine.sequence import RequestOutput
+    from minikv.engine.outputs import RequestOutput
 
 PHASES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
 class StepTrace:
-    """Cache events of one step, in execution order.
-
-    `events`: one `CacheEvent` per attention layer (which pool it wrote and/or read; cross attention's context
-    path, and why). `scale_fills`: the scale-region fills (`ScaleFill`, from the engine's census) that happened
-    during this step: a late fill with `overwritten > 0` is defect A at work. `guard_check`: "passed" when the
-    arena's guard zones were checked after the step and found intact, "off" with `sanitize=False`; "failed"
-    only in the `step_output` a KVCacheOverrunError carries (a damaged guard raises instead of returning a step).
-    `cuda_graph`: "eager" (launched op by op: every prefill, and every step on CPU or with enforce_eager=True),
-    "captured" (a decode step that ran eagerly and then captured its batch-size bucket's graph) or "replayed"
-    (a decode step replayed from that graph, its events those of the captured step); `graph_batch`: the bucket's
-    batch size (the step's sequences plus padding rows), 0 when eager (minikv.engine.cuda_graph).
-    """
+    """Cache events of one step, in execution order."""
 
     events: tuple[CacheEvent, ...]
     scale_fills: tuple[ScaleFill, ...]
@@ -51,22 +29,7 @@ class StepTrace:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """What one `LLM.step()` did.
-
-    step             the engine's step counter (0 = its first real step; it keeps counting across sleep/wake_up);
-    phase            "prefill" (each request brings its uncached prompt tokens) or "decode" (one token each);
-    request_ids      the requests that ran, in batch order;
-    sampled          request id -> the token id sampled for it in this step (an EOS is reported here too,
-                     although it is not appended to the output);
-    num_cached_tokens request id -> prompt tokens whose K/V came from the prefix cache (prefill steps);
-    seq_lens         request id -> tokens whose K/V are in the cache after this step;
-    finished         the requests that finished in this step, with their final RequestOutput;
-    block_tables     request id -> its KV block table at this step (before finished requests freed blocks);
-    slot_mapping     request id -> the cache slots this step wrote for it (-1 never appears here);
-    cross_block_tables / cross_slot_mapping  the same for the cross pool (encoder-decoder models; empty
-                     otherwise; cross slots are written at the prefill step only);
-    trace            the per-layer cache events (StepTrace).
-    """
+    """What one `LLM.step()` did."""
 
     step: int
     phase: str

@@ -24,6 +24,7 @@ def _positive_float(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from minikv.engine.arguments import whole_number
+
     from .oracles import ORACLES
     _count = whole_number(0)
     p.add_argument("--model", default=None, metavar="NAME|PATH",
@@ -108,10 +109,16 @@ def run(args, label: str = "the hunt", command: str = "minikv hunt") -> int:
         return run_backend(args, command)
     if getattr(args, "family", None):
         raise ValueError("--family goes with a foreign --backend (flexattention, sdpa, flashinfer)")
+    from minikv.engine.progress import held_warnings
+    from minikv.models import registry
+
     from .search import hunt
-    report = hunt(model=getattr(args, "model", None), reintroduce=tuple(getattr(args, "reintroduce", ()) or ()),
-                  backend=args.backend, seed=args.seed, budget_s=args.budget,
-                  max_scenarios=args.max_scenarios or None, oracles=args.oracle)
+    if getattr(args, "model", None):
+        registry.check_loadable(args.model)            # a bad model is one error line, before the bar
+    with held_warnings():                               # library warnings: each once, after the bar
+        report = hunt(model=getattr(args, "model", None),
+                      reintroduce=tuple(getattr(args, "reintroduce", ()) or ()), backend=args.backend, seed=args.seed,
+                      budget_s=args.budget, max_scenarios=args.max_scenarios or None, oracles=args.oracle)
     print(report.text())
     print("(scenario, cell, wave, refused, near tie, shrunk: `minikv hunt --help` says what each word means)")
     if getattr(args, "results", None):

@@ -1,12 +1,5 @@
 """The picture of a search: which cell each scenario ran in, in order, and where an invariant first failed.
-
-    search_map({"fixed engine": report, "defect X": other})   one panel per hunt; rows are cells, columns scenarios
-
-Green dots are scenarios that passed, hollow grey ones scenarios the engine refused (outside its domain), the red
-cross is the first failing one, small red dots the runs spent shrinking it. Colours follow minikv.viz (red is WRONG,
-green RIGHT, grey NEUTRAL). Each panel's legend lists only what that panel draws; every text is at least 8 pt where
-the figure is shown (minikv.viz.legibility_problems). Returns a new, unshown matplotlib Figure.
-"""
+See docs/internals.md#hunt-figure."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

@@ -1,18 +1,5 @@
 """The adapter that runs a Scenario on `minikv.LLM` and records what the oracles check.
-
-It uses only the engine's public surface: `LLM(...)`, `add_request`/`step`/`has_unfinished`,
-`sleep`/`wake_up`, `StepOutput` (block tables, slot mappings), `llm.attention_layers` (which pool each layer
-reads, self or cross) and `llm.arena` (its byte storage, pool offsets and layouts). Per step it copies the
-arena's bytes before the step and diffs them after: every changed byte must lie in a row the step's slot
-mapping names (codes and inline scales of the named slots, K and V, every KV head); anything else, a guard
-zone included, is a stray write. Right after a request's prefill it keeps the bytes of every token position it
-wrote (codes and scales apart), for the first-versus-later check. Through `seams.record_logits` it also keeps the
-logits each token was sampled from, for the comparison with the dense reference's.
-
-The engine under test is `LLM(..., reintroduce=<the tuple given>)`, passed through unread; `instrument` (a
-callable) is applied to every engine built, which is how tests plant defects of their own. With a backend other
-than "torch", every kernel call also runs through its reference (shadow.py).
-"""
+See docs/internals.md#hunt-minikv-engine."""
 from __future__ import annotations
 
 import functools
@@ -32,9 +19,7 @@ SCALE_BYTES = 4
 
 
 class MinikvEngine:
-    """Runs scenarios on minikv. `reintroduce` goes to every `LLM(...)` as given; `engine_checks` switches the
-    engine's own sanitizer and layout contract on (off by default: the hunter's oracles stand on their own);
-    `remember` keeps every Run, so several hunts over one engine pay once for a scenario (a run is deterministic)."""
+    """Runs scenarios on minikv."""
 
     def __init__(self, reintroduce=(), backend: str = "torch", instrument=None, engine_checks: bool = False,
                  device: str = "cpu", remember: bool = False, sanitize: bool = False):
@@ -67,9 +52,8 @@ class MinikvEngine:
         return llm, (KernelShadow(llm) if self.backend != "torch" else None)
 
     def snippet(self, scenario: Scenario, violations=()) -> str:
-        """The scenario as a program; with a finding's `violations`, one that checks them and exits 1 (repro.py).
-        A stray write is shown through the engine's own sanitizer when a variant of the scenario (its pools at
-        the smallest size the requests need, then with the pool's longest prompt) makes it reach a guard zone."""
+        """The scenario as a program; with a finding's `violations`, one that checks them and exits 1
+        (repro.py)."""
         from .repro import TOKEN_ORACLES, snippet
         if not violations:
             return snippet(scenario, self.llm_kwargs(scenario), self.instrument)
@@ -173,7 +157,7 @@ class MinikvEngine:
                 i = pending.pop(0)
                 r = requests[i]
                 try:
-                    rid = llm.add_request(r.prompt, minikv.SamplingParams(max_tokens=r.max_tokens))
+                    rid = llm.add_request(r.prompt, minikv.SamplingParams(temperature=0, max_tokens=r.max_tokens))
                 except (ValueError, TypeError) as err:
                     run.refused = f"request {i}: {_first_line(err)}"
                     return False
@@ -194,8 +178,10 @@ class MinikvEngine:
             for done in out.finished:
                 i = ids[done.request_id]
                 r = requests[i]
+                # The hunt's records name an end-of-sequence stop "eos" (vLLM's outputs say "stop", no stop_reason).
+                eos = done.finish_reason == "stop" and done.outputs[0].stop_reason is None
                 results[i] = RequestResult(i, wave, r.prompt, r.max_tokens, tuple(done.token_ids),
-                                           done.finish_reason)
+                                           "eos" if eos else done.finish_reason)
             step += 1
         for i in range(len(requests)):
             res = results[i]

@@ -1,18 +1,11 @@
 """The invariants: what must hold for every configuration, written without knowing any particular defect.
-
-Each oracle reads a `Run` (minikv.hunt.record: token ids per request, how each was scheduled, its KV bytes after
-prefill, the bytes each step changed outside its slot mapping) and returns the violations it finds. Four of them
-need nothing but the engine's own outputs; `matches-reference` also needs a reference (the dense model with the
-same KV quantization, minikv.hunt.reference). They apply unchanged to any paged-KV engine whose outputs an
-adapter records (docs/hunt.md).
-"""
+See docs/internals.md#hunt-oracles."""
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 
 from .record import RequestResult, Run
-from .reference import LOGIT_TOLERANCE, TIE_MARGIN, logit_deviation
 
 
 @dataclass(frozen=True)
@@ -51,12 +44,17 @@ def _first_difference(a, b) -> int | None:
 
 def _near_tie(ref, tokens, position: int, other: int | None = None) -> bool:
     """Whether `tokens[position]` and `other` (default: the reference's own token there) are a near tie: the
-    reference saw the same tokens before `position`, and its logits there separate the two by at most
-    TIE_MARGIN."""
+    reference saw the same tokens before `position`, and its logits there separate the two by at most twice the
+    row's tolerance (each of the two logits may move by the tolerance, so their gap by twice that)."""
     if ref is None or position >= len(ref.token_ids) or tuple(ref.token_ids[:position]) != tuple(tokens[:position]):
         return False
     other = ref.token_ids[position] if other is None else other
-    return abs(ref.gap(position, other, tokens[position])) <= TIE_MARGIN
+    return abs(ref.gap(position, other, tokens[position])) <= 2 * ref.allowed(position)
+
+
+def logit_deviation(engine_row, reference_row) -> float:
+    """The largest |engine - reference| over a row of logits."""
+    return float((engine_row.double() - reference_row.double()).abs().max())
 
 
 def _as_returned(tokens, eos_id) -> tuple[int, ...]:
@@ -153,21 +151,21 @@ def schedule_invariant(run: Run, refs) -> list[Violation]:
     return out
 
 
-def _logits_leave(r: RequestResult, ref, tolerance: float, upto: int) -> tuple[int, float] | None:
-    """(position, deviation) of the first logits row, up to and including `upto`, that leaves the reference's by
-    more than `tolerance` (the contexts are the same there), or None."""
+def _logits_leave(r: RequestResult, ref, upto: int) -> tuple[int, float, float] | None:
+    """(position, deviation, tolerance) of the first logits row, up to and including `upto`, that leaves the
+    reference's by more than the row's tolerance (the contexts are the same there), or None."""
     if r.logits is None:
         return None
     for p, (row, ref_row) in enumerate(zip(r.logits[: upto + 1], ref.logits)):
         d = logit_deviation(row, ref_row)
-        if d > tolerance:
-            return p, d
+        if d > ref.allowed(p):
+            return p, d, ref.allowed(p)
     return None
 
 
-def largest_logit_deviation(run: Run, refs) -> float | None:
-    """The largest `logit_deviation` of any logits row the engine recorded where its context is the reference's
-    (what LOGIT_TOLERANCE is calibrated against), or None when there is none."""
+def tolerance_used(run: Run, refs) -> float | None:
+    """The largest share of its tolerance (deviation / tolerance) that any logits row the engine recorded uses,
+    where its context is the reference's, or None when there is none (1 would be the limit)."""
     found = None
     for r in run.requests:
         ref = refs.get(r.prompt) if refs else None
@@ -175,18 +173,18 @@ def largest_logit_deviation(run: Run, refs) -> float | None:
             continue
         got = _full(r, run.eos_id)
         at = _first_difference(got, ref.token_ids[: r.max_tokens])
-        for row, ref_row in zip(r.logits[: (len(got) if at is None else at) + 1], ref.logits):
-            d = logit_deviation(row, ref_row)
+        for p, (row, ref_row) in enumerate(zip(r.logits[: (len(got) if at is None else at) + 1], ref.logits)):
+            allowed = ref.allowed(p)
+            d = logit_deviation(row, ref_row) / allowed if allowed > 0 else float("inf")
             found = d if found is None else max(found, d)
     return found
 
 
 def matches_reference(run: Run, refs) -> list[Violation]:
     """Greedy tokens equal the dense reference's with the same KV quantization, except at a near tie; and where the
-    engine recorded its logits and its tokens agree, every row with the reference's context lies within the
-    format's LOGIT_TOLERANCE (a shift that flips no token)."""
+    engine recorded its logits and its tokens agree, every row with the reference's context lies within its
+    tolerance (minikv.hunt.logit_tolerance: a shift that flips no token)."""
     out = []
-    tolerance = LOGIT_TOLERANCE.get((run.scenario.kv_cache_dtype, run.scenario.dtype))
     for r in run.requests:
         ref = refs.get(r.prompt)
         want = ref.token_ids[: r.max_tokens]
@@ -198,14 +196,12 @@ def matches_reference(run: Run, refs) -> list[Violation]:
                                  f"the engine gave {list(got)}, first different at token {at}",
                                  seen_at=(r.wave, r.index), expected=_as_returned(want, run.eos_id)))
             continue
-        left = None if tolerance is None else _logits_leave(r, ref, tolerance, len(got) if at is None else at)
+        left = _logits_leave(r, ref, len(got) if at is None else at)
         if left is not None:
-            p, d = left
-            cell = f"{run.scenario.kv_cache_dtype} x {run.scenario.dtype}"
+            p, d, allowed = left
             out.append(Violation("matches-reference", f"request {r.index} (wave {r.wave}) {r.prompt!r}: the logits "
-                                                      f"before token {p} leave the reference's by more than the "
-                                                      f"tolerance of {cell} ({tolerance:g})",
-                                 f"by {d:.3g} of the row's largest logit"))
+                                                      f"before token {p} leave the reference's by more than their "
+                                                      f"tolerance", f"by {d:.3g} logits, the tolerance {allowed:.3g}"))
     return out
 
 
@@ -221,7 +217,7 @@ ORACLES: dict[str, Oracle] = {o.name: o for o in (
                                  "size, prefix caching, preemption or arrival time", False, schedule_invariant),
     Oracle("matches-reference", "greedy tokens equal the dense model's with the same KV quantization (a "
                                 "quantized cache within its known error), except at a near tie, and each step's "
-                                "logits lie within the format's tolerance of the dense model's", True,
+                                "logits lie within their tolerance of the dense model's", True,
            matches_reference),
 )}
 

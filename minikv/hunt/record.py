@@ -1,9 +1,5 @@
 """What a run of one scenario left behind, in engine-neutral terms: the records every oracle reads.
-
-Nothing here is minikv-specific. An adapter for another engine fills the same records from that engine's outputs
-(token ids per request, the bytes of its KV cache) and the oracles (`minikv.hunt.oracles`) check them unchanged.
-See docs/hunt.md, "Pointing the hunter at another engine".
-"""
+See docs/internals.md#hunt-record."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,8 +11,7 @@ from .scenario import Scenario
 @dataclass(frozen=True)
 class KVRow:
     """The cache bytes of one token position in one pool: its codes (K then V, every KV head) and, for formats
-    with inline scales, its scale bytes (same order). Positions are logical (0 = the first token), so two runs
-    that put the same request in different physical blocks compare equal."""
+    with inline scales, its scale bytes (same order)."""
 
     codes: bytes
     scales: bytes = b""

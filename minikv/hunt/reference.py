@@ -1,49 +1,24 @@
-"""The reference the `matches-reference` oracle compares with: the model run densely, without the engine.
-
-For a prompt, the model's own greedy decoding (dense attention over its own K/V: no paged cache, no
-scheduler, no attention backend), with every fresh K and V quantized and dequantized exactly as the cache
-format stores it (`minikv.models.train.kv_transform_for`: the format's scale rule and rounding). So a quantized
-paged cache is held to the same quantization error, computed another way: a correct engine gives the same
-greedy tokens, except where two logits are so close that rounding in another order may swap them (a near tie).
-
-Results are cached per (model, format, dtype, prompt), as long as the longest request asked for; a request
-compares with the first `max_tokens` (greedy decoding is prefix-stable).
-"""
+"""The reference the `matches-reference` oracle compares with: the model run densely in float64, without the engine.
+See docs/internals.md#hunt-reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
+from . import logit_tolerance as tol
 from .scenario import torch_dtype
 
 MAX_TOKENS = 8
-# A divergence is a near tie when the reference prefers its token over the engine's by at most this many logits:
-# there, computing in another order may swap the two. The shipped models decide every held-out token of the
-# prompt pool by a wider margin, in every format (results/hunt.json, docs/hunt.md).
-TIE_MARGIN = 1.0
-# How far the engine's logits may lie from the dense reference's with the same context, per (KV cache format,
-# activation dtype): the largest |engine - reference| over a row, divided by the row's largest |logit| (at least 1).
-# Calibrated on the fixed engine (`minikv hunt --every-defect` records the largest deviation it saw, results/hunt.json
-# "calibration"): the shipped models and random-weight Gemma-4 and T5 checkpoints (tests/test_checkpoint_dirs.py)
-# stay below 5e-2 in float16, below 1.2e-3 in float32 with a quantized cache (a quantization code may round the
-# other way) and below 4e-6 with a 16-bit one; each bound here is about twice that, so on unquantized float32 cells
-# the check is tight. A defect that shifts attention without flipping a greedy token still leaves these bounds.
-LOGIT_TOLERANCE = {("auto", "float32"): 1e-4, ("fp8", "float32"): 2.5e-3, ("int8_per_token_head", "float32"): 2.5e-3,
-                   ("fp8_per_token_head", "float32"): 2.5e-3, ("auto", "float16"): 1e-1, ("fp8", "float16"): 1e-1,
-                   ("int8_per_token_head", "float16"): 1e-1, ("fp8_per_token_head", "float16"): 1e-1}
-
-
-def logit_deviation(engine_row: torch.Tensor, reference_row: torch.Tensor) -> float:
-    """The largest |engine - reference| over a row of logits, relative to the row's largest |logit| (at least 1)."""
-    return float((engine_row - reference_row).abs().max()) / max(1.0, float(reference_row.abs().max()))
 
 
 @dataclass(frozen=True)
 class Reference:
     token_ids: tuple[int, ...]            # the greedy tokens, ending with EOS where the model stops
-    logits: tuple[torch.Tensor, ...]      # float32 [vocab] before each token
+    logits: tuple[torch.Tensor, ...]      # float64 [vocab] before each token
     stopped: bool = False                 # the last token is EOS: there is nothing after it
+    tolerance: tuple[float, ...] = ()     # per row: how far (in logits) a correct engine's row may lie from it
+    terms: tuple = ()                     # per row: the tolerance's terms (logit_tolerance.Terms)
 
     def margin(self, position: int, other: int) -> float:
         """How many logits the reference's token at `position` beats `other` by."""
@@ -54,72 +29,126 @@ class Reference:
         row = self.logits[position]
         return float(row[a] - row[b])
 
+    def allowed(self, position: int) -> float:
+        """The tolerance of row `position`, in logits (0 where none was given: the row must match exactly)."""
+        return self.tolerance[position] if position < len(self.tolerance) else 0.0
+
+
+@dataclass
+class _Dense:
+    """One float64 greedy decode: tokens, logits, and per row the sizes its tolerance is computed from."""
+    token_ids: tuple[int, ...]
+    logits: torch.Tensor                  # float64 [tokens, vocab]
+    stopped: bool
+    bound: tuple[float, ...]              # per row: max_v |W_v| |h|, the largest any logit can be
+    depth: tuple[int, int]                # (layers, the longest dot product): logit_tolerance.gamma's L and n
+    hidden: object                        # (model, batch) -> final hidden states [batch, tokens, H], same sequence
+    measured: dict                        # activation dtype -> per row: (the dtype's own run, the flips) moves
+
 
 class DenseReference:
-    """Greedy references from the dense model, cached."""
+    """Greedy references from the dense model in float64, cached."""
 
     def __init__(self, device: str = "cpu"):
         self.device = device
         self._models: dict = {}
         self._cache: dict = {}
 
-    def _model(self, name: str, dtype: str):
+    def _model(self, name: str, dtype: torch.dtype = torch.float64):
         from minikv.models import registry
-        key = (name, dtype)
-        if key not in self._models:
-            self._models[key] = (registry.load_model(name, device=self.device, dtype=torch_dtype(dtype)).eval(),
-                                 registry.get_tokenizer(name))
-        return self._models[key]
+        if (name, dtype) not in self._models:
+            self._models[name, dtype] = registry.load_model(name, device=self.device, dtype=dtype).eval()
+        return self._models[name, dtype]
 
     def get(self, model: str, kv_cache_dtype: str, dtype: str, prompt: str,
             max_tokens: int = MAX_TOKENS) -> Reference:
-        """The reference for `prompt`: at least `max_tokens` tokens, or fewer ending with EOS."""
-        key = (model, kv_cache_dtype, dtype, prompt)
+        """The reference for `prompt`, to compare an engine computing in `dtype` with: at least `max_tokens`
+        tokens, or fewer ending with EOS."""
+        key = (model, kv_cache_dtype, prompt)
         known = self._cache.get(key)
         if known is None or (len(known.token_ids) < max_tokens and not known.stopped):
-            self._cache[key] = self._decode(model, kv_cache_dtype, dtype, prompt, max(max_tokens, 1))
-        return self._cache[key]
+            self._cache[key] = known = self._decode(model, kv_cache_dtype, prompt, max(max_tokens, 1))
+        if dtype not in known.measured:
+            known.measured[dtype] = self._measure(model, kv_cache_dtype, dtype, known)
+        terms = tuple(tol.terms(dtype, *known.depth, *m) for m in zip(known.bound, *known.measured[dtype]))
+        return Reference(known.token_ids, tuple(known.logits), known.stopped, tuple(t.total for t in terms), terms)
 
     @torch.no_grad()
-    def _decode(self, name: str, kv_cache_dtype: str, dtype: str, prompt: str, max_tokens: int) -> Reference:
-        from minikv.models import train
-        net, tok = self._model(name, dtype)
-        previous = net.kv_transform
+    def _decode(self, name: str, kv_cache_dtype: str, prompt: str, max_tokens: int) -> _Dense:
+        from minikv.models import registry, train
+        net, tok = self._model(name), registry.get_tokenizer(name)
         net.kv_transform = train.kv_transform_for(None if kv_cache_dtype == "auto" else kv_cache_dtype)
-        try:
-            # The model's own greedy decoding picks the tokens; one more forward pass over the whole sequence
-            # gives the logits before each of them (for the near-tie margins).
-            if net.config.is_encoder_decoder:
-                enc_ids = torch.tensor([tok.encode(prompt)], device=self.device)
-                ids = net.greedy(enc_ids, max_tokens)[0].tolist()
-                ids = ids[: ids.index(tok.eos_id) + 1] if tok.eos_id in ids else ids
-                start = [net.config.decoder_start_token_id]
-                dec = torch.tensor([start + ids[:-1]], device=self.device)
-                logits = net.compute_logits(net.decode(dec, net.encode(enc_ids)))[0]
-            else:
-                prompt_ids = [tok.bos_id] + tok.encode(prompt)
-                ids = net.greedy(torch.tensor([prompt_ids], device=self.device), max_tokens)[0].tolist()
-                ids = ids[: ids.index(tok.eos_id) + 1] if tok.eos_id in ids else ids
-                full = torch.tensor([prompt_ids + ids[:-1]], device=self.device)
-                logits = net.logits(full)[0, len(prompt_ids) - 1:]
-        finally:
-            net.kv_transform = previous
-        return Reference(tuple(ids), tuple(logits.float().cpu()), stopped=ids[-1] == tok.eos_id)
+        # The model's own greedy decoding picks the tokens; one more forward pass over the whole sequence
+        # gives the logits before each of them, and the final hidden states they come from.
+        if net.config.is_encoder_decoder:
+            enc_ids = torch.tensor([tok.encode(prompt)], device=self.device)
+            ids = net.greedy(enc_ids, max_tokens)[0].tolist()
+            ids = ids[: ids.index(tok.eos_id) + 1] if tok.eos_id in ids else ids
+            dec = torch.tensor([[net.config.decoder_start_token_id] + ids[:-1]], device=self.device)
+
+            def hidden(m, batch=1):
+                return m.decode(dec.expand(batch, -1), m.encode(enc_ids.expand(batch, -1)))
+            layers = net.config.num_decoder_layers + net.config.num_layers
+        else:
+            prompt_ids = [tok.bos_id] + tok.encode(prompt)
+            ids = net.greedy(torch.tensor([prompt_ids], device=self.device), max_tokens)[0].tolist()
+            ids = ids[: ids.index(tok.eos_id) + 1] if tok.eos_id in ids else ids
+            full = torch.tensor([prompt_ids + ids[:-1]], device=self.device)
+
+            def hidden(m, batch=1):
+                return m(full.expand(batch, -1))[:, len(prompt_ids) - 1:]
+            layers = net.config.num_hidden_layers
+        h = hidden(net)[0]
+        net.kv_transform = None
+        head = net.lm_head.weight.detach().norm(dim=-1).max()
+        bound = head * _head_input(net, h).norm(dim=-1)
+        inner = max(m.in_features for m in net.modules() if isinstance(m, torch.nn.Linear))
+        return _Dense(tuple(ids), _logits(net, h).cpu(), ids[-1] == tok.eos_id, tuple(bound.tolist()),
+                      (layers, inner), hidden, {})
+
+    @torch.no_grad()
+    def _measure(self, name: str, kv_cache_dtype: str, dtype: str, known: _Dense) -> tuple[list, list]:
+        """Per row: (how far the dense model's own run in `dtype` lies from the float64 reference, the sum over
+        every group of K/V codes within reach of a boundary (logit_tolerance.FlipProbe) of how far the float64
+        reference moves with that group flipped alone)."""
+        from minikv.models import train
+        fmt = None if kv_cache_dtype == "auto" else kv_cache_dtype
+        quantize, lower = train.kv_transform_for(fmt), []
+
+        def keeping(t):                                           # the K/V of the run in `dtype`, in call order
+            lower.append(t)
+            return quantize(t) if quantize else t
+        own = _logits_of(self._model(name, torch_dtype(dtype)), keeping, known)[0]
+        own = (own - known.logits).abs().amax(-1)
+        if fmt is None:
+            return own.tolist(), [0.0] * len(own)
+        probe = tol.FlipProbe(fmt, lower)
+        _logits_of(self._model(name), probe, known)               # finds the groups
+        if not probe.groups:
+            return own.tolist(), [0.0] * len(own)
+        logits = _logits_of(self._model(name), probe.flipping(), known, 1 + len(probe.groups))
+        return own.tolist(), (logits[1:] - logits[0]).abs().amax(-1).sum(0).tolist()
 
 
-def calibrate(reference: DenseReference, cells, prompts) -> tuple[float, float]:
-    """(the smallest margin by which the dense model picks any of its reference tokens, the largest logit difference
-    between its float16 and float32 runs while their tokens agree), over `prompts(model)` in every cell's format:
-    what TIE_MARGIN must stay below and above."""
-    margin, gap = float("inf"), 0.0
-    for model, fmt in dict.fromkeys((c[0], c[1]) for c in cells):
-        for prompt in prompts(model):
-            half, full = reference.get(model, fmt, "float16", prompt), reference.get(model, fmt, "float32", prompt)
-            for ref in (half, full):
-                for row, token in zip(ref.logits, ref.token_ids):
-                    margin = min(margin, float(row[token] - row.topk(2).values[1]))
-            for a, b, ta, tb in zip(half.logits, full.logits, half.token_ids, full.token_ids):
-                gap = max(gap, float((a - b).abs().max()))
-                if ta != tb:
-                    break
-    return margin, gap
+def _logits_of(net, transform, known: _Dense, batch: int = 1) -> torch.Tensor:
+    """float64 logits [batch, tokens, vocab] of `net` with `transform` on its K/V, over the reference's sequence."""
+    net.kv_transform = transform
+    try:
+        return _logits(net, known.hidden(net, batch)).double().cpu()
+    finally:
+        net.kv_transform = None
+
+
+def _head_input(net, hidden: torch.Tensor) -> torch.Tensor:
+    """What the unembedding multiplies: the final hidden state, scaled where the model scales it (T5)."""
+    if getattr(net.config, "scale_decoder_outputs", False):
+        return hidden * net.config.d_model ** -0.5
+    return hidden
+
+
+def _logits(net, hidden: torch.Tensor) -> torch.Tensor:
+    """float64 logits of float64 hidden states (the model's own head, soft-capping included, without its cast to
+    float32)."""
+    logits = net.lm_head(_head_input(net, hidden))
+    cap = getattr(net.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap is not None else logits

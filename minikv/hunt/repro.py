@@ -1,18 +1,5 @@
 """A scenario as ready-to-run Python: the `minikv.LLM(...)` call, the prompts, the calls that serve them, and the
-check that fails.
-
-Without violations, the program prints each wave's token ids (one list per wave, the requests in their order). With
-the violations of a finding it also checks them itself, prints what was expected beside what was seen, and exits
-with status 1 when the invariant fails (0 when it holds, as on a fixed engine):
-
-* tokens (matches-reference, schedule-invariant, repeat-identical): the request's tokens against the dense model's
-  (written into the program) or against the copy that must equal them;
-* the engine's sanitizer (writes-in-bounds, when the adapter found a configuration whose stray writes reach a guard
-  zone): `sanitize=True`, and the `KVCacheOverrunError` that names the guard hit;
-* a configuration that raised (runs): the exception it raised;
-* anything else (KV bytes, kernels against their references, stray writes inside a pool): `replay`, which runs the
-  scenario through the hunter's own adapter and oracle and prints the same.
-"""
+check that fails. See docs/internals.md#hunt-repro."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +15,7 @@ def serve(llm, arrivals):
     while pending or llm.has_unfinished():
         while pending and arrivals[pending[0]][0] <= step:
             i = pending.pop(0)
-            ids[i] = llm.add_request(arrivals[i][1], minikv.SamplingParams(max_tokens=arrivals[i][2]))
+            ids[i] = llm.add_request(arrivals[i][1], minikv.SamplingParams(temperature=0, max_tokens=arrivals[i][2]))
         if not llm.has_unfinished():
             step = arrivals[pending[0]][0]
             continue
@@ -85,7 +72,7 @@ def _serving(scenario: Scenario) -> list[str]:
             body.append(f"waves.append(serve(llm, [{arrivals}]))")
         else:
             prompts = ", ".join(repr(r.prompt) for r in scenario.requests)
-            params = ", ".join(f"minikv.SamplingParams(max_tokens={r.max_tokens})" for r in scenario.requests)
+            params = ", ".join(f"minikv.SamplingParams(temperature=0, max_tokens={r.max_tokens})" for r in scenario.requests)
             body.append(f"outs = llm.generate([{prompts}], [{params}], use_tqdm=False)")
             body.append("waves.append([o.token_ids for o in outs])")
         body.append("print(waves[-1])")
@@ -116,12 +103,8 @@ def _indent(lines: list[str]) -> list[str]:
 
 def snippet(scenario: Scenario, llm_kwargs: dict, instrument=None, violations=(), replay_call: str | None = None,
             sanitized: bool = False, note: str | None = None) -> str:
-    """Python that builds the engine of `scenario` with `llm_kwargs` and serves its requests, printing tokens.
-
-    With `instrument` (the callable the hunt applied to every engine), the program applies it too. With
-    `violations` (a finding's), it checks them and exits 1 when one holds again (see the module docstring):
-    `sanitized` says the engine's sanitizer is on and catches the stray writes (the program then shows the guard
-    zone hit); `replay_call` is the expression that replays a check the program cannot make itself."""
+    """Python that builds the engine of `scenario` with `llm_kwargs` and serves its requests, printing
+    tokens."""
     imports = ["import minikv", "import torch"]
     setup = [_kwargs(llm_kwargs)]
     name = _instrument(instrument, imports)

@@ -1,12 +1,5 @@
 """Scenario: one engine configuration and the requests it serves, the unit the hunter generates and shrinks.
-
-A scenario is plain data (frozen dataclasses of ints, strings and tuples), so that hypothesis can shrink it, the
-result cache can key on it, and `repro.snippet` can print it as a ready-to-run `minikv.LLM(...)` call.
-
-The requests run in *waves*: wave 0 is `requests`; with `repeat`, wave 1 submits the same requests again once
-wave 0 has finished (after `sleep`/`wake_up` when `sleep` names a mode). Inside a wave a request is added to
-the engine `arrival` steps after the wave's first step, so later arrivals join a running batch.
-"""
+See docs/internals.md#hunt-scenario."""
 from __future__ import annotations
 
 import math
@@ -64,7 +57,7 @@ class Scenario:
 
 def torch_dtype(name: str):
     import torch
-    return {"float16": torch.float16, "float32": torch.float32}[name]
+    return {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

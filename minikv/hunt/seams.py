@@ -1,13 +1,5 @@
 """The places the hunter reaches into an engine beyond its outputs: wrapping one of its kernel ops, and reading the
-logits its sampler is given.
-
-`llm.kernel_ops` is the set of kernels every attention layer of an engine calls (one object, shared by all of
-them). `wrap_kernel_op(llm, "write_kv", make)` replaces its `write_kv` with `make(original)` for that engine
-only. The hunter uses it to run each kernel beside its reference (shadow.py); tests and notebook 06 use it to
-plant defects of their own. `record_logits(llm, store)` keeps the logits row of every sampled token (the engine's
-sampler, `llm.runner.sample`), for `matches-reference`'s logits comparison. Nothing else in minikv.hunt touches
-engine internals.
-"""
+logits its sampler is given. See docs/internals.md#hunt-seams."""
 from __future__ import annotations
 
 KERNEL_OPS = ("write_kv", "decode", "context", "paged_context")
@@ -32,10 +24,7 @@ def pool_of(llm, tensor) -> tuple[str, object] | None:
 
 
 def record_logits(llm, store: dict) -> bool:
-    """Keep, for every request, the logits row the engine's sampler gets at each of its steps: `store[request id]`
-    becomes a list of float32 CPU rows, one per sampled token (what `matches-reference` compares with the dense
-    model's). Wraps `llm.runner.sample` for this engine only; returns False (nothing recorded) when the engine has
-    no such sampler."""
+    """Keep every logits row the engine's sampler gets, per request; False when it has no such sampler."""
     runner = getattr(llm, "runner", None)
     sample = getattr(runner, "sample", None)
     if sample is None:

@@ -1,17 +1,5 @@
 """The search: hypothesis over engine configurations, cell by cell, until an invariant fails or the budget ends.
-
-Order. Cells (model x KV cache format x activation dtype, `strategies.cells`) take turns in rounds: round r gives
-each cell 2**r examples of its own hypothesis search (seeded, so the same examples come in the same order on
-every machine; results are cached, so a later round only pays for the examples the earlier ones did not run).
-The first example of every cell is its plainest configuration, so one round is the whole matrix at its
-defaults: the cases a filtered backend matrix would skip.
-
-Failure. An example whose run violates an oracle raises; hypothesis shrinks it (within `max_shrink_runs` further
-runs) to a minimal scenario, which the report prints with a ready-to-run reproduction.
-
-Budget. `budget_s` (seconds) and/or `max_scenarios` (runs) bound the search before a failure; the first makes
-results depend on the machine's speed, the second does not (the notebook and the tests use it).
-"""
+See docs/internals.md#hunt-search."""
 from __future__ import annotations
 
 import contextlib
@@ -39,14 +27,7 @@ class _NoConstants:
 
 @contextlib.contextmanager
 def _no_source_constants():
-    """Keep hypothesis from scanning local source files while the hunter searches.
-
-    Hypothesis (6.131 and later) collects the literal constants of every local (not site-packages) module loaded,
-    to draw from them now and then, and caches them under `.hypothesis/` in the working directory: a notebook or
-    a test would leave files in the repository. The hunter's draws are all small integers and choices, which
-    hypothesis never takes from source (it skips integers below 100), so switching the scan off changes no
-    scenario; it only stops the scan and the writes (the per-process cache is cleared on both sides). Where a
-    hypothesis version lacks the hook, nothing is changed."""
+    """Keep hypothesis from scanning local source files while the hunter searches."""
     try:
         from hypothesis.internal.conjecture import providers
         hook, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
@@ -93,16 +74,14 @@ class HuntReport:
     refused_scenarios: list = field(default_factory=list)   # those the engine refused, in order
     outcomes: list = field(default_factory=list)   # per scenario tried: "passed", "refused" or "failed"
     settings: dict = field(default_factory=dict)   # how the hunt was run (seed, limits, oracles, backend)
-    logit_deviation: dict = field(default_factory=dict)   # cell -> largest logits deviation from the reference seen
+    tolerance_used: dict = field(default_factory=dict)    # cell -> largest |logits - reference| / tolerance seen
 
     @property
     def found(self) -> bool:
         return self.finding is not None
 
     def to_dict(self) -> dict:
-        """The report as JSON-ready data: how the hunt was run, every scenario tried (in order, with its cell and
-        outcome; those after the first failure were spent shrinking it), the finding with its shrunk scenario and
-        reproduction, and the timings."""
+        """The report as JSON-ready data."""
         import dataclasses
 
         def scenario(s: Scenario) -> dict:
@@ -127,7 +106,7 @@ class HuntReport:
                 "scenarios_run": self.scenarios_run, "refused": self.refused, "rounds": self.rounds,
                 "seconds": round(self.seconds, 3),
                 "refusals": {cell_label(c): msg for c, msg in self.refusals.items()},
-                "largest_logit_deviation": {cell_label(c): float(f"{d:.3g}") for c, d in self.logit_deviation.items()},
+                "tolerance_used": {cell_label(c): float(f"{d:.3g}") for c, d in self.tolerance_used.items()},
                 "finding": finding, "scenarios": tried}
 
     def text(self, portable: bool = False) -> str:
@@ -157,24 +136,7 @@ def hunt(engine=None, *, model=None, reintroduce=(), instrument=None, backend: s
          budget_s: float | None = 60.0, max_scenarios: int | None = None, max_shrink_runs: int = 40,
          oracles=None, cells=None, reference=None, progress: bool | None = None,
          threads: int | None = 1) -> HuntReport:
-    """Search engine configurations for a violated invariant.
-
-    engine          what to drive (an object with `run(scenario)` and `snippet(scenario)`); default
-                    `MinikvEngine(reintroduce, backend, instrument)`: minikv.LLM with the given `reintroduce` tuple
-                    passed through, and `instrument(llm)` applied to every engine built (an engine given here
-                    brings its own: `reintroduce`, `instrument` and `backend` are then not used)
-    seed            the hypothesis seed (the same seed tries the same scenarios in the same order)
-    budget_s, max_scenarios  stop the search after this many seconds / runs (None: no limit of that kind)
-    max_shrink_runs runs spent shrinking a failure
-    oracles         names from `minikv.hunt.oracles.ORACLES` (default all)
-    model           one model to hunt over: a shipped model's name or a checkpoint directory (transformers'
-                    format); its cells are every KV cache format in both activation dtypes, its prompts come from
-                    its own tokenizer and its dense reference from the same weights. Default: the trained models
-    cells           (model, kv_cache_dtype, dtype) triples (default `strategies.cells()`, or `model`'s)
-    progress        a progress bar on stderr (None: only when stderr is a terminal)
-    threads         torch's intra-op threads while hunting (restored after; None: leave as set). The engines are
-                    tiny: more threads only add hand-offs, and on a busy machine they wait for each other
-    """
+    """Search engine configurations for a violated invariant."""
     if budget_s is None and max_scenarios is None:
         raise ValueError("give budget_s or max_scenarios (or both): the search needs a limit")
     if oracles is not None:
@@ -205,8 +167,7 @@ def hunt(engine=None, *, model=None, reintroduce=(), instrument=None, backend: s
 
 def check_model(model) -> str:
     """A model the hunter can take, as the string its cells name: a shipped model's name, or a checkpoint
-    directory's path (absolute, so a printed reproduction runs from anywhere). The directory is loaded once here,
-    so that a bad checkpoint is refused with the loader's error (ModelLoadError) before the search starts."""
+    directory's path (absolute, so a printed reproduction runs from anywhere)."""
     from pathlib import Path
 
     from minikv.models import registry
@@ -287,7 +248,7 @@ class _Search:
                 refs = {p: self.reference.get(scenario.model, scenario.kv_cache_dtype, scenario.dtype, p, n)
                         for p, n in longest.items()}
             found = oracle_module.check(run, refs, self.oracle_names)
-            d = oracle_module.largest_logit_deviation(run, refs) if refs else None
+            d = oracle_module.tolerance_used(run, refs) if refs else None
             if d is not None:
                 self.deviation[cell] = max(d, self.deviation.get(cell, 0.0))
         if found and self.found_at is None:
@@ -339,4 +300,4 @@ class _Search:
                               runs_before, seconds, self.shrink_runs)
         return HuntReport(finding, self.runs, self.refused, rounds, list(cells), self._elapsed(), stopped,
                           self.refusals, self.tried, self.refused_tried, self.outcomes,
-                          logit_deviation=dict(self.deviation))
+                          tolerance_used=dict(self.deviation))

@@ -1,11 +1,5 @@
 """Kernels against their references, inside a real run: the `kernels-match-references` oracle's evidence.
-
-With a backend other than "torch", every kernel call the engine makes is repeated through the kernel's pure-PyTorch
-reference (minikv.kernels.*_reference) on the same inputs: a cache write on a copy of the pool, whose bytes must
-then equal the kernel's exactly; an attention call on the same pool, whose output must match within the dtype's
-tolerance. Disagreements are recorded per call. With backend="torch" the kernels are the references, and nothing
-is shadowed.
-"""
+See docs/internals.md#hunt-shadow."""
 from __future__ import annotations
 
 import inspect

@@ -1,15 +1,5 @@
 """The hypothesis strategies: every knob of an engine configuration, and requests to serve with it.
-
-The search is stratified by *cell*: (model, KV cache format, activation dtype), the three choices that select
-different code paths through the engine (another model's attention layers, another cache layout and kernels'
-element format, another context-attention path). Inside a cell, hypothesis draws everything else: batch
-geometry (`max_num_seqs`, block size), scale placement, pool sizes down to the smallest the requests can run in,
-prefix caching, the requests (prompts, lengths, repeats, arrival steps), a second submission of the same batch
-and a sleep/wake between the two.
-
-Every draw shrinks toward the plainest configuration (the first listed choice, the smallest number, fewer
-requests, the shortest prompt), so a failure shrinks to a minimal reproduction.
-"""
+See docs/internals.md#hunt-strategies."""
 from __future__ import annotations
 
 import functools
@@ -30,11 +20,7 @@ MAX_EXTRA_BLOCKS = 6                      # pool sizes: the smallest that works,
 
 
 def cells(models=None, kv_cache_dtypes=None, dtypes=None) -> list[tuple[str, str, str]]:
-    """Every (model, KV cache format, activation dtype), 16-bit first (what production engines serve in).
-
-    The default models are the trained ones: the prompt pool is made of prompts the model answers right, which a
-    random-weight model (tiny-gemma4-e2b) does not; pass `models=` to hunt over it anyway, or over checkpoint
-    directories (their prompts come from their own tokenizers: `prompt_pool`)."""
+    """Every (model, KV cache format, activation dtype), 16-bit first (what production engines serve in)."""
     from minikv.config import KV_CACHE_DTYPES
     from minikv.models.registry import TRAINED_MODELS
     return [(m, f, d) for m in (models or TRAINED_MODELS) for f in (kv_cache_dtypes or KV_CACHE_DTYPES)
@@ -64,10 +50,7 @@ def _tokenizer(model: str):
 
 @functools.lru_cache(maxsize=None)
 def prompt_pool(model: str) -> tuple[str, ...]:
-    """The prompts a cell's requests are drawn from, shortest first.
-
-    A shipped model: its task's held-out prompts (it answers them right). A checkpoint directory: prompts made with
-    its own tokenizer (`checkpoint_prompts`)."""
+    """The prompts a cell's requests are drawn from, shortest first."""
     if not is_shipped(model):
         return tuple(sorted(checkpoint_prompts(model), key=lambda p: (len(p), p)))
     from minikv.models import tasks
@@ -82,11 +65,7 @@ def _round_trips(tok, text: str) -> bool:
 
 
 def checkpoint_prompts(model: str, n: int = PROMPT_POOL, seed: int = 0) -> list[str]:
-    """Prompts for a checkpoint directory, from its own tokenizer: the arithmetic-continuation (or sort) task's
-    prompts where the tokenizer writes them back unchanged (`minikv.tasks.for_checkpoint`), otherwise token
-    sequences that round-trip (random ids of its vocabulary, decoded, kept when encoding the text and decoding
-    again gives the text back). Either way a prompt, as text, gives the engine and the reference the same tokens.
-    At most MAX_PROMPT_TOKENS tokens each, so that every prompt fits the model's positions with room to generate."""
+    """Prompts for a checkpoint directory that round-trip through its own tokenizer."""
     import random
 
     from minikv.models import tasks
@@ -174,9 +153,7 @@ def _max_positions(model: str) -> int:
 
 
 def prefix_lengths(model: str, block_size: int) -> list[int]:
-    """Shared-prefix lengths, in the engine's tokens (BOS included), for a decoder-only checkpoint at `block_size`:
-    ending inside the first block, at its boundary, just past it, at the second boundary and past it, inside the
-    third block; those the model's positions leave room for (the request's own tokens and MAX_TOKENS after)."""
+    """Shared-prefix lengths (BOS included) around the block boundaries of `block_size`."""
     room = _max_positions(model) - SUFFIX_TOKENS - MAX_TOKENS - 1
     return [k for k in (block_size - 1, block_size, block_size + 1, 2 * block_size, 2 * block_size + 1,
                         3 * block_size - 1) if k <= room]
@@ -191,9 +168,7 @@ def _prefix_source(model: str) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=None)
 def shared_prefix_prompts(model: str, prefix_tokens: int, n: int) -> tuple[str, ...] | None:
-    """`n` prompts of a decoder-only checkpoint whose tokens share exactly their first `prefix_tokens` (BOS
-    included: the engine's prefix cache sees BOS + the prompt) and then differ; each round-trips token for token
-    (encoding its text gives those very ids). None when the tokenizer gives no such set."""
+    """`n` prompts whose tokens share exactly their first `prefix_tokens`, or None."""
     tok = _tokenizer(model)
     source = _prefix_source(model)
     k = prefix_tokens - 1

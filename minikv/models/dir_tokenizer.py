@@ -1,30 +1,4 @@
-"""The tokenizer of a checkpoint directory.
-
-Two kinds, tried in this order:
-
-* `minikv_tokenizer.json`: minikv's own character tokenizer spec, `{"type": "char", "alphabet": "..."}`
-  (ids 0, 1, 2 are PAD, BOS, EOS, then one id per character), for the tiny models trained here;
-* `tokenizer.json`: a Hugging Face `tokenizers` file (real checkpoints); needs the `tokenizers` package. Special
-  ids come from config.json (`pad_token_id`, `bos_token_id`, `eos_token_id`).
-
-Both expose what the engine uses: `encode(text) -> ids`, `decode(ids) -> text` (specials skipped), `pad_id`,
-`bos_id`, `eos_id`, `vocab_size`.
-
-Special tokens, as transformers' standard `tokenizer(text)` adds them. A T5 `tokenizer.json` usually carries a
-post-processor, the template `$A </s>` of flan-t5: the encoder input ends with `</s>`. For a T5 directory
-`encode` applies the file's post-processor (`HFTokenizer.add_special_tokens` is True), so the engine's encoder ids
-equal `tokenizer(text)["input_ids"]` and its greedy tokens equal transformers' `generate` on them. Set
-`llm.tokenizer.add_special_tokens = False` (or `load_tokenizer(path, add_special_tokens=False)`) for the raw
-ids without the template. For a decoder-only model the engine puts BOS in front itself, so its tokenizer applies
-no post-processor (a Gemma template's `<bos>` would come twice). minikv's character tokenizer has no
-post-processor: the shipped models' tokens are the same either way.
-
-Checked when loading, each failure a `TokenizerFileError` naming the file: the file parses and has the expected
-keys; a decoder-only model's config names its BOS and EOS ids; the tokenizer's ids fit the model's vocabulary
-(`vocab_size` in config.json): a character alphabet with more ids than the embedding has rows is refused here, not
-with an IndexError at generate. A Hugging Face tokenizer whose added tokens reach past the vocabulary is accepted
-(real checkpoints carry such unused entries), and encoding text into one of those ids raises a ValueError.
-"""
+"""The tokenizer of a checkpoint directory. See docs/internals.md#models-dir-tokenizer."""
 from __future__ import annotations
 
 import json
@@ -118,11 +92,7 @@ def _check_char_spec(spec: dict, file: Path) -> CharTokenizer:
 
 
 def load_tokenizer(path: str | Path, add_special_tokens: bool | None = None):
-    """The tokenizer stored in checkpoint directory `path` (see the module docstring for the file names).
-
-    `add_special_tokens`: whether a `tokenizer.json`'s post-processor is applied by `encode`; None (the default)
-    applies it for a T5 (encoder inputs, as transformers' `tokenizer(text)`) and not for a decoder-only model
-    (the engine adds its BOS itself)."""
+    """The tokenizer stored in checkpoint directory `path` (see the module docstring for the file names)."""
     from minikv.models.hf_checkpoint import CheckpointError, read_json
     path = Path(path)
     spec_file = path / MINIKV_TOKENIZER_FILE

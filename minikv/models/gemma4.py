@@ -1,37 +1,5 @@
 """Gemma-4's text decoder (transformers' `Gemma4ForCausalLM` with a `gemma4_text` config), written for minikv.
-
-What makes Gemma-4 different from a plain decoder, all driven by `config.json`:
-
-* the token embedding is multiplied by sqrt(hidden_size);
-* four RMSNorms per layer (before and after attention, before and after the MLP), RMSNorm on every query and key
-  head, and a weightless RMSNorm on every value head; attention scores are *not* scaled by 1/sqrt(head_dim);
-* two layer types: `sliding_attention` layers see only the last `sliding_window` positions (the query's own
-  included), `full_attention` layers see everything. Each type has its own RoPE (`rope_parameters[type]`: theta,
-  and for "proportional" RoPE only the first `partial_rotary_factor` of the frequencies rotate) and may have its
-  own head size and KV-head count (`per_layer_config`, or the older `global_head_dim` /
-  `num_global_key_value_heads` keys); with `attention_k_eq_v` full layers have no value projection and use the
-  raw key projection as values;
-* per-layer inputs (PLE), when `hidden_size_per_layer_input` > 0: a second, packed embedding gives every layer
-  a small extra input that gates a residual branch after the MLP;
-* a learned per-layer output scalar, and optional final logit soft-capping (cap * tanh(logits / cap));
-* KV sharing: the last `num_kv_shared_layers` layers compute no keys or values; each one attends over the K/V
-  of the last non-shared layer of its own layer type (`Gemma4Config.kv_source`), derived as transformers does.
-
-Parameter names equal transformers' (`model.layers.3.self_attn.q_proj.weight`, ...), so a checkpoint directory
-loads with a plain state dict (see `minikv.models.hf_checkpoint`).
-
-Two ways to run it, as minikv's other models:
-
-* dense (training, parity tests, the golden reference): `input_ids` and `positions` are [B, T]; an optional
-  `DenseKVCache` carries K/V across calls for incremental decoding;
-* engine (`model(input_ids, positions, ctx=ctx)`, with the runner's per-step `ForwardContext`): flattened [T]
-  tokens; `ctx` is passed down every layer, which hands its q (and, if it owns K/V, its fresh k and v) to its
-  `Attention` op, which reads and writes the paged cache through `ctx`; a KV-sharing layer's op is bound to its
-  source layer's cache; sliding layers pass their window and every layer the scale 1.0 to the paged kernels.
-  Every layer's pool gets a layout of its own head size and KV-head count, so sliding and full layers may differ
-  (gemma-4-E2B: 256 and 512); a head size the paged kernels do not take is refused when the engine lays out
-  that layer's pool, naming the layer.
-"""
+See docs/internals.md#models-gemma4."""
 from __future__ import annotations
 
 import torch
@@ -54,10 +22,7 @@ _ACTIVATIONS = {
 
 # ---- building blocks --------------------------------------------------------------------------------------------
 class Gemma4RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps), in float32, times `weight` (absent for the value norm: `with_scale=False`), in
-    x's dtype. The step that follows a norm in the model can be handed to it: RoPE (`cos`, `sin`: q and k) or the
-    residual add (`residual`: the norms after attention and the MLP). On CUDA, in inference, one launch of
-    minikv.kernels.rms_norm does all of it (written as below it is about nine launches, and RoPE five more)."""
+    """x / sqrt(mean(x^2) + eps), in float32, times `weight` (if any), in x's dtype."""
 
     def __init__(self, dim: int, eps: float = 1e-6, with_scale: bool = True):
         super().__init__()
@@ -79,8 +44,7 @@ class Gemma4RMSNorm(nn.Module):
 
 
 class ScaledEmbedding(nn.Embedding):
-    """An embedding whose rows are multiplied by a constant, held in float32 and then rounded to the weight's
-    dtype, as upstream does (in bfloat16, sqrt(3072) becomes 55.5)."""
+    """An embedding whose rows are multiplied by a constant rounded to the weight's dtype."""
 
     def __init__(self, num: int, dim: int, scale: float):
         super().__init__(num, dim)
@@ -96,9 +60,7 @@ class ScaledEmbedding(nn.Embedding):
 
 
 def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2] of one layer type. 'proportional' RoPE rotates only the first
-    `partial_rotary_factor` of the pairs (the exponents still run over the whole head); the rest get frequency 0,
-    i.e. they pass through unrotated."""
+    """Inverse frequencies [head_dim / 2] of one layer type."""
     theta = rope["rope_theta"]
     if rope.get("rope_type", "default") == "default":
         return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
@@ -116,8 +78,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def attention_mask(q_pos: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:
-    """bool [B, 1, T, S], True = attend. Key j is visible to a query at position p when j <= p and, on a sliding
-    layer, p - j < window (the window counts the query's own position)."""
+    """bool [B, 1, T, S], True = attend: causal, and within the window on a sliding layer."""
     k_pos = torch.arange(num_keys, device=q_pos.device)
     dist = q_pos[:, None, :, None] - k_pos[None, None, None, :]
     visible = dist >= 0
@@ -127,8 +88,7 @@ def attention_mask(q_pos: torch.Tensor, num_keys: int, window: int | None) -> to
 
 
 class DenseKVCache:
-    """Per-layer K/V of every position so far, [B, kv_heads, S, D], for incremental dense decoding (the simple
-    golden reference; the engine's paged cache is elsewhere). Only layers that own K/V store anything."""
+    """Per-layer K/V of every position so far, for incremental dense decoding."""
 
     def __init__(self):
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -272,8 +232,7 @@ class Gemma4TextModel(nn.Module):
         self.init_rope_buffers()
 
     def init_rope_buffers(self) -> None:
-        """(Re)compute each layer type's RoPE inverse frequencies (not stored in checkpoints), in float32 on the
-        embedding's device; the checkpoint loader calls it after building the model on the meta device."""
+        """(Re)compute each layer type's RoPE inverse frequencies in float32."""
         device = self.embed_tokens.weight.device
         for t in sorted(set(self.config.layer_types)):
             inv = rope_inv_freq(self.config.rope_parameters[t], self.config.head_dim_of_type(t))
@@ -317,8 +276,7 @@ class Gemma4ForCausalLM(nn.Module):
 
     @property
     def kv_transform(self):
-        """Applied to every fresh K and V in dense mode (training and the dense evaluation fake-quantize K/V as
-        the engine's quantized caches store them); None: untouched. The engine quantizes in its own cache."""
+        """Applied to every fresh K and V in dense mode; None: untouched."""
         return self.model.layers[0].self_attn.kv_transform
 
     @kv_transform.setter
@@ -328,8 +286,7 @@ class Gemma4ForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: DenseKVCache | None = None, *, ctx=None) -> torch.Tensor:
-        """Final-normed hidden states [B, T, H]. `positions` defaults to the cache length onwards. Engine mode,
-        with the runner's per-step `ctx` (minikv.attention.context.ForwardContext): [T] in, [T, H] out."""
+        """Final-normed hidden states: [B, T] in, [B, T, H] out; engine mode (`ctx`): [T] in, [T, H] out."""
         if ctx is not None:
             check_token_inputs(input_ids, positions, engine=True)
             return self.model(input_ids[None], positions[None], None, ctx)[0]

@@ -1,11 +1,5 @@
 """Gemma-4's text configuration: transformers' `gemma4_text` config.json read into one checked dataclass.
-
-Everything the model in minikv.models.gemma4 is built from: layer types (sliding or full attention) and their
-RoPE, head sizes and KV-head counts per type, per-layer inputs, KV sharing (which layer's cache each shared layer
-reads, `Gemma4Config.kv_source`). `from_hf_dict` reads a config.json's dict, `to_hf_dict` writes one back; a
-config that minikv cannot build raises Gemma4ConfigError naming the key. The model (gemma4.py) reads it; the
-engine (minikv.config.EngineConfig) carries it.
-"""
+See docs/internals.md#models-gemma4-config."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,26 +1,6 @@
 """Checkpoint directories in transformers' format: `config.json` + `model.safetensors` (or sharded, with
 `model.safetensors.index.json`), read into minikv's Gemma-4 and T5 modules and written back.
-
-minikv's modules use transformers' parameter names, so loading is a state-dict copy plus the few rules
-transformers applies on top:
-
-* Gemma-4 (`model_type` "gemma4_text"; a multimodal "gemma4" checkpoint is read through its `text_config`, its
-  `model.language_model.*` weights, and without its vision/audio towers): KV-sharing layers have no K/V
-  projections or norms, so any stored for them are ignored, as transformers ignores them;
-* T5: `encoder.embed_tokens` / `decoder.embed_tokens` are the shared embedding; the decoder's first cross
-  attention never has a position-bias table;
-* both: the LM head is tied to the embedding unless the checkpoint stores an `lm_head.weight` that differs
-  from it (transformers decides the same way).
-
-Loading builds the model on PyTorch's meta device and takes the checkpoint's tensors as its parameters, cast
-once to the target dtype: no random initialization and no float32 copy of a bfloat16 checkpoint (a real
-gemma-4-E2B is 5.1 B parameters). Every file is checked before it is used: a config.json that is not a JSON object,
-sizes that are not positive integers, a digest, index or tokenizer file that does not parse or lacks its keys, an
-index naming a shard that is not there - each raises `CheckpointError` naming the file and what is wrong.
-
-transformers is never imported here; `tests/test_parity_*.py` check that both libraries read the same
-directory to the same logits.
-"""
+See docs/internals.md#models-hf-checkpoint."""
 from __future__ import annotations
 
 import hashlib
@@ -28,7 +8,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -172,6 +152,19 @@ def read_digests(path: Path) -> dict[str, str]:
         raise CheckpointError(f"{file}: expected {{\"weights file name\": \"64 hex digits\"}}, got "
                               f"{json.dumps(digests)[:200]}")
     return digests
+
+
+def check_weight_headers(path: str | Path) -> None:
+    """Read config.json and every weights file's header, without the tensor data: a missing, truncated or
+    malformed file fails here, in a moment, before a command draws a progress bar or loads gigabytes."""
+    path = Path(path)
+    read_config(path)
+    for file in weight_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                f.keys()
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise CheckpointError(f"cannot read {file}: {err}", hint=DAMAGED_HINT) from None
 
 
 def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:

@@ -1,11 +1,5 @@
 """The attention op shared by the Gemma-4 and T5 models, and the check of their token inputs.
-
-The attention op (`Attention`) is the seam between a model and the engine. It describes one layer's attention
-(name, heads, kind, which layer's cache it shares, window, scale) and, in engine mode, hands its flattened
-q, k, v [T, heads, D] to the step's forward context: `ctx.attend(layer_name, q, k, v)`, which runs the impl and
-cache the model runner bound to that layer name (minikv.attention.context). The model's dense mode (training,
-the golden reference) never calls it.
-"""
+See docs/internals.md#models-layers."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -18,8 +12,7 @@ if TYPE_CHECKING:
 
 
 def check_token_inputs(input_ids: torch.Tensor, positions: torch.Tensor, engine: bool) -> None:
-    """Validate a model's token inputs for its mode: engine mode (a forward context given) takes flattened [T],
-    dense mode [B, T]."""
+    """Validate a model's token inputs: engine mode takes flattened [T], dense mode [B, T]."""
     if input_ids.dim() != (1 if engine else 2) or positions.shape != input_ids.shape:
         mode = "engine mode takes flattened [T]" if engine else "dense mode takes [B, T]"
         raise ValueError(f"{mode} input_ids and positions of the same shape; got input_ids "
@@ -27,14 +20,7 @@ def check_token_inputs(input_ids: torch.Tensor, positions: torch.Tensor, engine:
 
 
 class Attention(nn.Module):
-    """The paged attention op of one layer (projections live in the model).
-
-    kind: "self" (causal, paged) or "cross" (non-causal over encoder K/V held in the cross pool).
-    kv_sharing_target: for a KV-sharing layer, the name of the earlier layer whose cache it reads; such a layer
-    has no K/V projections and never writes the cache.
-    sliding_window: keys a query sees, its own included (None or 0: all earlier ones); self attention only.
-    sm_scale: the factor on q.k (None: head_size ** -0.5; Gemma-4 and T5 use 1.0).
-    """
+    """The paged attention op of one layer (projections live in the model)."""
 
     def __init__(self, layer_name: str, num_heads: int, num_kv_heads: int, head_size: int,
                  kind: str = "self", kv_sharing_target: str | None = None, *, sliding_window: int | None = None,
@@ -53,10 +39,7 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, ctx: ForwardContext,
                 rel_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """Engine mode: q [T, heads, D] (k, v [T, kv_heads, D], or None for a layer that writes nothing) through
-        the impl bound to this layer. rel_bias: T5's relative position bias for the paged kernels, float32
-        [num_heads, max_distance + 1] (added to the scaled score of key j as rel_bias[h, min(q_pos - j,
-        max_distance)]); self attention only; None: no bias."""
+        """Engine mode: q, k, v (None: the layer writes nothing) through the bound impl."""
         if rel_bias is not None and self.kind != "self":
             raise ValueError(f"{self.layer_name}: a relative position bias applies to self attention only")
         return ctx.attend(self.layer_name, q, k, v, rel_bias=rel_bias)

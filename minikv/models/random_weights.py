@@ -1,21 +1,5 @@
 """The shipped checkpoints that are not trained: random weights, rebuilt byte for byte from a seed.
-
-`tiny-gemma4-e2b` has gemma-4-E2B's text topology (see `minikv.models.registry`) and random weights. Training it
-on the arithmetic task does not fit this project's CPU budget: one training step (tiny-gemma4's recipe, batch 32
-of 112 tokens, one thread) measured 36 s against tiny-gemma4's 1.3 s on the same loaded machine, so the 1,500
-steps tiny-gemma4 needs would take about 15 hours. What it is shipped for does not need training: which layers
-fill which storage's scale regions, and when, is decided by the layer topology and the engine's warmup, never by
-the weights. What a random model cannot show is an objectively wrong answer, so the scale-wipe reproduction calls
-a request of such a model damaged when its tokens differ from the fixed engine's (and it generates with
-`ignore_eos`, since a random model may end any answer at once).
-
-    python -m minikv.models.random_weights tiny-gemma4-e2b            # rewrites minikv/models/weights/tiny-gemma4-e2b/
-    python -m minikv.models.random_weights tiny-gemma4-e2b --out-dir build/weights
-
-The weights are transformers' initialization for Gemma-4 (normal, std 0.02, for every linear layer and embedding;
-norms and layer scalars 1), drawn after `torch.manual_seed(seed)`, stored as float16 with the digest file the
-loader checks, and a `random_init.json` that records how they were made.
-"""
+See docs/internals.md#models-random-weights."""
 from __future__ import annotations
 
 import argparse

@@ -1,19 +1,5 @@
 """Which models minikv ships, their configs and tokenizers, and loading their weights.
-
-The shipped models are checkpoint directories in transformers' format inside the package
-(minikv/models/weights/NAME/: config.json, model.safetensors stored as float16, minikv_sha256.json,
-minikv_tokenizer.json, and training.json, the recipe and metrics of the run that produced them);
-`CHECKPOINT_CONFIGS` holds the config.json each is built from. Two are trained (`TRAINED_MODELS`: tiny-gemma4,
-tiny-t5); `tiny-gemma4-e2b`, gemma-4-E2B's topology in small, has random weights (`RANDOM_WEIGHT_MODELS`,
-`minikv.models.random_weights`, with random_init.json in place of training.json).
-
-    model = load_model("tiny-gemma4")                  # float32 on CPU, bfloat16 on CUDA
-    model = load_model("tiny-t5", device="cuda")
-    model = load_model("/path/to/dir")                  # any transformers-format Gemma-4 or T5 checkpoint directory
-
-`load_model` and `get_tokenizer` take the path of a checkpoint directory too (see `minikv.models.hf_checkpoint`
-and `minikv.models.dir_tokenizer`).
-"""
+See docs/internals.md#models-registry."""
 from __future__ import annotations
 
 import os
@@ -114,9 +100,7 @@ def is_checkpoint_model(name) -> bool:
 
 
 def check_model(model) -> str:
-    """`model` as LLM and the hunter take it: a shipped model's name (`MODEL_NAMES`), or the path of a local
-    checkpoint directory in transformers' format (a Gemma-4 or T5 config.json + model.safetensors, and a
-    tokenizer), returned as a str. Anything else raises InvalidTypeError / InvalidValueError saying what it is."""
+    """`model` as a str: a shipped model's name or a local checkpoint directory; else raises."""
     if isinstance(model, str) and not model.strip():
         raise InvalidValueError(f"model must be a shipped model ({', '.join(MODEL_NAMES)}) or the path of a "
                                 f"checkpoint directory, got {model!r} (an empty path would load the working "
@@ -186,6 +170,20 @@ def weights_path(name: str, weights_dir: str | Path | None = None) -> Path:
     """The safetensors file of a shipped model."""
     _check_name(name)
     return checkpoint_dir(name, weights_dir) / hf_checkpoint.WEIGHTS_FILE
+
+
+def check_loadable(model) -> str:
+    """`model` checked as far as it can be without loading weights (check_model, then for a checkpoint directory
+    config.json, each weights file's header and the tokenizer); returned as `check_model` returns it. Commands call
+    it before their first progress bar, so a bad model is one error line, not an error after a 0% bar."""
+    model = check_model(model)
+    if not is_checkpoint_model(model):
+        try:
+            hf_checkpoint.check_weight_headers(model)
+        except hf_checkpoint.CheckpointError as err:
+            raise ModelLoadError(str(err), hint=err.hint) from None
+    get_tokenizer(model)
+    return model
 
 
 def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,

@@ -1,30 +1,5 @@
 """T5 (v1.1 / flan-t5 flavour) encoder-decoder, following transformers' `T5ForConditionalGeneration`.
-
-What distinguishes T5 from a textbook encoder-decoder:
-
-* no absolute positions: the first self-attention layer of each stack owns a learned table
-  [num_buckets, heads] indexed by the *bucketed* relative distance key - query (`relative_position_bucket`);
-  the resulting additive bias is reused by every layer of that stack. The encoder's buckets are bidirectional
-  (half of them for keys after the query); the decoder's are causal. Cross attention has no position bias;
-* attention scores are not scaled by 1/sqrt(d_kv) (the scale is folded into the initialization);
-* T5's layer norm is an RMS norm (no mean subtraction, no bias), computed in float32;
-* the feed-forward is gated: wo(act(wi_0 x) * wi_1 x), act = tanh-approximated GELU for "gated-gelu"
-  (v1.1, flan-t5); original T5's plain ReLU "relu" feed-forward is supported too;
-* one shared embedding for encoder and decoder inputs; the LM head is tied to it or stored separately
-  (`lm_head.weight` in the checkpoint), and when the config says `tie_word_embeddings: false` (v1.1, flan-t5)
-  the decoder output is *not* multiplied by d_model**-0.5 before the head, while original T5 does multiply.
-
-Parameter names equal transformers' (`encoder.block.0.layer.0.SelfAttention.q.weight`, ...).
-
-* dense mode: `encode()` once, then `decode()` the whole target or one token at a time with a `DenseKVCache`.
-* engine mode (`forward(input_ids [T], positions [T], encoder_out, ctx=ctx)`, with the runner's per-step
-  `ForwardContext`): the encoder still runs dense (`encode()`, at the context step); the decoder runs on flattened
-  tokens through its paged attention ops (`attention_layers()`, each made by its decoder layer): self attention
-  with scale 1.0 and the decoder's bucket table turned into a per-distance bias table for the kernels
-  (`decoder_bias_table()`, built from the current weights at every step and passed down with `ctx`), cross
-  attention over the cross pool with scale 1.0 and no bias. `encoder_out` is the flattened encoder output at the
-  context step, None afterwards.
-"""
+See docs/internals.md#models-t5."""
 from __future__ import annotations
 
 import math
@@ -145,13 +120,7 @@ class T5Config:
 
 def relative_position_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> torch.Tensor:
-    """Bucket of each relative distance (key position - query position), as Mesh TensorFlow defines it.
-
-    Bidirectional: half of the buckets are for keys after the query. Causal: keys after the query all fall in
-    bucket 0 with distance 0 (the causal mask hides them anyway). Within each half, distances below
-    num_buckets/4 (/2 when causal) get a bucket each; larger ones share logarithmically wider buckets, and every
-    distance >= max_distance lands in the last one.
-    """
+    """Bucket of each relative distance (key position - query position), as Mesh TensorFlow defines it."""
     bucket = torch.zeros_like(relative)
     if bidirectional:
         num_buckets //= 2
@@ -219,9 +188,7 @@ class T5Attention(nn.Module):
 
     def engine_forward(self, x: torch.Tensor, kv_input: torch.Tensor | None, ctx,
                        rel_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """Engine mode: attention of the flattened queries x [T, d_model] through this layer's paged op, with
-        K/V projected from kv_input ([N, d_model]; None: the engine reads the cache, as cross attention does after
-        the context step)."""
+        """Engine mode: the flattened queries through this layer's paged op."""
         k = v = None
         if kv_input is not None:
             k, v = self.flat_heads(self.k(kv_input)), self.flat_heads(self.v(kv_input))
@@ -385,9 +352,8 @@ class T5ForConditionalGeneration(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, encoder_out: torch.Tensor | None = None,
                 *, ctx=None) -> torch.Tensor:
-        """Engine mode only, with the runner's per-step `ctx` (minikv.attention.context.ForwardContext): final-normed
-        decoder hidden states [T, d_model] for flattened `input_ids` [T]. `positions` are checked but unused: the
-        kernels take each key's distance from the sequence lengths."""
+        """Engine mode only, with the runner's per-step `ctx` (minikv.attention.context.ForwardContext):
+        final-normed decoder hidden states [T, d_model] for flattened `input_ids` [T]."""
         if ctx is None:
             raise ValueError("T5's forward() is the engine's entry point (it needs the engine's ctx); in dense mode "
                              "call encode() and decode(), or greedy()")
@@ -403,10 +369,8 @@ class T5ForConditionalGeneration(nn.Module):
         return self.decoder.final_layer_norm(x)
 
     def decoder_bias_table(self) -> torch.Tensor:
-        """The decoder's relative bias as the paged kernels take it: float32 [heads, max_distance + 1], column n
-        the bias of a key n positions before its query (its causal bucket's row of the learned table). Every
-        distance >= relative_attention_max_distance falls in the last bucket, so the kernels' clamp of the
-        distance to the last column is exact."""
+        """The decoder's relative bias as the paged kernels take it: float32 [heads, max_distance + 1], column
+        n the bias of a key n positions before its query (its causal bucket's row of the learned table)."""
         c = self.config
         table = self.decoder.block[0].self_attn.relative_attention_bias.weight
         distance = torch.arange(c.relative_attention_max_distance + 1, device=table.device)

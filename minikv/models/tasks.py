@@ -1,20 +1,5 @@
 """The tasks the tiny models were trained on: every output is objectively right or wrong.
-
-* tiny-gemma4 continues *any window* of an arithmetic sequence over a wide documented domain:
-  "3 7 11 15" -> " 19 23 27 31 ..." (`WindowArithmeticTask`);
-* tiny-t5 writes the distinct characters of a string in alphabet order: "banana42" -> "24abn" (then EOS;
-  `SortDistinctTask`).
-
-Each task also says which inputs are in its model's domain: `validate(prompt)` raises a ValueError that names
-the broken bound, and the engine calls it for every prompt given to a shipped model.
-
-Prompts from `prompts()` are held out from training by construction: each task splits its inputs with a fixed
-hash, training draws only from one side and `prompts()` only from the other.
-
-    task = for_model("tiny-gemma4")
-    prompts = task.prompts(n=48, seed=0)              # deterministic
-    task.check(prompts[0], generated_text)             # True when the output is right
-"""
+See docs/internals.md#models-tasks."""
 from __future__ import annotations
 
 import math
@@ -36,20 +21,7 @@ def _held_out(key: str, one_in: int) -> bool:
 
 
 class WindowArithmeticTask:
-    """Continue any window of an increasing arithmetic sequence of non-negative integers (tiny-gemma4).
-
-    The domain: prompts of `n` terms a, a+d, ..., a+(n-1)d written in decimal with single spaces, where
-    0 <= a <= WINDOW_MAX_FIRST, 1 <= d <= WINDOW_MAX_STEP, 2 <= n <= WINDOW_MAX_TERMS, and the prompt is at
-    most `max_prompt_tokens - 1` characters (BOS takes one token). The first term is the window's own first
-    term, so "250 263 276" is in the domain just as "0 13 26" is. Steps are positive: decreasing sequences are
-    not part of the domain (their continuation would turn negative). Prompts outside the domain are refused
-    with a ValueError by `expected`, `check` and `validate`.
-
-    Held out from training by construction: a sequence and all its windows belong to one *family*, its step
-    and its residue a mod d. One family in eight (by hash) of every step >= 2 is held out, except residue 0,
-    so every step keeps training families; step 1 has a single family (counting) and is never held out, so
-    `prompts()`, which samples uniformly from the held-out part of the domain, has no step-1 prompts.
-    """
+    """Continue any window of an increasing arithmetic sequence of non-negative integers (tiny-gemma4)."""
 
     name = "arithmetic-window"
     default_max_tokens = 12
@@ -90,9 +62,7 @@ class WindowArithmeticTask:
         return " ".join(str(first + i * step) for i in range(terms))
 
     def training_start(self, rng: random.Random, small_share: float = 0.0) -> tuple[int, int]:
-        """A (first term, step) from the training side of the domain: uniform, or with probability `small_share`
-        log-uniform in both, so sequences of small numbers ("1 2 3", "10 20 30"), which a uniform draw almost
-        never produces (first term < 20 and step < 10 in 1 draw of 550), are trained as often as large ones."""
+        """A (first term, step) from the training side of the domain."""
         while True:
             if rng.random() < small_share:
                 first = min(self.max_first, int(10 ** rng.uniform(0, math.log10(self.max_first + 1))) - 1)
@@ -184,17 +154,7 @@ def _check_prompt_request(name: str, n: int, num_tokens: int | None, lo: int, hi
 
 class SortDistinctTask:
     """tiny-t5's task: the distinct characters of a string of 4..40 digits and lowercase letters, in alphabet
-    order (digits first), then EOS: "banana42" -> "24abn".
-
-    The encoder's input is the prompt's characters (no specials); `num_tokens` is therefore the prompt length.
-    One string in eight (by hash) is held out for `prompts()`. A prompt outside the domain (another character,
-    fewer than 4 or more than 40 characters) is refused with a ValueError by `validate`, `expected` and `check`.
-
-    Why not reversal: T5 has no absolute positions (relative bias in self attention only, none in cross
-    attention), so reversing needs content matching between decoder and encoder (induction-style heads). Trained
-    from scratch it was still at loss 2.65 (about 10% exact) after 1,000 steps, far from 99% within the 20-minute
-    budget; sorting the distinct characters is position-free and reaches 100% well within it.
-    """
+    order (digits first), then EOS: "banana42" -> "24abn"."""
 
     name = "sort-distinct"
     model = "tiny-t5"
@@ -247,16 +207,7 @@ class SortDistinctTask:
 
 
 class ContinuationTask:
-    """Arithmetic continuation for a checkpoint directory (a model trained elsewhere, with its own tokenizer), as
-    upstream's scale-wipe reproduction prompted gemma-4-E2B-it: the prompt is a window of an arithmetic sequence
-    ("3 7 11 15"), and a continuation is right when the integers it starts with continue the sequence, however
-    they are separated (" 19 23", ", 19, 23", "\n19\n23"); a last number cut short by max_tokens counts as a prefix.
-
-    `prompts()` draws from the same domain as tiny-gemma4's task (first term 0-999, step 1-99, 2-20 terms), keeps
-    only prompts the tokenizer writes back unchanged (decode(encode(p)) == p), and counts `num_tokens` in the
-    tokenizer's own tokens, BOS included. `for_checkpoint` picks this task or `SortDistinctTask` by what the
-    tokenizer can encode. Nothing is refused by `validate` beyond the prompt being a str: a user's model has no
-    documented domain."""
+    """Arithmetic continuation for a checkpoint directory with its own tokenizer."""
 
     name = "arithmetic-continuation"
     default_max_tokens = 12
@@ -326,9 +277,7 @@ def for_model(name: str) -> Task:
 
 
 def for_checkpoint(tokenizer, model: str = "checkpoint", encoder_decoder: bool = False) -> Task:
-    """The task for a checkpoint directory, adapted to its tokenizer: arithmetic continuation when the tokenizer
-    writes digits and spaces back unchanged, else tiny-t5's sort-distinct strings when it writes digits and
-    lowercase letters back; ValueError naming what the tokenizer cannot encode otherwise."""
+    """The task for a checkpoint directory, adapted to what its tokenizer can encode."""
     task = ContinuationTask(tokenizer, model, encoder_decoder)
     if task.round_trips("3 7 11 15 250 263"):
         return task

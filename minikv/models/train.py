@@ -1,19 +1,5 @@
 """Training and dense evaluation of the tiny models (the shipped weights are rebuilt with `train`).
-
-Training runs in float32 with fake-quantized K/V: at each step the K and V tensors every paged attention op sees
-go, with some probability, through one of the engine's quantized cache formats (quantize then dequantize, with a
-straight-through gradient). The models therefore stay accurate when the engine stores K/V as int8 or fp8.
-
-`evaluate_dense` is the golden reference: greedy decoding without any engine (no paging, no cache), on held-out
-prompts, optionally with K/V fake-quantized to one of the formats.
-
-Both models start from transformers' initialization (normal, std 0.02 for Gemma-4; T5's fan-in scaled one) and
-are written as checkpoint directories (config.json, model.safetensors in float16, minikv_tokenizer.json, and
-training.json: recipe, timing and the evaluation matrix).
-
-    metrics = train("tiny-gemma4", out_dir="build/weights")   # writes build/weights/tiny-gemma4/
-    evaluate_dense("tiny-gemma4", n=200, kv_fake_quant="fp8")["exact_match"]
-"""
+See docs/internals.md#models-train."""
 from __future__ import annotations
 
 import copy
@@ -84,9 +70,8 @@ def kv_transform_for(fmt: str | None):
 
 def window_batch(task: tasks.WindowArithmeticTask, tokenizer, rng: random.Random, batch_size: int, seq_len: int,
                  small_share: float = 0.0):
-    """Arithmetic sequences whose first term and step are uniform over the training side of the domain, so every
-    window of the domain is a training prefix. No loss on the first two terms: before the second term ends, the
-    step is unknown."""
+    """Arithmetic sequences whose first term and step are uniform over the training side of the domain, so
+    every window of the domain is a training prefix."""
     inputs, targets = [], []
     for _ in range(batch_size):
         first, step = task.training_start(rng, small_share)
@@ -158,10 +143,7 @@ def _loss(model: nn.Module, batch, device) -> torch.Tensor:
 
 def train(name: str, steps: int | None = None, seed: int = 0, out_dir: str | Path | None = None,
           progress: bool = True, device: str = "cpu", evaluate: bool = True) -> dict:
-    """Train `name` from scratch and save its weights into `out_dir` (None: the package's weights folder).
-
-    Returns the metrics, which are also written into the JSON file beside the weights.
-    """
+    """Train `name` from scratch and save its weights into `out_dir` (None: the package's weights folder)."""
     registry.model_config(name)                         # an unknown name: ModelLoadError listing the known ones
     if name in registry.RANDOM_WEIGHT_MODELS:
         raise ValueError(f"{name} is shipped with random weights, not trained (see minikv.models.random_weights); "
@@ -301,13 +283,7 @@ def expected_ids(name: str, prompt: str) -> list[int]:
 
 def evaluate_dense(name: str, n: int = 200, kv_fake_quant: str | None = None, dtype: torch.dtype | None = None,
                    *, model: nn.Module | None = None, seed: int = 0, device: str = "cpu") -> dict:
-    """Greedy exact-match rate on `n` held-out prompts, in dense mode.
-
-    kv_fake_quant: None, "int8_per_token_head", "fp8_per_token_head" or "fp8" (per-layer scale 1.0).
-    dtype: None = the model's inference default on `device`. `model`: evaluate this model instead of loading
-    the shipped weights (it is cast to `dtype` when one is given).
-    Returns {"exact_match": fraction, "correct": int, "n": int, "failures": [(prompt, expected, got), ...]}.
-    """
+    """Greedy exact-match rate on `n` held-out prompts, in dense mode."""
     transform = kv_transform_for(kv_fake_quant)
     if model is None:
         model = registry.load_model(name, device=device, dtype=dtype)

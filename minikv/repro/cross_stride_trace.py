@@ -1,20 +1,6 @@
 """Defect B1, step by step: who writes and reads which bytes of the arena when, and how the doubled stride turns
 into a wrong token of a request whose own cross blocks never left their pool.
-
-The data behind notebook 04's picture story (drawn by `minikv.viz.cross_stride`), read from a real engine run
-through the step API (`LLM.step()`: its block tables, slot mappings and `StepTrace` events, in execution order):
-
-* `trace_run` serves the requests one step at a time and replays every write and read of every attention layer on
-  a map of the arena's bytes, each byte remembering who wrote it last (which layer, for which request). Writes
-  are placed where the layer's own layout puts them: the historical cross backend's layout doubles every
-  address, the self-attention pools are addressed correctly. A write is *stray* when some of its bytes lie
-  outside the layer's own pool; a read is *overwritten* when some byte it reads was last written by another
-  layer or another request. The result is a `CrossTimeline`: per layer and step, those events, and the requests
-  each overwritten read belonged to.
-* `causal_chain` follows one damaged request through a buggy and a fixed engine with the same arena: which
-  stray cross write covered which of its self-attention rows (measured on the real bytes: the rows that differ
-  between the two arenas after the context step), and the generated tokens of both, up to the first that differs.
-"""
+See docs/internals.md#repro-cross-stride-trace."""
 from __future__ import annotations
 
 import math
@@ -30,12 +16,7 @@ WRITE, STRAY, READ, OVERWRITTEN = "write", "write stray", "read", "read overwrit
 
 @dataclass
 class CrossTimeline:
-    """Per layer (in execution order) and column ("step 0", "step 1", ...): what the layer did, in order.
-
-    Events: "write" (into its own pool only), "write stray" (some bytes landed outside its own pool), "read" (every
-    byte it read was its own, for the same request), "read overwritten" (some byte it read had been overwritten by
-    another layer or request since). `victims[(layer, column)]` lists the requests of an overwritten read and
-    `culprits[(layer, column)]` the layers that overwrote them."""
+    """Per layer (in execution order) and column ("step 0", "step 1", ...): what the layer did, in order."""
 
     buggy: bool
     layers: list[str]
@@ -114,7 +95,7 @@ def trace_run(llm, prompts: list[str], reference: list[list[int]] | None = None,
     bs = llm.config.cache.block_size
     buggy = "cross-stride" in llm.config.reintroduce
     owners = _ByteOwners(llm.arena)
-    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
+    ids = [llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p))) for p in prompts]
     index = {rid: i for i, rid in enumerate(ids)}
     order: list[str] = []
     timeline = CrossTimeline(buggy, order, [], title=title)
@@ -177,13 +158,8 @@ def trace_run(llm, prompts: list[str], reference: list[list[int]] | None = None,
 
 @dataclass
 class CrossCausalChain:
-    """One damaged request: from the doubled stride to the overwritten self-attention rows to the first wrong token.
-
-    `doubled`: for the culprit cross layer, [(block, request, real start, real end, addressed start, addressed end)]
-    in arena bytes, and `pool_end` where its pool ends; `rows`: the victim's self-attention slots in the victim
-    layer's pool after the context step, [(slot position, K overwritten, V overwritten)], measured as the rows
-    whose bytes differ between the buggy and the fixed arena; `tokens_fixed` / `tokens_buggy`: the generated
-    tokens (text) of both engines; `diverging`: the index of the first that differs."""
+    """One damaged request: from the doubled stride to the overwritten self-attention rows to the first wrong
+    token."""
 
     request: int
     culprit: str                 # the cross layer whose stray write covered the victim's rows
@@ -199,6 +175,7 @@ class CrossCausalChain:
     first_overwritten_read: tuple[str, str]
     factor: float
     blocks: int
+    regions: list[tuple[str, str, int, int]] = field(default_factory=list)   # the arena's KVArena.byte_map()
 
 
 def causal_chain(prompts: list[str], factor: float = 1.5, request: int = 0, backend: str = "torch",
@@ -258,5 +235,6 @@ def causal_chain(prompts: list[str], factor: float = 1.5, request: int = 0, back
     diverging = next((i for i, (a, b) in enumerate(zip(fixed_tokens, buggy_tokens)) if a != b),
                      min(len(fixed_tokens), len(buggy_tokens)))
     return CrossCausalChain(request, culprit, victim_layer, start, start + llm.arena.pool(pool).numel(), doubled,
-                            victim_blocks, rows, fixed_tokens, buggy_tokens, diverging, where, factor, blocks)
+                            victim_blocks, rows, fixed_tokens, buggy_tokens, diverging, where, factor, blocks,
+                            llm.arena.byte_map())
 

@@ -1,19 +1,5 @@
 """Defect A, step by step: what each layer did to the shared storages, and how one wiped key becomes a wrong token.
-
-The data behind notebook 03's picture story (drawn by `minikv.viz.scale_wipe`), all read from a real engine run
-through the step API (`LLM.step()`, its `StepTrace` events and the census of scale fills):
-
-* `trace_run` drives one engine step by step and returns a `Timeline`: per layer, what it did at warmup and at each
-  step (wrote its pool, filled the storage's scales, read K/V), and whether the rows it read held wiped scales.
-  Wiped rows are tracked from the census itself: a wiping fill records the scales it overwrote, so the slots it
-  wiped are known; a slot stays wiped until its owner writes a new token there.
-* `causal_chain` follows one request of the first batch in a buggy and a fixed engine: its K rows in a shared
-  storage, one query head's attention weights over them (the fixed engine's query against both engines' keys, so
-  only the keys differ), and the first generated token where the two engines disagree, with the top logits.
-* `prefix_sources` says, for each request that reused cached blocks, which earlier request wrote them.
-* `storage_map` says, right after the first step, which blocks of each storage belong to which request and which of
-  their rows lost their scales to which layer's late fill (the byte map of the storages, by request and layer).
-"""
+See docs/internals.md#repro-scale-wipe-trace."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,11 +14,7 @@ WARMUP = "warmup"
 
 @dataclass
 class Timeline:
-    """Per layer and column ("warmup", "step 0", "step 1", ...): the events of that layer, in order.
-
-    Events: "write" (its own pool), "fill" (a fill that wiped nothing), "wipe" (a fill that overwrote written
-    scales), "read" (attention over rows with their own scales), "read wiped" (over rows whose scales were wiped).
-    """
+    """Per layer and column ("warmup", "step 0", "step 1", ...): the events of that layer, in order."""
 
     buggy: bool
     num_layers: int
@@ -80,7 +62,7 @@ def trace_run(llm, prompts: list[str], max_tokens: int = 4) -> tuple[Timeline, l
                         storages={layer_index(n): layer_index(o) for n, o in owner_of.items()})
     for f in llm.census.fills:                                   # the fills so far were the warmup's
         timeline.cells.setdefault((layer_index(f.layer), WARMUP), []).append("wipe" if f.overwritten else "fill")
-    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=max_tokens)) for p in prompts]
+    ids = [llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=max_tokens)) for p in prompts]
     wiped: dict[str, set[int]] = {pool: set() for pool in pools}
     done = {}
     while llm.has_unfinished():
@@ -147,7 +129,7 @@ def _serve_recording(llm, prompts, max_tokens, layer: str, storage: str, request
 
     model.compute_logits = recording           # an instance attribute: this engine only
     try:
-        ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=max_tokens)) for p in prompts]
+        ids = [llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=max_tokens)) for p in prompts]
         rid = ids[request]
         sampled, k_rows, query, done = [], None, None, {}
         bs = llm.config.cache.block_size
@@ -225,11 +207,8 @@ def prefix_sources(step_outputs, block_size: int) -> dict[int, int]:
 
 @dataclass
 class StorageMap:
-    """The KV storages after one step: per storage, its blocks in use by request and the rows whose scales a late
-    fill wiped. `storages`: [{"pool", "owner" (layer), "readers" (sharing layers), "wiped_by" (the layer whose late
-    fill wiped it, or None), "blocks": [(block, request, slots in use, slots wiped)]}]; `num_blocks` per pool;
-    `layout`: the storages' KVLayout (the same for all); `zoom`: (pool, block, request, [(slot, K wiped, V wiped)])
-    for the first block of the first wiped storage."""
+    """The KV storages after one step: per storage, its blocks in use by request and the rows whose scales a
+    late fill wiped."""
 
     step: int
     storages: list[dict]

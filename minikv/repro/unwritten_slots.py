@@ -1,20 +1,5 @@
 """Who reads a scale slot nobody wrote? The experiment behind "why is there a fill at all".
-
-A pool holds one sequence of 5 tokens in block 0 (slots 0-4). Every other scale slot (slots 5-15 of block 0, all
-of block 1) is set to what an uninitialized scale region can hold: 1.0 (the fill), 0.0 (fresh zeroed memory, or
-minikv's discarded contents after sleep), NaN or inf (garbage, e.g. memory re-mapped by a sleep that keeps the
-address), with random codes under them. Then each reader runs:
-
-* minikv's paged decode and fused context kernels (Triton) and their references: they load K/V and scales with
-  masks, so an unwritten slot is never read; all four fills give the same output (verified here);
-* a whole-block reader, a model of a kernel that loads every slot of a block tile and only masks the *scores*:
-  p = 0 for the unwritten slots, but 0 * NaN = NaN, so garbage scales poison the output, while 1.0 (or 0.0) with
-  zero codes is harmless. This is what the upstream fill protects against; whether upstream's kernel loads
-  unwritten slots this way is not stated in the upstream text (inferred, not verified);
-* the capture-shaped warmup's dummy decode (`ReproConfig(warmup="capture")`): a sequence of length 1 on block 0
-  with nothing written, the one place in minikv where a real kernel reads an unwritten slot; its output is thrown
-  away.
-"""
+See docs/internals.md#repro-unwritten-slots."""
 from __future__ import annotations
 
 import torch

@@ -1,17 +1,5 @@
 """The matplotlib figures the notebooks show, and their exercises' checks (`minikv.viz.exercises`).
-
-Every function takes plain data (lists, NumPy arrays or torch tensors) and returns a new
-`matplotlib.figure.Figure`. Nothing is shown and nothing is left behind in pyplot: each figure is created with
-`plt.subplots` and then closed in pyplot, so it is drawn exactly once when a notebook cell returns it (the inline
-backend does not also flush it) and a script can simply call `fig.savefig(...)`.
-
-    fig = minikv.viz.request_grid(damaged, max_num_seqs=4)
-    fig            # last expression of a notebook cell: shown once
-
-Its modules: `style` (colours, sizes, shared helpers), `quantized` and `paged` (the figures of those notebooks),
-`performance` (the bandwidth figure), `legibility` (the check every figure passes). Every name is importable
-from `minikv.viz` itself.
-"""
+See docs/internals.md#viz."""
 from __future__ import annotations
 
 from .style import (DPI, EMPTY, FONT, GUARD, MAX_WIDTH_IN, MIN_FONT_PT, NEUTRAL, POOL_COLOURS, RIGHT,  # noqa: F401

@@ -1,20 +1,5 @@
 """The figures (and the code-site diff) of defect B, cross-attention stride doubling and the FP8 context read.
-
-Like `minikv.viz`, every figure function takes plain data and returns a new `matplotlib.figure.Figure` that is
-already closed in pyplot (shown once when a notebook cell returns it). Colours follow `minikv.viz`: red is WRONG
-and nothing else (a block written outside its own pool, a value decoded wrong, an output off the exact one);
-green is RIGHT.
-
-* `stride_byte_map` - the 1.0x / 1.5x / 2.0x arenas stacked on one byte axis: every cross layer's blocks at the
-  doubled stride, labelled by request, and the self-attention blocks they land on.
-* `fp8_row_as_16bit` - one FP8 row of the cross cache next to what a 16-bit reader decodes from the same bytes.
-* `output_scatter` - cross-attention output against the exact output, one panel per context path.
-* `cross_timeline_figure` - who writes and reads the arena when: the decoder's layers x steps, stray writes and
-  overwritten reads marked (from `minikv.repro.cross_stride_trace.trace_run`).
-* `cross_causal_chain_figure` - one request from the doubled stride to its overwritten self-attention rows to its
-  first wrong token (from `minikv.repro.cross_stride_trace.causal_chain`).
-* `code_site_diff` - a HISTORICAL / FIX site as a unified diff, generated from the source itself.
-"""
+See docs/internals.md#viz-cross-stride."""
 from __future__ import annotations
 
 import difflib
@@ -70,21 +55,32 @@ def _fits(ax, text: str, width_data: float, fontsize: float = FONT) -> bool:
     return px >= 0.62 * fontsize * fig.dpi / 72 * len(text) + 2
 
 
+def landing_segments(start: int, end: int, own: str, regions: Sequence) -> list[tuple[int, int, str]]:
+    """Split the bytes [start, end) of one block of pool `own` by the arena region they land in:
+    [(start, end, where)], where is "own" (its own pool), "guard" (a guard zone: it holds no layer's data, so a
+    landing there damages nothing) or "live" (another layer's pool: a landing there overwrites live data)."""
+    segments = []
+    for kind, name, lo, hi in regions:
+        a, b = max(start, lo), min(end, hi)
+        if a < b:
+            segments.append((a, b, "guard" if kind == "guard" else "own" if name == own else "live"))
+    return segments
+
+
+# How a block's bytes are drawn, by where they land (see `landing_segments`).
+LANDING_STYLE = {
+    "own": {"facecolor": RIGHT, "edgecolor": "white", "linewidth": 0.6},
+    "guard": {"facecolor": "white", "edgecolor": RIGHT, "hatch": "....", "linewidth": 0.8},
+    "live": {"facecolor": WRONG, "edgecolor": "white", "linewidth": 0.6},
+}
+LANDING_LABEL = {"own": "block bytes in its own pool",
+                 "guard": "block bytes in a guard zone (no data there: harmless)",
+                 "live": "block bytes in another layer's live pool (damaging)"}
+
+
 def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
                     title: str = "Historical cross stride: where every cross layer's blocks land") -> Figure:
-    """One panel per pool factor, all on the same arena-byte axis (KiB).
-
-    Each panel is a dict (see `minikv.repro.cross_stride.byte_arrangement`):
-      title        - e.g. "1.5x: 15 blocks per cross pool"
-      regions      - `KVArena.byte_map()`: [(kind, name, start, end)]
-      doubled      - {cross pool name: [(start, end, request)]}: the arena bytes each block in use spans at the
-                     doubled stride; drawn green inside its own pool, red where it lands anywhere else
-      self_blocks  - [(start, end, request)]: self-attention blocks of the requests (where stray writes do damage)
-      wrong        - optional [request]: requests whose tokens came out wrong (named in the panel's label)
-    Rows, top to bottom: the arena (pools and hatched guard zones), one row per cross layer, then the requests'
-    self-attention blocks, outlined red where a doubled write covers them. A block is labelled with its request
-    where the label fits; the self-attention blocks (a few KiB each) are named together beside their row.
-    """
+    """One panel per pool factor, all on the same arena-byte axis (KiB)."""
     if not panels:
         raise ValueError("panels is empty: pass one arrangement per pool factor")
     for p in panels:
@@ -94,20 +90,18 @@ def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
         x_max = max(max([e for blocks in p["doubled"].values() for _, e, _ in blocks] or [0]) for p in panels)
         x_max = int(x_max * 1.04) + 4 * KB
     rows = len(cross_names) + 2
-    fig, axes = new_figure(len(panels), 1, figsize=(MAX_WIDTH_IN, 1.3 + 0.36 * rows * len(panels)), sharex=True)
+    fig, axes = new_figure(len(panels), 1, figsize=(MAX_WIDTH_IN, 1.5 + 0.36 * rows * len(panels)), sharex=True)
     axes = np.atleast_1d(axes)
     colour = {}
     for ax, p in zip(axes, panels):
         ax.set_xlim(0, x_max / KB)
         ax.set_ylim(-0.1, rows)
         y_arena = rows - 1
-        pools = {}
         for kind, name, start, end in p["regions"]:
             if start >= x_max:
                 continue
             shown_end = min(end, x_max)
             if kind == "pool":
-                pools[name] = (start, end)
                 colour.setdefault(name, POOL_COLOURS[len(colour) % len(POOL_COLOURS)])
                 ax.add_patch(Rectangle((start / KB, y_arena), (shown_end - start) / KB, 0.8, facecolor=colour[name],
                                        edgecolor="white"))
@@ -118,19 +112,18 @@ def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
             else:
                 ax.add_patch(Rectangle((start / KB, y_arena), (shown_end - start) / KB, 0.8, facecolor="white",
                                        edgecolor=GUARD, hatch="xxx", linewidth=0.5))
-        written = []           # (start, end) of every doubled write that landed outside its own pool
+        written = []           # (start, end) of every byte range a doubled write put into another layer's live pool
         for i, name in enumerate(cross_names):
             y = y_arena - 1 - i
-            lo, hi = pools.get(name, (0, 0))
             for start, end, req in p["doubled"][name]:
-                ok = lo <= start and end <= hi
-                if not ok:
-                    written.append((start, end))
-                ax.add_patch(Rectangle((start / KB, y + 0.05), (end - start) / KB, 0.7,
-                                       facecolor=RIGHT if ok else WRONG, edgecolor="white", linewidth=0.6))
-                if _fits(ax, str(req), (end - start) / KB):
-                    ax.text((start + end) / 2 / KB, y + 0.4, str(req), ha="center", va="center", color="white",
-                            fontsize=FONT)
+                for a, b, where in landing_segments(start, end, name, p["regions"]):
+                    if where == "live":
+                        written.append((a, b))
+                    ax.add_patch(Rectangle((a / KB, y + 0.05), (b - a) / KB, 0.7, **LANDING_STYLE[where]))
+                if _fits(ax, f"r{req}", (end - start) / KB):
+                    ax.text((start + end) / 2 / KB, y + 0.4, f"r{req}", ha="center", va="center", color="white",
+                            fontsize=FONT, bbox={"boxstyle": "square,pad=0.05", "facecolor": NEUTRAL,
+                                                 "edgecolor": "none", "alpha": 0.55})
             ax.text(-0.01, y + 0.4, f"{_short(name)} at 2x", transform=ax.get_yaxis_transform(), ha="right",
                     va="center", fontsize=FONT)
         shown = [(s, e, r) for s, e, r in p["self_blocks"] if s < x_max]
@@ -143,8 +136,8 @@ def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
                                    edgecolor=WRONG if hit else NEUTRAL, linewidth=1.6 if hit else 0.4))
         if shown:
             requests = sorted({r for *_, r in shown})
-            note = f"requests {requests[0]}-{requests[-1]}" + (
-                f"; under a stray write: {', '.join(map(str, sorted(hit_requests)))}" if hit_requests else "")
+            note = f"blocks of r{requests[0]}-r{requests[-1]}" + (
+                f"; under a stray write: {', '.join(f'r{r}' for r in sorted(hit_requests))}" if hit_requests else "")
             first = min(s for s, _, _ in shown)
             right = max(min(e, x_max) for _, e, _ in shown)
             if _fits(ax, note, x_max / KB - right / KB - 2):
@@ -163,10 +156,9 @@ def stride_byte_map(panels: Sequence[Mapping], x_max: int | None = None,
         ax.set_title(label, fontsize=FONT + 1, loc="left")
         ax.set_yticks([])
         ax.tick_params(labelsize=FONT)
-    axes[-1].set_xlabel("arena byte offset (KiB); a block's label is its request", fontsize=FONT + 1)
-    fig.legend(handles=[Patch(facecolor="white", edgecolor=GUARD, hatch="xxx", label="guard zone"),
-                        Patch(color=RIGHT, label="block inside its own pool"),
-                        Patch(color=WRONG, label="block outside its own pool"),
+    axes[-1].set_xlabel("arena byte offset (KiB); rN: request N", fontsize=FONT + 1)
+    fig.legend(handles=[Patch(facecolor="white", edgecolor=GUARD, hatch="xxx", label="guard zone of the arena"),
+                        *(Patch(**LANDING_STYLE[w], label=LANDING_LABEL[w]) for w in ("own", "guard", "live")),
                         Patch(facecolor=EMPTY, edgecolor=WRONG, label="self-attn block under a stray write")],
                loc="outside lower center", ncols=2, fontsize=FONT, frameon=False)
     fig.suptitle(title, fontsize=10)
@@ -179,14 +171,7 @@ def _plain(value: float, _pos=None) -> str:
 
 
 def fp8_row_as_16bit(row_bytes, fp8_values, read_values, title: str = "One FP8 K row, read as 16-bit") -> Figure:
-    """Top: the bytes a 16-bit reader fetches for one row, in two lines: the FP8 row's `head_size` bytes (one byte
-    per element), then the `head_size` bytes after them (the next row's); under each line, the 16-bit elements the
-    reader decodes from pairs of those bytes, red where the value differs from the FP8 element of that index.
-    Bottom: element j of the row as the FP8 cache holds it (green dot) and as the 16-bit reader decodes it from
-    bytes 2j, 2j+1 (red cross where it differs).
-
-    row_bytes: [2 * head_size] uint8; fp8_values: [head_size] the FP8 row decoded; read_values: [head_size] the
-    16-bit reader's decoding (may hold inf/NaN, drawn at the axis edge)."""
+    """One FP8 row's bytes as a 16-bit reader decodes them."""
     raw = to_numpy(row_bytes, "row_bytes", ndim=1).astype(np.int64)
     want = to_numpy(fp8_values, "fp8_values", ndim=1)
     got = to_numpy(read_values, "read_values", ndim=1)
@@ -245,10 +230,7 @@ def fp8_row_as_16bit(row_bytes, fp8_values, read_values, title: str = "One FP8 K
 
 def output_scatter(samples: Mapping[str, object], tolerance: float = 0.02,
                    title: str = "Cross-attention output at the context step vs exact") -> Figure:
-    """One panel per version: every output element at the context step against the exact one.
-
-    samples: {label: [(exact, got), ...]} (e.g. `ContextRun.samples`). A point is red when |got - exact| exceeds
-    `tolerance` x max|exact| of its panel, green otherwise; the diagonal is where a right output lies."""
+    """One panel per version: every output element at the context step against the exact one."""
     if not samples:
         raise ValueError("samples is empty: pass {version: [(exact, got), ...]}")
     fig, axes = new_figure(1, len(samples), figsize=(MAX_WIDTH_IN, 3.6))
@@ -296,12 +278,7 @@ def _b_state(events: Sequence[str]) -> int:
 
 def cross_timeline_figure(*timelines, max_columns: int = 6,
                           title: str = "Who writes and reads the arena, and when (historical cross stride)") -> Figure:
-    """One panel per run (`minikv.repro.cross_stride_trace.CrossTimeline`, e.g. the 1.5x pool buggy, then fixed):
-    the decoder's attention layers in the order they run (rows) x engine steps (columns, the first `max_columns`).
-
-    Each cell lists what the layer did: W wrote its own pool, W! wrote bytes outside it (the doubled stride), R
-    read only what it wrote itself, R! read bytes another layer had overwritten since, with the requests that read
-    them. Red: W! or R!; green: R; grey: a write only."""
+    """One panel per run: what each attention layer wrote and read, step by step."""
     if not timelines:
         raise ValueError("cross_timeline_figure needs at least one CrossTimeline")
     rows = sum(len(t.layers) + 1.8 for t in timelines)
@@ -345,43 +322,52 @@ def _token(text: str) -> str:
 
 
 def cross_causal_chain_figure(chain, title: str | None = None) -> Figure:
-    """Three panels for one damaged request (`minikv.repro.cross_stride_trace.CrossCausalChain`).
-
-    1. the culprit cross layer's blocks as its pool holds them (top bar) and where the doubled stride puts them
-       (bottom bar), in arena bytes; the blocks past the pool's end in red, the victim's self-attention block
-       outlined where they land;
-    2. the victim's self-attention rows after the context step: red where the bytes differ from the fixed engine's
-       (measured), green where they are the same;
-    3. the generated tokens of the fixed and the buggy engine, up to the first that differs."""
+    """Three panels for one damaged request (`minikv.repro.cross_stride_trace.CrossCausalChain`)."""
     fig = Figure(figsize=(MAX_WIDTH_IN, 6.4), dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(3, 1, height_ratios=(1.5, 1.0, 1.0))
     ax1, ax2, ax3 = (fig.add_subplot(grid[i]) for i in range(3))
     lo = min(min(d[2] for d in chain.doubled), min(d[4] for d in chain.doubled))
     hi = max(max(d[5] for d in chain.doubled), max(e for _, _, e in chain.victim_blocks))
     ax1.set_xlim(lo / KB - 1, hi / KB + 1)
-    ax1.add_patch(Rectangle((chain.pool_start / KB, 1.55), (chain.pool_end - chain.pool_start) / KB, 0.9,
-                            facecolor="none", edgecolor=NEUTRAL, linewidth=1.0, linestyle="--"))
-    for block, req, r0, r1, a0, a1 in chain.doubled:
-        ax1.add_patch(Rectangle((r0 / KB, 1.6), (r1 - r0) / KB, 0.8, facecolor=POOL_COLOURS[0], edgecolor="white"))
-        outside = a1 > chain.pool_end
-        ax1.add_patch(Rectangle((a0 / KB, 0.1), (a1 - a0) / KB, 0.8, facecolor=WRONG if outside else RIGHT,
-                                edgecolor="white"))
-        if _fits(ax1, f"b{block}", (r1 - r0) / KB):
-            ax1.text((r0 + r1) / 2 / KB, 2.0, f"b{block}", ha="center", va="center", color="white", fontsize=FONT)
-        if _fits(ax1, f"r{req}", (a1 - a0) / KB):
-            ax1.text((a0 + a1) / 2 / KB, 0.5, f"r{req}", ha="center", va="center", color="white", fontsize=FONT)
-    for block, s, e in chain.victim_blocks:
+    pool_name = next((n for k, n, s, e in chain.regions if k == "pool" and s == chain.pool_start), None)
+    regions = chain.regions or [("pool", pool_name or "", chain.pool_start, chain.pool_end)]
+    for kind, name, start, end in regions:            # the arena row: pools, and the guard zones between them
+        a, b = max(start, lo), min(end, hi)
+        if a >= b:
+            continue
+        if kind == "pool":
+            ax1.add_patch(Rectangle((a / KB, 3.0), (b - a) / KB, 0.8, facecolor=POOL_COLOURS[3] if name.startswith(
+                "kv.") else POOL_COLOURS[2], edgecolor="white"))
+            label = f"{_short(name)} pool" if name else "pool"
+        else:
+            ax1.add_patch(Rectangle((a / KB, 3.0), (b - a) / KB, 0.8, facecolor="white", edgecolor=GUARD,
+                                    hatch="xxx", linewidth=0.5))
+            label = "guard"
+        if _fits(ax1, label, (b - a) / KB):
+            ax1.text((a + b) / 2 / KB, 3.4, label, ha="center", va="center", fontsize=FONT,
+                     color="white" if kind == "pool" else NEUTRAL,
+                     bbox=None if kind == "pool" else {"facecolor": "white", "edgecolor": "none", "pad": 0.5})
+    own = pool_name or ""
+    for _block, req, r0, r1, a0, a1 in chain.doubled:
+        ax1.add_patch(Rectangle((r0 / KB, 1.6), (r1 - r0) / KB, 0.8, facecolor=RIGHT, edgecolor="white"))
+        for s0, s1, where in (landing_segments(a0, a1, own, chain.regions) if chain.regions else
+                              [(a0, a1, "own" if a1 <= chain.pool_end else "live")]):
+            ax1.add_patch(Rectangle((s0 / KB, 0.1), (s1 - s0) / KB, 0.8, **LANDING_STYLE[where]))
+        for y, (x0, x1) in ((2.0, (r0, r1)), (0.5, (a0, a1))):
+            if _fits(ax1, f"r{req}", (x1 - x0) / KB):
+                ax1.text((x0 + x1) / 2 / KB, y, f"r{req}", ha="center", va="center", color="white", fontsize=FONT,
+                         bbox={"boxstyle": "square,pad=0.05", "facecolor": NEUTRAL, "edgecolor": "none",
+                               "alpha": 0.55})
+    for _block, s, e in chain.victim_blocks:
         ax1.add_patch(Rectangle((s / KB, -0.05), (e - s) / KB, 1.1, facecolor="none", edgecolor=NEUTRAL,
                                 linewidth=2.0))
-        ax1.text((s + e) / 2 / KB, -0.35, f"request {chain.request}'s {_short(chain.victim_layer)}-attn block {block}",
+        ax1.text((s + e) / 2 / KB, -0.35, f"request {chain.request}'s rows in the {_short(chain.victim_layer)} pool",
                  ha="center", va="top", fontsize=FONT)
-    ax1.axvline(chain.pool_end / KB, color=NEUTRAL, linewidth=0.8)
-    ax1.text(chain.pool_end / KB, 2.6, f" end of the {_short(chain.culprit)} pool", ha="left", va="bottom",
-             fontsize=FONT)
-    ax1.set_ylim(-1.0, 3.2)
-    ax1.set_yticks([0.5, 2.0], ["at 2x stride", "as allocated"], fontsize=FONT)
+    ax1.set_ylim(-1.0, 4.0)
+    ax1.set_yticks([0.5, 2.0, 3.4], ["at 2x stride", "as allocated", "arena"], fontsize=FONT)
     ax1.tick_params(axis="x", labelsize=FONT)
-    ax1.set_xlabel("arena byte offset (KiB); b: block, r: its request", fontsize=FONT)
+    ax1.set_xlabel("arena byte offset (KiB); rN: a block of request N; dotted: in a guard zone (harmless), red: in "
+                   "a live pool", fontsize=FONT)
     ax1.set_title(f"1. {_short(chain.culprit)}-attn at the doubled stride ({chain.factor:g}x pool, {chain.blocks} "
                   "blocks): its highest blocks land past the pool", fontsize=FONT + 1, loc="left")
 
@@ -428,12 +414,7 @@ def _indent(line: str) -> int:
 
 
 def site_versions(source: str) -> tuple[list[str], list[str]]:
-    """(historical, fixed) source lines of a function with one HISTORICAL / FIX site.
-
-    The site is an `if <switch>:` whose block starts with a `# HISTORICAL` comment. Its FIX is the `else:` block,
-    or, without one, the rest of the enclosing block after the `if` (the historical branch returns early). When
-    the condition also holds a real test (`if self.historical_x and not self.paged_context:`), the historical
-    version keeps that test (`if not self.paged_context:`) and falls through to the rest, as the old code did."""
+    """(historical, fixed) source lines of a function with one HISTORICAL / FIX site."""
     lines = source.splitlines()
     n = len(lines)
     try:

@@ -1,13 +1,5 @@
 """The check cells of the notebooks' exercises: compare a learner's answer with the one the engine computed.
-
-Each exercise is three cells: one the learner fills (`my_answer = None` until they do), a check cell that runs the
-engine, computes the true answer and calls `check`, and a folded solution that explains it and asserts it. `check`
-never prints the true answer, so a check cell's recorded output gives nothing away; with no answer yet it prints
-the same line on every machine, which is what nbval compares.
-
-    from minikv.viz.exercises import check
-    check("Exercise 1", my_answer, [len(t) for t in tables])          # -> None, True or False, and says so
-"""
+See docs/internals.md#viz-exercises."""
 from __future__ import annotations
 
 import math
@@ -25,10 +17,8 @@ def _close(answer, expected, rel: float, abs_: float) -> bool:
 
 def check(name: str, answer, expected, *, rel: float | None = None, abs_tol: float = 0.0,
           same: Callable[[object, object], bool] | None = None) -> bool | None:
-    """Print whether `answer` matches `expected` and return True/False (None while the answer is still None).
-
-    By default the two must be equal (a list equals a tuple with the same items; a set, any order). `rel` (and
-    `abs_tol`) compare numbers within a tolerance; `same(answer, expected)` decides for anything else."""
+    """Print whether `answer` matches `expected` and return True/False (None while the answer is still
+    None)."""
     if answer is None:
         print(f"{name}: {NO_ANSWER}.")
         return None

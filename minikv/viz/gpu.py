@@ -1,18 +1,5 @@
 """The figures of notebook 05 (the kernels on a GPU), drawn from the rows of its benchmark CSV.
-
-Every function takes the rows of `notebooks/data/gpu_attention.csv` (as dicts, numbers already floats: the
-notebook's `load`) and returns a new, unshown matplotlib Figure, like `minikv.viz`. Colours name a format in every
-figure (bf16 blue, fp8 per tensor orange, int8 per-token-head green, fp8 per-token-head purple); the block
-placement of a per-token-head format keeps its colour with a dotted line, a hollow marker or a hatched bar. Each
-format also has its own marker, so points that coincide stay visible. Legends sit outside the data.
-
-    bandwidth_figure(rows)            achieved GB/s against the copy ceiling, one panel per context length
-    roofline_figure(rows)             time per decode step against bytes moved, every shape, with the roofline
-    roofline_bars_figure(rows, shapes) the same at a few large steps, one bar per format
-    sdpa_ratio_figure(rows)           SDPA time / minikv time, one panel per context length
-    peer_figure(rows)                 FlashInfer's time / minikv's on the formats both have, one panel per context
-    engine_context_figure(rows)       the engine's decode tokens/s per format against the context, graphs and eager
-"""
+See docs/internals.md#viz-gpu."""
 from __future__ import annotations
 
 from collections.abc import Sequence

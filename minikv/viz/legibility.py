@@ -1,6 +1,6 @@
 """The legibility check every figure passes: each text drawn, its size as shown in a notebook at its real
 width, and the texts that fall under the smallest legible size, overlap or leave the figure (tests/test_viz_legibility.py).
-"""
+See docs/internals.md#viz-legibility."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +11,7 @@ from .style import DPI, MIN_FONT_PT, SHOWN_WIDTH_PX
 # ---- legibility -----------------------------------------------------------------------------------------------
 
 def drawn_texts(fig: Figure, dpi: int = DPI) -> list[dict]:
-    """Every piece of text the figure really draws (ticks outside the view and empty strings are not drawn), as
-    {"text", "points" (font size), "bbox" (x0, y0, x1, y1) in pixels of a `dpi` rendering, "clipped" (cut by its
-    clip box)}, read by rendering the figure once with the Agg renderer."""
+    """Every piece of text the figure really draws, with its size and bounding box."""
     import io
     from unittest import mock
 
@@ -45,9 +43,7 @@ def drawn_texts(fig: Figure, dpi: int = DPI) -> list[dict]:
 
 def legibility_problems(fig: Figure, shown_width_px: float = SHOWN_WIDTH_PX, min_pt: float = MIN_FONT_PT,
                         dpi: int = DPI) -> list[str]:
-    """What makes a figure hard to read where it is shown `shown_width_px` wide (or at its own width, if smaller):
-    text smaller than `min_pt` CSS points there, text cut off by the figure's edge or by its clip box, and texts
-    drawn over each other. An empty list means every text is legible."""
+    """What makes a figure hard to read where it is shown; empty when every text is legible."""
     width_px, height_px = fig.get_figwidth() * dpi, fig.get_figheight() * dpi
     scale = min(1.0, shown_width_px / width_px)
     texts = drawn_texts(fig, dpi)

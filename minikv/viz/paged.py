@@ -1,6 +1,6 @@
 """Figures of the paged KV cache: block tables and physical blocks, the slot mapping, which layer's pool each
 layer reads, fragmentation, and a pool's byte map (notebooks 01, 03 and 04).
-"""
+See docs/internals.md#viz-paged."""
 from __future__ import annotations
 
 import math
@@ -37,12 +37,7 @@ def _tables(block_tables) -> list[tuple[str, list[int]]]:
 
 
 def block_table_diagram(block_tables, num_blocks: int, title: str = "Block tables and physical blocks") -> Figure:
-    """Each sequence's block table (logical blocks, top rows) mapped onto the physical blocks (bottom row).
-
-    `block_tables` is a list of lists (or a dict name -> list, or a 2-D tensor) of physical block ids; negative
-    ids are padding and are skipped. A physical block referenced by several tables (a shared prefix) is drawn
-    hatched and labelled with its reference count.
-    """
+    """Each sequence's block table (logical blocks, top rows) mapped onto the physical blocks (bottom row)."""
     tables = _tables(block_tables)
     if not isinstance(num_blocks, int) or num_blocks < 1:
         raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
@@ -96,14 +91,7 @@ def block_table_diagram(block_tables, num_blocks: int, title: str = "Block table
 def slot_mapping_diagram(slot_mapping, block_size: int, token_labels: Sequence[str] | None = None,
                          title: str = "Slot mapping", requests: Sequence[int] | None = None,
                          key: str | None = None) -> Figure:
-    """Where each new token is written: a grid of cache blocks (rows) x offsets in the block (columns).
-
-    `slot_mapping[i]` is token i's slot (block * block_size + offset); -1 means "do not write" (padding or the
-    warmup step) and is counted in the title instead of drawn. Cells show `token_labels[i]` (default: i). With
-    `requests` (the request of each token) every cell takes its request's colour, each row is labelled with the
-    request(s) owning the block, and a legend names the colours; `key` is a line under the grid that explains the
-    labels (e.g. "B: the BOS token").
-    """
+    """Where each new token is written: a grid of cache blocks (rows) x offsets in the block (columns)."""
     slots = [int(s) for s in (slot_mapping.tolist() if hasattr(slot_mapping, "tolist") else slot_mapping)]
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -156,11 +144,8 @@ def slot_mapping_diagram(slot_mapping, block_size: int, token_labels: Sequence[s
 
 def layer_pool_diagram(kv_owner: Mapping[int, int], layer_types: Sequence[str] | None = None,
                        title: str = "Which pool each layer reads and writes") -> Figure:
-    """Layers (left) and the KV pools of the arena (right): an arrow from each layer to the pool its cache tensor is.
-
-    `kv_owner[layer]` is the layer whose pool it uses (itself for a layer that owns its KV). A KV-owning layer's
-    arrow is solid (it writes and reads its pool); a KV-sharing layer's is dashed (it only reads its target's).
-    `layer_types` (e.g. "sliding_attention") labels each layer and colours the pools by type."""
+    """Layers (left) and the KV pools of the arena (right): an arrow from each layer to the pool its cache
+    tensor is."""
     layers = sorted(int(layer) for layer in kv_owner)
     if not layers:
         raise ValueError("kv_owner is empty: pass {layer: the layer whose pool it uses}")
@@ -203,11 +188,8 @@ def layer_pool_diagram(kv_owner: Mapping[int, int], layer_types: Sequence[str] |
 
 def fragmentation_plot(seq_lens: Sequence[int], block_size: int, max_seq_len: int,
                        title: str = "KV memory per sequence: contiguous vs paged") -> Figure:
-    """Tokens reserved per sequence by a contiguous max-length cache and by a paged cache, against tokens used.
-
-    A contiguous cache reserves `max_seq_len` slots per sequence; a paged cache reserves whole blocks, so it
-    wastes less than one block per sequence. Waste totals are given in the title.
-    """
+    """Tokens reserved per sequence by a contiguous max-length cache and by a paged cache, against tokens
+    used."""
     lens = [int(n) for n in seq_lens]
     if not lens:
         raise ValueError("seq_lens must list at least one sequence")
@@ -238,12 +220,8 @@ def fragmentation_plot(seq_lens: Sequence[int], block_size: int, max_seq_len: in
 def pool_byte_map(regions: Sequence[tuple[str, str, int, int]], blocks_correct: Sequence[tuple[int, int]],
                   blocks_doubled: Sequence[tuple[int, int]], pool: str | None = None,
                   title: str = "KV arena byte map") -> Figure:
-    """The arena as a horizontal byte bar, and where each block lands with the correct and the doubled stride.
-
-    `regions` is `KVArena.byte_map()`: [(kind, name, start, end)] with kind "pool" or "guard". `blocks_correct`
-    and `blocks_doubled` are [(start, end)] arena byte ranges of the same blocks addressed both ways. A block is
-    drawn green when it lies inside `pool` (or, with `pool=None`, touches no guard zone) and red otherwise.
-    """
+    """The arena as a horizontal byte bar, and where each block lands with the correct and the doubled
+    stride."""
     regions = [(str(k), str(n), int(s), int(e)) for k, n, s, e in regions]
     if not regions:
         raise ValueError("regions is empty: pass KVArena.byte_map()")

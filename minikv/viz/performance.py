@@ -1,5 +1,4 @@
-"""The bandwidth figure of the kernel benchmarks (notebook 05).
-"""
+"""The bandwidth figure of the kernel benchmarks (notebook 05). See docs/internals.md#viz-performance."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -12,10 +11,8 @@ from .style import FONT, NEUTRAL, POOL_COLOURS, new_figure
 # ---- performance ----------------------------------------------------------------------------------------------
 
 def bandwidth_plot(rows: Sequence, copy_gbps: float, title: str = "Achieved memory bandwidth") -> Figure:
-    """Horizontal bars of GB/s per measurement, with a dashed line at a plain device copy's GB/s for reference.
-
-    Each row is a mapping with "label" and "gbps" keys (extra keys ignored) or a (label, gbps) pair.
-    """
+    """Horizontal bars of GB/s per measurement, with a dashed line at a plain device copy's GB/s for
+    reference."""
     items = []
     for row in rows:
         if isinstance(row, Mapping):

@@ -1,6 +1,6 @@
 """Figures of the quantized KV cache: per-(token, head) scales, dequantized K magnitudes, the damaged
 requests by scheduled batch, a cache row's byte layout, quantization error by format (notebooks 02 and 03).
-"""
+See docs/internals.md#viz-quantized."""
 from __future__ import annotations
 
 import math
@@ -31,12 +31,7 @@ from .style import (
 
 def scale_heatmap(scales_before, scales_after, title: str = "Per-(token, head) scales",
                   labels: tuple[str, str] = ("before", "after")) -> Figure:
-    """Side-by-side heatmaps of inline scales, log colour scale shared by both panels.
-
-    `scales_before` and `scales_after` are [tokens, kv_heads] (or the [blocks, block_size, kv_heads] scale views,
-    flattened block by block). A wipe to 1.0 shows as a bright band among the ~1e-2 scales; values <= 0 (never
-    written, or zero-filled storage) are drawn grey.
-    """
+    """Side-by-side heatmaps of inline scales, log colour scale shared by both panels."""
     before = as_token_head(scales_before, "scales_before")
     after = as_token_head(scales_after, "scales_after")
     if before.shape != after.shape:
@@ -63,11 +58,8 @@ def scale_heatmap(scales_before, scales_after, title: str = "Per-(token, head) s
 
 def k_magnitude_plot(clean_k, wiped_k, title: str = "Dequantized K magnitude",
                      labels: tuple[str, str] = ("clean", "wiped")) -> Figure:
-    """Per-token max |K| of a clean and a damaged dequantization, log y, with the median inflation in the title.
-
-    `clean_k` and `wiped_k` are [tokens, ...] (e.g. [tokens, kv_heads, head_size]); every trailing dimension is
-    reduced with max |.|.
-    """
+    """Per-token max |K| of a clean and a damaged dequantization, log y, with the median inflation in the
+    title."""
     clean = to_numpy(clean_k, "clean_k")
     wiped = to_numpy(wiped_k, "wiped_k")
     if clean.shape != wiped.shape or clean.ndim < 1:
@@ -90,11 +82,7 @@ def k_magnitude_plot(clean_k, wiped_k, title: str = "Dequantized K magnitude",
 
 
 def request_grid(damaged: Sequence[bool], max_num_seqs: int, title: str = "Requests by scheduled batch") -> Figure:
-    """Requests laid out as batches (rows) x batch slots (columns), green when right and red when wrong.
-
-    Request i is drawn in row i // max_num_seqs, which is the batch it lands in when all requests are submitted
-    at once and each batch takes the next `max_num_seqs` waiting requests.
-    """
+    """Requests laid out as batches (rows) x batch slots (columns), green when right and red when wrong."""
     if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be a positive int, got {max_num_seqs!r}")
     flags = [bool(d) for d in damaged]
@@ -122,11 +110,7 @@ def request_grid(damaged: Sequence[bool], max_num_seqs: int, title: str = "Reque
 
 
 def row_layout_diagram(layout, title: str | None = None) -> Figure:
-    """The bytes of one cache block, one slot and one row, from a KVLayout.
-
-    Three bars, top to bottom: a block (K half then V half), a slot (one row per KV head), and a row
-    (`head_size` codes, then the inline fp32 scale for the per-token-head formats). Byte offsets are marked.
-    """
+    """The bytes of one cache block, one slot and one row, from a KVLayout."""
     needed = ("kv_cache_dtype", "head_size", "elem_bytes", "row_bytes", "slot_bytes", "kv_bytes", "block_bytes",
               "num_kv_heads", "block_size", "scale_offset")
     missing = [a for a in needed if not hasattr(layout, a)]
@@ -171,10 +155,7 @@ def row_layout_diagram(layout, title: str | None = None) -> Figure:
 
 def quant_error_plot(errors_by_format: Mapping[str, object], title: str = "Quantization error by KV cache format",
                      ylabel: str = "|dequantized - original|") -> Figure:
-    """Mean (bar) and max (dot) absolute error for each format, log y; zero errors are shown as "0".
-
-    `errors_by_format` maps a format name to its absolute errors (any shape, or a single number).
-    """
+    """Mean (bar) and max (dot) absolute error for each format, log y; zero errors are shown as "0"."""
     if not errors_by_format:
         raise ValueError("errors_by_format must name at least one format")
     names = list(errors_by_format)

@@ -1,16 +1,5 @@
 """The figures of defect A's picture story (notebook 03): who touches the shared storage when, and how a wiped
-scale becomes a wrong token.
-
-Each function takes plain data (from `minikv.repro.scale_wipe_trace` or lists) and returns a new, unshown
-matplotlib Figure, like `minikv.viz`. Colour means one thing, as there: red is WRONG (a fill that wipes written
-scales, a read of wiped rows, the buggy engine's values, a damaged request), green is RIGHT; grey is neutral.
-
-    timeline_figure(buggy_timeline, fixed_timeline)   layers x (warmup, step 0, decode steps), both engines
-    wiped_reads_figure(timeline)                      which layers read wiped rows at which steps, a whole run
-    causal_chain_figure(chain, inflation)             K magnitudes -> one head's attention -> the first wrong token
-    storage_byte_map(storage_map)                     the storages' blocks by request, wiped by which layer; bytes
-    request_sources_grid(damaged, max_num_seqs, src)  the request grid, each reuser naming whose cached blocks it read
-"""
+scale becomes a wrong token. See docs/internals.md#viz-scale-wipe."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -76,13 +65,7 @@ _LEGEND = [Patch(color=QUIET, label="only W or F: wrote, or filled harmlessly"),
 
 
 def timeline_figure(*timelines, title: str = "Who touches the shared storages, and when") -> Figure:
-    """One panel per engine (e.g. buggy then fixed): layers (rows) x warmup and engine steps (columns).
-
-    Each cell lists what the layer did in order: W wrote its own pool, F filled the storage's scales with 1.0
-    (wiping nothing), F! filled them after real scales were written (the wipe), R read K/V with their own scales,
-    R! read rows whose scales had been wiped. A cell is red when it holds F! or R!, green when the layer read rows
-    with their own scales, grey when it only wrote or filled harmlessly. The key is drawn inside the figure.
-    """
+    """One panel per engine (e.g. buggy then fixed): layers (rows) x warmup and engine steps (columns)."""
     if not timelines:
         raise ValueError("timeline_figure needs at least one Timeline")
     rows = sum(t.num_layers + 1.6 for t in timelines)
@@ -148,15 +131,7 @@ def token_label(text: str) -> str:
 
 
 def causal_chain_figure(chain, inflation: str, title: str | None = None) -> Figure:
-    """Four panels for one request of the first batch, fixed (green) vs buggy (red) engine.
-
-    1. the largest |K| of each prompt token in the shared storage (log scale); `inflation` is the quoted statistic
-       (e.g. "x46", from `minikv.repro.scale_wipe.quantities`), shown as given, not recomputed;
-    2. one query head's attention weights over those keys (the same query against both engines' keys);
-    3. the generated tokens of both engines side by side, up to the first that differs (why the first ones are
-       still right: their winner did not change yet);
-    4. the top logits at that first differing token, the chosen one outlined.
-    """
+    """Four panels for one request of the first batch, fixed (green) vs buggy (red) engine."""
     fig = Figure(figsize=(MAX_WIDTH_IN, 6.6), dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 2, height_ratios=(1.0, 1.0))
     axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, 0]),
@@ -235,12 +210,8 @@ STATE_COLOURS = {"wiped": WRONG, "intact": RIGHT}
 
 
 def storage_byte_map(smap, title: str | None = None) -> Figure:
-    """The KV storages right after the first step (`minikv.repro.scale_wipe_trace.storage_map`), in two panels.
-
-    Top: one row per storage (its owner layer; the sharing layers that read it), the blocks in use along the
-    pool, each labelled with its request, red where a late fill wiped its rows' scales (naming the layer that
-    did), green where the rows keep their own scales. Bottom: the bytes of two slots of the first wiped block,
-    K then V rows per KV head: the int8 codes survive (blue), the 4-byte fp32 scales (red) now read 1.0."""
+    """The KV storages right after the first step (`minikv.repro.scale_wipe_trace.storage_map`), in two
+    panels."""
     if not smap.storages:
         raise ValueError("the storage map is empty")
     layout = smap.layout

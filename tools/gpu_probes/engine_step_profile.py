@@ -51,9 +51,9 @@ def steps(out_dir: str) -> None:
         rng = random.Random(0)
         prompts = ["".join(rng.choice("0123456789 ") for _ in range(CONTEXT)) for _ in range(BATCH)]
         per_step = PREFILL_TOKENS_PER_STEP // CONTEXT
-        llm.generate(prompts[:per_step], minikv.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+        llm.generate(prompts[:per_step], minikv.SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
         for p in prompts:
-            llm.add_request(p, minikv.SamplingParams(max_tokens=8, ignore_eos=True))
+            llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         profiled = {"prefill": 0, "decode": 0}
         totals = {"prefill": collections.Counter(), "decode": collections.Counter()}
         names = {"prefill": collections.Counter(), "decode": collections.Counter()}

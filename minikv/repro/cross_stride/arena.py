@@ -1,7 +1,6 @@
 """Where B1's doubled stride lands in the arena: how far past its pool each cross layer's last block ends
 (`overrun_facts`), the bytes either side of a pool boundary (`byte_arrangement`), and the same runs in one
-arena and in an allocation per pool (`arena_runs`).
-"""
+arena and in an allocation per pool (`arena_runs`). See docs/internals.md#repro-cross-stride-arena."""
 from __future__ import annotations
 
 import math
@@ -41,16 +40,13 @@ def overrun_facts(factor: float, need: int, device="cpu", model: str = MODEL) ->
 
 def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu", backend="torch",
                      model: str = MODEL) -> dict:
-    """Serve `prompts` on a buggy engine (historical stride, sanitizer off) with a cross pool of
-    floor(factor * need) blocks and return one panel of `minikv.viz.cross_stride.stride_byte_map`: the arena's
-    regions, every cross layer's blocks in use at the doubled stride per request, the requests' self-attention
-    blocks, and the requests whose token ids differ from `reference`."""
+    """One `stride_byte_map` panel of a buggy engine with a cross pool of `factor` times the need."""
     import minikv
     blocks = max(1, math.floor(factor * need))
     llm = engine("fp8", device, backend, model, max_num_seqs=len(prompts), cross_pool_blocks=blocks, sanitize=False,
                  repro=minikv.ReproConfig(check_layout=False), reintroduce=("cross-stride",))
     task = task_of(model)
-    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
+    ids = [llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p))) for p in prompts]
     cross_tables, self_tables, done = {}, {}, {}
     while llm.has_unfinished():
         out = llm.step()
@@ -78,11 +74,7 @@ def byte_arrangement(prompts, reference, factor: float, need: int, device="cpu",
 
 
 def fp8_row_read(llm, pool: str, slot: int = 0, head: int = 0, kv: int = 0):
-    """One row of an FP8 pool, and what the historical 16-bit context read makes of it.
-
-    Returns (bytes, fp8_values, read_values): the 2 x head_size bytes the 16-bit reader fetches for (slot, head)
-    in half `kv` (K: 0, V: 1), the FP8 row's head_size elements decoded as e4m3, and the head_size 16-bit
-    elements the reader decodes from those bytes (in the model's dtype)."""
+    """One row of an FP8 pool, and what the historical 16-bit context read makes of it."""
     from minikv.attention.cross import sixteen_bit_read_of
     from minikv.kernels.addressing import row_byte_offsets
     layout = llm.arena.layout(pool)
@@ -104,11 +96,8 @@ ARENAS = {"one": "every pool in one allocation (minikv's KVArena)",
 
 def arena_runs(prompts, reference, need: int, factor: float = 1.5, device="cpu", backend="torch",
                model: str = MODEL) -> list[tuple[str, PoolRun]]:
-    """The historical stride on a pool of `factor` x the blocks needed, in each arena shape, sanitizer on and off:
-    [(arena, run)]. In one arena the overrun runs through the guard into the next pool (caught, or silently wrong
-    tokens); with an allocation per pool there is no neighbour inside the allocation: on CPU the pool's own guard
-    takes the overrun (caught, or harmless), on a GPU the access leaves the allocation, for compute-sanitizer to
-    report (tools/memcheck_cross_stride.py)."""
+    """The historical stride on a pool of `factor` x the blocks needed, in each arena shape, sanitizer on and
+    off: [(arena, run)]."""
     return [(arena, run_pool(prompts, reference, factor, need, True, sanitize, device, backend, model,
                              kv_arena=arena)) for arena in ARENAS for sanitize in (True, False)]
 

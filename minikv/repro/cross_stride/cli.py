@@ -26,8 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     resolve_backend(args)
 
+    from minikv.models import registry
+    model = registry.check_loadable(args.model)       # a bad model is one error line, before any bar
     start = time.perf_counter()
-    m = measure(args.requests, args.device, args.backend, progress=True, model=args.model)
+    m = measure(args.requests, args.device, args.backend, progress=True, model=model)
     print(f"model: {m.model}; token ids are compared with {m.reference}")
     print(format_tables(m.need, m.pool_runs, m.bind_error, m.ctx_runs))
     problems = check_signatures(m.pool_runs, m.bind_error, m.ctx_runs, m.reference == AUTO_REFERENCE)

@@ -63,7 +63,7 @@ def run_context(prompts, reference, version: str, device="cpu", backend="triton"
     samples = []
 
     task = task_of(model)
-    ids = [llm.add_request(p, minikv.SamplingParams(max_tokens=task.max_tokens(p))) for p in prompts]
+    ids = [llm.add_request(p, minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p))) for p in prompts]
     results = {}
     while llm.has_unfinished():
         out = llm.step(capture=True)          # every cross layer's q, k, v and output, per step

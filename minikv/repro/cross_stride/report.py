@@ -1,8 +1,9 @@
 """B1's and B2's signatures, tables, one number per quantity and the JSON results file (`measure` runs all of
 it once; `quantities`, `tables` and `results_dict` are what README, docs and notebook 04 quote).
-"""
+See docs/internals.md#repro-cross-stride-report."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+
+from minikv.engine.progress import held_warnings
 
 from .arena import ARENA_COLUMNS, Overrun, arena_rows, arena_runs, overrun_facts, wrong_of
 from .context_read import ContextRun, run_context
@@ -92,9 +95,7 @@ def format_tables(need: int, pool_runs, bind_error, ctx_runs) -> str:
 
 
 def error_display(err: float) -> str:
-    """The portable text of a relative error: the band it supports when small ('< 1e-3': 16-bit rounding,
-    '< 0.1': FP8 rounding), else two significant digits ('x1.5' style values differ in their last bits from one
-    CPU to another; the bands and two digits do not, for the errors this repro produces)."""
+    """The portable text of a relative error: a band when small, else two significant digits."""
     for bound in (1e-3, 0.1):
         if err < bound:
             return f"< {bound:g}"
@@ -132,11 +133,11 @@ def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = F
     need = engine("fp8", device, backend, model).cross_blocks_needed(prompts)
     auto, fixed_fp8, reference_kind = references(prompts, need, device, backend, model)
     cases = [(f, b, s) for f in FACTORS for b in (True, False) for s in (True, False)]
-    pool_runs = [run_pool(prompts, auto if b else fixed_fp8, f, need, b, s, device, backend, model)
-                 for f, b, s in tqdm(cases, desc="cross-pool sizes", disable=not progress)]
+    with _held(progress):                               # library warnings: each once, after the bar
+        pool_runs = [run_pool(prompts, auto if b else fixed_fp8, f, need, b, s, device, backend, model)
+                     for f, b, s in tqdm(cases, desc="cross-pool sizes", disable=not progress)]
     bind_error = bind_time_check(device, model)
-    ctx_runs = [run_context(prompts, fixed_fp8, v, device, backend, model)
-                for v in tqdm(VERSIONS, desc="context paths", disable=not progress)]
+    ctx_runs = context_runs(prompts, fixed_fp8, device, backend, model, progress)
     copies = identical_requests(make_prompts(1, seed=2, model=model)[0], device, backend, model)
     overruns = {f: overrun_facts(f, need, device, model) for f in (1.0, 1.5, 2.0)}
     # The per-pool arena allocates each pool exactly on a GPU, where the historical overrun then leaves the
@@ -145,6 +146,20 @@ def measure(requests: int = 6, device="cpu", backend="torch", progress: bool = F
         else []
     return Measurement(prompts, need, pool_runs, bind_error, ctx_runs, copies, overruns, str(device), backend,
                        str(model), reference_kind, arenas)
+
+
+def _held(progress: bool):
+    """Warnings held for after the bar while one is drawn; as they come without one (a notebook shows them)."""
+    return held_warnings() if progress else contextlib.nullcontext()
+
+
+def context_runs(prompts, fixed_fp8, device="cpu", backend="torch", model: str = MODEL,
+                 progress: bool = False) -> list[ContextRun]:
+    """One run per context-path version (B2), behind a bar when `progress`; the fallback's configuration warning
+    comes once, after the bar."""
+    with _held(progress):
+        return [run_context(prompts, fixed_fp8, v, device, backend, model)
+                for v in tqdm(VERSIONS, desc="context paths", disable=not progress)]
 
 
 def quantities(m: Measurement) -> dict[str, dict]:

@@ -1,8 +1,5 @@
 """Defect B1's runs: the same requests on cross pools of several sizes, buggy and fixed, sanitizer on and off.
-
-`engine` builds a tiny-t5 engine (16-bit, as upstream's flan-t5 ran), `run_pool` one pool size and records a
-`PoolRun` (its outcome), `bind_time_check` shows the layout contract refusing the historical backend at bind.
-"""
+See docs/internals.md#repro-cross-stride-run."""
 from __future__ import annotations
 
 import math
@@ -48,7 +45,7 @@ def make_prompts(n: int = 6, seed: int = 0, model: str = MODEL) -> list[str]:
 def generate_tokens(llm, prompts):
     import minikv
     task = task_of(llm.model_name)
-    params = [minikv.SamplingParams(max_tokens=task.max_tokens(p)) for p in prompts]
+    params = [minikv.SamplingParams(temperature=0, max_tokens=task.max_tokens(p)) for p in prompts]
     return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
@@ -63,14 +60,7 @@ SPLIT_REFERENCE = ("buggy runs: the buggy engine on a pool of 3x the blocks need
 
 
 def references(prompts, need: int, device="cpu", backend="triton", model: str = MODEL) -> tuple[list, list, str]:
-    """(token ids a buggy B1 run is compared with, those a fixed run is compared with, what they are).
-
-    Upstream's reference is the default (16-bit) cache run, which the fixed fp8 engine equals on a trained model
-    (tiny-t5, and flan-t5-base upstream): one reference. A model whose fp8 rounding alone moves its greedy tokens
-    (random weights have near-tied logits) gets two: a buggy run is compared with the same buggy engine on a pool of
-    3x the blocks needed, where the doubled stride stays inside the pool (so a smaller pool's difference is the
-    overrun's doing), and a fixed run with the fixed fp8 engine on the automatically sized pool (its answers do not
-    depend on the pool's size)."""
+    """(token ids a buggy B1 run is compared with, those a fixed run is compared with, what they are)."""
     import minikv
     auto = reference_tokens(prompts, device, backend, model)
     fp8 = generate_tokens(engine("fp8", device, backend, model, max_num_seqs=len(prompts)), prompts)

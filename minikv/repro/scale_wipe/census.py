@@ -1,6 +1,6 @@
 """The census of defect A's scale fills, per shared storage, against upstream's (33 harmless, 2 that wipe),
 and the main table of damaged requests with the signatures it must show (`check_signatures`).
-"""
+See docs/internals.md#repro-scale-wipe-census."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -105,9 +105,7 @@ def format_census(run: Run) -> str:
 
 
 def check_census(run: Run) -> list[str]:
-    """Upstream's census shape, per shared storage: the owner's fill at warmup wipes nothing; the first sharer to
-    touch the storage (at step 0) wipes the scales written there; every later sharer's fill is a harmless late fill.
-    A fixed engine: only the owners' warmup fills."""
+    """Whether the census has upstream's shape per shared storage."""
     tag = f"{'buggy' if run.buggy else 'fixed'} {run.kv_cache_dtype} max_num_seqs={run.max_num_seqs}"
     problems = []
     for c in census_by_storage(run):

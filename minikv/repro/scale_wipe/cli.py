@@ -11,6 +11,8 @@ import time
 
 from tqdm import tqdm
 
+from minikv.engine.progress import held_warnings
+from minikv.models import registry
 from minikv.repro.common import ranges
 
 from .census import UPSTREAM_CENSUS, check_signatures, format_census, format_table
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests < 2 * max(args.max_num_seqs):
         p.error(f"--requests {args.requests} is too few for --max-num-seqs {max(args.max_num_seqs)}: need at least "
                 f"{2 * max(args.max_num_seqs)}, so that a batch after the first exists")
-    model = args.model
+    model = registry.check_loadable(args.model)       # a bad model is one error line, before any bar
 
     start = time.perf_counter()
     prompts = make_prompts(args.requests, copies=2, model=model)
@@ -71,17 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     kw = {"max_tokens": args.max_tokens, "model": model}
     by_attention = args.damage == "attention"
     pairs = []
-    for fmt, seqs, pc in tqdm(configs, desc="scale-wipe configurations"):
-        fixed = run_engine(fmt, seqs, pc, False, prompts, args.device, args.backend, capture_attention=by_attention,
-                           **kw)
-        buggy = run_engine(fmt, seqs, pc, True, prompts, args.device, args.backend, capture_attention=by_attention,
-                           **kw)
-        compare(fixed, buggy)
-        if by_attention:
-            by_tokens, buggy.damaged = buggy.damaged, attention_damage(fixed, buggy)
-            tqdm.write(f"{fmt} max_num_seqs={seqs} prefix caching {'on' if pc else 'off'}: attention outputs differ "
-                       f"for requests {ranges(buggy.damaged)}; token ids differ for {ranges(by_tokens)}")
-        pairs.append((fixed, buggy))
+    with held_warnings():                               # library warnings: each once, after the bar
+        for fmt, seqs, pc in tqdm(configs, desc="scale-wipe configurations"):
+            fixed = run_engine(fmt, seqs, pc, False, prompts, args.device, args.backend,
+                               capture_attention=by_attention, **kw)
+            buggy = run_engine(fmt, seqs, pc, True, prompts, args.device, args.backend,
+                               capture_attention=by_attention, **kw)
+            compare(fixed, buggy)
+            if by_attention:
+                by_tokens, buggy.damaged = buggy.damaged, attention_damage(fixed, buggy)
+                tqdm.write(f"{fmt} max_num_seqs={seqs} prefix caching {'on' if pc else 'off'}: attention outputs "
+                           f"differ for requests {ranges(buggy.damaged)}; token ids differ for {ranges(by_tokens)}")
+            pairs.append((fixed, buggy))
     seqs = min(args.max_num_seqs)
     clean16 = (run_engine("auto", seqs, False, False, prompts, args.device, args.backend, **kw),
                run_engine("auto", seqs, False, True, prompts, args.device, args.backend, **kw))

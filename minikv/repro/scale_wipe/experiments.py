@@ -1,7 +1,7 @@
 """The side experiments of defect A, each with its table and its check: arrival timing through the step API,
 the census per warmup shape (minikv's reading of upstream's "(pre-write)"), prefix caching by the order of the
-copies and the prompts' length, and sleep / wake-up.
-"""
+copies and the prompts' length, the cached blocks each request finds, and sleep / wake-up. See
+docs/internals.md#repro-scale-wipe-experiments."""
 from __future__ import annotations
 
 import itertools
@@ -40,7 +40,7 @@ def _arrivals(prompts, max_num_seqs: int, seed: int, buggy: bool, device, backen
     llm = minikv.LLM(model=model, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                      device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else (),
                      num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
-    params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
+    params = minikv.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
     pending, index_of, done, arrivals, first = list(range(len(prompts))), {}, {}, [], None
     while pending or llm.has_unfinished():
         k = rng.randint(0, max_num_seqs)
@@ -60,9 +60,7 @@ def _arrivals(prompts, max_num_seqs: int, seed: int, buggy: bool, device, backen
 
 def arrival_run(prompts, max_num_seqs: int, seed: int, device="cpu", backend="torch",
                 max_tokens: int = 12, *, model: str = MODEL) -> ArrivalRun:
-    """The buggy engine driven step by step while requests arrive over several steps (0 to max_num_seqs of them
-    before each step, seeded), as a server sees them: the damaged set is the first scheduled batch, whatever it
-    holds. (A model judged by the fixed run: a fixed engine fed the same arrivals is the reference.)"""
+    """The buggy engine driven step by step while requests arrive over several steps."""
     ids, texts, arrivals, first = _arrivals(prompts, max_num_seqs, seed, True, device, backend, max_tokens, model)
     task = task_of(model)
     if judge_of(model) == "task":
@@ -106,10 +104,7 @@ def later_sharers(run: Run) -> tuple[int, ...]:
 def warmup_census(prompts, max_num_seqs: int = 4, device="cpu", backend="torch", *, model: str = MODEL,
                   max_tokens: int = 12, damage: str = "tokens", runs: tuple[Run, Run] | None = None
                   ) -> list[WarmupCensus]:
-    """The buggy engine's census and damage under each of `WARMUP_CASES` (int8_per_token_head, no prefix
-    caching), damage judged against one fixed engine: by the answers (`damage="tokens"`, `compare`), or by the
-    prefill step's attention outputs in the sharing layers (`damage="attention"`, `attention_damage`). `runs`:
-    an existing (fixed, buggy) pair of these prompts and settings, used for the fixed engine and the dummy row."""
+    """The buggy engine's census and damage under each of `WARMUP_CASES`."""
     capture = damage == "attention"
     fixed = runs[0] if runs else run_engine("int8_per_token_head", max_num_seqs, False, False, prompts, device,
                                             backend, max_tokens, model=model, capture_attention=capture)
@@ -198,9 +193,7 @@ def prefix_prompts(order: str, prompt_set: str, distinct: int = 6, copies: int =
 def prefix_caching_runs(max_num_seqs=(4, 6, 8), device="cpu", backend="torch", *, model: str = MODEL,
                         max_tokens: int = 4, distinct: int = 6, copies: int = 4) -> list[PrefixRun]:
     """The buggy engine with prefix caching on, int8_per_token_head, for each order x prompt set x
-    max_num_seqs: which requests come out damaged (against a fixed engine with the same settings). A model judged
-    by the fixed run (random weights) is judged by its prefill-step attention outputs (`attention_damage`): a copy
-    that reuses wiped blocks attends over them at its own prefill, while its 4 tokens may not differ yet."""
+    max_num_seqs: which requests come out damaged (against a fixed engine with the same settings)."""
     out, checked = [], {}
     by_task = judge_of(model) == "task"
     capture = judge_of(model) == "fixed run"
@@ -245,9 +238,7 @@ def format_prefix_runs(runs: list[PrefixRun]) -> str:
 
 
 def check_prefix_runs(runs: list[PrefixRun], copies: int = 4) -> list[str]:
-    """Prompts without a full block: exactly the first batch in every order; with full blocks, copies after the
-    first batch reuse its wiped blocks, and adjacent copies stay inside it only when max_num_seqs is a multiple of
-    the copy count."""
+    """Check which requests the prefix-caching runs damaged."""
     problems = []
     for r in runs:
         expect = r.prompt_set == "no full block" or (r.order == "adjacent" and r.max_num_seqs % copies == 0)
@@ -255,6 +246,93 @@ def check_prefix_runs(runs: list[PrefixRun], copies: int = 4) -> list[str]:
             problems.append(f"prefix caching, {r.order}, {r.prompt_set}, max_num_seqs={r.max_num_seqs}: damaged "
                             f"{ranges(r.damaged)}")
     return problems
+
+
+@dataclass
+class Reuse:
+    """One request of a buggy run with prefix caching on, as the engine served it (`prefix_reuse`)."""
+
+    request: int
+    copy_of: int | None            # the earlier request with the same prompt, if any
+    step: int                      # the step that ran its prefill
+    full_blocks: int               # full blocks its prompt fills (only those can be found in the prefix cache)
+    found: int                     # blocks it found in the prefix cache
+    found_wiped: int               # of those, blocks written at step 0 (their scales wiped) and not written since
+    evictions: int                 # cached-free blocks the block manager had evicted before its prefill
+    damaged: bool                  # measured: wrong by the task and different from the fixed engine's answer
+
+
+@dataclass
+class PrefixReuse:
+    max_num_seqs: int
+    num_blocks: int
+    requests: list[Reuse]
+
+    @property
+    def damaged(self) -> list[int]:
+        return [r.request for r in self.requests if r.damaged]
+
+    @property
+    def predicted(self) -> list[int]:
+        """The rule: damaged when in the first step's batch, or when it found a wiped block in the prefix cache."""
+        return [r.request for r in self.requests if r.step == 0 or r.found_wiped]
+
+
+def prefix_reuse(prompts, max_num_seqs: int, device="cpu", backend="torch", max_tokens: int = 12,
+                 model: str = MODEL) -> PrefixReuse:
+    """Serve `prompts` on a buggy engine with prefix caching on (and a fixed one, to judge), recording from the
+    step outputs and the block manager, for every request, what it found in the prefix cache and whether that was
+    a block the first step wrote (and the wipe reset) that nobody has written since."""
+    import minikv
+    task = task_of(model)
+    texts, seen = {}, {}
+    for buggy in (False, True):
+        llm = minikv.LLM(model=model, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
+                         enable_prefix_caching=True, device=device, backend=backend,
+                         reintroduce=("scale-wipe",) if buggy else (),
+                         num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
+        manager, bs = llm.scheduler.block_manager, llm.config.cache.block_size
+        params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
+        ids = [llm.add_request(p, params) for p in prompts]
+        done, wiped, tables = {}, set(), {}
+        while llm.has_unfinished():
+            evictions = manager.num_evictions
+            out = llm.step()
+            for rid in out.request_ids:
+                table = list(out.block_tables[rid])
+                if out.is_prefill:
+                    found = out.num_cached_tokens.get(rid, 0) // bs
+                    seen[rid] = (out.step, found, len(set(table[:found]) & wiped), evictions)
+                    fresh = table[found:]
+                else:
+                    fresh = [b for b in table if b not in tables[rid]]
+                if out.step == 0:
+                    wiped.update(table[:len(out.slot_mapping[rid]) // bs])    # its full prompt blocks
+                else:
+                    wiped.difference_update(fresh)                            # written again since
+                tables[rid] = table
+            done.update({o.request_id: o.text for o in out.finished})
+        texts[buggy] = [done[i] for i in ids]
+    tokens = [len(llm.tokenizer.encode(p)) for p in prompts]
+    rows = []
+    for i, rid in enumerate(ids):
+        step, found, found_wiped, evictions = seen[rid]
+        damaged = texts[True][i] != texts[False][i] and not task.check(prompts[i], texts[True][i])
+        rows.append(Reuse(i, prompts.index(prompts[i]) if prompts.index(prompts[i]) != i else None, step,
+                          tokens[i] // bs, found, found_wiped, evictions, damaged))
+    return PrefixReuse(max_num_seqs, manager.num_blocks, rows)
+
+
+def format_prefix_reuse(run: PrefixReuse, requests=None) -> str:
+    """One line per request (default: every copy of an earlier request)."""
+    rows = [r for r in run.requests if (r.copy_of is not None if requests is None else r.request in requests)]
+    lines = [f"max_num_seqs={run.max_num_seqs}, a pool of {run.num_blocks} blocks; damaged: {ranges(run.damaged)}",
+             f"{'req':>4s} {'copy of':>7s} {'prefill at step':>15s} {'full blocks':>11s} {'found cached':>12s} "
+             f"{'of them wiped':>13s} {'evictions so far':>16s}  damaged"]
+    for r in rows:
+        lines.append(f"{r.request:4d} {'-' if r.copy_of is None else r.copy_of:>7} {r.step:15d} {r.full_blocks:11d} "
+                     f"{r.found:12d} {r.found_wiped:13d} {r.evictions:16d}  {'DAMAGED' if r.damaged else ''}")
+    return "\n".join(lines)
 
 
 def format_arrivals(runs: list[ArrivalRun]) -> str:
@@ -286,7 +364,7 @@ def sleep_wake_run(label: str, mode: str, prompts, max_num_seqs: int, *, buggy: 
     llm = minikv.LLM(model=model, kv_cache_dtype="int8_per_token_head", max_num_seqs=max_num_seqs,
                      device=device, backend=backend, reintroduce=("scale-wipe",) if buggy else (),
                      repro=minikv.ReproConfig(reinit_scales_on_wake=reinit), num_blocks=engine_blocks(model, prompts, max_num_seqs, max_tokens))
-    params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
+    params = minikv.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=default_ignore_eos(model))
     llm.generate(prompts, params, use_tqdm=False)
     storage, fills = llm.arena.storage.untyped_storage(), len(llm.census.fills)
     address = storage.data_ptr()

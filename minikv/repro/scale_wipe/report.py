@@ -1,6 +1,5 @@
 """One number per quantity, and the JSON results file: what README, docs and notebook 03 quote, computed once
-(`quantities`, `results`).
-"""
+(`quantities`, `results`). See docs/internals.md#repro-scale-wipe-report."""
 from __future__ import annotations
 
 from minikv.repro.common import ranges
@@ -30,10 +29,8 @@ def headline_pair(pairs: list[tuple[Run, Run]]) -> tuple[Run, Run]:
 
 
 def quantities(pairs: list[tuple[Run, Run]]) -> dict[str, dict]:
-    """{name: {"value", "display", "statistic"}} of the single figures quoted in prose, from the HEADLINE pair.
-    A model judged by the fixed run (random weights) has no `damaged_requests` quantity: which of its requests
-    came out with other tokens is in the damage table, and notebook 03 shows the damage after one step instead
-    (`attention_damage`); every other quantity is fixed by step 0 alone."""
+    """{name: {"value", "display", "statistic"}} of the single figures quoted in prose, from the HEADLINE
+    pair."""
     _, buggy = headline_pair(pairs)
     counts = census_counts(buggy)
     wiped = [f.overwritten for f in buggy.fills if f.overwritten]

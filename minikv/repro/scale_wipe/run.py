@@ -1,10 +1,5 @@
 """Defect A's runs: a fixed and a buggy engine serve the same prompts; what each served and what it wiped.
-
-`run_engine` builds one engine (`reintroduce=("scale-wipe",)` for the buggy one), serves the prompts, and
-records a `Run`: token ids, right/wrong, the census of scale fills, and the K/V read back from the KV-sharing
-targets' pools after the first step. `compare` judges the buggy run against the fixed one (the damaged requests,
-the measured inflation).
-"""
+See docs/internals.md#repro-scale-wipe-run."""
 from __future__ import annotations
 
 import itertools
@@ -98,9 +93,7 @@ def default_ignore_eos(model: str = MODEL) -> bool:
 
 
 def engine_blocks(model: str, prompts: list[str], max_num_seqs: int, max_tokens: int) -> int | None:
-    """KV blocks for a checkpoint directory's runs: enough for every request at once (a real checkpoint's
-    context length, gemma-4-E2B's 131,072, would otherwise size each pool for max_num_seqs full-length
-    requests: gigabytes). None for a shipped model: its default, so its figures stay as recorded."""
+    """KV blocks for a checkpoint directory's runs; None for a shipped model."""
     from minikv.models import registry
     if registry.is_checkpoint_model(model):
         return None
@@ -119,10 +112,7 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
                ignore_eos: bool | None = None, warmup: str = "dummy", touch_before_start: tuple[int, ...] = (),
                capture_attention: bool = False) -> Run:
     """Serve `prompts` on one engine and record its census, answers and (per-token-head formats) the first
-    batch's K/V in the shared storages right after step 0. `touch_before_start`: layers whose attention impl is
-    touched (builds its scale views) after the warmup and before the first step, as a warmup that ran exactly
-    those layers would have (the "(pre-write)" experiment, `warmup_census`). `capture_attention`: keep each
-    request's prefill-step attention outputs in the KV-sharing layers (`Run.sharer_outputs`, `attention_damage`)."""
+    batch's K/V in the shared storages right after step 0."""
     import minikv
     task = task_of(model)
     ignore_eos = default_ignore_eos(model) if ignore_eos is None else ignore_eos
@@ -135,7 +125,7 @@ def run_engine(kv_cache_dtype: str, max_num_seqs: int, prefix_caching: bool, bug
             a.impl.scale_views(a.kv_cache)
     layout = llm.kv_layout
     captured: dict = {}
-    params = minikv.SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    params = minikv.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos)
     ids = [llm.add_request(p, params) for p in prompts]
     results, outputs = {}, {}
     sharers = {n for n, a in llm.attention_layers.items() if a.kv_sharing_target is not None}
@@ -179,10 +169,8 @@ def damaged_against(ids: list[list[int]], fixed_ids: list[list[int]], right: lis
 
 
 def attention_damage(fixed: Run, buggy: Run) -> list[int]:
-    """Requests whose prefill-step attention outputs in the KV-sharing layers differ from the fixed engine's (both
-    runs with `capture_attention`). A request whose batch read no wiped scale computes exactly what the fixed engine
-    computes, bit for bit, so any difference is the wipe's; this shows the damage of a random-weight model after
-    one step, where its tokens may take several steps to diverge."""
+    """Requests whose prefill-step attention outputs in the KV-sharing layers differ from the fixed engine's
+    (both runs with `capture_attention`)."""
     return [i for i, (a, b) in enumerate(zip(buggy.sharer_outputs, fixed.sharer_outputs)) if not torch.equal(a, b)]
 
 
