@@ -1,36 +1,6 @@
 """paged_decode_attention: one query token per sequence attends to the first seq_lens[b] tokens of its paged cache.
 
-Used for self-attention decode (the sequence includes the current token, already written) and for
-cross-attention decode over the encoder tokens: no causal mask either way.
-
-One program handles one (sequence, kv head) and all query heads of that GQA group at once, so each K/V row is
-read once per group. It walks the sequence in tiles of BLOCK_N tokens, looking each token's block up in the
-block table, and keeps an online softmax in fp32. Quantized caches are read as codes: the K scale (per token-head
-or per layer) multiplies the scores and the V scale the probabilities, so no dequantized K/V is ever built.
-
-How the 1-byte formats reach the memory's speed:
-* Each tile's K and V codes are loaded in their natural order ([tokens, head_size], 16-byte vectors where the
-  rows are 16-byte aligned) straight into the two dot products, one for QK and one for PV. Loads that feed
-  tl.dot are what Triton's software pipeliner stages: with num_stages > 1 they become asynchronous copies into a
-  ring of shared-memory buffers, several tiles ahead, and registers hold only the current tile's arithmetic.
-* The dot products run in float16 (q rescaled per row by a power of two, `pow2_row_scale`), because both 1-byte
-  code types convert to float16 exactly: e4m3 with the packed hardware conversion (two codes per instruction),
-  int8 with a bit trick (`_int8_to_f16`): four codes per 32-bit word, placed in the mantissas of 1024.0 and
-  1024.0 subtracted, about five integer and half-precision instructions per four codes where the plain cast
-  costs one slow conversion per code.
-
-Split-K: one program per (sequence, kv head) is too few to keep a GPU's memory system busy at small batches, so
-the tokens of a sequence are split over num_splits programs (launch.decode_config sizes it from the number of
-SMs) that each write a partial (max, sum, unnormalized output). A second kernel merges the partials, or, with
-the launch's merge_in_kernel, the last of a sequence's programs to finish (an atomic counter per (sequence, kv head)): no
-second launch, but on an H200 that was measured slower (the merge then waits in one program per sequence), so the
-engine's configuration keeps the second kernel.
-
-Both scale placements run this one kernel (PLACEMENT says where the scales are). vLLM's "row" placement
-puts each fp32 scale right after its row, so a row is head_size + 4 bytes and starts only 4-byte aligned; read as
-is, its loads are 4 bytes wide. Where every block and slot stride is a multiple of 16 bytes, all rows of one kv
-head sit at the same offset ("phase") past a 16-byte boundary, and ROW_WINDOW reads each row as two aligned
-16-byte-vector pieces, with q loaded in the same rotated order (see the kernel).
+How it reads 1-byte formats at memory speed, split-K and the row placement: docs/internals.md#kernels-decode-attention.
 """
 from __future__ import annotations
 

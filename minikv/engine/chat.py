@@ -1,10 +1,6 @@
 """Chat templates: a checkpoint's own template, rendered with jinja2 the way transformers renders it.
 
-The template comes from the checkpoint directory: `chat_template` in tokenizer_config.json, or the file
-chat_template.jinja beside it. It is rendered in a sandboxed jinja2 environment with transformers' settings
-(trim_blocks, lstrip_blocks, loop controls) and the names templates use: `messages`, `add_generation_prompt`,
-the special tokens (`bos_token`, `eos_token`, ...), `raise_exception`, `strftime_now`, a `tojson` that does not
-escape HTML, and `namespace`. `LLM.chat` renders, tokenizes without adding specials, and generates.
+Where the template comes from and what it sees: docs/internals.md#engine-chat.
 """
 from __future__ import annotations
 
