@@ -67,8 +67,7 @@ def num_sms(device_index: int = 0) -> int:
 
 
 def dot_in_float32(dtype: torch.dtype) -> bool:
-    """Whether attention feeds tl.dot float32 tiles: always in the interpreter (numpy has no fast float16 matmul,
-    and float16 products are exact in float32), else only for float32 models (with IEEE precision, not TF32)."""
+    """Whether attention feeds tl.dot float32 tiles: always in the interpreter, else only for float32 models."""
     return INTERPRETED or dtype == torch.float32
 
 
@@ -81,8 +80,7 @@ def write_config(num_tokens: int, num_heads: int, head_size: int) -> WriteConfig
 
 
 def norm_config(rows: int, d: int) -> NormConfig:
-    """kernels/rms_norm.py: on a GPU a few thousand elements per program (the norm is memory-bound and tiny at
-    decode; 4 warps hold 4,096 float32 values in 32 registers a thread); interpreted, as many rows as one tile."""
+    """kernels/rms_norm.py: on a GPU about 4,096 elements per program; interpreted, as many rows as one tile."""
     block_d = _pow2(d)
     if INTERPRETED:
         return NormConfig(block_r=min(_pow2(rows), max(1, CPU_TILE_ELEMENTS // block_d)), block_d=block_d)
@@ -90,17 +88,7 @@ def norm_config(rows: int, d: int) -> NormConfig:
     return NormConfig(block_r=block_r, block_d=block_d, num_warps=4 if block_r * block_d <= 4096 else 8)
 
 
-# Decode on a GPU (kernels/decode_attention.py): sized from the machine, not from a table of measured shapes. A
-# program holds one tile of q, scores and accumulator in registers and its K and V tiles in shared memory; a tile
-# holds DECODE_TILE_BYTES of K (and as many of V), so 1-byte tiles hold twice the tokens of 16-bit ones, up to
-# DECODE_MAX_TOKENS. A sequence's tokens are split over enough programs for DECODE_WAVES rounds of every SM's
-# DECODE_PROGRAMS_PER_SM slots, each split keeping at least DECODE_MIN_TILES tiles (fewer would spend more on the
-# pipeline's start and the merge than they save); a second kernel merges the splits (merging in the last program
-# of each sequence was measured slower). Pipeline depth: 16-bit tiles need one tile in flight behind the
-# block-table read (num_stages 3), 1-byte ones two (num_stages 5: the pipeliner gives the loads behind the
-# block-table read (num_stages - 2) // 2 buffers). Every choice here was the fastest measured on an NVIDIA H200
-# (notebooks/data/gpu_decode_probe.csv). Both scale placements use this one table: the "row" placement's
-# 132-byte rows are read as 16-byte pieces like every other format's (decode_attention's ROW_WINDOW).
+# Decode on a GPU: sized from the machine, each choice the fastest measured on an NVIDIA H200 (docs/internals.md).
 DECODE_TILE_BYTES = 16384
 DECODE_MAX_TOKENS = 128
 DECODE_PROGRAMS_PER_SM = 4
@@ -108,19 +96,14 @@ DECODE_WAVES = 1.0
 DECODE_MIN_TILES = 2
 DECODE_MAX_SPLITS = 64
 DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
-# Head sizes above 128 (gemma-4-E2B's 256 and 512) in 1- and 2-byte formats, measured at that model's shapes (8 query
-# heads over 1 KV head, batch 64, context 8192: results/gpu/decode-profile/e2b_decode_sweep.csv): (block_n, num_stages)
-# for the "row" placement of the per-token-head formats and for every other format, with
-# DECODE_LARGE_HEAD_PROGRAMS_PER_SM program slots per SM for the split count. Against the rule above: 1.24-1.93x
-# faster at head 512 (the best of the swept grid there), 1.08-1.78x at head 256 (within 9% of the grid's best).
+# Head sizes above 128 in 1- and 2-byte formats, measured at gemma-4-E2B's shapes: (block_n, num_stages).
 DECODE_LARGE_HEAD = {"row placement": (16, 5), "other": (32, 4)}
 DECODE_LARGE_HEAD_PROGRAMS_PER_SM = 2
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms: int,
                   programs_per_sm: int = DECODE_PROGRAMS_PER_SM) -> int:
-    """Programs per (sequence, kv head): enough for DECODE_WAVES rounds of all SMs' program slots, each split
-    walking at least DECODE_MIN_TILES tiles of the longest sequence (max_len)."""
+    """Programs per (sequence, kv head): DECODE_WAVES rounds of all SMs' slots, DECODE_MIN_TILES tiles each."""
     programs = batch * num_kv_heads
     wanted = round(DECODE_WAVES * sms * programs_per_sm / programs)
     return max(1, min(wanted, max_len // (DECODE_MIN_TILES * block_n), DECODE_MAX_SPLITS))
@@ -129,8 +112,7 @@ def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms
 def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, elem_bytes: int, max_len: int,
                   device: torch.device, fmt: int | None = None, placement: int = formats.ROW,
                   sms: int | None = None) -> DecodeConfig:
-    """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync); `fmt`: the
-    cache's format code; `placement`: where its scales sit; `sms`: the GPU's SM count (None: the device's)."""
+    """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync)."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
         # row_window off: the interpreter keeps its one summation order (recorded CPU outputs stay as they are);
@@ -150,12 +132,7 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
                         f16_dot=one_byte, convert_asm=one_byte)
 
 
-# Context launch configurations measured on an NVIDIA H200 (bf16, head size 128; raw timings in
-# notebooks/data/gpu_context_sweep.csv): (block_m, block_n, num_warps, num_stages) for long queries (prefill), and
-# (block_n, num_warps, num_stages) for short ones (a cross-attention context step of a few queries per sequence),
-# whose block_m is the rows per sequence rounded up (at least 16).
-# A paged 1-byte cache (fp8, int8/fp8 per token-head) read by a 16-bit q: its own long-query tile, and float16
-# dot products for short queries (measured: 1.29x faster than bfloat16 ones at batch 64, one query, 1024 keys).
+# Context launch configurations measured on an NVIDIA H200 (bf16, head size 128; docs/internals.md).
 CONTEXT_LONG_128 = (128, 128, 8, 3)
 CONTEXT_LONG_128_ONE_BYTE = (256, 64, 8, 3)
 CONTEXT_SHORT_128 = (128, 4, 3)
@@ -171,8 +148,7 @@ def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = No
         block_n = min(_pow2(max_kv_len or 1), 256, max(16, 2 * CPU_TILE_ELEMENTS // block_m))
         return ContextConfig(block_m=block_m, block_n=block_n)
     if head_size > 256:
-        # Gemma-4's full layers (512). Not measured for speed; sized for shared memory (compiled offline for sm_90,
-        # Triton 3.9): 64 x 64 tiles need 192 KB at 512 in bfloat16, these at most 97 KB in any format.
+        # Gemma-4's full layers (512): sized for shared memory, not measured for speed
         if dtype == torch.float32:
             return ContextConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
         return ContextConfig(block_m=32, block_n=32, num_warps=8, num_stages=2)
