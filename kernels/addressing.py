@@ -1,6 +1,4 @@
-"""Byte addressing of a KV pool: the one place its address formula is written, as torch/Python helpers
-(`row_byte_offset`, `scale_byte_offset`, and the gathers and scatters of the references) and as a Triton helper
-(`cache_offset`, used by the write kernel and by `paged_rows` / `block_scales` for the readers).
+"""Byte addressing of a KV pool: the one place its address formula is written, for torch and for Triton.
 See docs/internals.md#kernels-addressing."""
 from __future__ import annotations
 
@@ -11,17 +9,12 @@ import triton
 import triton.language as tl
 
 from . import formats
-from .checks import (check_block_tables, check_float_tensor, check_int_tensor, check_pool,  # noqa: F401 (re-exported)
-                     check_query_against_cache, check_scale, pool_capacity)
-from .mode import INTERPRETED
 
 # Views of the one per-format table (formats.TABLE), under the names the kernels use.
 SUPPORTED_HEAD_SIZES = formats.SUPPORTED_HEAD_SIZES
 SCALE_BYTES = formats.SCALE_BYTES
-ELEM_BYTES = {code: f.elem_bytes for code, f in formats.TABLE.items()}
 CODE_DTYPES = {code: f.code_dtype for code, f in formats.TABLE.items()}
 AUTO_DTYPES = {code: dtype for dtype, code in formats.AUTO_FORMATS.items()}
-FLOAT_DTYPES = tuple(formats.AUTO_FORMATS)
 
 # The format codes as Triton compile-time constants, so kernels can branch on them by name.
 F16: tl.constexpr = tl.constexpr(formats.F16)
@@ -31,7 +24,6 @@ FP8: tl.constexpr = tl.constexpr(formats.FP8)
 INT8_PTH: tl.constexpr = tl.constexpr(formats.INT8_PTH)
 FP8_PTH: tl.constexpr = tl.constexpr(formats.FP8_PTH)
 SCALES_IN_ROW: tl.constexpr = tl.constexpr(formats.ROW)
-SCALES_IN_BLOCK: tl.constexpr = tl.constexpr(formats.BLOCK)
 SCALE_WORD: tl.constexpr = tl.constexpr(formats.SCALE_BYTES)     # bytes per fp32 scale word
 
 

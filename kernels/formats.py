@@ -58,7 +58,6 @@ TABLE: dict[int, Format] = {f.code: f for f in (
 )}
 NAMES = {code: f.name for code, f in TABLE.items()}
 KV_CACHE_DTYPES = tuple(dict.fromkeys(f.kv_cache_dtype for f in TABLE.values()))   # auto, fp8, int8_pth, fp8_pth
-QUANTIZED_KV_CACHE_DTYPES = tuple(n for n in KV_CACHE_DTYPES if n != "auto")
 PER_TOKEN_HEAD_KV_CACHE_DTYPES = tuple(dict.fromkeys(f.kv_cache_dtype for f in TABLE.values() if f.inline_scales))
 LAYER_SCALE_KV_CACHE_DTYPES = tuple(dict.fromkeys(f.kv_cache_dtype for f in TABLE.values() if f.layer_scales))
 AUTO_FORMATS = {f.code_dtype: code for code, f in TABLE.items() if f.kv_cache_dtype == "auto"}  # model dtype -> code
