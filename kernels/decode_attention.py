@@ -11,17 +11,15 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (FP8, FP8_PTH, INT8_PTH, SCALE_WORD, check_block_tables, check_float_tensor,
-                         check_int_tensor, check_pool, check_query_against_cache, check_spec, element_strides,
-                         gather_sequence, paged_rows, read_views, row_alignment, scale_alignment,
-                         scale_word_strides, tile_scales)
+from .addressing import (FP8, FP8_PTH, INT8_PTH, SCALE_WORD, check_spec, element_strides, gather_sequence,
+                         paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales)
+from .checks import check_block_tables, check_float_tensor, check_int_tensor, check_pool, check_query_against_cache
 from .mode import INTERPRETED, require_device
 
 LOG2E = math.log2(math.e)
 MERGE_CHUNK: tl.constexpr = tl.constexpr(16)    # splits merged per vector load (more loop over chunks)
 TAIL: tl.constexpr = tl.constexpr(16)           # "row" window reads: bytes of a row's aligned tail piece
-# How the dot products meet the codes (_decode_kernel's DOT): in q's own dtype, in float32 (float32 models, and
-# always in the interpreter), or in float16 with q rescaled per row (1-byte codes, 16-bit q: `pow2_row_scale`).
+# _decode_kernel's DOT: the dot products in q's dtype, in float32, or in float16 with q rescaled per row.
 DOT_Q: tl.constexpr = tl.constexpr(0)
 DOT_F32: tl.constexpr = tl.constexpr(1)
 DOT_F16: tl.constexpr = tl.constexpr(2)
@@ -29,20 +27,14 @@ DOT_F16: tl.constexpr = tl.constexpr(2)
 
 @triton.jit
 def pow2_row_scale(amax):
-    """Per row, the power of two that brings the row's largest |q| into [2^14, 2^15): q times it is exact in
-    float16 for every element within 2^-24 of that largest one, so a bfloat16 q can meet 1-byte codes in a float16
-    dot product (1-byte codes convert to float16 exactly, and in one instruction for e4m3)."""
+    """Per row, the power of two that brings the row's largest |q| into [2^14, 2^15)."""
     e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
     return (tl.minimum(tl.maximum(268 - e, 1), 254) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _int8_to_f16(codes, PURE: tl.constexpr):
-    """int8 codes to float16, exactly, four at a time (GPU only: inline PTX).
-
-    Byte c ^ 0x80 is c + 128 as an unsigned byte; placed under the exponent byte 0x64 it is the float16
-    1024 + c + 128 (float16 counts in steps of 1 between 1024 and 2048), and one packed subtraction of 1152
-    leaves c. Per four codes: one xor, two byte permutes, two half2 subtractions."""
+    """int8 codes to float16, exactly, four at a time (GPU only: inline PTX)."""
     return tl.inline_asm_elementwise(
         asm="""{
         .reg .b32 biased, magic;
@@ -71,9 +63,7 @@ def _e4m3_to_f16(codes, PURE: tl.constexpr):
 
 @triton.jit
 def _e4m3_to_f16_finite(codes, PURE: tl.constexpr):
-    """_e4m3_to_f16, with the NaN codes (x111 1111) read as 448 (x111 1110): for ROW_WINDOW's stray columns, which
-    hold other bytes (a scale's) that q's zeros must cancel, so none may be a NaN. Valid codes convert exactly.
-    Per four codes: low seven bits + 1 carries into bit 7 only for the NaN codes, whose bit 0 is then cleared."""
+    """_e4m3_to_f16, with the NaN codes (x111 1111) read as 448 (x111 1110): for ROW_WINDOW's stray columns."""
     return tl.inline_asm_elementwise(
         asm="""{
         .reg .b32 t, w;
@@ -93,8 +83,7 @@ def _e4m3_to_f16_finite(codes, PURE: tl.constexpr):
 @triton.jit
 def _window_codes_to(codes, FMT: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr, PURE: tl.constexpr,
                      in_row):
-    """ROW_WINDOW's K tiles as the dot's operand type, with the columns outside the row (`in_row` False) unable to
-    poison a score: int8 codes are always finite; e4m3 ones finite through _e4m3_to_f16_finite (GPU), else zeroed."""
+    """ROW_WINDOW's K tiles as the dot's operand type, the columns outside the row (`in_row` False) finite."""
     if ASM and dtype == tl.float16 and FMT != INT8_PTH:
         return _e4m3_to_f16_finite(codes, PURE)
     elif FMT != INT8_PTH:
@@ -105,13 +94,7 @@ def _window_codes_to(codes, FMT: tl.constexpr, dtype: tl.constexpr, ASM: tl.cons
 
 @triton.jit
 def _codes_to(codes, FMT: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr, PURE: tl.constexpr):
-    """A tile of cache elements as the dot products' operand type (codes stay codes: scales are applied later).
-
-    ASM (GPU, 1-byte codes, float16 dots): the inline-PTX conversions above. PURE=False marks the conversion as
-    one the compiler must leave where it is: used for V, whose dot product wants it transposed (tokens along
-    the contraction). Left pure, the compiler moves the conversion after that transposition and reads V from
-    shared memory one byte at a time; kept in place, V converts in its natural order and the float16 tile is
-    transposed by the matrix-load instruction (ldmatrix.trans)."""
+    """A tile of codes as the dot products' operand type (scales are applied later); ASM: the PTX conversions."""
     if ASM and dtype == tl.float16 and FMT == INT8_PTH:
         return _int8_to_f16(codes, PURE)
     elif ASM and dtype == tl.float16 and FMT != INT8_PTH:
@@ -131,8 +114,7 @@ def _dot(a, b, acc, DOT: tl.constexpr):
 
 @triton.jit
 def _load_q(q_rows, head_mask, phase, HEAD_SIZE: tl.constexpr, ROW_WINDOW: tl.constexpr):
-    """q [BLOCK_G, HEAD_SIZE] of one GQA group, and with ROW_WINDOW its tail [BLOCK_G, TAIL], both in the rotated
-    column order of the row window (zeros where a column holds no code of the row); without, the tail is q."""
+    """q [BLOCK_G, HEAD_SIZE] of one GQA group and ROW_WINDOW's tail [BLOCK_G, TAIL], in the window's order."""
     d = tl.arange(0, HEAD_SIZE)
     if ROW_WINDOW:
         e = tl.arange(0, TAIL)
@@ -147,8 +129,7 @@ def _load_q(q_rows, head_mask, phase, HEAD_SIZE: tl.constexpr, ROW_WINDOW: tl.co
 
 @triton.jit
 def _dot_operands(q, q_tail, qk_scale, DOT: tl.constexpr, ROW_WINDOW: tl.constexpr):
-    """q (and the row window's q_tail) as the dot products' operand, and the factor that turns their products into
-    base-2 logits. DOT_F16: each row times a power of two (`pow2_row_scale`), divided out of the factor."""
+    """q and q_tail as the dot products' operands, and the factor that turns their products into base-2 logits."""
     if DOT == DOT_F16:
         amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
         if ROW_WINDOW:
@@ -169,8 +150,7 @@ def _dot_operands(q, q_tail, qk_scale, DOT: tl.constexpr, ROW_WINDOW: tl.constex
 
 @triton.jit
 def _split_range(seq_len, window, num_splits, split, BLOCK_N: tl.constexpr):
-    """[start, end) of the tokens this split reads: whole tiles of an even share of the sequence's last `window`
-    tokens (window 0: all of them)."""
+    """[start, end): this split's whole tiles of the sequence's last `window` tokens (window 0: all of them)."""
     first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
     chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
     start = first + split * chunk
@@ -180,9 +160,7 @@ def _split_range(seq_len, window, num_splits, split, BLOCK_N: tl.constexpr):
 @triton.jit
 def _qk(k_ptrs, valid, q, q_tail, phase, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, DOT: tl.constexpr,
         CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
-    """q times a tile of K codes (rows at k_ptrs [BLOCK_N, 1]), scales not applied: [BLOCK_G, BLOCK_N]. With
-    ROW_WINDOW two products, the aligned main window's and the tail's; q's zeros cancel the columns outside the row,
-    which hold other bytes (a neighbour's scale, say) and so must not be NaNs."""
+    """q times a tile of K codes (rows at k_ptrs [BLOCK_N, 1]), scales not applied: [BLOCK_G, BLOCK_N]."""
     d = tl.arange(0, HEAD_SIZE)
     if ROW_WINDOW:
         e = tl.arange(0, TAIL)
@@ -199,8 +177,7 @@ def _qk(k_ptrs, valid, q, q_tail, phase, FMT: tl.constexpr, HEAD_SIZE: tl.conste
 @triton.jit
 def _pv(v_ptrs, valid, p, acc, acc_tail, alpha, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, DOT: tl.constexpr,
         CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
-    """acc (and the row window's acc_tail), rescaled by alpha, plus p times a tile of V codes (rows at v_ptrs). V's
-    stray window columns only reach the accumulator's stray columns, which are never stored."""
+    """acc (and ROW_WINDOW's acc_tail), rescaled by alpha, plus p times a tile of V codes (rows at v_ptrs)."""
     d = tl.arange(0, HEAD_SIZE)
     v = tl.load(v_ptrs + d[None, :], mask=valid[:, None], other=0.0)
     if ROW_WINDOW:
@@ -211,8 +188,7 @@ def _pv(v_ptrs, valid, p, acc, acc_tail, alpha, FMT: tl.constexpr, HEAD_SIZE: tl
 
 @triton.jit
 def _store_rows(row_ptrs, values, tail, head_mask, phase, HEAD_SIZE: tl.constexpr, ROW_WINDOW: tl.constexpr):
-    """Store a [BLOCK_G, HEAD_SIZE] tile at row_ptrs [BLOCK_G, 1], rotated back from the row window's column order:
-    window column c holds element c - phase, tail column e element HEAD_SIZE - phase + e."""
+    """Store a [BLOCK_G, HEAD_SIZE] tile at row_ptrs [BLOCK_G, 1], rotated back from the row window's order."""
     d = tl.arange(0, HEAD_SIZE)
     if ROW_WINDOW:
         e = tl.arange(0, TAIL)
@@ -225,10 +201,7 @@ def _store_rows(row_ptrs, values, tail, head_mask, phase, HEAD_SIZE: tl.constexp
 @triton.jit
 def _merge_if_last(partials, counters_ptr, out_ptr, strides, b, kv_head, num_splits, GROUP: tl.constexpr,
                    HEAD_SIZE: tl.constexpr):
-    """merge_in_kernel: the last of this (sequence, kv head)'s programs to get here merges every partial. The
-    barrier puts all this program's stores before its increment (acq_rel: the increment publishes them, and the
-    last program's reads see everyone's), and the last one sets the counter back to 0 for the next launch (so a
-    CUDA graph can replay it)."""
+    """merge_in_kernel: the last of this (sequence, kv head)'s programs to get here merges every partial."""
     tl.debug_barrier()
     counter = counters_ptr + b * tl.num_programs(1) + kv_head
     if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
@@ -241,8 +214,7 @@ def _merge_if_last(partials, counters_ptr, out_ptr, strides, b, kv_head, num_spl
 
 @triton.jit
 def _relative_bias(bias_ptr, bias_width, heads, head_valid, distance):
-    """T5's additive bias for scores [heads, keys], in the kernels' log2 units: bias[head, min(distance,
-    bias_width - 1)] from a float32 table [num_heads, bias_width]; distance = query position - key position."""
+    """T5's bias [heads, keys] in log2 units: bias_ptr[head, min(distance, bias_width - 1)], float32."""
     index = tl.minimum(tl.maximum(distance, 0), bias_width - 1)
     bias = tl.load(bias_ptr + heads[:, None] * bias_width + index[None, :], mask=head_valid[:, None], other=0.0)
     return bias * 1.4426950408889634           # log2(e): scores are kept in base 2
@@ -254,13 +226,7 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
                    FMT: tl.constexpr, PLACEMENT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr,
                    DOT: tl.constexpr, CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
-    """One (sequence, kv head, split): the split's tokens attended by the kv head's GROUP query heads.
-
-    strides (elements): q and out per sequence and per head, the block table's row, the bias table's row.
-    layout (`element_strides`, then scale words): block, K-to-V half, slot, kv head row, scale offset (bytes),
-    scale slot and head strides. partials: None, or the (acc, max-and-sum) buffers of a split launch;
-    counters_ptr: None, or the in-kernel merge's counters; bias_ptr: None, or T5's bias table.
-    ALIGN: (row, scale) alignments; DOT: DOT_Q, DOT_F32 or DOT_F16; CONVERT: (inline PTX, K pure, V pure)."""
+    """One (sequence, kv head, split): the split's tokens attended by the kv head's GROUP query heads."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -271,10 +237,7 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
     block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words, scale_head_words = layout
     table = block_tables_ptr + b.to(tl.int64) * strides[4]
     head_row = kv_head.to(tl.int64) * row_stride
-    # ROW_WINDOW ("row" placement, 1-byte codes): every row of this kv head starts `phase` bytes past a 16-byte
-    # boundary, so each row is read as two aligned 16-byte-vector pieces: the main window [row - phase, row - phase
-    # + D) and the tail [row - phase + D, + 16), which holds the row's last `phase` codes, then its scale. q is
-    # loaded in the same rotated order, so the dot products need no shuffle, and the output is rotated back.
+    # ROW_WINDOW: every row of this kv head starts `phase` bytes past a 16-byte boundary
     phase = (head_row % 16).to(tl.int32) if ROW_WINDOW else 0
     q, q_tail = _load_q(q_ptr + b.to(tl.int64) * strides[0] + heads[:, None] * strides[1], head_mask, phase,
                         HEAD_SIZE, ROW_WINDOW)
@@ -330,9 +293,7 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
 @triton.jit
 def _merge_head(part_acc_ptr, part_ml_ptr, first, num_splits, out_row_ptr, HEAD_SIZE: tl.constexpr,
                 CHUNK: tl.constexpr):
-    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over one head's splits s (M = max_s m_s), from its
-    partials at index first + s. The partials are read CHUNK splits at a time through L2 (.cg), where the other
-    programs' stores are."""
+    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over one head's splits s (M = max_s m_s)."""
     sp = tl.arange(0, CHUNK)
     d = tl.arange(0, HEAD_SIZE)
     m_all = float("-inf")
@@ -414,9 +375,7 @@ def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> N
 
 
 def row_window_applies(pool: torch.Tensor, spec) -> bool:
-    """Whether the "row" placement can be read in aligned 16-byte pieces (ROW_WINDOW): 1-byte codes with inline
-    scales after each row, and every block, half and slot stride (and the pool's first byte) on a 16-byte
-    boundary, so that all rows of one kv head share one phase against that boundary."""
+    """Whether the "row" placement can be read in aligned 16-byte pieces (ROW_WINDOW)."""
     return (formats.has_inline_scales(spec.fmt) and spec.placement == formats.ROW and spec.elem_bytes == 1
             and spec.head_size >= 16 and pool.data_ptr() % 16 == 0
             and all(stride % 16 == 0 for stride in (spec.block_bytes, spec.kv_bytes, spec.slot_bytes)))
@@ -426,11 +385,7 @@ _COUNTERS: dict[str, torch.Tensor] = {}
 
 
 def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """n int32 zeros for the in-kernel merge's counters, one allocation per device, grown as needed.
-
-    Every launch leaves each counter it used back at 0, so the same zeros serve the next launch (also when the
-    launch is replayed from a CUDA graph). Two split launches must therefore not run at the same time on one
-    device, e.g. on two streams: the engine runs its steps on one stream."""
+    """n int32 zeros for the in-kernel merge's counters, one allocation per device, grown as needed."""
     buf = _COUNTERS.get(str(device))
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
@@ -443,13 +398,8 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
                            out: torch.Tensor | None = None, validate: bool = True,
                            sliding_window: int = 0, rel_bias: torch.Tensor | None = None,
                            config: launch.DecodeConfig | None = None) -> torch.Tensor:
-    """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype.
-
-    config: the launch configuration (None: `launch.decode_config` chooses one from the shapes and the device).
-
-    sliding_window > 0: only the last sliding_window tokens of each sequence (the query's own included) count.
-    rel_bias: T5's relative position bias, float32 [Hq, max_distance + 1]; the score of key j (query position
-    seq_len - 1) gets rel_bias[h, min(seq_len - 1 - j, max_distance)] added after scaling."""
+    """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype. sliding_window > 0:
+    only each sequence's last sliding_window tokens count; rel_bias: T5's float32 [Hq, max_distance + 1]."""
     if validate:
         _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
         _check_window(sliding_window)
@@ -476,8 +426,7 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
                     torch.empty(batch, num_heads, cfg.num_splits, 2, dtype=torch.float32, device=q.device))
         if cfg.merge_in_kernel:
             counters = _split_counters(q.device, batch * spec.num_kv_heads)
-    # 1-byte codes with a 16-bit q: dot products in float16 (q rescaled by a power of two per row), see
-    # pow2_row_scale; the codes convert to float16 exactly and more cheaply than to bfloat16
+    # 1-byte codes with a 16-bit q: float16 dot products, q rescaled per row (pow2_row_scale)
     scaled_f16 = cfg.f16_dot and spec.elem_bytes == 1 and q.dtype != torch.float32
     dot = (DOT_F16 if scaled_f16 else DOT_F32 if launch.dot_in_float32(q.dtype) else DOT_Q).value
     _decode_kernel[(batch, spec.num_kv_heads, cfg.num_splits)](
