@@ -12,14 +12,8 @@ from minikv.kernels.errors import InvalidValueError
 class Scheduler:
     """Decides which sequences run in the next step and keeps the block managers in step with them."""
 
-    def __init__(
-        self,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        block_manager: BlockManager,
-        cross_block_manager: BlockManager | None = None,
-        eos_token_id: int | None = None,
-    ):
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, block_manager: BlockManager,
+                 cross_block_manager: BlockManager | None = None, eos_token_id: int | None = None):
         if cross_block_manager is not None and cross_block_manager.enable_prefix_caching:
             raise InvalidValueError("the cross pool's block manager must not use prefix caching")
         self.max_num_seqs = max_num_seqs
@@ -33,7 +27,6 @@ class Scheduler:
         self.num_preemptions = 0
 
     # ---- admission ---------------------------------------------------------------------------------
-
     def blocks_needed(self, seq: Sequence) -> int:
         """The most blocks `seq` can ever hold: K/V are written for every token but the last generated one."""
         max_kv_tokens = seq.num_prompt_tokens + seq.sampling.max_tokens - 1
@@ -55,38 +48,28 @@ class Scheduler:
         needed = self.blocks_needed(seq)
         pool = self.block_manager.num_blocks
         if needed > pool:
-            raise InvalidValueError(
-                f"{name} can never fit: {seq.num_prompt_tokens} prompt tokens + "
-                f"max_tokens {seq.sampling.max_tokens} need {needed} blocks of "
-                f"{self.block_manager.block_size} tokens, but the KV pool holds only {pool} blocks"
-            )
+            raise InvalidValueError(f"{name} can never fit: {seq.num_prompt_tokens} prompt tokens + max_tokens "
+                                    f"{seq.sampling.max_tokens} need {needed} blocks of "
+                                    f"{self.block_manager.block_size} tokens, but the KV pool holds only {pool} blocks")
         # A preempted sequence is prefilled again with everything it generated, so that must fit one step.
         max_prefill = seq.num_prompt_tokens + seq.sampling.max_tokens - 1
         if max_prefill > self.max_num_batched_tokens:
-            raise InvalidValueError(
-                f"{name} can never fit: {seq.num_prompt_tokens} prompt tokens + "
-                f"max_tokens {seq.sampling.max_tokens} may need a prefill of {max_prefill} tokens (after "
-                f"preemption), but max_num_batched_tokens is {self.max_num_batched_tokens}"
-            )
+            raise InvalidValueError(f"{name} can never fit: {seq.num_prompt_tokens} prompt tokens + max_tokens "
+                                    f"{seq.sampling.max_tokens} may need a prefill of {max_prefill} tokens (after "
+                                    f"preemption), but max_num_batched_tokens is {self.max_num_batched_tokens}")
         if (seq.encoder_token_ids is None) != (self.cross_block_manager is None):
             kind = "has" if seq.encoder_token_ids is not None else "has no"
             pool_kind = "no" if self.cross_block_manager is None else "a"
-            raise InvalidValueError(
-                f"{name} {kind} encoder tokens, "
-                f"but this scheduler has {pool_kind} cross pool"
-            )
+            raise InvalidValueError(f"{name} {kind} encoder tokens, but this scheduler has {pool_kind} cross pool")
         if self.cross_block_manager is not None:
             cross_needed = self.cross_block_manager.blocks_for_tokens(len(seq.encoder_token_ids))
             cross_pool = self.cross_block_manager.num_blocks
             if cross_needed > cross_pool:
-                raise InvalidValueError(
-                    f"{name} can never fit: {len(seq.encoder_token_ids)} encoder "
-                    f"tokens need {cross_needed} cross blocks, but the cross pool holds only "
-                    f"{cross_pool} blocks"
-                )
+                raise InvalidValueError(f"{name} can never fit: {len(seq.encoder_token_ids)} encoder tokens "
+                                        f"need {cross_needed} cross blocks, but the cross pool holds only "
+                                        f"{cross_pool} blocks")
 
     # ---- one step ----------------------------------------------------------------------------------
-
     def schedule(self) -> tuple[list[Sequence], bool]:
         """The sequences of the next step and whether it is a prefill. `([], False)` when nothing is left."""
         if not self._unfinished:
@@ -110,12 +93,10 @@ class Scheduler:
             seq = self.waiting[0]
             if not self.block_manager.can_allocate(seq):
                 break
-            if self.cross_block_manager is not None and not self.cross_block_manager.can_allocate_tokens(
-                len(seq.encoder_token_ids)
-            ):
+            cross = self.cross_block_manager
+            if cross is not None and not cross.can_allocate_tokens(len(seq.encoder_token_ids)):
                 break
-            # The token budget counts every token, prefix hits included (they are known only after
-            # allocating). add() made sure one sequence alone always fits.
+            # The budget counts prefix hits too (known only after allocating); add() made sure one sequence fits.
             if num_tokens + len(seq) > self.max_num_batched_tokens:
                 break
             self.waiting.popleft()
@@ -151,7 +132,6 @@ class Scheduler:
         self.num_preemptions += 1
 
     # ---- after a step ------------------------------------------------------------------------------
-
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], logprobs: list | None = None) -> None:
         """Record one sampled token per sequence of the step (and its logprobs entry), and finish those that are
         done: EOS and `stop_token_ids` are not appended; `max_tokens` reached finishes with "length"."""
@@ -198,10 +178,6 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
-
-    def unfinished_ids(self) -> list[int]:
-        """Ids of the requests waiting or running, oldest first."""
-        return list(self._unfinished)
 
     def _free(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)

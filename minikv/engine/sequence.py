@@ -25,22 +25,14 @@ class Sequence:
     """One request in flight. Sampling draws from its own seeded CPU `generator` (`sampling.seed` plus `index`, or
     one derived from the engine's seed and `request_id`), so its tokens do not depend on its batch."""
 
-    def __init__(
-        self,
-        request_id: int,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        sampling: SamplingParams | None = None,
-        encoder_token_ids: list[int] | None = None,
-        default_seed: int = 0,
-        index: int = 0,
-        parent_id: int | None = None,
-    ):
+    def __init__(self, request_id: int, prompt: str | None, prompt_token_ids: list[int],
+                 sampling: SamplingParams | None = None, encoder_token_ids: list[int] | None = None,
+                 default_seed: int = 0, index: int = 0, parent_id: int | None = None):
         if len(prompt_token_ids) == 0:
             raise InvalidValueError(f"request {request_id}: the prompt has no tokens; at least one is needed")
         if encoder_token_ids is not None and len(encoder_token_ids) == 0:
-            raise InvalidValueError(
-                f"request {request_id}: encoder_token_ids is empty; pass None for a decoder-only model")
+            raise InvalidValueError(f"request {request_id}: encoder_token_ids is empty; pass None for a "
+                                    "decoder-only model")
         self.request_id = request_id
         # Completion `index` of the request `parent_id` (SamplingParams.n > 1 runs one sequence per completion).
         self.index = index
@@ -63,12 +55,8 @@ class Sequence:
         self.generator: torch.Generator | None = None
         if self.sampling.temperature > 0:
             import torch
-
             seed = self.sampling.seed
-            if seed is None:
-                seed = (default_seed * 1_000_003 + request_id) % (1 << 63)
-            else:
-                seed += index
+            seed = (default_seed * 1_000_003 + request_id) % (1 << 63) if seed is None else seed + index
             self.generator = torch.Generator(device="cpu").manual_seed(seed)
 
     def __len__(self) -> int:
@@ -87,10 +75,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
 
     def append_token(self, token_id: int, logprobs: dict[int, tuple[float, int]] | None = None) -> None:
         self.token_ids.append(int(token_id))
