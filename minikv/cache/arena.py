@@ -148,8 +148,6 @@ class KVArena:
 class SeparateKVArena(KVArena):
     """Every pool in an allocation of its own, as TensorRT-LLM's pool manager allocates them."""
 
-    allocation = "per-pool"
-
     def __init__(self, specs: list[PoolSpec], device: torch.device | str = "cpu", guard_bytes: int = 4096,
                  reach_elem_bytes: int | None = None, guarded: bool | None = None):
         self.specs = _checked_specs(specs, guard_bytes)

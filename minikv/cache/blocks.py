@@ -22,8 +22,7 @@ class BlockTableHolder(Protocol):
 
     def __len__(self) -> int: ...
 
-# Parent hash of a decoder-only sequence's first block. CPython's hash() never returns -1, so no real
-# block hash can equal it.
+# Parent hash of a decoder-only sequence's first block: CPython's hash() never returns -1.
 NO_PARENT = -1
 
 
@@ -37,8 +36,6 @@ def chain_root(seq: BlockTableHolder) -> int:
     if seq.encoder_token_ids is None:
         return NO_PARENT
     return hash((tuple(seq.encoder_token_ids),))
-
-
 
 
 @dataclass
@@ -70,7 +67,6 @@ class BlockManager:
         self.num_evictions = 0        # cached-free blocks whose hash was forgotten to make room
 
     # ---- queries -------------------------------------------------------------------------------------
-
     @property
     def num_free_blocks(self) -> int:
         """Blocks not held by any sequence (never used, uncached, or cached-free)."""
@@ -93,7 +89,6 @@ class BlockManager:
         return list(self._free_cached)
 
     # ---- sequences -----------------------------------------------------------------------------------
-
     def can_allocate(self, seq: BlockTableHolder) -> bool:
         """True when `allocate(seq)` would find enough blocks. Hits on blocks in use cost no free block."""
         hits = self._match_prefix(seq)
@@ -105,10 +100,8 @@ class BlockManager:
         if seq.block_table:
             raise RuntimeError(f"request {seq.request_id} already holds blocks {seq.block_table}")
         if not self.can_allocate(seq):
-            raise RuntimeError(
-                f"request {seq.request_id} needs {self.blocks_for_tokens(len(seq))} blocks, "
-                f"{self.num_free_blocks} are free; check can_allocate() first"
-            )
+            raise RuntimeError(f"request {seq.request_id} needs {self.blocks_for_tokens(len(seq))} blocks, "
+                               f"{self.num_free_blocks} are free; check can_allocate() first")
         hits = self._match_prefix(seq)
         table: list[int] = []
         parent = chain_root(seq)
@@ -139,10 +132,8 @@ class BlockManager:
         needed = self.blocks_for_tokens(len(seq))
         have = len(seq.block_table)
         if have not in (needed - 1, needed):
-            raise RuntimeError(
-                f"request {seq.request_id}: block table covers {have} blocks, but {len(seq)} tokens need "
-                f"{needed}; may_append adds at most one block per token"
-            )
+            raise RuntimeError(f"request {seq.request_id}: block table covers {have} blocks, but {len(seq)} tokens "
+                               f"need {needed}; may_append adds at most one block per token")
         if have == needed - 1:
             seq.block_table.append(self._take_free_block())
         if self.enable_prefix_caching and len(seq) % self.block_size == 0:
@@ -159,7 +150,6 @@ class BlockManager:
         seq.num_cached_tokens = 0
 
     # ---- plain token ranges (the encoder-decoder's cross pool) ------------------------------------------
-
     def can_allocate_tokens(self, num_tokens: int) -> bool:
         return self.blocks_for_tokens(num_tokens) <= self.num_free_blocks
 
@@ -178,7 +168,6 @@ class BlockManager:
             self._release(block_id)
 
     # ---- internals ---------------------------------------------------------------------------------
-
     def _match_prefix(self, seq: BlockTableHolder) -> list[int]:
         """Registered blocks matching the start of `seq`, capped so at least one token is left to compute."""
         if not self.enable_prefix_caching:

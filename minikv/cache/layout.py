@@ -1,5 +1,4 @@
-"""KVLayout: the one place where the bytes of a KV-cache pool are computed (once per layout, into a frozen
-`CacheSpec`: `layout.spec`); every address computed from them goes through `minikv.kernels.addressing`.
+"""KVLayout: the one place where the bytes of a KV-cache pool are computed (into a frozen `CacheSpec`, `.spec`).
 See docs/internals.md#cache-layout."""
 from __future__ import annotations
 
@@ -65,12 +64,9 @@ class KVLayout:
     slot_bytes = _spec_field("slot_bytes", "Bytes of one slot: a row per KV head.")
     kv_bytes = _spec_field("kv_bytes", "Bytes of one half (K or V) of a block; V starts this far into the block.")
     block_bytes = _spec_field("block_bytes", "Bytes of one block: the K half, then the V half.")
-    scale_offset = _spec_field("scale_offset", "Where the scale of (slot 0, head 0) sits: inside the row (\"row\") "
-                                               "or inside the block half (\"block\"); -1 without scales.")
-    scale_slot_bytes = _spec_field("scale_slot_bytes", "Bytes from one slot's scale to the next's (same head); 0 "
-                                                       "without scales.")
-    scale_head_bytes = _spec_field("scale_head_bytes", "Bytes from one head's scale to the next's (same slot); 0 "
-                                                       "without scales.")
+    scale_offset = _spec_field("scale_offset", "Where the scale of (slot 0, head 0) sits; -1 without scales.")
+    scale_slot_bytes = _spec_field("scale_slot_bytes", "Bytes from one slot's scale to the next's (same head), or 0.")
+    scale_head_bytes = _spec_field("scale_head_bytes", "Bytes from one head's scale to the next's (same slot), or 0.")
 
     @property
     def scales_in_block(self) -> bool:
@@ -146,8 +142,7 @@ class KVLayout:
                 f"({self.elem_bytes} byte(s) per element, {self.block_bytes} bytes per block), but the backend "
                 f"addresses it as {other.describe()} ({other.elem_bytes} byte(s) per element, "
                 f"{other.block_bytes} bytes per block). The backend was built with a different cache config "
-                f"than the allocator; pass the same kv_cache_dtype and kv_scale_placement to both."
-            )
+                f"than the allocator; pass the same kv_cache_dtype and kv_scale_placement to both.")
 
     def spec_tuple(self) -> tuple[int, ...]:
         return tuple(getattr(self.spec, f) for f in formats.SPEC_FIELDS)
