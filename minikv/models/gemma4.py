@@ -11,13 +11,8 @@ from minikv.kernels.rms_norm import rms_norm
 from minikv.models.gemma4_config import FULL, SLIDING, Gemma4Config, Gemma4ConfigError  # noqa: F401
 from minikv.models.layers import Attention, check_token_inputs
 
-_ACTIVATIONS = {
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu": F.gelu,
-    "silu": F.silu,
-    "relu": F.relu,
-}
-
+_ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "silu": F.silu,
+                "relu": F.relu}
 
 
 # ---- building blocks --------------------------------------------------------------------------------------------
@@ -163,7 +158,6 @@ class Gemma4Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
-
 
     def engine_attention(self, q, x, cos, sin, ctx):
         k = v = None                                              # a sharing layer: the engine reads the source
