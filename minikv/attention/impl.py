@@ -30,8 +30,7 @@ def _written_scales(k: torch.Tensor, v: torch.Tensor) -> int:
 class AttentionImpl:
     """Self-attention over a paged cache (causal prefill, single-token decode)."""
 
-    # FIX (scale-wipe): storage regions whose scale regions were initialized: (data_ptr, nbytes) -> weak reference
-    # to the untyped storage that held them.
+    # FIX (scale-wipe): initialized storage regions, (data_ptr, nbytes) -> weak reference to their storage
     _initialized_storages: ClassVar[dict[tuple[int, int], weakref.ref]] = {}
 
     def __init__(self, layer_name: str, num_heads: int, layout: KVLayout, ops: KernelOps, *,
@@ -64,9 +63,7 @@ class AttentionImpl:
         return self._scale_views_once_per_storage(kv_cache, step)
 
     def _scale_views_historical(self, kv_cache, step):
-        # HISTORICAL (scale-wipe): lazy, per impl instance, as upstream's `_ensure_scale_caches`. Once this impl has
-        # its views it returns early for good; the first time it gets here it fills all of the storage's scale
-        # regions with 1.0, whether or not another impl already wrote real scales there.
+        # HISTORICAL (scale-wipe): lazy, per impl, as upstream's `_ensure_scale_caches`; fills on its first touch
         if self._views is not None:
             return None
         k, v = self.layout.scale_views(kv_cache)
@@ -74,9 +71,7 @@ class AttentionImpl:
         return self._fill(k, v, kv_cache, step)
 
     def _scale_views_once_per_storage(self, kv_cache, step):
-        # FIX (scale-wipe): the fill happens once per storage region, whichever impl touches it first. The registry
-        # is consulted on every touch (one dict lookup), so a region released by sleep, or a new allocation at an
-        # old address, is initialized before anything is written into it.
+        # FIX (scale-wipe): one fill per storage region, by whichever impl touches it first
         storage = kv_cache.untyped_storage()
         key = storage_key(kv_cache)
         known = AttentionImpl._initialized_storages.get(key)
@@ -124,8 +119,7 @@ class AttentionImpl:
         """Attention of the step's queries over `kv_cache`; returns the output and what it did."""
         owner = self.kv_sharing_target is None
         if md is None:
-            # Warmup (dummy) forward: no attention metadata. A KV-owning layer still runs its cache-update step,
-            # with every slot -1 so nothing is written; a KV-sharing layer does nothing at all.
+            # Warmup (dummy) forward: an owner runs its cache update with every slot -1; a sharing layer nothing
             fill = None
             if owner:
                 none = torch.full((k.shape[0],), -1, dtype=torch.int64, device=k.device)

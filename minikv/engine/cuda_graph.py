@@ -52,7 +52,7 @@ class HostBlockTables:
         self.changed: tuple[int, int, int, int] | None = None
 
     def fill(self, tables, bucket: int, pad_block: int) -> np.ndarray:
-        """The first `bucket` rows: `tables` (zeros past each table's end), then padding rows reading `pad_block`."""
+        """The first `bucket` rows: `tables` (zeros past each end), then padding rows reading `pad_block`."""
         width = self.array.shape[1]
         rows, lo, hi = [], width, 0
         for i, table in enumerate(tables):
@@ -195,7 +195,7 @@ class DecodeGraphs:
     def _buffers(self) -> dict[str, torch.Tensor]:
         if self._static is None:
             n, dev = self.buckets[-1], self.device
-            # input ids, positions, slots and sequence lengths: one int64 [4, n] buffer, one copy per step
+            # input ids, positions, slots and sequence lengths: one copy per step
             inputs = torch.zeros(4, n, dtype=torch.long, device=dev)
             self._staged = torch.zeros(4, n, dtype=torch.long, pin_memory=dev.type == "cuda")
             self._static = {
@@ -212,10 +212,8 @@ class DecodeGraphs:
         return self._static
 
     def _load(self, batch: DecodeBatch) -> dict[str, torch.Tensor]:
-        """Copy the padded batch into the static buffers; return the bucket's views of them. The per-token inputs
-        go in one copy; the block tables stay on the device from step to step, and only the part of them that
-        the host tables changed is copied (`HostBlockTables.changed`): at most one column per block boundary, so
-        the step's host work does not grow with the context."""
+        """Copy the padded batch into the static buffers (of the block tables, only what changed); return the
+        bucket's views of them."""
         buf, b = self._buffers(), batch.bucket
         staged = self._staged
         for row, name in enumerate(("input_ids", "positions", "slots", "seq_lens")):

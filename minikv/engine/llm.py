@@ -11,16 +11,8 @@ from tqdm import tqdm
 
 from minikv.cache.arena import KVCacheOverrunError
 from minikv.cache.blocks import BlockManager, slot_of
-from minikv.config import (
-    SLEEP_MODES,
-    CacheConfig,
-    EngineConfig,
-    ReproConfig,
-    SchedulerConfig,
-    check_bool,
-    check_choice,
-    check_int,
-)
+from minikv.config import (SLEEP_MODES, CacheConfig, EngineConfig, ReproConfig, SchedulerConfig, check_bool,
+                           check_choice, check_int)
 from minikv.engine import chat
 from minikv.engine.errors import ConcurrentUseError, EngineNeedsResetError
 from minikv.engine.memory import MaxModelLenError
@@ -74,8 +66,7 @@ class LLM:
         torch.manual_seed(seed)
         self.model_name = model
         self.tokenizer = registry.get_tokenizer(model)
-        # A shipped model answers only inside its task's documented domain: prompts outside it are refused
-        # (ValueError naming the broken bound) instead of silently getting a wrong answer.
+        # A shipped model refuses prompts outside its task's documented domain (ValueError naming the bound).
         self.task = tasks.for_model(model) if registry.is_checkpoint_model(model) else None
         net = registry.load_model(model, device=config.device, dtype=config.dtype)
         # The model-dependent rules (a defect that cannot happen here, cross options on a decoder-only model).
@@ -91,8 +82,7 @@ class LLM:
         self._needs_reset: str | None = None
 
     def _build_scheduler(self) -> None:
-        # Block managers describe the bytes of the current arena: a fresh arena needs fresh ones (a prefix-cache
-        # entry must never outlive the bytes it points to).
+        # A fresh arena needs fresh block managers: a prefix-cache entry must never outlive the bytes it points to.
         cache, sched = self.config.cache, self.config.scheduler
         self.block_manager = BlockManager(self.runner.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.cross_block_manager = (BlockManager(self.runner.num_cross_blocks, cache.block_size, False)
@@ -161,8 +151,7 @@ class LLM:
         return prompt, ids, enc, params
 
     def _queue(self, checked) -> int:
-        """Queue a checked request: one sequence per completion (SamplingParams.n), with consecutive ids; the
-        request's id is its first sequence's."""
+        """Queue a checked request: one sequence per completion (SamplingParams.n), ids from the request's own."""
         prompt, ids, enc, params = checked
         rid = self._next_id
         text = prompt.decoder.text if prompt.explicit_pair and prompt.decoder else prompt.main.text
@@ -175,9 +164,8 @@ class LLM:
         return rid
 
     def add_request(self, prompt, params: SamplingParams | None = None) -> int:
-        """Queue one request (a prompt in any form `generate` takes); return its id. It joins the running batch at
-        the next step that has room. With SamplingParams(n=k) its k sequences have ids id, id + 1, ..., id + k - 1
-        in StepOutput."""
+        """Queue one request (a prompt in any form `generate` takes); return its id. With SamplingParams(n=k) its k
+        sequences have ids id, id + 1, ..., id + k - 1 in StepOutput."""
         with self._exclusive():
             return self._queue(self._prepare(parse_prompt(prompt), params, "the request"))
 
@@ -273,15 +261,8 @@ class LLM:
     # ---- generation ---------------------------------------------------------------------------------------------
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in the order of `prompts`.
-
-        `prompts`: one prompt or a list of them, each a str, {"prompt": str} or {"prompt_token_ids": [...]}
-        (an encoder-decoder model also takes {"encoder_prompt": ..., "decoder_prompt": ...}). `sampling_params`:
-        one SamplingParams for all, one per prompt, or None (SamplingParams(): temperature 1.0, as vLLM's).
-        Every prompt and parameter is checked before any request is queued. Then it is `add_request` for each
-        prompt and `while has_unfinished(): step()`; requests queued earlier with add_request run too, but only
-        this call's outputs are returned. To watch the steps, drive the engine with add_request()/step().
-        """
+        """Generate for every prompt (a str, {"prompt": str} or {"prompt_token_ids": [...]}, or a list of them);
+        outputs come back in the order of `prompts`. `sampling_params`: one for all, one per prompt, or None."""
         return self._generate(parse_prompts(prompts), sampling_params, use_tqdm, "prompts")
 
     def _generate(self, prompts: list[PromptInput], sampling_params, use_tqdm, what: str) -> list[RequestOutput]:
@@ -307,9 +288,7 @@ class LLM:
         bar = tqdm(total=len(ids), desc="generate", leave=False, **({} if use_tqdm else {"disable": True}))
         wanted = set(ids)
         try:
-            # Library warnings wait for the bar to close, then come once each. Only while a bar is drawn, and
-            # only on the main thread: holding swaps process-wide warning state, which two engines generating
-            # in two threads at once must not do.
+            # Library warnings wait for the bar to close (only on the main thread: docs/internals.md).
             hold = not bar.disable and threading.current_thread() is threading.main_thread()
             with held_warnings() if hold else contextlib.nullcontext():
                 try:
@@ -330,10 +309,8 @@ class LLM:
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
              chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
-        """Render `messages` (one conversation, a list of {"role": ..., "content": ...} dicts, or a list of
-        conversations) with the checkpoint's own chat template (tokenizer_config.json's `chat_template`, or
-        chat_template.jinja beside it; `chat_template` overrides it), then generate for each, as `generate` does.
-        The rendered text is tokenized as it stands: the template writes the BOS token itself."""
+        """Render `messages` (one conversation of {"role": ..., "content": ...} dicts, or a list of them) with the
+        checkpoint's chat template (or `chat_template`), then generate for each, as `generate` does."""
         conversations = chat.check_messages(messages)
         template, specials = chat.load_chat_template(None if self.task is not None else self.model_name)
         template = chat_template if chat_template is not None else template
@@ -370,8 +347,7 @@ class LLM:
         stop_reason = seq.stop_reason
         cut = self._stop_cut(seq)
         if cut is not None:
-            # vLLM's rule: the text ends before the stop string (after it when include_stop_str_in_output), even
-            # where it starts inside a token; token_ids keep every generated token.
+            # vLLM's rule: the text is cut at the stop string, even inside a token; token_ids keep every token
             at, stop_reason = cut
             text = text[:at + (len(stop_reason) if seq.sampling.include_stop_str_in_output else 0)]
         logprobs = None

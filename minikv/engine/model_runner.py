@@ -48,23 +48,19 @@ class ModelRunner:
         self.step = 0
         mc = model.config
         self.bindings: dict[str, LayerBinding] = self._build_bindings(model.attention_layers())
-        # The layouts the cache manager allocates the pools with (pool name -> KVLayout), in arena order: cross
-        # pools first (an overrun past one of them lands in a guard zone, then on a live pool), then self pools.
+        # Pool name -> KVLayout, in arena order: cross pools first (an overrun past one lands on a live pool).
         owners = [b for b in self.bindings.values() if b.owns_pool]
         self.layouts: dict[str, KVLayout] = {b.pool: b.layout for b in
                                               sorted(owners, key=lambda b: b.kind != "cross")}
-        # `layout`: the layout of the first self-attention pool (the cross pool's for a model without one); on a
-        # model with one layout everywhere it is every pool's. Per-pool: `layouts`.
+        # the first self-attention pool's layout (the cross pool's for a model without one)
         self.layout = next((b.layout for b in owners if b.kind == "self"), owners[0].layout)
-        # Pool sizes and max_model_len, from num_blocks or a memory budget (minikv.engine.memory)
         self.size = self._size_cache()
         self.num_blocks, self.num_cross_blocks = self.size.num_blocks, self.size.num_cross_blocks
         self.max_model_len = self.size.max_model_len
         per_seq = math.ceil(self.max_model_len / self.block_size)
         per_enc = math.ceil(max(mc.max_encoder_len, 1) / self.block_size)
         has_cross = any(b.kind == "cross" for b in owners)
-        # CUDA-graph decode (minikv.engine.cuda_graph): the self pools get one block more than the block manager
-        # hands out, for the padding rows of a graph's batch
+        # CUDA-graph decode: the self pools get one block more, for the padding rows of a graph's batch
         self.graphs = (DecodeGraphs(config.scheduler.max_num_seqs, per_seq, self.block_size, self.num_blocks,
                                     self.device, per_enc if has_cross else 0) if config.cuda_graphs else None)
         self.arena: KVArena | None = None
@@ -75,7 +71,7 @@ class ModelRunner:
     def _build_bindings(self, ops) -> dict[str, LayerBinding]:
         """One LayerBinding per attention op, in model order: its pool, that pool's layout, its impl."""
         config, by_name = self.config, {op.layer_name: op for op in ops}
-        bugs = config.reintroduce
+        bugs, repro = config.reintroduce, config.repro
         builder = CrossBackendBuilder(config.cache.kv_cache_dtype, self.dtype, self.block_size,
                                       historical="cross-stride" in bugs,
                                       kv_scale_placement=config.cache.kv_scale_placement)
@@ -88,11 +84,10 @@ class ModelRunner:
             else:
                 layout = self._layout_of(op)
             if op.kind == "cross":
-                backend_layout = builder.build(config.repro.cross_construction, op.num_kv_heads, op.head_size)
-                impl = CrossAttentionImpl(op.layer_name, op.num_heads, backend_layout, self.ops,
-                                          context_path=config.repro.cross_context_path, paged_context=config.repro.paged_context,
-                                          historical_context_read="cross-fp8-context-read" in bugs,
-                                          sm_scale=op.sm_scale)
+                backend_layout = builder.build(repro.cross_construction, op.num_kv_heads, op.head_size)
+                impl = CrossAttentionImpl(op.layer_name, op.num_heads, backend_layout, self.ops, sm_scale=op.sm_scale,
+                                          context_path=repro.cross_context_path, paged_context=repro.paged_context,
+                                          historical_context_read="cross-fp8-context-read" in bugs)
             else:
                 impl = AttentionImpl(op.layer_name, op.num_heads, layout, self.ops,
                                      kv_sharing_target=op.kv_sharing_target,
@@ -143,9 +138,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_activations(self) -> int:
-        """CUDA: the activation peak of a dense forward of the largest prefill (max_num_batched_tokens dummy tokens,
-        at most the model's length), as vLLM profiles before sizing the cache. An encoder-decoder profiles its
-        encoder over max_num_seqs full-length inputs."""
+        """CUDA: the activation peak of a dense forward of the largest prefill, as vLLM profiles before sizing the
+        cache (an encoder-decoder's encoder over max_num_seqs full-length inputs)."""
         mc, sched = self.model.config, self.config.scheduler
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -183,8 +177,8 @@ class ModelRunner:
     # ---- the arena ------------------------------------------------------------------------------------------
     def pool_specs(self) -> list[PoolSpec]:
         padding = 1 if self.graphs is not None else 0
-        return [PoolSpec(name, layout, self.num_cross_blocks if name.startswith("cross.") else self.num_blocks + padding)
-                for name, layout in self.layouts.items()]
+        return [PoolSpec(n, lay, self.num_cross_blocks if n.startswith("cross.") else self.num_blocks + padding)
+                for n, lay in self.layouts.items()]
 
     def _bind_caches(self) -> None:
         """Hand every layer its pool's tensor (a KV-sharing layer its owner's very tensor)."""
@@ -226,8 +220,7 @@ class ModelRunner:
                 if isinstance(b.impl, AttentionImpl):
                     b.impl.forget_storage()
         if mode == "discard":
-            # A same-address sleep (minikv's model): the memory behind the addresses is released and mapped again;
-            # minikv zeroes the pools (not the guard zones) to stand for "contents discarded".
+            # a same-address sleep: zeroed pools (not the guard zones) stand for "contents discarded"
             for name in self.arena.specs:
                 self.arena.pool(name).zero_()
         else:
@@ -288,15 +281,10 @@ class ModelRunner:
                 slots.append(slot_of(s.block_table, p, bs))
             starts.append(len(input_ids))
             seq_lens.append(len(s))
-        md = AttentionMetadata(
-            is_prefill=is_prefill,
-            slot_mapping=self._tensor(slots, torch.int64),
-            query_start_loc=self._tensor(starts),
-            seq_lens=self._tensor(seq_lens),
-            block_tables=self._block_table_tensor([s.block_table for s in seqs]),
-            max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
-            max_seq_len=max(seq_lens),
-        )
+        md = AttentionMetadata(is_prefill=is_prefill, slot_mapping=self._tensor(slots, torch.int64),
+                               query_start_loc=self._tensor(starts), seq_lens=self._tensor(seq_lens),
+                               block_tables=self._block_table_tensor([s.block_table for s in seqs]),
+                               max_query_len=max(b - a for a, b in zip(starts, starts[1:])), max_seq_len=max(seq_lens))
         encoder_out = None
         if self.model.config.is_encoder_decoder:
             md.cross, encoder_out = self._prepare_cross(seqs, is_prefill)
@@ -358,6 +346,5 @@ class ModelRunner:
 
     @staticmethod
     def sample(logits: torch.Tensor, seqs) -> tuple[list[int], list | None]:
-        """One token per sequence (and its logprobs entry, when asked for), by `minikv.engine.sampler`: the one
-        call that hands a step's logits to the sampler, where the hunter watches them (minikv.hunt.seams)."""
+        """One token per sequence (and its logprobs entry), by `minikv.engine.sampler`: the hunter's seam."""
         return sampler.sample(logits, seqs)

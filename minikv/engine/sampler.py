@@ -1,10 +1,5 @@
 """The sampler: one token per sequence from a step's logits, as each request's SamplingParams asks.
-
-Greedy (temperature 0) is the argmax of the logits. Otherwise, in vLLM's order: divide by the temperature, drop
-tokens below min_p times the most likely one's probability, keep the top_k most likely, keep the smallest set
-whose probability reaches top_p, then draw from the softmax with the sequence's own seeded CPU generator (so a
-request's draws do not depend on its batch, and CPU and GPU runs agree). Logprobs come from the raw logits.
-"""
+See docs/internals.md#engine-sampler."""
 from __future__ import annotations
 
 import torch
