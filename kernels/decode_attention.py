@@ -1,7 +1,5 @@
 """paged_decode_attention: one query token per sequence attends to the first seq_lens[b] tokens of its paged cache.
-
-How it reads 1-byte formats at memory speed, split-K and the row placement: docs/internals.md#kernels-decode-attention.
-"""
+See docs/internals.md#kernels-decode-attention."""
 from __future__ import annotations
 
 import math

@@ -25,8 +25,7 @@ SCALE_REGION_ALIGN = 16                            # "block" placement: the scal
 ROW = 0            # after each row's codes, as vLLM does: rows of head_size + 4 bytes   ("row", the default)
 BLOCK = 1          # grouped after the codes of each block half: rows of head_size bytes ("block")
 SCALE_PLACEMENTS = {"row": ROW, "block": BLOCK}
-# Powers of two (tl.arange needs them). 256 and 512: gemma-4-E2B's sliding and full layers; on CPU the interpreter
-# runs 512 at about 1.2x the time of 256 (numpy tiles), so no size is GPU-only.
+# Powers of two (tl.arange needs them); 256 and 512: gemma-4-E2B's sliding and full layers.
 SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256, 512)
 # Tokens per cache block: powers of two (the kernels tile by them), from vLLM's usual sizes.
 BLOCK_SIZES = (8, 16, 32, 64)

@@ -115,8 +115,7 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
     """`max_len`: the longest sequence (CPU) or what the block table can hold (GPU, no host sync)."""
     if INTERPRETED:
         block_n = min(_pow2(max_len), max(16, CPU_TILE_ELEMENTS // head_size // 4))
-        # row_window off: the interpreter keeps its one summation order (recorded CPU outputs stay as they are);
-        # the tests turn it on to check the GPU's path here
+        # row_window off: the recorded CPU outputs keep their summation order (the tests turn it on)
         return DecodeConfig(block_g=_pow2(group), block_n=block_n, num_splits=1, row_window=False)
     block_g = max(16, _pow2(group))
     sms = sms or num_sms(device.index or 0)

@@ -27,18 +27,15 @@ def require_device(*tensors: torch.Tensor) -> torch.device:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     device = devices.pop()
     if INTERPRETED and device.type != "cpu":
-        raise KernelModeError(
-            f"minikv.kernels was imported in Triton interpreter mode (TRITON_INTERPRET=1), which runs on CPU "
-            f"tensors only, but got a tensor on {device}. Start a new Python process (restart the notebook "
-            f"kernel) without TRITON_INTERPRET set to compile the kernels for CUDA."
-        )
+        raise KernelModeError(f"minikv.kernels was imported in Triton interpreter mode (TRITON_INTERPRET=1), which "
+                              f"runs on CPU tensors only, but got a tensor on {device}. Start a new Python process "
+                              f"(restart the notebook kernel) without TRITON_INTERPRET set to compile the kernels for "
+                              f"CUDA.")
     if not INTERPRETED and device.type != "cuda":
-        raise KernelModeError(
-            f"minikv.kernels was imported in compiled mode (a CUDA GPU was found), which runs on CUDA tensors "
-            f"only, but got a tensor on {device}. To run on the CPU, set TRITON_INTERPRET=1 before the first "
-            f"import of minikv (e.g. `TRITON_INTERPRET=1 python ...`, or os.environ in the first notebook cell), "
-            f"or use backend='torch'."
-        )
+        raise KernelModeError(f"minikv.kernels was imported in compiled mode (a CUDA GPU was found), which runs on "
+                              f"CUDA tensors only, but got a tensor on {device}. To run on the CPU, set "
+                              f"TRITON_INTERPRET=1 before the first import of minikv (e.g. `TRITON_INTERPRET=1 python "
+                              f"...`, or os.environ in the first notebook cell), or use backend='torch'.")
     return device
 
 

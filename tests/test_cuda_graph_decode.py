@@ -6,11 +6,36 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import minikv
 from minikv.config import EngineConfig
 from minikv.engine import cuda_graph
-from minikv.engine.cuda_graph import EagerCapture, HostBlockTables, batch_buckets, bucket_for, pad_decode_batch
+from minikv.engine.cuda_graph import HostBlockTables, batch_buckets, bucket_for, pad_decode_batch
+
+
+class EagerCapture:
+    """A stand-in for CudaGraphCapture that runs on CPU: "capture" keeps the function, "replay" runs it again (into
+    the same output tensors, as a graph replay writes its captured outputs)."""
+
+    def __init__(self):
+        self.captures = 0
+        self.replays = 0
+
+    def capture(self, fn):
+        self.captures += 1
+        holder = {"fn": fn, "out": fn()}
+        return holder, holder["out"]
+
+    @staticmethod
+    def warm_up(fn):
+        return fn()
+
+    def replay(self, holder) -> None:
+        self.replays += 1
+        for dst, src in zip(holder["out"], holder["fn"]()):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
 
 
 @pytest.mark.parametrize("max_num_seqs, buckets", [(1, (1,)), (6, (1, 2, 4, 6)), (8, (1, 2, 4, 8)),

@@ -61,7 +61,4 @@ class ForwardContext:
 
     def first_non_finite_layer(self) -> str | None:
         """The first layer (in execution order) whose attention output held NaN or inf, if any."""
-        for name, ok in self.finite:
-            if not bool(ok):
-                return name
-        return None
+        return next((name for name, ok in self.finite if not bool(ok)), None)

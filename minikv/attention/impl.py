@@ -23,10 +23,6 @@ def release_scale_init(kv_cache: torch.Tensor) -> None:
     AttentionImpl._initialized_storages.pop(storage_key(kv_cache), None)
 
 
-def _written_scales(k: torch.Tensor, v: torch.Tensor) -> int:
-    return int(((k != 0) & (k != 1)).sum() + ((v != 0) & (v != 1)).sum())
-
-
 class AttentionImpl:
     """Self-attention over a paged cache (causal prefill, single-token decode)."""
 
@@ -86,7 +82,7 @@ class AttentionImpl:
         return fill
 
     def _fill(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, step: int) -> ScaleFill:
-        overwritten = _written_scales(k, v)
+        overwritten = int(((k != 0) & (k != 1)).sum() + ((v != 0) & (v != 1)).sum())     # scales someone wrote
         fill = ScaleFill(self.layer_name, step, storage_key(kv_cache), overwritten)
         if overwritten:
             fill.wiped_k_scales, fill.wiped_v_scales = k.detach().clone(), v.detach().clone()

@@ -23,10 +23,9 @@ class KVCacheOverrunError(CheckFailedError, RuntimeError):
         self.first_offset, self.bytes_damaged = first_offset, bytes_damaged
         # The engine's failed step as far as it got (a minikv.engine.step.StepOutput), when an LLM raised it.
         self.step_output = step_output
-        super().__init__(
-            f"KV cache overrun past pool {pool!r}: guard zone bytes [{guard_start}, {guard_end}) of the arena "
-            f"were written; first corrupted byte at arena offset {first_offset} ({bytes_damaged} bytes damaged)"
-        )
+        super().__init__(f"KV cache overrun past pool {pool!r}: guard zone bytes [{guard_start}, {guard_end}) of the "
+                         f"arena were written; first corrupted byte at arena offset {first_offset} ({bytes_damaged} "
+                         f"bytes damaged)")
 
     def at_step(self, step_output) -> KVCacheOverrunError:
         """The same overrun, raised again by the engine with the step it failed in."""
@@ -66,11 +65,9 @@ class KVArena:
                  reach_elem_bytes: int | None = None):
         self.specs = _checked_specs(specs, guard_bytes)
         self.device = torch.device(device)
-        self.guards: list[tuple[str, int, int]] = []   # (name of the pool before it, start, end)
+        self.guards = [("<arena start>", 0, guard_bytes)]   # (name of the pool before it, start, end)
         self.offsets: dict[str, int] = {}
-
         cursor = guard_bytes
-        self.guards.append(("<arena start>", 0, guard_bytes))
         for s in specs:
             self.offsets[s.name] = cursor
             start = cursor + s.nbytes          # the guard begins at the pool's last byte + 1
@@ -86,11 +83,10 @@ class KVArena:
         self.guards[-1] = (name, start, tail_end)
         self.nbytes = tail_end
 
-        self.storage = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        self.storage = torch.zeros(self.nbytes, dtype=torch.uint8, device=self.device)
         self._canary = torch.tensor(list(CANARY), dtype=torch.uint8, device=self.device)
-        self.storage.zero_()
         for _, start, end in self.guards:
-            self._fill_canary(start, end)
+            self.storage[start:end].copy_(self._expected(start, end))
         self._pools = {s.name: self.storage[self.offsets[s.name]: self.offsets[s.name] + s.nbytes]
                        .view(s.num_blocks, s.layout.block_bytes) for s in specs}
 
@@ -99,9 +95,6 @@ class KVArena:
         first = start - start % len(CANARY)
         reps = self._canary.repeat((end - first + len(CANARY) - 1) // len(CANARY))
         return reps[start - first: end - first]
-
-    def _fill_canary(self, start: int, end: int) -> None:
-        self.storage[start:end].copy_(self._expected(start, end))
 
     def pool(self, name: str) -> torch.Tensor:
         """The pool's bytes, a [num_blocks, block_bytes] uint8 view of the arena (the same object every call)."""

@@ -62,7 +62,6 @@ class BlockManager:
         self._free_uncached: list[int] = list(range(num_blocks))   # a min-heap: the lowest id comes out first
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # free but revivable, oldest freed first
         self._hash_to_block: dict[int, int] = {}
-        # counters, for notebooks and tests
         self.num_hit_blocks = 0       # prefix-cache hits over the manager's life
         self.num_evictions = 0        # cached-free blocks whose hash was forgotten to make room
 

@@ -69,11 +69,6 @@ class KVLayout:
     scale_head_bytes = _spec_field("scale_head_bytes", "Bytes from one head's scale to the next's (same slot), or 0.")
 
     @property
-    def scales_in_block(self) -> bool:
-        """Whether the scales are grouped after each block half's codes ("block" with a per-token-head format)."""
-        return self.spec.placement == formats.BLOCK
-
-    @property
     def code_bytes(self) -> int:
         """Bytes of one row's codes (elements)."""
         return self.head_size * self.elem_bytes
@@ -135,7 +130,7 @@ class KVLayout:
     # ---- the contract ---------------------------------------------------------------------------------------
     def check_compatible(self, other: "KVLayout", where: str = "") -> None:
         """Raise KVLayoutMismatchError unless `other` addresses a pool exactly as this layout does."""
-        if self.spec_tuple() != other.spec_tuple():
+        if self.spec != other.spec:
             at = f" for {where}" if where else ""
             raise KVLayoutMismatchError(
                 f"KV layout mismatch{at}: the pool was allocated as {self.describe()} "
@@ -144,11 +139,8 @@ class KVLayout:
                 f"{other.block_bytes} bytes per block). The backend was built with a different cache config "
                 f"than the allocator; pass the same kv_cache_dtype and kv_scale_placement to both.")
 
-    def spec_tuple(self) -> tuple[int, ...]:
-        return tuple(getattr(self.spec, f) for f in formats.SPEC_FIELDS)
-
     def describe(self) -> str:
-        name = formats.NAMES[self.fmt] + (", scales per block" if self.scales_in_block else "")
+        name = formats.NAMES[self.fmt] + (", scales per block" if self.placement == formats.BLOCK else "")
         return f"{name} (heads={self.num_kv_heads}, head_size={self.head_size}, block_size={self.block_size})"
 
 

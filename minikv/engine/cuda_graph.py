@@ -136,29 +136,6 @@ class CudaGraphCapture:
         graph.replay()
 
 
-class EagerCapture:
-    """A stand-in for CudaGraphCapture that runs on CPU, for tests of the bookkeeping."""
-
-    def __init__(self):
-        self.captures = 0
-        self.replays = 0
-
-    def capture(self, fn):
-        self.captures += 1
-        holder = {"fn": fn, "out": fn()}
-        return holder, holder["out"]
-
-    @staticmethod
-    def warm_up(fn):
-        return fn()
-
-    def replay(self, holder) -> None:
-        self.replays += 1
-        for dst, src in zip(holder["out"], holder["fn"]()):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
-
-
 @dataclass
 class _Captured:
     graph: object
@@ -171,12 +148,12 @@ class DecodeGraphs:
     """One engine's decode graphs: static buffers, one captured forward per bucket, replays."""
 
     def __init__(self, max_num_seqs: int, width: int, block_size: int, dummy_block: int, device,
-                 cross_width: int = 0, seam=None):
+                 cross_width: int = 0):
         self.buckets = batch_buckets(max_num_seqs)
         self.width, self.cross_width = width, cross_width
         self.block_size, self.dummy_block = block_size, dummy_block
         self.device = torch.device(device)
-        self.seam = seam if seam is not None else CudaGraphCapture()
+        self.seam = CudaGraphCapture()
         self.captured: dict[int, _Captured] = {}
         self._static: dict[str, torch.Tensor] | None = None
         self._host_tables = HostBlockTables(self.buckets[-1], width, "block table")

@@ -229,7 +229,8 @@ class LLM:
         self.scheduler.postprocess(batch, tokens, logprobs)
         finished = []
         for s in batch:
-            self._apply_stop_strings(s)
+            if s.finish_reason is None and self._stop_cut(s) is not None:
+                self.scheduler.finish(s, "stop")
             group = self._requests.get(s.parent_id)
             if s.finish_reason is not None and group and all(q.finish_reason is not None for q in group[1]):
                 finished.append(self._output(s.parent_id))
@@ -336,10 +337,6 @@ class LLM:
         text = self.tokenizer.decode(seq.output_token_ids)
         found = [(text.find(st), i, st) for i, st in enumerate(seq.sampling.stop) if st in text]
         return min(found)[::2] if found else None
-
-    def _apply_stop_strings(self, seq: Sequence) -> None:
-        if seq.finish_reason is None and self._stop_cut(seq) is not None:
-            self.scheduler.finish(seq, "stop")
 
     def _completion(self, seq: Sequence) -> CompletionOutput:
         ids = list(seq.output_token_ids)

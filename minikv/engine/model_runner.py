@@ -159,10 +159,7 @@ class ModelRunner:
     def check_memory(self) -> None:
         """Refuse, before allocating, an arena larger than the memory the device has free, naming what sized it."""
         need = sum(s.nbytes for s in self.pool_specs())
-        if self.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.device)[0]
-        else:
-            free = _available_host_bytes()
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else _available_host_bytes()
         if free is not None and need > free:
             cross = ", cross_pool_blocks" if self.num_cross_blocks else ""
             if self.config.cache.num_blocks is not None:
@@ -243,10 +240,8 @@ class ModelRunner:
     @torch.inference_mode()
     def warmup(self, num_tokens: int = 16) -> None:
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         md = None if self.config.repro.warmup == "dummy" else self._capture_metadata(num_tokens)
-        if md is None:
-            pos = torch.arange(num_tokens, device=self.device)
+        pos = torch.arange(num_tokens, device=self.device) if md is None else torch.zeros_like(ids)
         enc = None
         if self.model.config.is_encoder_decoder and md is None:
             enc = torch.zeros(num_tokens, self.model.config.hidden_size, dtype=self.dtype, device=self.device)

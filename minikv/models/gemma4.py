@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minikv.kernels.mode import INTERPRETED
-from minikv.kernels.rms_norm import rms_norm
+from minikv.kernels.rms_norm import rms_norm, rms_norm_reference
 from minikv.models.gemma4_config import FULL, SLIDING, Gemma4Config, Gemma4ConfigError  # noqa: F401
 from minikv.models.layers import Attention, check_token_inputs
 
@@ -28,14 +28,7 @@ class Gemma4RMSNorm(nn.Module):
                 sin: torch.Tensor | None = None) -> torch.Tensor:
         if x.is_cuda and not INTERPRETED and not torch.is_grad_enabled():     # the kernel has no backward pass
             return rms_norm(x, self.weight, self.eps, residual=residual, cos=cos, sin=sin, validate=False)
-        xf = x.float()
-        out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
-        if self.weight is not None:
-            out = out * self.weight.float()
-        out = out.to(x.dtype)
-        if cos is not None:
-            out = apply_rope(out, cos, sin)
-        return out if residual is None else residual + out
+        return rms_norm_reference(x, self.weight, self.eps, residual=residual, cos=cos, sin=sin, validate=False)
 
 
 class ScaledEmbedding(nn.Embedding):
@@ -63,13 +56,6 @@ def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, 2 * rotated, 2, dtype=torch.float32) / head_dim))
     inv = torch.cat([inv, torch.zeros(head_dim // 2 - rotated)])
     return inv / rope.get("factor", 1.0)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the pairs (x[..., i], x[..., i + D/2]). x: [B, T, heads, D]; cos, sin: [B, T, D]."""
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, :, None, :] + rotated_half * sin[:, :, None, :]
 
 
 def attention_mask(q_pos: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:
