@@ -148,21 +148,16 @@ def row_alignment(spec) -> int:
     return align
 
 
-def words(nbytes: int) -> int:
-    """A byte offset or stride in fp32 words (the unit of the scales' typed view); exact for every spec's."""
-    return nbytes // SCALE_BYTES
-
-
 def scale_word_strides(spec) -> tuple[int, int, int]:
-    """(slot, head, first) of the scales in fp32 words."""
+    """(slot, head, first) of the scales in fp32 words (every spec's byte counts are whole words)."""
     if not formats.has_inline_scales(spec.fmt):
         return 0, 0, 0
-    return words(spec.scale_slot_bytes), words(spec.scale_head_bytes), words(spec.scale_offset)
+    return spec.scale_slot_bytes // SCALE_BYTES, spec.scale_head_bytes // SCALE_BYTES, spec.scale_offset // SCALE_BYTES
 
 
 def half_word_strides(spec) -> tuple[int, int]:
     """(block, kv) strides of the pool in fp32 words."""
-    return words(spec.block_bytes), words(spec.kv_bytes)
+    return spec.block_bytes // SCALE_BYTES, spec.kv_bytes // SCALE_BYTES
 
 
 def scale_alignment(spec) -> int:

@@ -11,7 +11,6 @@ import triton.language as tl
 from . import formats
 
 
-# ---- Triton -----------------------------------------------------------------------------------------------------
 @triton.jit
 def e4m3_bits(x, SATURATE: tl.constexpr):
     """int32 e4m3fn bit pattern (0..255) of float32 `x`, rounded to nearest even like torch's cast."""
@@ -88,7 +87,6 @@ def encode_e4m3_reference(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float8_e4m3fn).view(torch.uint8)
 
 
-# ---- torch ------------------------------------------------------------------------------------------------------
 @functools.cache
 def torch_e4m3_saturates(device_type: str) -> bool:
     """Whether this torch casts finite overflow (e.g. 470.0) to 448 (0x7E) rather than NaN (0x7F) on a device."""

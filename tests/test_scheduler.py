@@ -45,7 +45,7 @@ def run(scheduler, next_token=fake_next_token, max_steps=1000):
         steps.append((is_prefill, [seq.request_id for seq in seqs]))
         scheduler.postprocess(seqs, [next_token(seq) for seq in seqs])
         assert len(steps) < max_steps
-    assert scheduler.is_finished()
+    assert not scheduler.has_unfinished()
     assert scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks
     return steps
 
@@ -163,7 +163,7 @@ def test_abort_waiting_and_running_requests():
     assert running.finish_reason == waiting.finish_reason == "abort"
     assert running.status is waiting.status is SequenceStatus.FINISHED
     assert running.block_table == [] and scheduler.block_manager.num_free_blocks == 64
-    assert scheduler.is_finished() and not scheduler.has_unfinished()
+    assert not scheduler.has_unfinished() and not scheduler.running and not scheduler.waiting
     assert scheduler.schedule() == ([], False)
 
 

@@ -100,7 +100,6 @@ class AttentionImpl:
         """Drop this impl's views (the fixed runner calls it when sleep() frees the cache)."""
         self._views, self._views_of = None, None
 
-    # ---- forward ----------------------------------------------------------------------------------------------
     def write_cache(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     slot_mapping: torch.Tensor, step: int = -1) -> ScaleFill | None:
         """Quantize and scatter the new tokens' K/V into their slots; return the scale fill, if any."""

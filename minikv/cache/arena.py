@@ -49,7 +49,6 @@ def _round_up(n: int, a: int = ALIGN) -> int:
 
 
 def _checked_specs(specs: list[PoolSpec], guard_bytes: int) -> dict[str, PoolSpec]:
-    """The pools by name, after the checks both arena kinds make on their arguments."""
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"pool names must be unique: {names}")

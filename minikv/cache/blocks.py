@@ -65,7 +65,6 @@ class BlockManager:
         self.num_hit_blocks = 0       # prefix-cache hits over the manager's life
         self.num_evictions = 0        # cached-free blocks whose hash was forgotten to make room
 
-    # ---- queries -------------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         """Blocks not held by any sequence (never used, uncached, or cached-free)."""
@@ -87,7 +86,6 @@ class BlockManager:
         """Free blocks that can still be revived, in eviction order (next to be evicted first)."""
         return list(self._free_cached)
 
-    # ---- sequences -----------------------------------------------------------------------------------
     def can_allocate(self, seq: BlockTableHolder) -> bool:
         """True when `allocate(seq)` would find enough blocks. Hits on blocks in use cost no free block."""
         hits = self._match_prefix(seq)
@@ -166,7 +164,6 @@ class BlockManager:
         for block_id in reversed(block_ids):
             self._release(block_id)
 
-    # ---- internals ---------------------------------------------------------------------------------
     def _match_prefix(self, seq: BlockTableHolder) -> list[int]:
         """Registered blocks matching the start of `seq`, capped so at least one token is left to compute."""
         if not self.enable_prefix_caching:

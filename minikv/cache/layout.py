@@ -90,7 +90,6 @@ class KVLayout:
             raise InvalidValueError(f"{self.kv_cache_dtype} has no inline scales")
         return addressing.scale_byte_offset(self.spec, block, kv, slot_in_block, head)
 
-    # ---- views over a pool --------------------------------------------------------------------------------
     def _check_pool(self, pool: torch.Tensor) -> int:
         if pool.dtype != torch.uint8:
             raise InvalidTypeError(f"a pool is a uint8 tensor, got {pool.dtype}")
@@ -127,7 +126,6 @@ class KVLayout:
         v = torch.as_strided(elems, size, (block, slot, row, 1), elems.storage_offset() + kv)
         return k, v
 
-    # ---- the contract ---------------------------------------------------------------------------------------
     def check_compatible(self, other: "KVLayout", where: str = "") -> None:
         """Raise KVLayoutMismatchError unless `other` addresses a pool exactly as this layout does."""
         if self.spec != other.spec:

@@ -189,8 +189,7 @@ class DecodeGraphs:
         return self._static
 
     def _load(self, batch: DecodeBatch) -> dict[str, torch.Tensor]:
-        """Copy the padded batch into the static buffers (of the block tables, only what changed); return the
-        bucket's views of them."""
+        """Copy the padded batch into the static buffers; return the bucket's views of them."""
         buf, b = self._buffers(), batch.bucket
         staged = self._staged
         for row, name in enumerate(("input_ids", "positions", "slots", "seq_lens")):

@@ -117,7 +117,6 @@ class LLM:
         if self.runner.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
 
-    # ---- requests -----------------------------------------------------------------------------------------------
     @property
     def max_model_len(self) -> int:
         """The longest sequence (prompt tokens + max_tokens) a request may have (minikv.engine.memory)."""
@@ -193,7 +192,6 @@ class LLM:
         bs = self.config.cache.block_size
         return sum(-(-len(self._prompts.encode(p)[1]) // bs) for p in parse_prompts(prompts))
 
-    # ---- stepping -----------------------------------------------------------------------------------------------
     def step(self, capture: bool = False) -> StepOutput:
         """Run one engine step (a prefill or a decode batch) and say what it did."""
         if not isinstance(capture, bool):
@@ -212,11 +210,8 @@ class LLM:
             except KVCacheOverrunError as err:
                 self._needs_reset = f"a KV cache overrun was detected at step {ctx.step} ({err})"
                 # What the failed step did, up to the guard check: block tables, slots and the layers' events.
-                failed = StepOutput(
-                    step=ctx.step, phase="prefill" if is_prefill else "decode",
-                    request_ids=tuple(s.request_id for s in batch), sampled={}, finished=(),
-                    trace=StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
-                                    guard_check="failed"),
+                failed = StepOutput(sampled={}, finished=(), trace=StepTrace(
+                    events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills), guard_check="failed"),
                     **self._snapshot(batch, is_prefill, ctx))
                 self._abort_all()
                 raise err.at_step(failed) from None
@@ -237,12 +232,11 @@ class LLM:
         trace = StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
                           guard_check="passed" if self.config.sanitize else "off", cuda_graph=ctx.cuda_graph,
                           graph_batch=ctx.graph_batch)
-        return StepOutput(step=ctx.step, phase="prefill" if is_prefill else "decode",
-                          request_ids=tuple(s.request_id for s in batch),
-                          sampled={s.request_id: t for s, t in zip(batch, tokens)},
-                          finished=tuple(finished), trace=trace, **snapshot)
+        return StepOutput(sampled={s.request_id: t for s, t in zip(batch, tokens)}, finished=tuple(finished),
+                          trace=trace, **snapshot)
 
     def _snapshot(self, batch, is_prefill: bool, ctx) -> dict:
+        """The step's StepOutput fields that must be read before postprocess changes the sequences."""
         bs = self.config.cache.block_size
         slots, cross_slots = {}, {}
         for s in batch:
@@ -251,7 +245,9 @@ class LLM:
             if is_prefill and s.encoder_token_ids is not None:
                 cross_slots[s.request_id] = tuple(slot_of(s.cross_block_table, p, bs)
                                                   for p in range(len(s.encoder_token_ids)))
-        return dict(num_cached_tokens={s.request_id: s.num_cached_tokens for s in batch} if is_prefill else {},
+        return dict(step=ctx.step, phase="prefill" if is_prefill else "decode",
+                    request_ids=tuple(s.request_id for s in batch),
+                    num_cached_tokens={s.request_id: s.num_cached_tokens for s in batch} if is_prefill else {},
                     seq_lens={s.request_id: len(s) for s in batch},
                     block_tables={s.request_id: tuple(s.block_table) for s in batch},
                     slot_mapping=slots,
@@ -259,7 +255,6 @@ class LLM:
                                         if s.encoder_token_ids is not None},
                     cross_slot_mapping=cross_slots)
 
-    # ---- generation ---------------------------------------------------------------------------------------------
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for every prompt (a str, {"prompt": str} or {"prompt_token_ids": [...]}, or a list of them);
@@ -366,7 +361,6 @@ class LLM:
         return RequestOutput(request_id, decoder_text, first.prompt_token_ids, completions, finished=True,
                              encoder_prompt=prompt.main.text, encoder_prompt_token_ids=first.encoder_token_ids)
 
-    # ---- memory -----------------------------------------------------------------------------------------------
     def sleep(self, mode: str = "free") -> None:
         """Release the KV cache: "free" drops the arena, "discard" keeps it and drops its contents."""
         check_choice("sleep mode", mode, SLEEP_MODES)

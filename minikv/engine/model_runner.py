@@ -46,19 +46,17 @@ class ModelRunner:
         self.ops = get_ops(config.backend)
         self.census = ScaleFillCensus()
         self.step = 0
-        mc = model.config
         self.bindings: dict[str, LayerBinding] = self._build_bindings(model.attention_layers())
         # Pool name -> KVLayout, in arena order: cross pools first (an overrun past one lands on a live pool).
         owners = [b for b in self.bindings.values() if b.owns_pool]
-        self.layouts: dict[str, KVLayout] = {b.pool: b.layout for b in
-                                              sorted(owners, key=lambda b: b.kind != "cross")}
+        self.layouts: dict[str, KVLayout] = {b.pool: b.layout for b in sorted(owners, key=lambda b: b.kind != "cross")}
         # the first self-attention pool's layout (the cross pool's for a model without one)
         self.layout = next((b.layout for b in owners if b.kind == "self"), owners[0].layout)
         self.size = self._size_cache()
         self.num_blocks, self.num_cross_blocks = self.size.num_blocks, self.size.num_cross_blocks
         self.max_model_len = self.size.max_model_len
         per_seq = math.ceil(self.max_model_len / self.block_size)
-        per_enc = math.ceil(max(mc.max_encoder_len, 1) / self.block_size)
+        per_enc = math.ceil(max(model.config.max_encoder_len, 1) / self.block_size)
         has_cross = any(b.kind == "cross" for b in owners)
         # CUDA-graph decode: the self pools get one block more, for the padding rows of a graph's batch
         self.graphs = (DecodeGraphs(config.scheduler.max_num_seqs, per_seq, self.block_size, self.num_blocks,
@@ -67,7 +65,6 @@ class ModelRunner:
         self.check_memory()
         self.wake_up()
 
-    # ---- the binding table ----------------------------------------------------------------------------------
     def _build_bindings(self, ops) -> dict[str, LayerBinding]:
         """One LayerBinding per attention op, in model order: its pool, that pool's layout, its impl."""
         config, by_name = self.config, {op.layer_name: op for op in ops}
@@ -109,14 +106,12 @@ class ModelRunner:
 
     @staticmethod
     def _check_sharing_shape(op, source) -> None:
-        """A KV-sharing layer reads its source's pool, so it must have the source's head size and KV heads."""
         if (op.num_kv_heads, op.head_size) != (source.num_kv_heads, source.head_size):
             raise ValueError(f"{op.layer_name} shares the KV cache of {source.layer_name}, but has "
                              f"{op.num_kv_heads} KV heads of size {op.head_size} where its source has "
                              f"{source.num_kv_heads} of size {source.head_size}; a sharing layer must match "
                              f"the shape of the cache it reads")
 
-    # ---- sizing -----------------------------------------------------------------------------------------------
     def _size_cache(self) -> memory.CacheSize:
         cache, sched, mc = self.config.cache, self.config.scheduler, self.model.config
         self_bytes = sum(lay.block_bytes for n, lay in self.layouts.items() if not n.startswith("cross."))
@@ -138,8 +133,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_activations(self) -> int:
-        """CUDA: the activation peak of a dense forward of the largest prefill, as vLLM profiles before sizing the
-        cache (an encoder-decoder's encoder over max_num_seqs full-length inputs)."""
+        """CUDA: the activation peak of a dense forward of the largest prefill, as vLLM profiles it."""
         mc, sched = self.model.config, self.config.scheduler
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -171,7 +165,6 @@ class ModelRunner:
                               f"{self.num_blocks} blocks of {self.block_size} tokens) but only {free / 2**30:.2f} "
                               f"GiB is free on {self.device}; {fix}")
 
-    # ---- the arena ------------------------------------------------------------------------------------------
     def pool_specs(self) -> list[PoolSpec]:
         padding = 1 if self.graphs is not None else 0
         return [PoolSpec(n, lay, self.num_cross_blocks if n.startswith("cross.") else self.num_blocks + padding)
@@ -230,7 +223,6 @@ class ModelRunner:
         self.arena.free()
         self.arena = None
 
-    # ---- warmup -----------------------------------------------------------------------------------------------
     def _forward(self, input_ids, positions, ctx: ForwardContext, encoder_out=None) -> torch.Tensor:
         """The model's forward pass in engine mode: `ctx` goes down the call to every attention op."""
         if self.model.config.is_encoder_decoder:
@@ -257,7 +249,6 @@ class ModelRunner:
             md.cross = CrossMetadata(encoder_seq_lens=ones, block_tables=self._tensor([[0]] * num_seqs))
         return md
 
-    # ---- one step ---------------------------------------------------------------------------------------------
     def _tensor(self, data, dtype=torch.int32):
         return torch.tensor(data, dtype=dtype, device=self.device)
 

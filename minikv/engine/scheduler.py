@@ -26,7 +26,6 @@ class Scheduler:
         self._unfinished: dict[int, Sequence] = {}
         self.num_preemptions = 0
 
-    # ---- admission ---------------------------------------------------------------------------------
     def blocks_needed(self, seq: Sequence) -> int:
         """The most blocks `seq` can ever hold: K/V are written for every token but the last generated one."""
         max_kv_tokens = seq.num_prompt_tokens + seq.sampling.max_tokens - 1
@@ -69,7 +68,6 @@ class Scheduler:
                                         f"need {cross_needed} cross blocks, but the cross pool holds only "
                                         f"{cross_pool} blocks")
 
-    # ---- one step ----------------------------------------------------------------------------------
     def schedule(self) -> tuple[list[Sequence], bool]:
         """The sequences of the next step and whether it is a prefill. `([], False)` when nothing is left."""
         if not self._unfinished:
@@ -131,7 +129,6 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    # ---- after a step ------------------------------------------------------------------------------
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], logprobs: list | None = None) -> None:
         """Record one sampled token per sequence of the step (and its logprobs entry), and finish those that are
         done: EOS and `stop_token_ids` are not appended; `max_tokens` reached finishes with "length"."""
@@ -172,9 +169,6 @@ class Scheduler:
         if seq is not None:
             self.finish(seq, "abort")
         return seq
-
-    def is_finished(self) -> bool:
-        return not self._unfinished
 
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)

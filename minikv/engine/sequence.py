@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from minikv.engine.outputs import RequestOutput  # noqa: F401  (re-exported: its old home)
 from minikv.engine.sampling_params import SamplingParams
 from minikv.kernels.errors import InvalidValueError
 

@@ -15,7 +15,6 @@ _ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "g
                 "relu": F.relu}
 
 
-# ---- building blocks --------------------------------------------------------------------------------------------
 class Gemma4RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps), in float32, times `weight` (if any), in x's dtype."""
 
@@ -91,7 +90,6 @@ def layer_name(index: int) -> str:
     return f"model.layers.{index}.self_attn"
 
 
-# ---- the model -----------------------------------------------------------------------------------------------------
 class Gemma4Attention(nn.Module):
     def __init__(self, config: Gemma4Config, index: int):
         super().__init__()
