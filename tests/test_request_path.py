@@ -7,7 +7,9 @@ A decode step of tiny-gemma4 (int8 per-token-head cache, Triton backend) is trac
 from __future__ import annotations
 
 import functools
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -91,10 +93,19 @@ def test_contributing_states_these_limits():
     assert not re.search(r"\b\d,\d{3} lines \(", section[:1500]), "CONTRIBUTING states limits, not a measured count"
 
 
+def _cpu_path_in_a_process_without_cuda() -> set[Path]:
+    """The CPU path's files, traced where the kernels run in Triton's interpreter: a process that sees no GPU."""
+    code = ("import sys; sys.path.insert(0, 'tests'); import test_request_path as t; "
+            "print('\\n'.join(map(str, t.trace_one_decode_step()[0])))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    return {Path(line) for line in done.stdout.splitlines() if line.strip()}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_path_adds_only_these():
-    cpu_files, _ = trace_one_decode_step()
+    cpu_files = _cpu_path_in_a_process_without_cuda()
     graphed, _ = trace_one_decode_step(device="cuda")
     eager, hops = trace_one_decode_step(device="cuda", enforce_eager=True)
     extra = (graphed | eager) - cpu_files - set(GPU_ONLY)

@@ -27,7 +27,7 @@ class Planted(Adapter):
     def _pool(self, pool: PagedPool) -> PagedPool:
         if self.plant == "stride-twice":
             # as many pages as the allocation holds at the doubled stride: the reads stay inside it, and a block
-            # past them is an IndexError
+            # past them is an IndexError (`_reach`), raised on the host so that a GPU's context survives it
             v = pool.v_pages
             room = v.untyped_storage().nbytes() // v.element_size() - v.storage_offset()
             last_row = sum((n - 1) * st for n, st in zip(v.shape[1:], v.stride()[1:])) + 1
@@ -39,6 +39,11 @@ class Planted(Adapter):
             return dataclasses.replace(pool, v_scale=1.0, v_page_scales=None)
         return pool
 
+    def _reach(self, pool: PagedPool, blocks: torch.Tensor) -> None:
+        if self.plant == "stride-twice" and blocks.numel() and int(blocks.max()) >= pool.v_pages.shape[0]:
+            raise IndexError(f"block {int(blocks.max())} is past the {pool.v_pages.shape[0]} pages the doubled "
+                             "stride leaves in the allocation")
+
     def _lens(self, seq_lens: torch.Tensor, pool: PagedPool) -> torch.Tensor:
         if self.plant != "full-last-page":
             return seq_lens
@@ -49,15 +54,21 @@ class Planted(Adapter):
         return window + 1 if self.plant == "window-off-by-one" and window else window
 
     def write(self, w: CacheWrite) -> None:
-        self.inner.write(dataclasses.replace(w, pool=self._pool(w.pool)))
+        pool = self._pool(w.pool)
+        self._reach(pool, w.slot_mapping[w.slot_mapping >= 0] // pool.block_size)
+        self.inner.write(dataclasses.replace(w, pool=pool))
 
     def decode_step(self, s: DecodeStep) -> torch.Tensor:
-        return self.inner.decode_step(dataclasses.replace(s, pool=self._pool(s.pool),
+        pool = self._pool(s.pool)
+        self._reach(pool, s.block_tables)
+        return self.inner.decode_step(dataclasses.replace(s, pool=pool,
                                                           seq_lens=self._lens(s.seq_lens, s.pool),
                                                           sliding_window=self._window(s.sliding_window)))
 
     def context_step(self, s: ContextStep) -> torch.Tensor:
-        return self.inner.context_step(dataclasses.replace(s, pool=self._pool(s.pool),
+        pool = self._pool(s.pool)
+        self._reach(pool, s.block_tables)
+        return self.inner.context_step(dataclasses.replace(s, pool=pool,
                                                            seq_lens=self._lens(s.seq_lens, s.pool),
                                                            sliding_window=self._window(s.sliding_window)))
 
