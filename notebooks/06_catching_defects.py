@@ -24,13 +24,13 @@
 #   of the cases it let in then failed on the fused context path; its reviewers also asked for a cross pool that
 #   holds the requests' blocks but fewer than twice that, and for the same request submitted twice.
 # - vLLM's scale wipe damaged the whole first batch an engine served, and only that batch. The evidence of the
-#   pull requests that fix it ([#51061](https://github.com/vllm-project/vllm/pull/51061), closed, and
+#   pull requests that propose a fix ([#51061](https://github.com/vllm-project/vllm/pull/51061), closed, and
 #   [#51091](https://github.com/vllm-project/vllm/pull/51091), open as of 2026-12-02) compares a request's KV
 #   bytes in the first batch with the same request's in a later batch. That no test in the tree made that
 #   comparison is minikv's guess; upstream does not say. (Issues
 #   [#50702](https://github.com/vllm-project/vllm/issues/50702) and
 #   [#50749](https://github.com/vllm-project/vllm/issues/50749), which the first pull request linked to this
-#   defect, report failures its successor calls another defect.)
+#   defect, report failures its successor calls distinct from the wipe, which it still calls real.)
 #
 # This notebook runs **the hunter**, `minikv.hunt`: a differential tester that searches engine configurations
 # with [hypothesis](https://hypothesis.readthedocs.io) and checks invariants a maintainer can write without
