@@ -59,7 +59,9 @@ class AttentionImpl:
         return self._scale_views_once_per_storage(kv_cache, step)
 
     def _scale_views_historical(self, kv_cache, step):
-        # HISTORICAL (scale-wipe): lazy, per impl, as upstream's `_ensure_scale_caches`; fills on its first touch
+        # HISTORICAL (scale-wipe): lazy, per impl instance, as upstream's `_ensure_scale_caches`. Once this impl has
+        # its views it returns early for good; the first time it gets here it fills all of the storage's scale
+        # regions with 1.0, whether or not another impl already wrote real scales there.
         if self._views is not None:
             return None
         k, v = self.layout.scale_views(kv_cache)
@@ -67,7 +69,9 @@ class AttentionImpl:
         return self._fill(k, v, kv_cache, step)
 
     def _scale_views_once_per_storage(self, kv_cache, step):
-        # FIX (scale-wipe): one fill per storage region, by whichever impl touches it first
+        # FIX (scale-wipe): the fill happens once per storage region, whichever impl touches it first. The registry
+        # is consulted on every touch (one dict lookup), so a region released by sleep, or a new allocation at an
+        # old address, is initialized before anything is written into it.
         storage = kv_cache.untyped_storage()
         key = storage_key(kv_cache)
         known = AttentionImpl._initialized_storages.get(key)
@@ -114,7 +118,8 @@ class AttentionImpl:
         """Attention of the step's queries over `kv_cache`; returns the output and what it did."""
         owner = self.kv_sharing_target is None
         if md is None:
-            # Warmup (dummy) forward: an owner runs its cache update with every slot -1; a sharing layer nothing
+            # Warmup (dummy) forward: no attention metadata. A KV-owning layer still runs its cache-update step,
+            # with every slot -1 so nothing is written; a KV-sharing layer does nothing at all.
             fill = None
             if owner:
                 none = torch.full((k.shape[0],), -1, dtype=torch.int64, device=k.device)
