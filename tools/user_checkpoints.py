@@ -30,10 +30,14 @@ CHECKPOINTS = {
     "gemma4-default-bfloat16": ("gemma4", "default", torch.bfloat16),
     "gemma4-default-float16": ("gemma4", "default", torch.float16),
     "gemma4-random-float32": ("gemma4", "random", torch.float32),
+    "gemma4-random-bfloat16": ("gemma4", "random", torch.bfloat16),
+    "gemma4-random-float16": ("gemma4", "random", torch.float16),
     "t5-default-float32": ("t5", "default", torch.float32),
     "t5-default-bfloat16": ("t5", "default", torch.bfloat16),
     "t5-default-float16": ("t5", "default", torch.float16),
+    "t5-random-float32": ("t5", "random", torch.float32),
     "t5-random-bfloat16": ("t5", "random", torch.bfloat16),
+    "t5-random-float16": ("t5", "random", torch.float16),
 }
 
 
