@@ -25,20 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.random_checkpoints import F, S, build_tokenizer, t5_config
 
 # name -> (kind, weights, dtype): "default" is transformers' own initialization, "random" every parameter drawn.
-CHECKPOINTS = {
-    "gemma4-default-float32": ("gemma4", "default", torch.float32),
-    "gemma4-default-bfloat16": ("gemma4", "default", torch.bfloat16),
-    "gemma4-default-float16": ("gemma4", "default", torch.float16),
-    "gemma4-random-float32": ("gemma4", "random", torch.float32),
-    "gemma4-random-bfloat16": ("gemma4", "random", torch.bfloat16),
-    "gemma4-random-float16": ("gemma4", "random", torch.float16),
-    "t5-default-float32": ("t5", "default", torch.float32),
-    "t5-default-bfloat16": ("t5", "default", torch.bfloat16),
-    "t5-default-float16": ("t5", "default", torch.float16),
-    "t5-random-float32": ("t5", "random", torch.float32),
-    "t5-random-bfloat16": ("t5", "random", torch.bfloat16),
-    "t5-random-float16": ("t5", "random", torch.float16),
-}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CHECKPOINTS = {f"{kind}-{weights}-{name}": (kind, weights, dtype)
+               for kind in ("gemma4", "t5") for weights in ("default", "random") for name, dtype in DTYPES.items()}
 
 
 def gemma4_config(vocab: int):
