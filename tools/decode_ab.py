@@ -6,11 +6,15 @@
 Each case (format, batch, context; the bench's head 128 shapes and gemma-4-E2B's heads of 256 and 512) builds one
 problem and times both versions on it in alternating rounds (CUDA graphs, L2 flushed, 20 replays each); a row gives
 each version's median over the rounds, its spread (min and max of the rounds) and the ratio before / after.
+--neighbours: for every case where the working tree's kernel is slower beyond both spreads, time it again under
+launch configurations next to its own (stages, warps, tile length, conversion placement), alternating with the
+earlier version, and print the fastest, to show whether a table entry recovers the case.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib.util
 import statistics
 import sys
@@ -48,13 +52,54 @@ SHAPES = [((32, 8), 128, b, c) for b, c in ((16, 4096), (64, 512), (64, 4096))]
 SHAPES += [((8, 1), 256, 64, 2048), ((8, 1), 512, 64, 8192)]
 
 
+def alternate(versions: dict, rounds: int, problem_args) -> dict[str, list[float]]:
+    """Microseconds per call of each (module, config) in `versions`, `rounds` times, one after the other."""
+    from minikv.bench.timing import time_ms
+    q, pool, tables, lens, layout, sm, out = problem_args
+    times = {name: [] for name in versions}
+    for _ in range(rounds):
+        for name, (module, config) in versions.items():
+            times[name].append(1e3 * time_ms(lambda m=module, c=config: m.paged_decode_attention(
+                q, pool, tables, lens, layout, sm, out=out, validate=False, config=c), "cuda", graph=True).ms)
+    return times
+
+
+def retime_neighbours(before, after, rounds: int, problem_args, batch: int, ctx: int) -> None:
+    from minikv.kernels import launch
+    q, _, _, _, layout, _, _ = problem_args
+    spec = layout.spec
+    own = launch.decode_config(batch, spec.num_kv_heads, q.shape[1] // spec.num_kv_heads, spec.head_size,
+                               spec.elem_bytes, ctx, q.device, fmt=spec.fmt, placement=spec.placement)
+    variants = {"own": own}
+    for stages in (2, 3, 4, 5, 6):
+        variants[f"stages={stages}"] = dataclasses.replace(own, num_stages=stages)
+    variants["warps=8"] = dataclasses.replace(own, num_warps=8)
+    for block_n in (own.block_n // 2, own.block_n * 2):
+        if block_n >= 16:
+            splits = launch.decode_splits(batch, spec.num_kv_heads, ctx, block_n, launch.num_sms())
+            variants[f"block_n={block_n},splits={splits}"] = dataclasses.replace(own, block_n=block_n,
+                                                                                num_splits=splits)
+    variants["splits/2"] = dataclasses.replace(own, num_splits=max(1, own.num_splits // 2))
+    variants["splits*2"] = dataclasses.replace(own, num_splits=own.num_splits * 2)
+    variants["k_pure flipped"] = dataclasses.replace(own, k_pure=not own.k_pure)
+    variants["v_pure flipped"] = dataclasses.replace(own, v_pure=not own.v_pure)
+    variants["merge_in_kernel flipped"] = dataclasses.replace(own, merge_in_kernel=not own.merge_in_kernel)
+    versions = {"before": (before, None), **{name: (after, cfg) for name, cfg in variants.items()}}
+    times = alternate(versions, rounds, problem_args)
+    base = statistics.median(times["before"])
+    print(f"    own config: {own}")
+    for name, ts in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
+        print(f"    {name:28s} {statistics.median(ts):8.1f} us ({min(ts):6.1f}-{max(ts):6.1f})  "
+              f"before/this {base / statistics.median(ts):.3f}", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("before", help="the earlier kernels/decode_attention.py")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--csv", default=None)
+    p.add_argument("--neighbours", action="store_true", help="retime slower cases under nearby launch configs")
     args = p.parse_args(argv)
-    from minikv.bench.timing import time_ms
     from minikv.kernels import decode_attention as after
     before = load_before(args.before)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; before = {args.before}")
@@ -66,11 +111,8 @@ def main(argv=None) -> int:
             layout, pool, tables, lens, q = problem(fmt, batch, ctx, heads, head_size)
             out = torch.empty_like(q)
             sm = head_size ** -0.5
-            times = {"before": [], "after": []}
-            for _ in range(args.rounds):
-                for name, module in (("before", before), ("after", after)):
-                    times[name].append(1e3 * time_ms(lambda m=module: m.paged_decode_attention(
-                        q, pool, tables, lens, layout, sm, out=out, validate=False), "cuda", graph=True).ms)
+            times = alternate({"before": (before, None), "after": (after, None)}, args.rounds,
+                              (q, pool, tables, lens, layout, sm, out))
             row = {"format": fmt, "heads": f"{heads[0]}/{heads[1]}", "head_size": head_size, "batch": batch,
                    "context": ctx}
             for name, ts in times.items():
@@ -82,6 +124,8 @@ def main(argv=None) -> int:
                   f"{row['before_us']:8.1f} ({row['before_min_us']:6.1f}-{row['before_max_us']:6.1f})  "
                   f"{row['after_us']:8.1f} ({row['after_min_us']:6.1f}-{row['after_max_us']:6.1f})  "
                   f"{row['before_over_after']:.3f}", flush=True)
+            if args.neighbours and row["after_min_us"] > row["before_max_us"]:
+                retime_neighbours(before, after, args.rounds, (q, pool, tables, lens, layout, sm, out), batch, ctx)
             del pool
             torch.cuda.empty_cache()
     ratios = [r["before_over_after"] for r in rows]

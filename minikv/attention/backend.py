@@ -42,6 +42,8 @@ def get_ops(name):
     if name in backends.NAMES:
         return backends.get(name)
     if name == "triton":
+        if k.mode.INTERPRETED and k.mode.interpreter_problem():
+            raise k.KernelModeError(k.mode.interpreter_problem())
         lock = _INTERPRETER_LOCK if k.mode.INTERPRETED else contextlib.nullcontext()
         return KernelOps("triton", k.write_kv, k.paged_decode_attention, k.context_attention,
                          k.paged_context_attention, lock=lock)
