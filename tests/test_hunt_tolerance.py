@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minikv.hunt import Request, Scenario, hunt, oracles
 from minikv.hunt import logit_tolerance as tol
@@ -26,12 +27,47 @@ def test_flip_near_flips_only_the_codes_next_to_a_rounding_boundary():
 
 
 def test_terms_add_up_as_the_rule_says():
-    t = tol.terms("float32", layers=4, inner=400, bound=50.0, own=1e-4, flip=2e-3)
+    t = tol.terms("float32", layers=4, inner=400, bound=50.0, own=1e-4, flip=2e-3, spread=3e-5)
     assert t.gamma == 5 * 20 and t.compute == pytest.approx(100 * 2 ** -24 * 50)
     assert t.total == pytest.approx(2 * (t.compute + 1e-4 + 2e-3))
-    assert tol.terms("float16", 4, 400, 50.0, 0, 0).compute == pytest.approx(100 * 2 ** -11 * 50)
+    # own and spread estimate the same rounding: the larger counts
+    assert tol.terms("float32", 4, 400, 50.0, 1e-4, 2e-3, 5e-4).total == pytest.approx(2 * (t.compute + 5e-4 + 2e-3))
+    assert tol.terms("float16", 4, 400, 50.0, 0, 0, 0).compute == pytest.approx(100 * 2 ** -11 * 50)
     assert tol.UNIT_ROUNDOFF["bfloat16"] == 2 ** -8
     assert tol.gamma(6, 256) == 7 * 16
+
+
+def test_random_rounding_at_u_zero_is_the_exact_model():
+    """The mode's own attention (GQA, a boolean mask, a scale) and its linear and matmul give the exact results."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 5, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    mask = torch.rand(2, 1, 5, 5, generator=g) > 0.3
+    mask[..., 0] = True                                          # every query sees a key
+    w, x = torch.randn(3, 8, generator=g, dtype=torch.float64), torch.randn(5, 8, generator=g, dtype=torch.float64)
+    with tol.RandomRounding(0.0):
+        mine = (F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.7, enable_gqa=True),
+                F.linear(x, w), x @ w.T, torch.matmul(x, w.T))
+    exact = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.7, enable_gqa=True)
+    assert torch.allclose(mine[0], exact, atol=1e-12)
+    assert all(torch.allclose(m, x @ w.T, atol=1e-12) for m in mine[1:])
+
+
+def test_random_rounding_covers_float32s_own_rounding_even_where_a_dot_product_cancels():
+    """A float32 linear layer's errors against float64 (same float32 inputs): the random draws are of their size,
+    a few times larger (a bound's estimate, not a bound: a run of eight draws covers all but a few in ten thousand)
+    and, where each output cancels to zero exactly, still of the terms' size, while a relative error of the
+    result would be zero."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 512, generator=g).float().double()
+    x = torch.randn(64, 512, generator=g).float().double()
+    for w, x in ((w, x), (torch.cat([w, -w], 1), torch.cat([x, x], 1))):   # the second: every output is 0
+        exact = F.linear(x, w)
+        f32 = F.linear(x.float(), w.float()).double() - exact
+        with tol.RandomRounding(tol.UNIT_ROUNDOFF["float32"]):
+            drawn = torch.stack([F.linear(x, w) for _ in range(tol.SAMPLES)]) - exact
+        assert 1 < float(drawn.std() / f32.std()) < 10
+        assert float((f32.abs() > drawn.abs().amax(0)).double().mean()) < 1e-2
+    assert float(exact.abs().max()) < 1e-9 < float(f32.abs().max())
 
 
 def _run(scenario: Scenario, tokens, rows, eos_id) -> Run:
@@ -116,7 +152,9 @@ def test_a_default_init_checkpoint_saved_by_transformers_hunts_clean(tmp_path):
     and 32, its own byte-level BPE). The earlier table of per-format tolerances (fp8 x float32: 2.5e-3 of the row's
     largest logit, against a float32 reference) called the fixed engine wrong on the scenario its hunt (seed 0)
     shrank to: three requests sharing a 191-token prefix, block size 64. With each row's own tolerance that
-    scenario passes, and so does the first round of a hunt (every cell's plainest scenario)."""
+    scenario passes, and so does the first round of a hunt (every cell's plainest scenario). (The checkpoint
+    depends on the tokenizer that `tokenizers` trains, which is not pinned: with tokenizers 0.23.3 the earlier table
+    no longer fails on this scenario, so only today's rule is asserted.)"""
     pytest.importorskip("transformers", reason="needs the dev extra: pip install -e .[dev]")
     from minikv.hunt import MinikvEngine, strategies
     from tools import user_checkpoints
@@ -127,13 +165,37 @@ def test_a_default_init_checkpoint_saved_by_transformers_hunts_clean(tmp_path):
     reference = DenseReference()
     refs = {p: reference.get(model, "fp8", "float32", p, 1) for p in prompts}
     assert oracles.check(run, refs) == []
-    # the earlier rule, on the same rows: the dense model in float32 as the reference
-    net, tok = registry.load_model(model, dtype=torch.float32), registry.get_tokenizer(model)
-    old = []
-    for r in run.requests:
-        row = _dense_float32_rows(net, tok, r.prompt, (0,), train.kv_transform_for("fp8"))[0]
-        old.append(float((r.logits[0] - row).abs().max()) / max(1.0, float(row.abs().max())))
-    assert max(old) > 2.5e-3, old
     report = hunt(model=model, max_scenarios=8, budget_s=None, seed=0, progress=False, reference=reference)
     assert not report.found and report.scenarios_run == 8 and report.refused == 0, report.text()
     assert max(report.tolerance_used.values()) < 1
+
+
+# The false alarm of 2026-12-05 (results/cpu/false_alarm_gemma4_random_bf16_seed2.txt): the fixed engine, float32,
+# no quantization, on a randomized Gemma-4 saved by transformers in bfloat16 (`minikv hunt --seed 2`).
+_FALSE_ALARM = ("26 70 114 376 395 414 433 452 380 479 578 677 7 26 70 114",
+                "26 70 114 376 395 414 433 452 380 479 578 677 7 376 395 414",
+                "26 70 114 376 395 414 433 452 380 479 578 677 7 403 447")
+
+
+def test_a_dot_product_that_cancels_before_a_norm_is_given_its_rounding(tmp_path):
+    """Where the hunt called the fixed engine wrong, a per-layer-input projection of the last layer cancels (its
+    output small against its terms) and the norm after it scales the small output, and its rounding error, back up:
+    the float32 error of the last row is 15 to 20 times the earlier rows'. The dense model's one float32 run
+    measured that row's error at about 2e-4; the hunt's engine was 6.2e-4 off, past the tolerance of 3.9e-4 that run
+    gave. The random-rounding runs see the amplification (their spread at that row is several times the one run's),
+    and the scenario passes with room to spare."""
+    pytest.importorskip("transformers", reason="needs the dev extra: pip install -e .[dev]")
+    from minikv.hunt import MinikvEngine
+    from tools import user_checkpoints
+    model = str(user_checkpoints.write("gemma4-random-bfloat16", tmp_path / "ckpt").resolve())
+    scenario = Scenario(model, "auto", "float32", block_size=32, requests=(
+        Request(_FALSE_ALARM[0], 1), Request(_FALSE_ALARM[1], 1), Request(_FALSE_ALARM[2], 5)))
+    run = MinikvEngine().run(scenario)
+    reference = DenseReference()
+    refs = {p: reference.get(model, "auto", "float32", p) for p in _FALSE_ALARM}
+    assert oracles.check(run, refs) == []
+    assert oracles.tolerance_used(run, refs) < 0.5
+    terms = refs[_FALSE_ALARM[2]].terms
+    assert terms[4].own > 10 * max(t.own for t in terms[:4])              # the amplified row
+    assert terms[4].spread > 3 * terms[4].own                             # seen by the random draws
+    assert terms[4].total > 2 * (2 * (terms[4].compute + terms[4].own))  # the earlier rule's tolerance, doubled

@@ -3,9 +3,9 @@ float32, bfloat16 or float16, with transformers' own default initialization or r
 own byte-level BPE tokenizer.json. Deterministic (seeded); what the hunter's false-alarm sweep runs on.
 
     python tools/user_checkpoints.py DIR [--only NAME ...]     # writes DIR/NAME for every checkpoint in CHECKPOINTS
-    python tools/user_checkpoints.py DIR --sweep               # and hunts each on the fixed engine, seeds 0 to 2
+    python tools/user_checkpoints.py DIR --sweep [--jobs 2]    # and hunts each on the fixed engine, seeds 0 to 2
 
-The sweep runs `minikv hunt --model DIR/NAME --budget 60 --seed S` one after the other (one thread each) and
+The sweep runs `minikv hunt --model DIR/NAME --budget 60 --seed S`, `--jobs` at a time (one thread each), and
 writes results/hunt_user_checkpoints.json (a table per checkpoint, and the false alarms counted) and its log.
 transformers is a dev dependency: this tool uses it, minikv never does at run time.
 """
@@ -66,30 +66,41 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def sweep(root: Path, names, seeds=(0, 1, 2), budget: float = 60.0, out: Path = REPO / "results",
-          command: str = "") -> dict:
-    """Hunt every checkpoint under `root` with every seed on the fixed engine; write the summary and the log."""
-    log = (out / "cpu" / "hunt_user_checkpoints.log").open("w")
+          command: str = "", jobs: int = 1) -> dict:
+    """Hunt every checkpoint under `root` with every seed on the fixed engine, `jobs` hunts at a time (each on one
+    thread); write the summary and the log (in order, whatever order the hunts end in)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+
+    def one(name_seed):
+        name, seed = name_seed
+        report = root / f"{name}.seed{seed}.json"
+        argv = [sys.executable, "-m", "minikv", "hunt", "--model", str(root / name), "--budget", f"{budget:g}",
+                "--seed", str(seed), "--results", str(report)]
+        start = time.monotonic()
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, cwd=REPO)
+        print(f"{name} seed {seed}: exit {done.returncode}", flush=True)
+        return (f"$ minikv hunt --model {name} --budget {budget:g} --seed {seed}  (exit {done.returncode}, "
+                f"{time.monotonic() - start:.0f} s)\n{done.stdout}{done.stderr}\n",
+                json.loads(report.read_text()) if report.exists() else {}, done.returncode)
+
+    from concurrent.futures import ThreadPoolExecutor
+    hunts = [(name, seed) for name in names for seed in seeds]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        done = dict(zip(hunts, pool.map(one, hunts)))
     rows, alarms, scenarios = [], 0, 0
-    for name in names:
-        outcomes, runs, used = [], 0, 0.0
-        for seed in seeds:
-            report = root / f"{name}.seed{seed}.json"
-            argv = [sys.executable, "-m", "minikv", "hunt", "--model", str(root / name), "--budget", f"{budget:g}",
-                    "--seed", str(seed), "--results", str(report)]
-            start = time.monotonic()
-            done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, cwd=REPO)
-            log.write(f"$ minikv hunt --model {name} --budget {budget:g} --seed {seed}  (exit {done.returncode}, "
-                      f"{time.monotonic() - start:.0f} s)\n{done.stdout}{done.stderr}\n")
-            log.flush()
-            data = json.loads(report.read_text()) if report.exists() else {}
-            outcomes.append(data.get("outcome", f"exit {done.returncode}"))
-            runs += data.get("scenarios_run", 0)
-            used = max([used, *data.get("tolerance_used", {}).values()])
-        alarms += sum(o != "clean" for o in outcomes)
-        scenarios += runs
-        rows.append([name, ", ".join(f"seed {s}: {o}" for s, o in zip(seeds, outcomes)), f"{runs:,}", f"{used:.2f}"])
-    log.close()
+    with (out / "cpu" / "hunt_user_checkpoints.log").open("w") as log:
+        for name in names:
+            outcomes, runs, used = [], 0, 0.0
+            for seed in seeds:
+                text, data, code = done[name, seed]
+                log.write(text)
+                outcomes.append(data.get("outcome", f"exit {code}"))
+                runs += data.get("scenarios_run", 0)
+                used = max([used, *data.get("tolerance_used", {}).values()])
+            alarms += sum(o != "clean" for o in outcomes)
+            scenarios += runs
+            rows.append([name, ", ".join(f"seed {s}: {o}" for s, o in zip(seeds, outcomes)), f"{runs:,}",
+                         f"{used:.2f}"])
     summary = {"name": "hunt_user_checkpoints", "command": command, "notebook": "notebooks/06_catching_defects.ipynb",
                "checkpoints": len(rows), "seeds": list(seeds), "budget_s": budget, "false_alarms": alarms,
                "scenarios": scenarios, "quantities": {},
@@ -110,14 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sweep", action="store_true", help="then hunt each, seeds 0 to 2, into results/")
     p.add_argument("--budget", type=float, default=60.0)
+    p.add_argument("--jobs", type=int, default=1, help="hunts at a time in --sweep (each on one thread)")
     args = p.parse_args(argv)
     names = args.only or list(CHECKPOINTS)
     for name in names:
         print(write(name, Path(args.dir) / name, args.seed))
     if args.sweep:
-        command = "python tools/user_checkpoints.py DIR --sweep" + (f" --budget {args.budget:g}"
-                                                                     if args.budget != 60 else "")
-        summary = sweep(Path(args.dir), names, budget=args.budget, command=command)
+        command = ("python tools/user_checkpoints.py DIR --sweep" + (f" --budget {args.budget:g}" if args.budget != 60
+                                                                      else "") + (f" --jobs {args.jobs}"
+                                                                                  if args.jobs != 1 else ""))
+        summary = sweep(Path(args.dir), names, budget=args.budget, command=command, jobs=args.jobs)
         print(f"{summary['false_alarms']} false alarm(s) over {summary['checkpoints']} checkpoints x "
               f"{len(summary['seeds'])} seeds, {summary['scenarios']:,} scenarios")
     return 0

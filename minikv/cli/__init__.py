@@ -52,7 +52,8 @@ def _cmd_generate(args) -> int:
 
 def cache_options(args) -> dict:
     """The LLM keywords of the cache-sizing options (engine_args), those given on the command line only."""
-    names = ("block_size", "num_blocks", "max_model_len", "kv_cache_memory_bytes", "gpu_memory_utilization")
+    names = ("block_size", "num_blocks", "max_model_len", "kv_cache_memory_bytes", "gpu_memory_utilization",
+             "kv_sharing_fast_prefill")
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
@@ -292,6 +293,7 @@ def _tolerance_example(reference, model: str) -> dict:
     """The tolerance of one logits row worked through (docs/hunt.md): the first prompt of `model`'s pool, an int8
     cache in float32, the row before its first generated token, each term with the fixed engine's deviation."""
     from minikv.hunt import MinikvEngine, Request, Scenario
+    from minikv.hunt.logit_tolerance import SAMPLES
     from minikv.hunt.strategies import prompt_pool
     prompt = prompt_pool(model)[0]
     fmt, dtype = "int8_per_token_head", "float32"
@@ -306,9 +308,11 @@ def _tolerance_example(reference, model: str) -> dict:
             ["compute = γ u max_v |W_v| |h|", f"{t.compute:.3g}", "rounding of the engine's own arithmetic"],
             ["own", f"{t.own:.3g}", f"the dense model run in {dtype} against float64 (same prompt, same cache "
                                     f"format)"],
+            ["spread", f"{t.spread:.3g}", f"the largest move over {SAMPLES} runs of the float64 model whose dot "
+                                          f"products round at random as {dtype}'s may"],
             ["flip", f"{t.flip:.3g}", "the moves of the reference's logits, summed, each group of codes within reach "
                                       "of a rounding boundary flipped alone"],
-            ["tolerance = 2 (compute + own + flip)", f"{t.total:.3g}", "in logits, for this row"],
+            ["tolerance = 2 (compute + max(own, spread) + flip)", f"{t.total:.3g}", "in logits, for this row"],
             ["the fixed engine's deviation", f"{deviation:.3g}", f"max |engine - reference| over the row "
                                                                  f"({deviation / t.total:.2g} of the tolerance)"]]
     return {"caption": f"The tolerance of one row worked through: {model}, {fmt} x {dtype}, prompt {prompt!r}, "
@@ -407,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "--gpu-memory-utilization decides)")
         sp.add_argument("--gpu-memory-utilization", type=share, default=None, metavar="FRACTION",
                         help="CUDA: the share of the device's memory the engine may use (default 0.9)")
+        sp.add_argument("--kv-sharing-fast-prefill", action="store_true", default=None,
+                        help="prefill: the layers that share K/V (Gemma-4) run on each prompt's last token only")
 
     g = sub.add_parser("generate", help="generate continuations for prompts (sampled as vLLM's defaults; "
                                         "--temperature 0 for greedy)",

@@ -43,7 +43,7 @@ class _Dense:
     bound: tuple[float, ...]              # per row: max_v |W_v| |h|, the largest any logit can be
     depth: tuple[int, int]                # (layers, the longest dot product): logit_tolerance.gamma's L and n
     hidden: object                        # (model, batch) -> final hidden states [batch, tokens, H], same sequence
-    measured: dict                        # activation dtype -> per row: (the dtype's own run, the flips) moves
+    measured: dict                        # activation dtype -> per row: (own run, flips, spread) moves
 
 
 class DenseReference:
@@ -107,27 +107,33 @@ class DenseReference:
                       (layers, inner), hidden, {})
 
     @torch.no_grad()
-    def _measure(self, name: str, kv_cache_dtype: str, dtype: str, known: _Dense) -> tuple[list, list]:
-        """Per row: (how far the dense model's own run in `dtype` lies from the float64 reference, the sum over
+    def _measure(self, name: str, kv_cache_dtype: str, dtype: str, known: _Dense) -> tuple[list, list, list]:
+        """Per row: how far the dense model's own run in `dtype` lies from the float64 reference; the sum over
         every group of K/V codes within reach of a boundary (logit_tolerance.FlipProbe) of how far the float64
-        reference moves with that group flipped alone)."""
+        reference moves with that group flipped alone; the largest move over tol.SAMPLES runs of the float64 model
+        rounding at random as `dtype` does (logit_tolerance.RandomRounding)."""
         from minikv.models import train
         fmt = None if kv_cache_dtype == "auto" else kv_cache_dtype
-        quantize, lower = train.kv_transform_for(fmt), []
+        quantize = train.kv_transform_for(fmt) or (lambda t: t)
+        lower: list = []
 
-        def keeping(t):                                           # the K/V of the run in `dtype`, in call order
-            lower.append(t)
-            return quantize(t) if quantize else t
+        def keeping(t):                                           # the K/V of the runs that round, in call order
+            lower.append(t.double())
+            return quantize(t)
         own = _logits_of(self._model(name, torch_dtype(dtype)), keeping, known)[0]
         own = (own - known.logits).abs().amax(-1)
+        kv_own, lower[:] = list(lower), []
+        with tol.RandomRounding(tol.UNIT_ROUNDOFF[dtype]):
+            spread = _logits_of(self._model(name), keeping, known, tol.SAMPLES)
+        spread = (spread - known.logits).abs().amax(-1).amax(0)
         if fmt is None:
-            return own.tolist(), [0.0] * len(own)
-        probe = tol.FlipProbe(fmt, lower)
+            return own.tolist(), [0.0] * len(own), spread.tolist()
+        probe = tol.FlipProbe(fmt, [torch.cat(pair) for pair in zip(kv_own, lower)])
         _logits_of(self._model(name), probe, known)               # finds the groups
         if not probe.groups:
-            return own.tolist(), [0.0] * len(own)
+            return own.tolist(), [0.0] * len(own), spread.tolist()
         logits = _logits_of(self._model(name), probe.flipping(), known, 1 + len(probe.groups))
-        return own.tolist(), (logits[1:] - logits[0]).abs().amax(-1).sum(0).tolist()
+        return own.tolist(), (logits[1:] - logits[0]).abs().amax(-1).sum(0).tolist(), spread.tolist()
 
 
 def _logits_of(net, transform, known: _Dense, batch: int = 1) -> torch.Tensor:
