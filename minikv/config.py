@@ -101,6 +101,9 @@ class CacheConfig:
     kv_scale_placement: str = "row"        # per-token-head scales: "row" (vLLM's) or "block" (minikv.cache.layout)
     kv_cache_memory_bytes: int | None = None   # the KV-cache budget; None: minikv.engine.memory's default
     gpu_memory_utilization: float = 0.9    # CUDA, without a budget: the share of the device's memory to use
+    # vLLM's option: in a prefill step, the layers that share another layer's K/V (they write none) run only on
+    # each sequence's last token, the one whose logits are sampled (Gemma-4; other models ignore it)
+    kv_sharing_fast_prefill: bool = False
 
     def __post_init__(self):
         check_kv_cache_dtype(self.kv_cache_dtype)
@@ -118,6 +121,7 @@ class CacheConfig:
             raise InvalidValueError(f"gpu_memory_utilization must be in (0, 1], a share of the device's memory; "
                                     f"got {u}")
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
+        check_bool("kv_sharing_fast_prefill", self.kv_sharing_fast_prefill)
         check_scale_placement(self.kv_scale_placement)
 
 

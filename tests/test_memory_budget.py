@@ -117,7 +117,7 @@ def test_the_cross_pool_comes_out_of_the_budget():
 
 
 def test_out_of_memory_names_options_that_exist(monkeypatch):
-    monkeypatch.setattr("minikv.engine.model_runner._available_host_bytes", lambda: 1000)
+    monkeypatch.setattr("minikv.engine.memory.available_host_bytes", lambda: 1000)
     with pytest.raises(MemoryError, match=r"lower kv_cache_memory_bytes \(--kv-cache-memory-bytes\), max_model_len"):
         minikv.LLM(model="tiny-gemma4", backend="torch")
     with pytest.raises(MemoryError, match=r"lower num_blocks \(--num-blocks\)"):

@@ -31,6 +31,10 @@ class ForwardContext:
     scale_fills: list[ScaleFill] = field(default_factory=list)
     # (layer name, 0-dim bool tensor "its output was finite"): kept lazily, looked at only when logits are not.
     finite: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    # kv_sharing_fast_prefill: the rows the KV-sharing layers compute, their metadata, and "the model cut them"
+    shared_rows: torch.Tensor | None = None
+    shared_metadata: AttentionMetadata | None = None
+    rows_kept: bool = False
     # CUDA-graph decode (minikv.engine.cuda_graph): "eager", or "captured" / "replayed" with the graph's batch size
     cuda_graph: str = "eager"
     graph_batch: int = 0

@@ -49,7 +49,8 @@ class LLM:
                  dtype: torch.dtype | None = None, max_num_batched_tokens: int = 4096,
                  kv_scale_placement: str = "row", repro: ReproConfig | None = None,
                  enforce_eager: bool | None = None, max_model_len: int | None = None,
-                 kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9, **moved):
+                 kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
+                 kv_sharing_fast_prefill: bool = False, **moved):
         if moved:
             raise _moved_keywords(moved)
         model = registry.check_model(model)
@@ -60,7 +61,8 @@ class LLM:
             cache=CacheConfig(kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_blocks=num_blocks,
                               cross_pool_blocks=cross_pool_blocks, enable_prefix_caching=enable_prefix_caching,
                               kv_scale_placement=kv_scale_placement, kv_cache_memory_bytes=kv_cache_memory_bytes,
-                              gpu_memory_utilization=gpu_memory_utilization),
+                              gpu_memory_utilization=gpu_memory_utilization,
+                              kv_sharing_fast_prefill=kv_sharing_fast_prefill),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len))
         torch.manual_seed(seed)

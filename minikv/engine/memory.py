@@ -53,6 +53,45 @@ def parse_bytes(text: str) -> int:
     return int(value * units[unit])
 
 
+def available_host_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+PROFILE_ROW = 2048          # tokens per row of the profiling forward (profile_activations)
+
+
+@torch.inference_mode()
+def profile_activations(model, device: torch.device, sched) -> int:
+    """CUDA: the activation peak of a dense forward of the largest prefill, as vLLM profiles it."""
+    mc = model.config
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    if mc.is_encoder_decoder:
+        width = min(sched.max_num_batched_tokens // sched.max_num_seqs or 1, mc.max_encoder_len)
+        ids = torch.zeros(sched.max_num_seqs, width, dtype=torch.long, device=device)
+        model.encode(ids, torch.ones_like(ids, dtype=torch.bool))
+    else:
+        # The step's tokens in rows of at most PROFILE_ROW: the MLPs' activations are the whole step's, while the
+        # dense attention's mask (which the engine's kernels never build) stays small; one row of 65,536 tokens
+        # would ask for a 128 GiB mask.
+        n = min(sched.max_num_batched_tokens, mc.max_position)
+        width = min(n, sched.max_model_len or n, PROFILE_ROW)
+        model(torch.zeros(max(1, n // width), width, dtype=torch.long, device=device))
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    torch.cuda.empty_cache()
+    return max(peak, 0)
+
+
 def cuda_budget(device: torch.device, utilization: float, activation_bytes: int) -> int:
     """vLLM's rule: the share `utilization` of the device's memory, less what this process already holds (the
     weights) and the activation peak a profiling forward measured."""

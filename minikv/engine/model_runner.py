@@ -2,6 +2,7 @@
 See docs/internals.md#engine-model-runner."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -19,19 +20,6 @@ from minikv.config import EngineConfig
 from minikv.engine import sampler
 from minikv.engine import memory
 from minikv.engine.cuda_graph import DecodeGraphs
-
-
-def _available_host_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
 
 class ModelRunner:
     """Turns a scheduled batch into one sampled token per sequence, through the model and the KV arena."""
@@ -119,7 +107,8 @@ class ModelRunner:
         budget, source = cache.kv_cache_memory_bytes, f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes}"
         if budget is None and cache.num_blocks is None:
             if self.device.type == "cuda":
-                budget = memory.cuda_budget(self.device, cache.gpu_memory_utilization, self._profile_activations())
+                budget = memory.cuda_budget(self.device, cache.gpu_memory_utilization,
+                                            memory.profile_activations(self.model, self.device, sched))
                 source = f"gpu_memory_utilization={cache.gpu_memory_utilization}"
             else:
                 budget, source = memory.DEFAULT_CPU_KV_CACHE_BYTES, "the CPU default budget"
@@ -131,29 +120,10 @@ class ModelRunner:
                                  cross_pool_blocks=cache.cross_pool_blocks, max_model_len=sched.max_model_len,
                                  budget_bytes=budget, budget_source=source)
 
-    @torch.inference_mode()
-    def _profile_activations(self) -> int:
-        """CUDA: the activation peak of a dense forward of the largest prefill, as vLLM profiles it."""
-        mc, sched = self.model.config, self.config.scheduler
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        if mc.is_encoder_decoder:
-            width = min(sched.max_num_batched_tokens // sched.max_num_seqs or 1, mc.max_encoder_len)
-            ids = torch.zeros(sched.max_num_seqs, width, dtype=torch.long, device=self.device)
-            self.model.encode(ids, torch.ones_like(ids, dtype=torch.bool))
-        else:
-            n = min(sched.max_num_batched_tokens, mc.max_position)
-            self.model(torch.zeros(1, n, dtype=torch.long, device=self.device))
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - before
-        torch.cuda.empty_cache()
-        return max(peak, 0)
-
     def check_memory(self) -> None:
         """Refuse, before allocating, an arena larger than the memory the device has free, naming what sized it."""
         need = sum(s.nbytes for s in self.pool_specs())
-        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else _available_host_bytes()
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else memory.available_host_bytes()
         if free is not None and need > free:
             cross = ", cross_pool_blocks" if self.num_cross_blocks else ""
             if self.config.cache.num_blocks is not None:
@@ -309,10 +279,16 @@ class ModelRunner:
             return logits, ctx
         input_ids, positions, md, encoder_out = self.prepare(seqs, is_prefill)
         ctx = ForwardContext(attn_metadata=md, bindings=self.bindings, step=self.step, capture=capture)
+        last = md.query_start_loc[1:].long() - 1
+        fast = self.config.cache.kv_sharing_fast_prefill and getattr(self.model.config, "num_kv_shared_layers", 0)
+        if is_prefill and fast:
+            # the KV-sharing layers attend as a decode step of each sequence's last token (minikv/models/gemma4.py)
+            ctx.shared_rows, ctx.shared_metadata = last, dataclasses.replace(
+                md, is_prefill=False, slot_mapping=md.slot_mapping[last], max_query_len=1,
+                query_start_loc=torch.arange(md.num_seqs + 1, dtype=torch.int32, device=self.device))
         hidden = self._forward(input_ids, positions, ctx, encoder_out)
         self.step += 1
-        last = md.query_start_loc[1:].long() - 1
-        return self.model.compute_logits(hidden[last]), ctx
+        return self.model.compute_logits(hidden if ctx.rows_kept else hidden[last]), ctx
 
     def check(self, ctx: ForwardContext, logits: torch.Tensor) -> None:
         """With sanitize on: raise when a guard zone was written or the logits hold NaN or inf."""

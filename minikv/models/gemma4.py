@@ -236,6 +236,13 @@ class Gemma4TextModel(nn.Module):
         rope = {t: self.rope(t, positions, x.dtype) for t in set(self.config.layer_types)}
         produced: dict = {}
         for i, layer in enumerate(self.layers):
+            if ctx is not None and ctx.shared_rows is not None and i == self.config.first_kv_shared_layer:
+                # kv_sharing_fast_prefill: no layer from here on writes K/V; only the sampled rows matter
+                rows = ctx.shared_rows
+                x, positions = x[:, rows], positions[:, rows]
+                ple = None if ple is None else ple[:, rows]
+                rope = {t: self.rope(t, positions, x.dtype) for t in rope}
+                ctx.attn_metadata, ctx.rows_kept = ctx.shared_metadata, True
             cos, sin = rope[self.config.layer_types[i]]
             x = layer(x, None if ple is None else ple[:, :, i], cos, sin, positions, produced, cache, ctx)
         return self.norm(x)
