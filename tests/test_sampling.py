@@ -198,3 +198,17 @@ def test_the_hunter_sees_the_logits_the_sampler_gets():
     outs = eng.generate(PROMPTS[:2], minikv.SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
     assert {rid: len(rows) for rid, rows in store.items()} == {o.request_id: 3 for o in outs}
     assert all(int(rows[0].argmax()) == o.token_ids[0] for o, rows in zip(outs, store.values()))
+
+
+def test_detokenize_false_gives_the_same_ids_and_no_text(llm):
+    """vLLM's detokenize=False: token ids only (what a benchmark on ids the tokenizer cannot write needs)."""
+    kw = {"temperature": 0, "max_tokens": 5, "logprobs": 2}
+    with_text, ids_only = (llm.generate(["389 391 393"], minikv.SamplingParams(**kw, detokenize=d), use_tqdm=False)[0]
+                           for d in (True, False))
+    assert ids_only.outputs[0].token_ids == with_text.outputs[0].token_ids and with_text.outputs[0].text
+    assert ids_only.outputs[0].text == ""
+    assert all(lp.decoded_token is None for step in ids_only.outputs[0].logprobs for lp in step.values())
+    with pytest.raises(InvalidValueError, match="detokenize"):
+        minikv.SamplingParams(stop=["9"], detokenize=False)
+    with pytest.raises(InvalidTypeError, match="detokenize"):
+        minikv.SamplingParams(detokenize="no")

@@ -339,8 +339,9 @@ def write_csv(rows: list[dict], path) -> None:
 
 def format_targets(rows: list[dict]) -> list[str]:
     from minikv.bench.timing import format_ratio
+    from minikv.bench.transformers_peer import peer_targets
     return [f"{'met   ' if v >= g else 'MISSED'} {format_ratio(v):>7s} (target {g:.2f}x)  {w}"
-            for w, v, g in targets(rows)]
+            for w, v, g in targets(rows) + peer_targets(rows)]
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -379,6 +380,13 @@ def gpu_main(args) -> int:
                     contexts=contexts_of(args), eager_formats=args.eager_formats,
                     context_formats=args.context_formats, csv_path=args.csv, extras=not args.no_extras,
                     profile=args.profile, capacity=args.capacity)
+    if args.peer == "transformers":
+        from minikv.bench import transformers_peer
+        log(f"\npeer: transformers on one gemma-4-E2B text model (random weights, bf16) that it builds and saves; "
+            f"{args.batch} prompts of {args.context} random token ids, {args.new_tokens} new tokens")
+        with tempfile.TemporaryDirectory() as path:
+            transformers_peer.build_checkpoint(path)
+            rows += transformers_peer.peer_rows(path, args.batch, args.context, args.new_tokens, log=log)
     for line in summary(rows):
         log(line)
     if args.csv:
@@ -419,6 +427,9 @@ def parser():
     p.add_argument("--capacity", action="store_true",
                    help=f"GPU: also each format at the most sequences whose KV fits {CAPACITY_GIB} GiB at context "
                         f"{CAPACITY_CONTEXT}")
+    p.add_argument("--peer", choices=("transformers",), default=None,
+                   help="GPU: also transformers' prefill and generate beside minikv's on one E2B-sized checkpoint "
+                        "(minikv.bench.transformers_peer; needs transformers)")
     p.add_argument("--csv", default=None, help="GPU: write the rows here")
     return p
 

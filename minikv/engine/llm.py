@@ -337,7 +337,7 @@ class LLM:
 
     def _completion(self, seq: Sequence) -> CompletionOutput:
         ids = list(seq.output_token_ids)
-        text = self.tokenizer.decode(ids)
+        text = self.tokenizer.decode(ids) if seq.sampling.detokenize else ""
         stop_reason = seq.stop_reason
         cut = self._stop_cut(seq)
         if cut is not None:
@@ -346,7 +346,8 @@ class LLM:
             text = text[:at + (len(stop_reason) if seq.sampling.include_stop_str_in_output else 0)]
         logprobs = None
         if seq.sampling.logprobs is not None:
-            logprobs = [{t: Logprob(lp, rank, self.tokenizer.decode([t])) for t, (lp, rank) in step.items()}
+            word = self.tokenizer.decode if seq.sampling.detokenize else (lambda ids: None)
+            logprobs = [{t: Logprob(lp, rank, word([t])) for t, (lp, rank) in step.items()}
                         for step in seq.logprobs]
         reason = {"eos": "stop"}.get(seq.finish_reason, seq.finish_reason)
         return CompletionOutput(index=seq.index, text=text, token_ids=ids,

@@ -14,7 +14,7 @@ class Logprob:
 
     logprob: float
     rank: int
-    decoded_token: str
+    decoded_token: str | None             # None with SamplingParams(detokenize=False)
 
 
 @dataclass(frozen=True)

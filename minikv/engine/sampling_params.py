@@ -47,6 +47,7 @@ class SamplingParams:
                    (`CompletionOutput.logprobs`), computed from the model's raw logits.
     `max_tokens`   new tokens to generate (at least 1; the engine refuses more than the model has room for).
     `ignore_eos`   keep generating past the end-of-sequence token (useful for fixed-length benchmarks).
+    `detokenize`   False: token ids only, `text` stays "" (for ids the tokenizer cannot write; no stop strings).
     """
 
     n: int = 1
@@ -61,6 +62,7 @@ class SamplingParams:
     ignore_eos: bool = False
     max_tokens: int = 16
     logprobs: int | None = None
+    detokenize: bool = True
 
     def __post_init__(self):
         if not _is_int(self.n):
@@ -91,9 +93,12 @@ class SamplingParams:
                 raise InvalidValueError(f"seed must be between 0 and 2**63 - {MAX_N + 1}, got {self.seed}")
         object.__setattr__(self, "stop", _check_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _check_stop_token_ids(self.stop_token_ids))
-        for name in ("include_stop_str_in_output", "ignore_eos"):
+        for name in ("include_stop_str_in_output", "ignore_eos", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidTypeError(f"{name} must be True or False, got {type(getattr(self, name)).__name__}")
+        if self.stop and not self.detokenize:
+            raise InvalidValueError("stop strings are looked for in the text: give detokenize=True, or "
+                                    "stop_token_ids instead")
         if not _is_int(self.max_tokens):
             raise InvalidTypeError(f"max_tokens must be an int, got {type(self.max_tokens).__name__}")
         if self.max_tokens < 1:
