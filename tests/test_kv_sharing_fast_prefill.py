@@ -68,3 +68,15 @@ def test_the_shortcut_on_the_compiled_kernels(fmt):
     fast, rows = _run(True, fmt, backend="triton", **kw)
     assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in full]
     assert rows[0] == len(PROMPTS)                 # the first prefill step: one row per sequence
+
+
+def test_the_hunter_draws_the_option_where_the_model_shares_kv():
+    """The hunter's scenarios turn the option on and off on a model with KV-sharing layers (so its oracles check
+    the shortcut), and the engine it builds receives it; a model without such layers never draws it."""
+    from hypothesis import find, settings
+
+    from minikv.hunt import strategies
+    quick = settings(database=None, max_examples=200)
+    on = find(strategies.scenarios((MODEL, "auto", "float32")), lambda s: s.kv_sharing_fast_prefill, settings=quick)
+    assert on.engine_kwargs()["kv_sharing_fast_prefill"] is True
+    assert strategies.model_shares_kv(MODEL) and not strategies.model_shares_kv("tiny-t5")

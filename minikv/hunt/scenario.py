@@ -30,6 +30,7 @@ class Scenario:
     cross_pool_blocks: int | None = None   # encoder-decoder models only; None: the engine sizes it
     repeat: bool = False                   # submit the same requests again after they finished
     sleep: str | None = None               # between the waves: None, "discard" or "free"
+    kv_sharing_fast_prefill: bool = False  # vLLM's option: KV-sharing layers prefill the last token only
     extra: dict = field(default_factory=dict, compare=False, hash=False)   # notes for the report, not a knob
 
     def waves(self) -> list[tuple[Request, ...]]:
@@ -46,13 +47,15 @@ class Scenario:
             kw["num_blocks"] = self.num_blocks
         if self.cross_pool_blocks is not None:
             kw["cross_pool_blocks"] = self.cross_pool_blocks
+        if self.kv_sharing_fast_prefill:
+            kw["kv_sharing_fast_prefill"] = True
         return kw
 
     def key(self) -> tuple:
         """Identity for the result cache (everything that changes what runs)."""
         return (self.model, self.kv_cache_dtype, self.dtype, self.requests, self.kv_scale_placement,
                 self.block_size, self.max_num_seqs, self.enable_prefix_caching, self.num_blocks,
-                self.cross_pool_blocks, self.repeat, self.sleep)
+                self.cross_pool_blocks, self.repeat, self.sleep, self.kv_sharing_fast_prefill)
 
 
 def torch_dtype(name: str):

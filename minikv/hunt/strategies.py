@@ -132,6 +132,16 @@ def model_is_encoder_decoder(model: str) -> bool:
     return hf_checkpoint.read_config(model).get("model_type") == "t5"
 
 
+@functools.lru_cache(maxsize=None)
+def model_shares_kv(model: str) -> bool:
+    """Whether the model has layers that read another layer's K/V (kv_sharing_fast_prefill then matters)."""
+    from minikv.models import hf_checkpoint, registry
+    if is_shipped(model):
+        return bool(getattr(registry.model_config(model), "num_kv_shared_layers", 0))
+    config = hf_checkpoint.read_config(model)
+    return bool(config.get("num_kv_shared_layers") or config.get("text_config", {}).get("num_kv_shared_layers"))
+
+
 @st.composite
 def requests(draw, model: str):
     pool = prompt_pool(model)
@@ -230,13 +240,14 @@ def scenarios(draw, cell: tuple[str, str, str]):
     sizes = [token_counts(model, r.prompt) for r in reqs]
     extra = draw(st.one_of(st.none(), st.integers(0, MAX_EXTRA_BLOCKS)))
     num_blocks = None if extra is None else extra + max(
-        blocks_for(dec + r.max_tokens - 1, block_size) for r, (dec, _) in zip(reqs, sizes))
+        blocks_for(dec + r.max_tokens, block_size) for r, (dec, _) in zip(reqs, sizes))
     cross_pool_blocks = None
     if any(enc for _, enc in sizes):
         extra = draw(st.one_of(st.none(), st.integers(0, MAX_EXTRA_BLOCKS)))
         cross_pool_blocks = None if extra is None else extra + max(blocks_for(enc, block_size) for _, enc in sizes)
+    max_num_seqs, prefix_caching = draw(st.integers(1, MAX_NUM_SEQS)), draw(st.booleans())
+    fast_prefill = draw(st.booleans()) if model_shares_kv(model) else False      # drawn last: the rest as before
     return Scenario(model=model, kv_cache_dtype=kv_cache_dtype, dtype=dtype, requests=reqs,
-                    kv_scale_placement=placement, block_size=block_size,
-                    max_num_seqs=draw(st.integers(1, MAX_NUM_SEQS)),
-                    enable_prefix_caching=draw(st.booleans()), num_blocks=num_blocks,
-                    cross_pool_blocks=cross_pool_blocks, repeat=repeat, sleep=sleep)
+                    kv_scale_placement=placement, block_size=block_size, max_num_seqs=max_num_seqs,
+                    enable_prefix_caching=prefix_caching, num_blocks=num_blocks, cross_pool_blocks=cross_pool_blocks,
+                    repeat=repeat, sleep=sleep, kv_sharing_fast_prefill=fast_prefill)
