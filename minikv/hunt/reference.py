@@ -117,8 +117,9 @@ class DenseReference:
         quantize = train.kv_transform_for(fmt) or (lambda t: t)
         lower: list = []
 
-        def keeping(t):                                           # the K/V of the runs that round, in call order
-            lower.append(t.double())
+        def keeping(t):                     # the K/V of the runs that round, in call order (a flip's reach)
+            if fmt is not None:
+                lower.append(t.double())
             return quantize(t)
         own = _logits_of(self._model(name, torch_dtype(dtype)), keeping, known)[0]
         own = (own - known.logits).abs().amax(-1)
