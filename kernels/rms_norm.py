@@ -1,4 +1,4 @@
-"""rms_norm: Gemma's RMSNorm in one launch, with the two steps that follow it in the model fused in when asked.
+"""rms_norm: Gemma's RMSNorm in one launch, with the steps that follow it in the model fused in when asked.
 See docs/internals.md#kernels-rms-norm."""
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ def _round(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, weight_ptr, residual_ptr, cos_ptr, sin_ptr, out_ptr, rows, rows_per_token, eps,
-                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                     HAS_RESIDUAL: tl.constexpr, HAS_ROPE: tl.constexpr):
+def _rms_norm_kernel(x_ptr, weight_ptr, residual_ptr, cos_ptr, sin_ptr, scale_ptr, out_ptr, rows, rows_per_token,
+                     eps, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                     HAS_RESIDUAL: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_SCALE: tl.constexpr):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     mask = (r < rows)[:, None] & (d < D)[None, :]
@@ -49,10 +49,12 @@ def _rms_norm_kernel(x_ptr, weight_ptr, residual_ptr, cos_ptr, sin_ptr, out_ptr,
         y = _round(_round(y * cos, dtype) + _round(rotated * sin, dtype), dtype)
     if HAS_RESIDUAL:
         y = _round(tl.load(residual_ptr + at, mask=mask, other=0.0).to(tl.float32) + y, dtype)
+    if HAS_SCALE:
+        y = _round(y * tl.load(scale_ptr).to(tl.float32), dtype)
     tl.store(out_ptr + at, y.to(dtype), mask=mask)
 
 
-def _check(x, weight, eps, residual, cos, sin) -> None:
+def _check(x, weight, eps, residual, cos, sin, scale=None) -> None:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise InvalidTypeError(f"x must be a floating-point tensor, got {type(x).__name__} "
                                f"{getattr(x, 'dtype', '')}")
@@ -65,6 +67,9 @@ def _check(x, weight, eps, residual, cos, sin) -> None:
                                  or residual.dtype != x.dtype):
         raise InvalidValueError(f"residual must match x ({x.dtype} {list(x.shape)}), got "
                                 f"{getattr(residual, 'dtype', '')} {list(getattr(residual, 'shape', []))}")
+    if scale is not None and (not isinstance(scale, torch.Tensor) or scale.numel() != 1 or scale.dtype != x.dtype):
+        raise InvalidValueError(f"scale must be a one-element {x.dtype} tensor, got {getattr(scale, 'dtype', '')} "
+                                f"{list(getattr(scale, 'shape', [scale]))}")
     if (cos is None) != (sin is None):
         raise InvalidValueError("cos and sin come together (RoPE), or neither")
     if cos is not None:
@@ -81,10 +86,12 @@ def _check(x, weight, eps, residual, cos, sin) -> None:
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                        residual: torch.Tensor | None = None, cos: torch.Tensor | None = None,
-                       sin: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
-    """The torch formula: RMSNorm in float32 rounded to x's dtype, then RoPE or residual + the norm."""
+                       sin: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                       validate: bool = True) -> torch.Tensor:
+    """The torch formula: RMSNorm in float32 rounded to x's dtype, then RoPE or residual + the norm, then times
+    `scale` (a one-element tensor: Gemma-4's layer scalar)."""
     if validate:
-        _check(x, weight, eps, residual, cos, sin)
+        _check(x, weight, eps, residual, cos, sin, scale)
     xf = x.float()
     out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
@@ -96,16 +103,16 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         out = out * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
     if residual is not None:
         out = residual + out
-    return out
+    return out if scale is None else out * scale
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
-             cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+             cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, scale: torch.Tensor | None = None,
              validate: bool = True) -> torch.Tensor:
     """rms_norm_reference's result from one kernel launch (compiled on CUDA, interpreted on a CPU)."""
     if validate:
-        _check(x, weight, eps, residual, cos, sin)
-        require_device(*(t for t in (x, weight, residual, cos, sin) if t is not None))
+        _check(x, weight, eps, residual, cos, sin, scale)
+        require_device(*(t for t in (x, weight, residual, cos, sin, scale) if t is not None))
     d = x.shape[-1]
     x2 = x.contiguous()
     out = torch.empty_like(x2)
@@ -118,7 +125,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual:
     sin_c = sin.contiguous() if sin is not None else x2
     _rms_norm_kernel[(triton.cdiv(rows, cfg.block_r),)](
         x2, weight if weight is not None else x2, residual.contiguous() if residual is not None else x2,
-        cos_c, sin_c, out, rows, rows_per_token, float(eps),
+        cos_c, sin_c, scale if scale is not None else x2, out, rows, rows_per_token, float(eps),
         D=d, BLOCK_D=cfg.block_d, BLOCK_R=cfg.block_r, HAS_WEIGHT=weight is not None,
-        HAS_RESIDUAL=residual is not None, HAS_ROPE=cos is not None, num_warps=cfg.num_warps)
+        HAS_RESIDUAL=residual is not None, HAS_ROPE=cos is not None, HAS_SCALE=scale is not None,
+        num_warps=cfg.num_warps)
     return out

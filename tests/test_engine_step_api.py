@@ -223,6 +223,22 @@ def test_nan_logits_name_the_layer_and_step():
     assert not llm.has_unfinished()
 
 
+@pytest.mark.parametrize("sanitize", [True, False])
+def test_layer_finiteness_is_kept_only_where_sanitize_reads_it(sanitize, monkeypatch):
+    """Each layer's "output was finite" flag costs two launches; only sanitize's check reads it."""
+    llm = engine(max_num_seqs=1, sanitize=sanitize)
+    seen, forward = [], llm.runner.forward
+
+    def recorded(*args, **kwargs):
+        logits, ctx = forward(*args, **kwargs)
+        seen.append(ctx)
+        return logits, ctx
+    monkeypatch.setattr(llm.runner, "forward", recorded)
+    llm.generate(["3 7"], minikv.SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    layers = len(llm.model.attention_layers())
+    assert [len(ctx.finite) for ctx in seen] == [layers if sanitize else 0] * len(seen) and seen
+
+
 # ---- 4. inputs: the matrix ------------------------------------------------------------------------------------
 class Gen:
     def __iter__(self):

@@ -179,8 +179,10 @@ _FALSE_ALARM = ("26 70 114 376 395 414 433 452 380 479 578 677 7 26 70 114",
 
 def test_a_dot_product_that_cancels_before_a_norm_is_given_its_rounding(tmp_path):
     """Where the hunt called the fixed engine wrong, a per-layer-input projection of the last layer cancels (its
-    output small against its terms) and the norm after it scales the small output, and its rounding error, back up:
-    the float32 error of the last row is 15 to 20 times the earlier rows'. The dense model's one float32 run
+    output small against its terms) and the norm after it scales the small output, and its rounding error, back up.
+    The random-rounding runs (float64, seeded: the same on every machine) put that row's spread at about 8 times the
+    earlier rows'; one float32 run's error there is 5 to 30 times theirs, by the CPU's float32 kernels (AVX-512,
+    AVX2 and ATEN_CPU_CAPABILITY=default measured). The dense model's one float32 run
     measured that row's error at about 2e-4; the hunt's engine was 6.2e-4 off, past the tolerance of 3.9e-4 that run
     gave. The random-rounding runs see the amplification (their spread at that row is several times the one run's),
     and the scenario passes with room to spare."""
@@ -196,6 +198,7 @@ def test_a_dot_product_that_cancels_before_a_norm_is_given_its_rounding(tmp_path
     assert oracles.check(run, refs) == []
     assert oracles.tolerance_used(run, refs) < 0.5
     terms = refs[_FALSE_ALARM[2]].terms
-    assert terms[4].own > 10 * max(t.own for t in terms[:4])              # the amplified row
-    assert terms[4].spread > 3 * terms[4].own                             # seen by the random draws
+    assert terms[4].spread > 5 * max(t.spread for t in terms[:4])        # the amplified row, as the draws see it
+    assert terms[4].own > 3 * max(t.own for t in terms[:4])              # and as one float32 run does
+    assert terms[4].spread > 2 * terms[4].own                             # the draws reach further than that run
     assert terms[4].total > 2 * (2 * (terms[4].compute + terms[4].own))  # the earlier rule's tolerance, doubled

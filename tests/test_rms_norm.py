@@ -8,7 +8,7 @@ import torch
 from minikv.kernels.errors import InvalidTypeError, InvalidValueError
 from minikv.kernels.rms_norm import rms_norm, rms_norm_reference
 
-FEATURES = ["plain", "no weight", "rope", "residual"]
+FEATURES = ["plain", "no weight", "rope", "residual", "scaled residual"]
 SHAPES = [((1,), 16), ((7,), 96), ((2, 3), 256), ((3,), 1536), ((2, 5, 4), 64), ((9, 1), 512)]
 
 
@@ -20,8 +20,10 @@ def case(feature, lead, d, dtype, device, seed=0):
     if feature == "rope":
         angles = torch.rand(*lead[:-1], d, generator=gen) * 6.28
         kw = dict(cos=angles.cos().to(dtype).to(device), sin=angles.sin().to(dtype).to(device))
-    if feature == "residual":
+    if feature in ("residual", "scaled residual"):
         kw = dict(residual=torch.randn(*lead, d, generator=gen).to(dtype).to(device))
+    if feature == "scaled residual":           # Gemma-4's layer scalar, applied to the layer's output
+        kw["scale"] = torch.tensor([0.3712], dtype=dtype, device=device)
     return x, weight, kw
 
 
@@ -70,6 +72,14 @@ def test_reference_is_the_models_torch_path(feature):
         assert torch.equal(norm(x, **kw), rms_norm_reference(x, weight, 1e-6, **kw))
 
 
+def test_scale_is_the_models_separate_product():
+    """scale= multiplies the finished output, rounded as the model's former `x * layer_scalar` step was."""
+    x, weight, kw = case("scaled residual", (3, 5), 64, torch.bfloat16, "cpu")
+    scale = kw.pop("scale")
+    assert torch.equal(rms_norm_reference(x, weight, 1e-6, scale=scale, **kw),
+                       rms_norm_reference(x, weight, 1e-6, **kw) * scale)
+
+
 def test_zero_rows_give_an_empty_result():
     x = torch.empty(0, 32)
     assert rms_norm(x, None, 1e-6).shape == (0, 32)
@@ -84,6 +94,9 @@ def test_zero_rows_give_an_empty_result():
     (dict(cos=torch.ones(3, 8, dtype=torch.float64), sin=torch.ones(3, 8, dtype=torch.float64)), InvalidValueError),
     (dict(x=torch.ones(3, 2, 7), weight=None, cos=torch.ones(3, 7), sin=torch.ones(3, 7)), InvalidValueError),
     (dict(residual=torch.ones(3, 2, 8, dtype=torch.float64)), InvalidValueError),
+    (dict(scale=torch.ones(2)), InvalidValueError),
+    (dict(scale=torch.ones(1, dtype=torch.float64)), InvalidValueError),
+    (dict(scale=0.5), InvalidValueError),
 ])
 def test_bad_arguments_are_refused_clearly(bad, error):
     args = dict(x=torch.ones(3, 2, 8), weight=torch.ones(8), eps=1e-6) | bad

@@ -30,7 +30,9 @@ class ForwardContext:
     events: list[CacheEvent] = field(default_factory=list)
     scale_fills: list[ScaleFill] = field(default_factory=list)
     # (layer name, 0-dim bool tensor "its output was finite"): kept lazily, looked at only when logits are not.
+    # Two launches a layer, so kept only where a check reads them (sanitize=True).
     finite: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    watch_finite: bool = True
     # kv_sharing_fast_prefill: the rows the KV-sharing layers compute, their metadata, and "the model cut them"
     shared_rows: torch.Tensor | None = None
     shared_metadata: AttentionMetadata | None = None
@@ -60,7 +62,8 @@ class ForwardContext:
         self.events.append(CacheEvent(layer_name, binding.kind, binding.pool, wrote=access.wrote, read=access.read,
                                       context_path=access.context_path, context_dispatch=access.context_dispatch,
                                       read_layout=access.read_layout, tensors=tensors))
-        self.finite.append((layer_name, torch.isfinite(out).all()))
+        if self.watch_finite:
+            self.finite.append((layer_name, torch.isfinite(out).all()))
         return out
 
     def first_non_finite_layer(self) -> str | None:

@@ -134,7 +134,8 @@ def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_to
            "prefill_tokens_per_s": prefill_tokens / max(prefill_seconds, 1e-9)}
     if full_steps:                      # the spread of the steps (timing.Timing's columns, no re-measuring here)
         row.update(min_ms=1e3 * min(full_steps), max_ms=1e3 * max(full_steps),
-                   noisy=max(full_steps) > (1 + NOISY) * min(full_steps))
+                   noisy=max(full_steps) > (1 + NOISY) * min(full_steps),
+                   steps_ms=" ".join(f"{1e3 * t:.2f}" for t in full_steps))     # in order: where the slow ones fall
     replay = _replay_ms(llm, batch)
     if replay is not None:
         row["graph_replay_ms"] = replay

@@ -72,11 +72,7 @@ class SdpaDecodeStep:
             groups = q.view(b, attn.num_kv_heads, attn.num_heads // attn.num_kv_heads, attn.head_dim)
             out = F.scaled_dot_product_attention(groups, k_cache[:, :, start:], v_cache[:, :, start:], scale=1.0)
             x = layer.post_attention_layernorm(attn.o_proj(out.reshape(b, 1, -1)), residual=x)
-            x = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)), residual=x)
-            if ple is not None:
-                gated = layer.act(layer.per_layer_input_gate(x)) * ple[:, :, i]
-                x = layer.post_per_layer_input_norm(layer.per_layer_projection(gated), residual=x)
-            x = x * layer.layer_scalar
+            x = layer.feed_forward(x, None if ple is None else ple[:, :, i])          # the model's own code
         return self.model.compute_logits(m.norm(x))[:, 0]
 
     def __call__(self) -> torch.Tensor:

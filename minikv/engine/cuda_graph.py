@@ -148,11 +148,12 @@ class DecodeGraphs:
     """One engine's decode graphs: static buffers, one captured forward per bucket, replays."""
 
     def __init__(self, max_num_seqs: int, width: int, block_size: int, dummy_block: int, device,
-                 cross_width: int = 0):
+                 cross_width: int = 0, watch_finite: bool = True):
         self.buckets = batch_buckets(max_num_seqs)
         self.width, self.cross_width = width, cross_width
         self.block_size, self.dummy_block = block_size, dummy_block
         self.device = torch.device(device)
+        self.watch_finite = watch_finite         # ForwardContext.watch_finite of the captured forwards
         self.seam = CudaGraphCapture()
         self.captured: dict[int, _Captured] = {}
         self._static: dict[str, torch.Tensor] | None = None
@@ -224,9 +225,9 @@ class DecodeGraphs:
         md = self._metadata(views)
         captured = self.captured.get(bucket)
         if captured is None:
-            ctx = ForwardContext(attn_metadata=md, bindings=bindings, step=step)
+            ctx = ForwardContext(attn_metadata=md, bindings=bindings, step=step, watch_finite=self.watch_finite)
             logits = self.seam.warm_up(lambda: forward(views["input_ids"], views["positions"], ctx))
-            recording = ForwardContext(attn_metadata=md, bindings=bindings, step=step)
+            recording = ForwardContext(attn_metadata=md, bindings=bindings, step=step, watch_finite=self.watch_finite)
             graph, (out,) = self.seam.capture(lambda: (forward(views["input_ids"], views["positions"], recording),))
             if recording.scale_fills:
                 raise RuntimeError(f"capturing the decode graph of batch {bucket} filled a scale region "

@@ -207,14 +207,14 @@ class LLM:
             raise RuntimeError("nothing to run: add_request() first (has_unfinished() is False)")
         try:
             logits, ctx = self.runner.forward(batch, is_prefill, capture=capture)
+            snapshot = self._snapshot(batch, is_prefill, ctx)     # host work done while the device runs the step
             try:
                 self.runner.check(ctx, logits)
             except KVCacheOverrunError as err:
                 self._needs_reset = f"a KV cache overrun was detected at step {ctx.step} ({err})"
                 # What the failed step did, up to the guard check: block tables, slots and the layers' events.
                 failed = StepOutput(sampled={}, finished=(), trace=StepTrace(
-                    events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills), guard_check="failed"),
-                    **self._snapshot(batch, is_prefill, ctx))
+                    events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills), guard_check="failed"), **snapshot)
                 self._abort_all()
                 raise err.at_step(failed) from None
             tokens, logprobs = self.runner.sample(logits, batch)
@@ -222,7 +222,6 @@ class LLM:
             for s in batch:                                     # leave nothing half-done
                 self._abort_request(s.parent_id)
             raise
-        snapshot = self._snapshot(batch, is_prefill, ctx)
         self.scheduler.postprocess(batch, tokens, logprobs)
         finished = []
         for s in batch:

@@ -48,7 +48,8 @@ class ModelRunner:
         has_cross = any(b.kind == "cross" for b in owners)
         # CUDA-graph decode: the self pools get one block more, for the padding rows of a graph's batch
         self.graphs = (DecodeGraphs(config.scheduler.max_num_seqs, per_seq, self.block_size, self.num_blocks,
-                                    self.device, per_enc if has_cross else 0) if config.cuda_graphs else None)
+                                    self.device, per_enc if has_cross else 0, config.sanitize)
+                       if config.cuda_graphs else None)
         self.arena: KVArena | None = None
         self.check_memory()
         self.wake_up()
@@ -278,7 +279,8 @@ class ModelRunner:
             self.step += 1
             return logits, ctx
         input_ids, positions, md, encoder_out = self.prepare(seqs, is_prefill)
-        ctx = ForwardContext(attn_metadata=md, bindings=self.bindings, step=self.step, capture=capture)
+        ctx = ForwardContext(attn_metadata=md, bindings=self.bindings, step=self.step, capture=capture,
+                             watch_finite=self.config.sanitize)
         last = md.query_start_loc[1:].long() - 1
         fast = self.config.cache.kv_sharing_fast_prefill and getattr(self.model.config, "num_kv_shared_layers", 0)
         if is_prefill and fast:

@@ -45,12 +45,12 @@ def sample(logits: torch.Tensor, seqs) -> tuple[list[int], list | None]:
     entry per sequence (its `token_logprobs`, or None)."""
     greedy = logits.argmax(dim=-1).tolist()
     tokens = []
-    for row, s, g in zip(logits, seqs, greedy):
+    for i, (s, g) in enumerate(zip(seqs, greedy)):       # rows are taken only where sampled (a view each)
         p = s.sampling
         if p.temperature == 0:
             tokens.append(g)
             continue
-        filtered = filter_logits(row.float().cpu(), p.temperature, p.top_k, p.top_p, p.min_p)
+        filtered = filter_logits(logits[i].float().cpu(), p.temperature, p.top_k, p.top_p, p.min_p)
         probs = torch.softmax(filtered, dim=-1)
         tokens.append(int(torch.multinomial(probs, 1, generator=s.generator)))
     if all(s.sampling.logprobs is None for s in seqs):

@@ -24,10 +24,10 @@ class Gemma4RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, cos: torch.Tensor | None = None,
-                sin: torch.Tensor | None = None) -> torch.Tensor:
-        if x.is_cuda and not INTERPRETED and not torch.is_grad_enabled():     # the kernel has no backward pass
-            return rms_norm(x, self.weight, self.eps, residual=residual, cos=cos, sin=sin, validate=False)
-        return rms_norm_reference(x, self.weight, self.eps, residual=residual, cos=cos, sin=sin, validate=False)
+                sin: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+        fused = x.is_cuda and not INTERPRETED and not torch.is_grad_enabled()    # the kernel has no backward pass
+        return (rms_norm if fused else rms_norm_reference)(x, self.weight, self.eps, residual=residual, cos=cos,
+                                                           sin=sin, scale=scale, validate=False)
 
 
 class ScaledEmbedding(nn.Embedding):
@@ -185,11 +185,16 @@ class Gemma4DecoderLayer(nn.Module):
     def forward(self, x, per_layer_input, cos, sin, positions, produced, cache, ctx=None):
         x = self.post_attention_layernorm(
             self.self_attn(self.input_layernorm(x), cos, sin, positions, produced, cache, ctx), residual=x)
-        x = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)), residual=x)
+        return self.feed_forward(x, per_layer_input)
+
+    def feed_forward(self, x, per_layer_input):
+        """After attention: the MLP, the per-layer input, and the layer scalar (inside the last norm's launch)."""
+        last = None if self.ple_dim else self.layer_scalar
+        x = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)), residual=x, scale=last)
         if self.ple_dim:
             gated = self.act(self.per_layer_input_gate(x)) * per_layer_input
-            x = self.post_per_layer_input_norm(self.per_layer_projection(gated), residual=x)
-        return x * self.layer_scalar
+            x = self.post_per_layer_input_norm(self.per_layer_projection(gated), residual=x, scale=self.layer_scalar)
+        return x
 
 
 class Gemma4TextModel(nn.Module):

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The engine benchmark on two trees, one after the other on one machine: a baseline (a copy of an earlier commit's
+# minikv/ and kernels/, made with `git archive COMMIT minikv kernels | tar -x -C DIR`) and the working tree. Ratios
+# between the two are only read from one call of this script.
+#
+#   bash tools/gpu_probes/engine_ab.sh base DIR OUT [BENCH ARGS...]   # the baseline's rows: OUT/base.txt, base.csv
+#   bash tools/gpu_probes/engine_ab.sh new OUT [BENCH ARGS...]        # the working tree's: OUT/new.txt, new.csv
+#
+# Run after tools/gpu.sh's preamble (wheels on PYTHONPATH); each prints which minikv it imported.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+which=$1; shift
+if [ "$which" = base ]; then
+  dir=$1; shift
+  ln -sfn ../kernels "$dir/minikv/kernels"
+  export PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}"
+fi
+out=$1; shift
+mkdir -p "$out"
+export TQDM_DISABLE=1 PYTHONUNBUFFERED=1
+python3 -c "import minikv, minikv.kernels; print('minikv from', minikv.__file__)" | tee "$out/$which.txt"
+timeout "${AB_TIMEOUT:-540}" python3 -m minikv.bench engine --device cuda --csv "$out/$which.csv" "$@" 2>&1 \
+  | tee -a "$out/$which.txt"
