@@ -28,13 +28,14 @@
 #   for the two formats it shares with minikv (bf16 and fp8 per tensor).
 #
 # Last, the whole engine: tokens/s per cache format against the context length, with its decode step replayed
-# from CUDA graphs and launched eagerly.
+# from CUDA graphs and launched eagerly; then beside transformers' own engine, and at a fixed memory budget.
 #
 # **How this notebook is tested.** Every figure and table is drawn from one CSV, `notebooks/data/gpu_attention.csv`
 # (committed), written by one run of the benchmark on the H200 (`bash tools/gpu.sh bench`, which runs
-# `python -m minikv.bench attention --engine --peer flashinfer`), so every ratio in it is within one run. The one
-# cell marked `NBVAL_SKIP` measures again, and only on a GPU when asked to; every other cell reads the CSV and is
-# re-executed and compared everywhere, on a laptop without a GPU too.
+# `python -m minikv.bench attention --engine --peer flashinfer`), so every ratio in it is within one run; the
+# section on transformers and the memory budget reads a second CSV, `notebooks/data/gpu_engine.csv`, said there.
+# The one cell marked `NBVAL_SKIP` measures again, and only on a GPU when asked to; every other cell reads the
+# CSVs and is re-executed and compared everywhere, on a laptop without a GPU too.
 
 # %% [markdown]
 # **Where this fits.** The formats measured here are introduced in [02](02_quantized_kv_cache.ipynb) and
@@ -408,6 +409,76 @@ print(f"bf16 at context 8192, fused norms: attention {fused['decode attention'] 
       f"time; a 1-byte cache at its byte limit would make the step at most "
       f"{kernels_ms / (kernels_ms - fused['decode attention'] / 2):.2f}x faster in kernel time, "
       f"{wall_ms / (wall_ms - fused['decode attention'] / 2):.2f}x in the engine's time per step")
+
+# %% [markdown]
+# ## The engine beside transformers, and at a fixed memory budget
+#
+# A second, smaller recording, `data/gpu_engine.csv`, comes from two runs of `python -m minikv.bench engine
+# --device cuda` on an **NVIDIA H100** (the CSV above is from an H200: compare ratios within one file, never
+# figures across the two). The raw output is in `../results/gpu/engine-2026-12-06-h100/`.
+#
+# **transformers' own engine.** With `--peer transformers`, transformers builds one random gemma-4-E2B text model
+# and saves it, and both engines take the same 64 prompts of 2,048 random token ids. transformers' prefill is one
+# forward with `logits_to_keep=1`; its decode step is its `generate` (dynamic cache, eager, greedy) less that
+# prefill, per new token. minikv runs twice: with its defaults, and with `kv_sharing_fast_prefill=True` (vLLM's
+# option of that name). The model's last 20 layers write no K/V of their own, so in a prompt only the last token's
+# pass through them reaches the output; transformers runs them on that token alone
+# (`../results/gpu/prefill-peer-2026-12-05-h100/`), and the option makes minikv do the same.
+
+# %%
+with open(DATA.parent / "gpu_engine.csv") as _f:
+    engine_run = list(csv.DictReader(_f))
+peers = [r for r in engine_run if r["mode"] == "peer"]
+theirs = next(r for r in peers if r["engine"].startswith("transformers"))
+print(f"{peers[0]['gpu']}: {peers[0]['batch']} prompts of {peers[0]['context']} tokens, bf16, one run")
+print(f"{'engine':40s} {'prefill tokens/s':>17s} {'x theirs':>9s} {'decode ms/step':>15s} {'x theirs':>9s}")
+for r in peers:
+    pre, step = float(r["prefill_tokens_per_s"]), float(r["decode_ms_per_step"])
+    print(f"{r['engine']:40s} {pre:17,.0f} {pre / float(theirs['prefill_tokens_per_s']):8.2f}x {step:15.2f} "
+          f"{float(theirs['decode_ms_per_step']) / step:8.2f}x")
+
+# %% [markdown]
+# **Longer prompts.** The same engine at batch 64 with prompts of 8,192 and of 32,768 tokens, one run per length.
+# Beside each format's tokens/s: its graph's replay alone over its median decode step (what the host leaves of
+# a step; the tokens/s also carry the graph's first launch, which uploads it, and the last step, which frees
+# every block), and the bytes a step must read over the measured copy bandwidth, as a share of the replay
+# (`minikv.bench.engine.decode_step_bytes`).
+
+# %%
+long_rows = [r for r in engine_run if r["source"].startswith("long/")]
+print(f"{'batch 64':28s} {'decode tokens/s':>16s} {'x bf16':>7s} {'replay / median step':>21s} {'bound / replay':>15s}")
+for ctx in sorted({int(r["context"]) for r in long_rows}):
+    at = {r["format"]: r for r in long_rows if int(r["context"]) == ctx}
+    print(f"context {ctx}")
+    for fmt, r in at.items():
+        tps_, replay = float(r["decode_tokens_per_s"]), float(r["graph_replay_ms"])
+        print(f"  {viz_gpu.label(fmt):26s} {tps_:16,.0f} {tps_ / float(at['auto']['decode_tokens_per_s']):6.2f}x "
+              f"{replay / float(r['step_ms']):20.2f}x {float(r['bound_ms']) / replay:14.0%}")
+
+# %% [markdown]
+# Two things change with the prompt's length. Attention's share of a step grows, so fp8 per tensor, whose kernel
+# reads half of bf16's bytes, gains more at 32,768 tokens than at 8,192. The two per-token-head formats do not:
+# at this model's head size of 512 their decode kernel is slower than bf16's
+# (`../results/gpu/decode-profile/e2b_decode_sweep.csv`), which cancels what their bytes save.
+#
+# **A fixed budget.** At batch 64 the formats differ little, but a 1-byte cache also buys room. `--capacity` asks
+# how many sequences of 8,192 prompt tokens (and 16 new ones) fit 16 GiB of K/V in each format
+# (`minikv.bench.engine.capacity_batch`), then runs the engine at that batch, where every weight read serves more
+# tokens. Two runs: fp8 per tensor with bf16 in the first, the per-token-head formats with bf16 in the second; each
+# ratio is taken against the bf16 row of its own run.
+
+# %%
+viz_gpu.capacity_figure(engine_run)
+
+# %%
+capacity = [r for r in engine_run if r["mode"] == "capacity"]
+bf16_of = {r["source"]: r for r in capacity if r["format"] == "auto"}
+for r in capacity:
+    base = bf16_of[r["source"]]
+    print(f"{r['source']:21s} {viz_gpu.label(r['format']):28s} batch {int(r['batch']):4d} "
+          f"({int(r['batch']) / int(base['batch']):.2f}x bf16's)  {float(r['decode_tokens_per_s']):7,.0f} decode "
+          f"tokens/s ({float(r['decode_tokens_per_s']) / float(base['decode_tokens_per_s']):.2f}x)")
+assert all(int(r["batch"]) > 1.9 * int(bf16_of[r["source"]]["batch"]) for r in capacity if r["format"] != "auto")
 
 # %% [markdown]
 # ## What the figures say

@@ -81,9 +81,9 @@ def test_format_options():
 def test_targets_ignore_the_eager_and_sdpa_rows_and_the_other_contexts():
     got = {what: round(value, 4) for what, value, _ in engine.targets(_rows())}
     assert len(got) == 4 + 3 + 4 + 3 + 1 + 4
-    assert got["engine decode step vs its own graph replay, fp8, batch 64, context 2048"] == 0.82
+    assert got["engine decode mean step vs its own graph replay, fp8, batch 64, context 2048"] == 0.82
     for ctx, tps in ((2048, 4000), (8192, 3600), (512, 4500)):     # SDPA step ms / engine step ms, bf16
-        assert got[f"engine decode step vs the SDPA graph step, bf16, batch 64, context {ctx}"] == round(
+        assert got[f"engine decode mean step vs the SDPA graph step, bf16, batch 64, context {ctx}"] == round(
             (64000 / 8000 if ctx == 2048 else 64000 / 7000) / (64000 / tps), 4)
     for i, f in enumerate(FORMATS):
         assert got[f"graph replay vs the physical bound (bytes read / copy bandwidth), {f}, batch 64, context "
@@ -93,6 +93,36 @@ def test_targets_ignore_the_eager_and_sdpa_rows_and_the_other_contexts():
             (3600 + 200 * i) / 3600, 4)
     assert got["bf16 engine decode, CUDA graphs vs eager, batch 64, context 2048"] == 5.0
     assert [w for w in got if w.startswith("prefill")] == [f"prefill tokens/s, {f}, vs 5 x 23,000" for f in FORMATS]
+
+
+def test_step_targets_read_the_median_step_where_a_row_has_one():
+    """The first step after a prefill and the step that frees every block are per-request work: the per-step
+    targets read the median full step; rows written before that column fall back to the mean."""
+    rows = _rows()
+    rows[0] |= {"step_ms": 14.0, "graph_replay_ms": 12.6}          # auto, 2048: mean 16 ms, median 14 ms
+    got = {what: round(value, 4) for what, value, _ in engine.targets(rows)}
+    assert got["engine decode median step vs its own graph replay, auto, batch 64, context 2048"] == 0.9
+    assert got["engine decode median step vs the SDPA graph step, bf16, batch 64, context 2048"] == round(8 / 14, 4)
+    assert engine.step_ms(rows[1]) == rows[1]["decode_ms_per_step"]
+    assert engine.step_ms(rows[1] | {"step_ms": ""}) == rows[1]["decode_ms_per_step"]     # an empty CSV cell
+
+
+def test_step_figures_leave_out_the_graphs_first_launch_and_the_step_that_frees_every_block():
+    steps = [6.17, 5.02, 4.87, 4.86, 4.87, 4.85, 8.93]                    # ms, an H100 run's shape
+    got = engine.step_figures([t / 1e3 for t in steps])
+    assert round(got["step_ms"], 6) == 4.87 and round(got["min_ms"], 6) == 4.85 and round(got["max_ms"], 6) == 5.02
+    assert got["noisy"] is False and got["steps_ms"] == "6.17 5.02 4.87 4.86 4.87 4.85 8.93"
+    assert engine.step_figures([t / 1e3 for t in (4.9, 5.0, 4.9, 5.0, 5.6, 5.0)])["noisy"] is True
+    assert round(engine.step_figures([0.005, 0.006])["step_ms"], 6) == 5.5            # too few to leave any out
+
+
+def test_the_prefill_target_is_read_only_at_the_prompt_length_it_was_set_at():
+    """5 x 23,000 tokens/s was set at 2,048-token prompts; a run whose main context is longer reports no such line
+    (its attention grows with the prompt's square: 32,768-token prompts read 0.3x of it on an H100)."""
+    long = [r | {"context": 32768} for r in _rows() if r["context"] == 2048 and r["batch"] == 64]
+    got = [what for what, _, _ in engine.targets(long)]
+    assert not [w for w in got if w.startswith("prefill")]
+    assert "engine decode mean step vs its own graph replay, auto, batch 64, context 32768" in got
 
 
 def test_targets_on_rows_read_back_from_the_csv(tmp_path):

@@ -41,9 +41,9 @@ def _number(value: str):
         return value
 
 
-def _gpu_rows():
+def _gpu_rows(name: str = "gpu_attention.csv"):
     """The rows of notebook 05's CSV as its `load` reads them (numbers as floats; text columns, new ones too, kept)."""
-    with open(REPO / "notebooks" / "data" / "gpu_attention.csv") as f:
+    with open(REPO / "notebooks" / "data" / name) as f:
         return [{k: (v if v == "" else _number(v)) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
@@ -190,6 +190,7 @@ FIGURES = {
     "viz.gpu.sdpa_ratio_figure": lambda: viz_gpu.sdpa_ratio_figure(_gpu_rows()),
     "viz.gpu.peer_figure": lambda: viz_gpu.peer_figure(_gpu_rows()),
     "viz.gpu.engine_context_figure": lambda: viz_gpu.engine_context_figure(_gpu_rows()),
+    "viz.gpu.capacity_figure": lambda: viz_gpu.capacity_figure(_gpu_rows("gpu_engine.csv")),
 }
 
 

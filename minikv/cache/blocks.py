@@ -160,9 +160,22 @@ class BlockManager:
         return [self._take_free_block() for _ in range(needed)]
 
     def free_blocks(self, block_ids: list[int]) -> None:
-        """Release blocks (ref_count - 1 each), last to first."""
+        """Release blocks (ref_count - 1 each), last to first. At zero a registered block becomes revivable; any
+        other is cleared and goes back to the uncached heap. One loop, no call per block: a batch of 8k-token
+        requests finishing in one step frees tens of thousands of blocks."""
+        blocks, registered, free_uncached = self.blocks, self._hash_to_block, self._free_uncached
         for block_id in reversed(block_ids):
-            self._release(block_id)
+            block = blocks[block_id]
+            if block.ref_count < 1:
+                raise RuntimeError(f"block {block_id} released more often than it was taken")
+            block.ref_count -= 1
+            if block.ref_count > 0:
+                continue
+            if block.hash is not None and registered.get(block.hash) == block_id:       # is_cached
+                self._free_cached[block_id] = None
+            else:
+                block.hash, block.token_ids = None, ()
+                heapq.heappush(free_uncached, block_id)
 
     def _match_prefix(self, seq: BlockTableHolder) -> list[int]:
         """Registered blocks matching the start of `seq`, capped so at least one token is left to compute."""
@@ -200,19 +213,6 @@ class BlockManager:
             raise RuntimeError("no free cache block left")
         self.blocks[block_id].ref_count = 1
         return block_id
-
-    def _release(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        if block.ref_count < 1:
-            raise RuntimeError(f"block {block_id} released more often than it was taken")
-        block.ref_count -= 1
-        if block.ref_count > 0:
-            return
-        if self.is_cached(block_id):
-            self._free_cached[block_id] = None
-        else:
-            self._forget(block_id)
-            heapq.heappush(self._free_uncached, block_id)
 
     def _forget(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -201,3 +201,41 @@ def engine_context_figure(rows: Sequence[dict], batch: int | None = None,
     _legend_below(fig, formats, extra)
     fig.suptitle(title, fontsize=10)
     return fig
+
+
+SHORT_LABEL = {"auto": "bf16", "fp8": "fp8\nper tensor", "int8_per_token_head": "int8 per\ntoken-head",
+               "fp8_per_token_head": "fp8 per\ntoken-head"}
+
+
+def capacity_figure(rows: Sequence[dict], title: str = "What a fixed KV budget holds, and what it decodes") -> Figure:
+    """Per format, from `minikv.bench engine --capacity` rows (mode "capacity"): left, the most sequences whose KV
+    fits the budget at the run's context; right, the decode tokens/s at that batch over bf16's at its own, both
+    from one run (rows with one `source`)."""
+    capacity = [r for r in rows if r.get("mode") == "capacity"]
+    if not capacity:
+        raise ValueError("no capacity rows: record them with `python -m minikv.bench engine --device cuda --capacity`")
+    bf16 = {r.get("source", ""): r for r in capacity if r["format"] == "auto"}
+    found: dict[str, tuple[int, float]] = {}
+    for r in capacity:
+        base = bf16.get(r.get("source", ""))
+        if base is None:
+            raise ValueError(f"the capacity rows of {r.get('source', '')!r} have no bf16 row to compare with")
+        found.setdefault(r["format"], (int(r["batch"]), float(r["decode_tokens_per_s"])
+                                       / float(base["decode_tokens_per_s"])))
+    formats = [f for f in DRAW_ORDER if f in found]
+    fig, axes = new_figure(1, 2, figsize=(MAX_WIDTH_IN, 3.2))
+    for ax, k, what, text in ((axes[0], 0, "sequences that fit", "{:.0f}"),
+                              (axes[1], 1, "decode tokens/s, x bf16's", "{:.2f}x")):
+        values = [found[f][k] for f in formats]
+        ax.bar(range(len(formats)), values, color=[COLOUR[f] for f in formats])
+        for i, v in enumerate(values):
+            ax.text(i, v, text.format(v), ha="center", va="bottom", fontsize=FONT)
+        ax.set_xticks(range(len(formats)), [SHORT_LABEL.get(f, f) for f in formats],
+                      fontsize=FONT)
+        ax.set_ylabel(what, fontsize=FONT + 1)
+        ax.tick_params(labelsize=FONT)
+        ax.margins(y=0.15)
+    axes[1].axhline(1.0, color=NEUTRAL, linewidth=0.8)
+    first = capacity[0]
+    fig.suptitle(f"{title}: {float(first['kv_budget_gib']):g} GiB at context {int(first['context'])}", fontsize=10)
+    return fig
