@@ -106,8 +106,8 @@ def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_to
 
     import minikv
     llm = minikv.LLM(model=str(path), kv_cache_dtype=kv_cache_dtype, device="cuda", dtype=torch.bfloat16,
-                     max_num_seqs=batch, sanitize=False,
-                     max_num_batched_tokens=max(PREFILL_TOKENS_PER_STEP, context + new_tokens + 16),  # a prompt a step   # no canary check per step
+                     max_num_seqs=batch, sanitize=False,                   # no canary check per step
+                     max_num_batched_tokens=max(PREFILL_TOKENS_PER_STEP, context + new_tokens + 16),   # >= one prompt
                      enforce_eager=enforce_eager)
     rng = random.Random(0)
     prompts = ["".join(rng.choice("0123456789 ") for _ in range(context)) for _ in range(batch)]
