@@ -194,6 +194,28 @@ def test_a_failing_sdpa_step_is_logged_and_the_engine_runs_go_on(stubbed, monkey
     assert "  SDPA step, batch 1, context 2048: failed (RuntimeError: no kernel)" in lines
 
 
+@pytest.mark.parametrize("spreads, kept, remeasured, still_noisy", [
+    ((0.02,), 0.02, 0, False),                          # steady at once: run once
+    ((0.30, 0.15, 0.04), 0.04, 2, False),               # re-run until steady
+    ((0.30, 0.40, 0.20, 0.25), 0.20, 3, True),          # at most three more runs; the least spread is kept
+])
+def test_a_noisy_engine_row_is_measured_again(stubbed, monkeypatch, spreads, kept, remeasured, still_noisy):
+    runs = iter(spreads)
+    profiles = []
+
+    def decode_speed(path, fmt, batch, context, new_tokens, enforce_eager=None, profile=None, copy_GBps=None):
+        profiles.append(profile)
+        spread = next(runs)
+        return _row(fmt, batch, context, "replayed", 4000, step_ms=10.0, min_ms=10.0, max_ms=10.0 * (1 + spread),
+                    noisy=spread > engine.NOISY)
+    monkeypatch.setattr(engine, "gpu_decode_speed", decode_speed)
+    lines = []
+    rows = engine.gpu_rows(("auto",), 64, 2048, 16, log=lines.append, contexts=(2048,), extras=False)
+    assert len(profiles) == remeasured + 1 and all(p is None for p in profiles[1:])
+    assert rows[0]["max_ms"] == pytest.approx(10.0 * (1 + kept)) and rows[0]["remeasured"] == remeasured
+    assert any("still spread" in line for line in lines) == still_noisy
+
+
 def test_gpu_rows_sizes_the_checkpoint_for_the_longest_context(stubbed):
     engine.gpu_rows(("auto",), 64, 2048, 16, log=lambda line: None, contexts=(8192,), extras=False)
     assert stubbed[0] == ("checkpoint", {"max_position_embeddings": 8192 + 32})
