@@ -103,8 +103,8 @@ def test_step_targets_read_the_median_step_where_a_row_has_one():
     got = {what: round(value, 4) for what, value, _ in engine.targets(rows)}
     assert got["engine decode median step vs its own graph replay, auto, batch 64, context 2048"] == 0.9
     assert got["engine decode median step vs the SDPA graph step, bf16, batch 64, context 2048"] == round(8 / 14, 4)
-    assert engine.step_ms(rows[1]) == rows[1]["decode_ms_per_step"]
-    assert engine.step_ms(rows[1] | {"step_ms": ""}) == rows[1]["decode_ms_per_step"]     # an empty CSV cell
+    assert engine.per_step_ms(rows[1]) == rows[1]["decode_ms_per_step"]
+    assert engine.per_step_ms(rows[1] | {"step_ms": ""}) == rows[1]["decode_ms_per_step"]     # an empty CSV cell
 
 
 def test_step_figures_leave_out_the_graphs_first_launch_and_the_step_that_frees_every_block():

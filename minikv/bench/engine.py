@@ -316,7 +316,7 @@ def reports(rows: list[dict]) -> list[tuple[str, float]]:
     return out
 
 
-def step_ms(row: dict) -> float:
+def per_step_ms(row: dict) -> float:
     """A row's per-step milliseconds: its median full step, or (rows written before that column) its mean."""
     return float(row.get("step_ms") or row["decode_ms_per_step"])
 
@@ -337,12 +337,12 @@ def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
         batch, context = int(main[0]["batch"]), int(main[0]["context"])
         for r in (x for x in main if x.get("graph_replay_ms") not in (None, "")):
             out.append((f"engine decode {step_kind(r)} vs its own graph replay, {r['format']}, batch {batch}, context "
-                        f"{int(r['context'])}", float(r["graph_replay_ms"]) / step_ms(r), 0.9))
+                        f"{int(r['context'])}", float(r["graph_replay_ms"]) / per_step_ms(r), 0.9))
         for r in (x for x in main if x["format"] == "auto"):
             sdpa = find("auto", batch, int(r["context"]), "sdpa-graph")
             if sdpa:
                 out.append((f"engine decode {step_kind(r)} vs the SDPA graph step, bf16, batch {batch}, context "
-                            f"{int(r['context'])}", float(sdpa["decode_ms_per_step"]) / step_ms(r),
+                            f"{int(r['context'])}", float(sdpa["decode_ms_per_step"]) / per_step_ms(r),
                             1.0))
         for r in (x for x in main if int(x["context"]) == context and x.get("bound_ms") not in (None, "")
                   and x.get("graph_replay_ms") not in (None, "")):
