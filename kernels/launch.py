@@ -136,6 +136,11 @@ CONTEXT_LONG_128 = (128, 128, 8, 3)
 CONTEXT_LONG_128_ONE_BYTE = (256, 64, 8, 3)
 CONTEXT_SHORT_128 = (128, 4, 3)
 SHORT_ROWS = 64
+# Head sizes 256 and 512, measured at gemma-4-E2B's prefill on an NVIDIA H100 (8 query heads over 1 KV head,
+# 8 prompts of 2,048 tokens and one of 32,768; docs/internals.md): (block_m, block_n, num_warps, num_stages).
+CONTEXT_LONG_256 = (128, 64, 8, 2)
+CONTEXT_LONG_256_ONE_BYTE = (128, 32, 8, 2)
+CONTEXT_LONG_512 = (32, 32, 4, 2)          # either cache width; 1-byte caches take float16 dot products
 
 
 def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = None,
@@ -147,10 +152,9 @@ def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = No
         block_n = min(_pow2(max_kv_len or 1), 256, max(16, 2 * CPU_TILE_ELEMENTS // block_m))
         return ContextConfig(block_m=block_m, block_n=block_n)
     if head_size > 256:
-        # Gemma-4's full layers (512): sized for shared memory, not measured for speed
-        if dtype == torch.float32:
+        if dtype == torch.float32:     # sized for shared memory, not measured for speed
             return ContextConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
-        return ContextConfig(block_m=32, block_n=32, num_warps=8, num_stages=2)
+        return ContextConfig(*CONTEXT_LONG_512, f16_dot=one_byte_cache)
     if dtype == torch.float32:
         return ContextConfig(block_m=64, block_n=32 if head_size <= 128 else 16, num_warps=4, num_stages=2)
     if head_size <= 128 and rows_per_seq is not None and rows_per_seq <= SHORT_ROWS:
@@ -161,4 +165,5 @@ def context_config(head_size: int, dtype: torch.dtype, max_rows: int | None = No
         return ContextConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
     if head_size <= 128:
         return ContextConfig(*(CONTEXT_LONG_128_ONE_BYTE if one_byte_cache else CONTEXT_LONG_128))
-    return ContextConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
+    tile = CONTEXT_LONG_256_ONE_BYTE if one_byte_cache else CONTEXT_LONG_256
+    return ContextConfig(*tile, f16_dot=one_byte_cache)
