@@ -413,9 +413,11 @@ print(f"bf16 at context 8192, fused norms: attention {fused['decode attention'] 
 # %% [markdown]
 # ## The engine beside transformers, and at a fixed memory budget
 #
-# A second, smaller recording, `data/gpu_engine.csv`, comes from two runs of `python -m minikv.bench engine
-# --device cuda` on an **NVIDIA H100** (the CSV above is from an H200: compare ratios within one file, never
-# figures across the two). The raw output is in `../results/gpu/engine-2026-12-06-h100/`.
+# A second, smaller recording, `data/gpu_engine.csv`, comes from runs of `python -m minikv.bench engine
+# --device cuda` on **NVIDIA H100s** (the CSV above is from an H200: compare ratios within one run, never figures
+# across runs). The raw output is in `../results/gpu/engine-2026-12-06-h100/`; the transformers rows come from a
+# later run, after the prefill kernel's tiles at this model's head sizes were measured
+# (`../results/gpu/context-e2b-2026-12-06-h100/`).
 #
 # **transformers' own engine.** With `--peer transformers`, transformers builds one random gemma-4-E2B text model
 # and saves it, and both engines take the same 64 prompts of 2,048 random token ids. transformers' prefill is one

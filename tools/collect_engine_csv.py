@@ -2,8 +2,9 @@
 
     python tools/collect_engine_csv.py RUN_DIR CSV [CSV ...]
 
-Every row of each CSV (a path relative to RUN_DIR), with two columns added: `source` (that path: rows of one
-source come from one run, so ratios are taken within a source) and `gpu` (RUN_DIR/gpu.txt's card name).
+Every row of each CSV (a path relative to RUN_DIR; a run kept in another folder is reached with ../), with two
+columns added: `source` (that path: rows of one source come from one run, so ratios are taken within a source)
+and `gpu` (RUN_DIR/gpu.txt's card name).
 """
 import csv
 import sys
