@@ -440,6 +440,43 @@ for r in peers:
           f"{float(theirs['decode_ms_per_step']) / step:8.2f}x")
 
 # %% [markdown]
+# **Where the prefill's attention time went.** Until this run, the context kernel's tiles at this model's head sizes
+# (256 on its sliding layers, 512 on its full ones) were sized to fit shared memory and never timed. A sweep on an
+# H100, `data/gpu_context_e2b.csv` (`tools/gpu_probes/e2b_context_sweep.py`; 8 query heads over 1 KV head, every
+# tile checked against the torch reference first), timed the old tile and a grid at two shapes: one engine prefill
+# step (8 prompts of 2,048 tokens) and one prompt of 32,768. The fastest became `launch.CONTEXT_LONG_256`,
+# `CONTEXT_LONG_256_ONE_BYTE` and `CONTEXT_LONG_512` (for 1-byte caches with float16 dot products, which the old
+# tiles did not take); the transformers table above ran with them. Each line's two times are from the same run.
+
+# %%
+from minikv.kernels import launch
+
+with open(DATA.parent / "gpu_context_e2b.csv") as _f:
+    context_sweep = list(csv.DictReader(_f))
+tiles_now = {(256, False): launch.CONTEXT_LONG_256, (256, True): launch.CONTEXT_LONG_256_ONE_BYTE,
+             (512, False): launch.CONTEXT_LONG_512, (512, True): launch.CONTEXT_LONG_512}
+tile_of = lambda r: tuple(int(r[k]) for k in ("block_m", "block_n", "warps", "stages"))  # noqa: E731
+print(f"{'head':>4s} {'cache':25s} {'prompts':>9s} {'old tile':>16s} {'µs':>9s} {'new tile':>16s} {'µs':>9s} "
+      f"{'x faster':>8s} {'TFLOP/s':>8s}")
+for old in (r for r in context_sweep if r["config"] == "default"):
+    head, fmt, length = int(old["head_size"]), old["format"], old["length"]
+    now = tiles_now[(head, fmt != "auto")]
+    new = next(r for r in context_sweep if (r["format"], r["length"], r["config"]) == (fmt, length, "grid")
+               and int(r["head_size"]) == head and tile_of(r) == now)
+    print(f"{head:4d} {viz_gpu.label(fmt):25s} {old['batch']:>3s}x{length:>5s} {str(tile_of(old)):>16s} "
+          f"{float(old['us']):9,.0f} {str(now):>16s} {float(new['us']):9,.0f} "
+          f"{float(old['us']) / float(new['us']):7.2f}x {float(new['TFLOPs']):8.0f}")
+sdpa_512 = next(r for r in context_sweep if r["config"] == "sdpa causal, no window" and r["head_size"] == "512"
+                and r["us"])
+print(f"\ntorch's SDPA at head size 512, {sdpa_512['batch']}x{sdpa_512['length']}: {float(sdpa_512['us']):,.0f} µs "
+      f"({float(sdpa_512['TFLOPs']):.0f} TFLOP/s; flash attention stops at head size 256)")
+
+# %% [markdown]
+# The 1-byte formats gain too, but stay slower than bf16 in this kernel: their codes are converted in registers
+# before each dot product, and the "row" placement's rows (head size + 4 bytes) are read in 4-byte pieces
+# (`../results/gpu/context-e2b-2026-12-06-h100/call2/e2b_context_defaults.txt` has every format).
+
+# %% [markdown]
 # **Longer prompts.** The same engine at batch 64 with prompts of 8,192 and of 32,768 tokens, one run per length.
 # Beside each format's tokens/s: its graph's replay alone over its median decode step (what the host leaves of
 # a step; the tokens/s also carry the graph's first launch, which uploads it, and the last step, which frees
