@@ -62,19 +62,30 @@ def _median_s(fn, device: str) -> float:
 
 
 @torch.no_grad()
-def transformers_row(path, ids: torch.Tensor, new_tokens: int, device: str = "cuda") -> dict:
+def transformers_row(path, ids: torch.Tensor, new_tokens: int, device: str = "cuda", compiled: bool = False) -> dict:
     """Prefill: one forward with logits_to_keep=1 (what its generate runs for the prompt). Decode: its generate
-    (dynamic cache, eager, greedy) less that prefill, per step."""
+    (greedy) less that prefill, per step: with its dynamic cache, eager; or (`compiled`) with its static cache,
+    whose decoding forward generate compiles with torch.compile (on a CPU too, where generate would not)."""
     transformers = import_transformers()
     model = transformers.Gemma4ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     ids = ids.to(device)
+    extra = {}
+    if compiled:
+        compile_config = transformers.CompileConfig()
+        compile_config._compile_all_devices = True        # generate compiles on CUDA only unless told
+        extra = dict(cache_implementation="static", compile_config=compile_config)
+    generated = []
+
+    def generate():
+        generated[:] = [model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                       pad_token_id=0, **extra)]
     prefill = _median_s(lambda: model(ids, logits_to_keep=1), device)
-    whole = _median_s(lambda: model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                             do_sample=False, pad_token_id=0), device)
+    whole = _median_s(generate, device)
     step = max(whole - prefill, 1e-9) / max(new_tokens - 1, 1)
     del model
     _free(device)
-    return _row(f"transformers {transformers.__version__}", ids, prefill, step)
+    how = ", static cache, compiled" if compiled else ""
+    return _row(f"transformers {transformers.__version__}{how}", ids, prefill, step) | {"tokens": generated[0].cpu()}
 
 
 def minikv_row(path, ids: torch.Tensor, new_tokens: int, fast_prefill: bool, device: str = "cuda") -> dict:
@@ -112,28 +123,44 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def peer_rows(path, batch: int, context: int, new_tokens: int, device: str = "cuda", log=print) -> list[dict]:
-    """transformers' row, then minikv's without and with kv_sharing_fast_prefill, on `batch` prompts of `context`
-    random token ids (seed 0) of the checkpoint at `path`."""
+def peer_rows(path, batch: int, context: int, new_tokens: int, device: str = "cuda", log=print,
+              compiled: bool | None = None) -> list[dict]:
+    """transformers' rows (eager; and, by default on CUDA, static cache compiled), then minikv's without and with
+    kv_sharing_fast_prefill, on `batch` prompts of `context` random token ids (seed 0) of the checkpoint at `path`.
+    A compiled row that fails is logged and left out; one whose tokens differ from the eager row's says so."""
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     ids = torch.randint(3, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
     rows = [transformers_row(path, ids, new_tokens, device)]
+    if device.startswith("cuda") if compiled is None else compiled:
+        try:
+            row = transformers_row(path, ids, new_tokens, device, compiled=True)
+            row["same_tokens_as_eager"] = bool(torch.equal(row["tokens"], rows[0]["tokens"]))
+            rows.append(row)
+        except Exception as err:  # noqa: BLE001 - "where that works": any failure of theirs is reported, not fatal
+            log(f"  transformers, static cache, compiled: failed ({type(err).__name__}: {str(err)[:200]})")
+            _free(device)
+    for r in rows:
+        r.pop("tokens", None)
     rows += [minikv_row(path, ids, new_tokens, fast, device) for fast in (False, True)]
     for r in rows:
-        log(f"  {r['engine']:40s} B={batch:<3d} ctx={context:<5d} prefill {r['prefill_tokens_per_s']:9.0f} tokens/s "
-            f"({r['prefill_s']:.3f} s); decode {r['decode_ms_per_step']:6.2f} ms per step")
+        same = {True: "; tokens as eager", False: "; tokens differ from eager"}.get(r.get("same_tokens_as_eager"), "")
+        log(f"  {r['engine']:56s} B={batch:<3d} ctx={context:<5d} prefill {r['prefill_tokens_per_s']:9.0f} tokens/s "
+            f"({r['prefill_s']:.3f} s); decode {r['decode_ms_per_step']:6.2f} ms per step{same}")
     return rows
 
 
 def peer_targets(rows: list[dict]) -> list[tuple[str, float, float]]:
-    """minikv's prefill and decode against transformers', within one run."""
-    theirs = next((r for r in rows if r.get("engine", "").startswith("transformers")), None)
-    if theirs is None:
+    """minikv's prefill against transformers' (its eager row: the compiled one prefills the same way) and its
+    decode step against each of transformers' rows, within one run."""
+    theirs = [r for r in rows if r.get("engine", "").startswith("transformers")]
+    if not theirs:
         return []
     out = []
     for r in (x for x in rows if x.get("engine", "").startswith("minikv")):
         out.append((f"prefill tokens/s vs transformers' (same checkpoint and prompts), {r['engine']}",
-                    r["prefill_tokens_per_s"] / theirs["prefill_tokens_per_s"], 1.0))
-        out.append((f"decode step vs transformers' generate (eager), {r['engine']}",
-                    theirs["decode_ms_per_step"] / r["decode_ms_per_step"], 1.0))
+                    r["prefill_tokens_per_s"] / theirs[0]["prefill_tokens_per_s"], 1.0))
+        for t in theirs:
+            how = "static cache, compiled" if "compiled" in t["engine"] else "eager"
+            out.append((f"decode step vs transformers' generate ({how}), {r['engine']}",
+                        t["decode_ms_per_step"] / r["decode_ms_per_step"], 1.0))
     return out
