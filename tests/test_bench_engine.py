@@ -1,6 +1,7 @@
 """`minikv.bench engine --device cuda` without a GPU: its plan of runs, its CLI, its targets and reports on hand-made
 rows, gpu_rows/gpu_main with the measurements stubbed, and the SDPA reference step (minikv.bench.sdpa_step) run
-eagerly on CPU at tiny dimensions against the dense model."""
+eagerly on CPU at tiny dimensions against the dense model; and tools/gpu_probes/engine_ab.sh's check that its
+baseline is not the working tree."""
 from __future__ import annotations
 
 import csv
@@ -314,3 +315,34 @@ def test_capacity_runs_fit_the_budget_and_are_summarised(stubbed):
     assert cap == [(f, engine.capacity_batch(f), 8192) for f in ("auto", "fp8")]
     text = "\n".join(engine.summary(rows))
     assert f"fp8                    batch {engine.capacity_batch('fp8'):4d}" in text and "x bf16's" in text
+
+
+def test_engine_ab_stops_when_the_baseline_would_be_the_working_tree():
+    """tools/gpu_probes/engine_ab.sh puts a baseline copy first on PYTHONPATH. An editable install's finder maps
+    `minikv` ahead of PYTHONPATH, and then the "baseline" is the working tree (the A/B of 2026-12-06 measured one
+    tree twice that way): the script must stop with its message exactly when that happens, here on a stand-in
+    baseline whose minikv is two empty packages."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    base = root / "build" / "engine_ab_test_base"
+    shutil.rmtree(base, ignore_errors=True)
+    for package in ("minikv", "kernels"):
+        (base / package).mkdir(parents=True)
+        (base / package / "__init__.py").write_text("")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "AB_TIMEOUT": "5",
+           "PYTHONPATH": ""}
+    try:
+        imported = subprocess.run([sys.executable, "-c", "import minikv; print(minikv.__file__)"], capture_output=True,
+                                  text=True, env=env | {"PYTHONPATH": str(base)}, check=True).stdout.strip()
+        run = subprocess.run(["bash", "tools/gpu_probes/engine_ab.sh", "base", "build/engine_ab_test_base",
+                              str(base / "out")], cwd=root, capture_output=True, text=True, env=env)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    working_tree = not imported.startswith(str(base))
+    assert ("the baseline imported another minikv" in run.stdout) == working_tree, run.stdout + run.stderr
+    if working_tree:
+        assert run.returncode == 1
