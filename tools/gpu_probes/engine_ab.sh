@@ -5,6 +5,7 @@
 #
 #   bash tools/gpu_probes/engine_ab.sh base DIR OUT [BENCH ARGS...]   # the baseline's rows: OUT/base.txt, base.csv
 #   bash tools/gpu_probes/engine_ab.sh new OUT [BENCH ARGS...]        # the working tree's: OUT/new.txt, new.csv
+#                                                                     # and, after a baseline, ab_ratios.py's ratios
 #
 # Run with the repository on PYTHONPATH and minikv/kernels linked to ../kernels, not after `pip install -e .`
 # (tools/gpu.sh's preamble), whose finder would import the working tree for the baseline too; each run prints
@@ -30,3 +31,6 @@ if [ "$which" = base ] && ! grep -q "from $PWD/$dir/minikv/" "$out/$which.txt"; 
 fi
 timeout "${AB_TIMEOUT:-540}" python3 -m minikv.bench engine --device cuda --csv "$out/$which.csv" "$@" 2>&1 \
   | tee -a "$out/$which.txt"
+if [ "$which" = new ] && [ -f "$out/base.csv" ] && [ -f "$out/new.csv" ]; then
+  python3 tools/gpu_probes/ab_ratios.py "$out/base.csv" "$out/new.csv" | tee -a "$out/new.txt"
+fi
