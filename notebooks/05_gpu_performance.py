@@ -474,7 +474,7 @@ print(f"\ntorch's SDPA at head size 512, {sdpa_512['batch']}x{sdpa_512['length']
 # %% [markdown]
 # The 1-byte formats gain too, but stay slower than bf16 in this kernel: their codes are converted in registers
 # before each dot product, and the "row" placement's rows (head size + 4 bytes) are read in 4-byte pieces
-# (`../results/gpu/context-e2b-2026-12-06-h100/call2/e2b_context_defaults.txt` has every format).
+# (`../results/gpu/context-e2b-2026-12-06-h100/formats/e2b_context_defaults.txt` has every format).
 
 # %% [markdown]
 # **Longer prompts.** The same engine at batch 64 with prompts of 8,192 and of 32,768 tokens, one run per length.
