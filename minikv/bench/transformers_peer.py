@@ -62,10 +62,12 @@ def _median_s(fn, device: str) -> float:
 
 
 @torch.no_grad()
-def transformers_row(path, ids: torch.Tensor, new_tokens: int, device: str = "cuda", compiled: bool = False) -> dict:
-    """Prefill: one forward with logits_to_keep=1 (what its generate runs for the prompt). Decode: its generate
-    (greedy) less that prefill, per step: with its dynamic cache, eager; or (`compiled`) with its static cache,
-    whose decoding forward generate compiles with torch.compile (on a CPU too, where generate would not)."""
+def transformers_row(path, ids: torch.Tensor, new_tokens: int, device: str = "cuda", compiled: bool = False,
+                     prefill_s: float | None = None) -> tuple[dict, torch.Tensor]:
+    """(row, generated ids). Prefill: one forward with logits_to_keep=1 (what its generate runs for the prompt;
+    `prefill_s` reuses a measured one). Decode: its generate (greedy) less that prefill, per step: with its dynamic
+    cache, eager; or (`compiled`) with its static cache, whose decoding forward generate compiles with
+    torch.compile (on a CPU too, where generate would not)."""
     transformers = import_transformers()
     model = transformers.Gemma4ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     ids = ids.to(device)
@@ -74,18 +76,19 @@ def transformers_row(path, ids: torch.Tensor, new_tokens: int, device: str = "cu
         compile_config = transformers.CompileConfig()
         compile_config._compile_all_devices = True        # generate compiles on CUDA only unless told
         extra = dict(cache_implementation="static", compile_config=compile_config)
-    generated = []
+    last = {}
 
     def generate():
-        generated[:] = [model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                       pad_token_id=0, **extra)]
-    prefill = _median_s(lambda: model(ids, logits_to_keep=1), device)
+        last["ids"] = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                     pad_token_id=0, **extra)
+    if prefill_s is None:
+        prefill_s = _median_s(lambda: model(ids, logits_to_keep=1), device)
     whole = _median_s(generate, device)
-    step = max(whole - prefill, 1e-9) / max(new_tokens - 1, 1)
+    step = max(whole - prefill_s, 1e-9) / max(new_tokens - 1, 1)
     del model
     _free(device)
     how = ", static cache, compiled" if compiled else ""
-    return _row(f"transformers {transformers.__version__}{how}", ids, prefill, step) | {"tokens": generated[0].cpu()}
+    return _row(f"transformers {transformers.__version__}{how}", ids, prefill_s, step), last["ids"].cpu()
 
 
 def minikv_row(path, ids: torch.Tensor, new_tokens: int, fast_prefill: bool, device: str = "cuda") -> dict:
@@ -130,17 +133,16 @@ def peer_rows(path, batch: int, context: int, new_tokens: int, device: str = "cu
     A compiled row that fails is logged and left out; one whose tokens differ from the eager row's says so."""
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     ids = torch.randint(3, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
-    rows = [transformers_row(path, ids, new_tokens, device)]
+    eager, eager_ids = transformers_row(path, ids, new_tokens, device)
+    rows = [eager]
     if device.startswith("cuda") if compiled is None else compiled:
         try:
-            row = transformers_row(path, ids, new_tokens, device, compiled=True)
-            row["same_tokens_as_eager"] = bool(torch.equal(row["tokens"], rows[0]["tokens"]))
-            rows.append(row)
+            row, row_ids = transformers_row(path, ids, new_tokens, device, compiled=True,
+                                            prefill_s=eager["prefill_s"])
+            rows.append(row | {"same_tokens_as_eager": bool(torch.equal(row_ids, eager_ids))})
         except Exception as err:  # noqa: BLE001 - "where that works": any failure of theirs is reported, not fatal
             log(f"  transformers, static cache, compiled: failed ({type(err).__name__}: {str(err)[:200]})")
             _free(device)
-    for r in rows:
-        r.pop("tokens", None)
     rows += [minikv_row(path, ids, new_tokens, fast, device) for fast in (False, True)]
     for r in rows:
         same = {True: "; tokens as eager", False: "; tokens differ from eager"}.get(r.get("same_tokens_as_eager"), "")
@@ -150,8 +152,8 @@ def peer_rows(path, batch: int, context: int, new_tokens: int, device: str = "cu
 
 
 def peer_targets(rows: list[dict]) -> list[tuple[str, float, float]]:
-    """minikv's prefill against transformers' (its eager row: the compiled one prefills the same way) and its
-    decode step against each of transformers' rows, within one run."""
+    """minikv's prefill against transformers' (its eager row: the compiled one reuses that prefill) and its decode
+    step against each of transformers' rows, within one run."""
     theirs = [r for r in rows if r.get("engine", "").startswith("transformers")]
     if not theirs:
         return []
