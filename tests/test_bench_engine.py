@@ -317,11 +317,12 @@ def test_capacity_runs_fit_the_budget_and_are_summarised(stubbed):
     assert f"fp8                    batch {engine.capacity_batch('fp8'):4d}" in text and "x bf16's" in text
 
 
-def test_engine_ab_stops_when_the_baseline_would_be_the_working_tree():
-    """tools/gpu_probes/engine_ab.sh puts a baseline copy first on PYTHONPATH. An editable install's finder maps
-    `minikv` ahead of PYTHONPATH, and then the "baseline" is the working tree (the A/B of 2026-12-06 measured one
-    tree twice that way): the script must stop with its message exactly when that happens, here on a stand-in
-    baseline whose minikv is two empty packages."""
+@pytest.mark.parametrize("has_minikv", [True, False])
+def test_engine_ab_stops_when_the_baseline_would_be_the_working_tree(has_minikv):
+    """tools/gpu_probes/engine_ab.sh runs a baseline copy from its own directory (`python -m` puts the working
+    directory first on sys.path: run from the repository, the "baseline" was the working tree, and the A/Bs of
+    2026-12-06 measured one tree twice). Here on stand-in baselines: one whose minikv is an empty package is
+    imported and passes the check; one without a minikv would import the working tree's, and the script stops."""
     import os
     import shutil
     import subprocess
@@ -330,19 +331,19 @@ def test_engine_ab_stops_when_the_baseline_would_be_the_working_tree():
     root = Path(__file__).resolve().parent.parent
     base = root / "build" / "engine_ab_test_base"
     shutil.rmtree(base, ignore_errors=True)
-    for package in ("minikv", "kernels"):
+    for package in ("minikv", "kernels") if has_minikv else ("kernels",):
         (base / package).mkdir(parents=True)
         (base / package / "__init__.py").write_text("")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "AB_TIMEOUT": "5",
            "PYTHONPATH": ""}
     try:
-        imported = subprocess.run([sys.executable, "-c", "import minikv; print(minikv.__file__)"], capture_output=True,
-                                  text=True, env=env | {"PYTHONPATH": str(base)}, check=True).stdout.strip()
         run = subprocess.run(["bash", "tools/gpu_probes/engine_ab.sh", "base", "build/engine_ab_test_base",
                               str(base / "out")], cwd=root, capture_output=True, text=True, env=env)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    working_tree = not imported.startswith(str(base))
-    assert ("the baseline imported another minikv" in run.stdout) == working_tree, run.stdout + run.stderr
-    if working_tree:
+    imported = run.stdout.splitlines()[0]
+    assert imported == f"minikv from {base / 'minikv' / '__init__.py'}" if has_minikv else \
+        imported == f"minikv from {root / 'minikv' / '__init__.py'}", run.stdout + run.stderr
+    assert ("the baseline imported another minikv" in run.stdout) != has_minikv, run.stdout + run.stderr
+    if not has_minikv:
         assert run.returncode == 1
