@@ -1,12 +1,18 @@
 """Decode launch configurations at the engine bench's attention shapes (gemma-4-E2B: 8 query heads over 1 KV head),
 batch 64, context 8192, on a CUDA machine:
 
-    python tools/gpu_probes/e2b_decode_sweep.py OUT_DIR
+    python tools/gpu_probes/e2b_decode_sweep.py OUT_DIR              # every format, "row" placement
+    python tools/gpu_probes/e2b_decode_sweep.py OUT_DIR one-byte     # the 1-byte formats at head 512, both placements
 
 The full layers (head size 512, no window) and the sliding ones (256, window 512), every format in the default
 "row" placement: launch.decode_config's own choice ("default") and a grid of (block_n, warps, stages) at its
 split count, half and twice it. Each candidate is checked against the torch reference on a small problem first.
 Timings: CUDA-graph replay, L2 flushed (minikv.bench.attention.cuda_time_ms). Writes e2b_decode_sweep.csv.
+
+`one-byte`: the full layers only, where the per-token-head formats ran slower than bf16 (results/gpu/decode-profile:
+336 us against 264 at this shape on an H200), with a wider grid (64-token tiles, 1 and 2 stages, V converted where the
+compiler places it) over fp8, and both per-token-head formats in both scale placements; bf16's default beside them.
+Writes e2b_decode_one_byte.csv.
 """
 import csv
 import dataclasses
@@ -19,13 +25,31 @@ import torch
 FORMATS = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head")
 SHAPES = ((512, 0), (256, 512))          # (head size, sliding window)
 GRID = list(itertools.product((16, 32), (4, 8), (3, 4, 5)))
+# one-byte mode: "format/placement" names, and (block_n, warps, stages, v_pure)
+ONE_BYTE_FORMATS = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head", "int8_per_token_head/block",
+                    "fp8_per_token_head/block")
+ONE_BYTE_GRID = list(itertools.product((16, 32, 64), (4, 8), (1, 2, 3, 4), (False, True)))
+MODE = {"formats": FORMATS, "shapes": SHAPES, "one_byte": False}
+
+
+def set_mode(mode):
+    """The sweep's formats and grid: None (every format, "row") or "one-byte"; also run in each worker."""
+    if mode == "one-byte":
+        MODE.update(formats=ONE_BYTE_FORMATS, shapes=((512, 0),), one_byte=True)
+    elif mode is not None:
+        sys.exit(f"unknown mode {mode!r}: the only mode is one-byte")
+
+
+def layout_of(name, head_size):
+    from minikv.cache.layout import KVLayout
+    fmt, _, placement = name.partition("/")
+    return KVLayout(fmt, torch.bfloat16, 1, head_size, 16, placement or "row")
 
 
 def problem(fmt, head_size, batch, ctx):
     from minikv.bench.attention import fill_pool
-    from minikv.cache.layout import KVLayout
     torch.manual_seed(0)
-    layout = KVLayout(fmt, torch.bfloat16, 1, head_size, 16, "row")
+    layout = layout_of(fmt, head_size)
     blocks = batch * ((ctx + 15) // 16)
     pool = torch.empty(blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
     fill_pool(pool, layout)
@@ -36,9 +60,8 @@ def problem(fmt, head_size, batch, ctx):
 
 
 def candidates(fmt, head_size):
-    from minikv.cache.layout import KVLayout
     from minikv.kernels import launch
-    layout = KVLayout(fmt, torch.bfloat16, 1, head_size, 16, "row")
+    layout = layout_of(fmt, head_size)
     base = launch.decode_config(64, 1, 8, head_size, layout.elem_bytes, 8192, torch.device("cuda"), fmt=layout.fmt,
                                 placement=layout.placement)
     # the rule before head sizes above 128 had their own entry (launch.DECODE_LARGE_HEAD)
@@ -46,6 +69,12 @@ def candidates(fmt, head_size):
     old = dataclasses.replace(base, block_n=old_n, num_stages=launch.DECODE_STAGES[layout.elem_bytes],
                               num_splits=launch.decode_splits(64, 1, 8192, old_n, launch.num_sms(0)))
     cands = [("default", base), ("old rule", old)]
+    if MODE["one_byte"]:
+        if layout.elem_bytes == 1:
+            for (block_n, warps, stages, v_pure) in ONE_BYTE_GRID:
+                cands.append(("grid", dataclasses.replace(base, block_n=block_n, num_warps=warps, num_stages=stages,
+                                                          v_pure=v_pure)))
+        return base, cands
     for (block_n, warps, stages) in GRID:
         for splits in sorted({base.num_splits, min(64, 2 * base.num_splits)}):
             cands.append(("grid", dataclasses.replace(base, block_n=block_n, num_warps=warps, num_stages=stages,
@@ -73,29 +102,32 @@ def check(job):
         return f"{type(exc).__name__}: {str(exc)[:160]}"
 
 
-def main(out_dir):
+def main(out_dir, mode=None):
     import multiprocessing as mp
     import time
     from minikv.bench.attention import cuda_time_ms
     from minikv.kernels import paged_decode_attention
+    set_mode(mode)
+    formats, shapes = MODE["formats"], MODE["shapes"]
     os.makedirs(out_dir, exist_ok=True)
-    f = open(os.path.join(out_dir, "e2b_decode_sweep.csv"), "w", newline="")
-    w = csv.DictWriter(f, ["head_size", "window", "format", "config", "block_n", "warps", "stages", "splits", "us",
-                           "max_abs_diff", "error"])
+    name = "e2b_decode_one_byte.csv" if MODE["one_byte"] else "e2b_decode_sweep.csv"
+    f = open(os.path.join(out_dir, name), "w", newline="")
+    w = csv.DictWriter(f, ["head_size", "window", "format", "config", "block_n", "warps", "stages", "v_pure",
+                           "splits", "us", "max_abs_diff", "error"])
     w.writeheader()
-    jobs = [(fmt, hs, win, i) for hs, win in SHAPES for fmt in FORMATS for i in range(len(candidates(fmt, hs)[1]))]
+    jobs = [(fmt, hs, win, i) for hs, win in shapes for fmt in formats for i in range(len(candidates(fmt, hs)[1]))]
     start = time.time()
-    with mp.get_context("spawn").Pool(15) as workers:
+    with mp.get_context("spawn").Pool(15, initializer=set_mode, initargs=(mode,)) as workers:
         diffs = dict(zip(jobs, workers.map(check, jobs, chunksize=1)))
     print(f"compiled and checked {len(jobs)} candidates in {time.time() - start:.0f} s", flush=True)
-    for head_size, window in SHAPES:
-        for fmt in FORMATS:
+    for head_size, window in shapes:
+        for fmt in formats:
             layout, pool, tables, lens, q = problem(fmt, head_size, 64, 8192)
             base, cands = candidates(fmt, head_size)
             best, rows_done = None, []
             for name, cfg in cands:
                 r = dict(head_size=head_size, window=window, format=fmt, config=name, block_n=cfg.block_n,
-                         warps=cfg.num_warps, stages=cfg.num_stages, splits=cfg.num_splits)
+                         warps=cfg.num_warps, stages=cfg.num_stages, v_pure=cfg.v_pure, splits=cfg.num_splits)
                 diff = diffs[(fmt, head_size, window, len(rows_done))]
                 rows_done.append(name)
                 try:
@@ -119,12 +151,17 @@ def main(out_dir):
                   f"(block_n {base.block_n}, warps {base.num_warps}, stages {base.num_stages}, splits "
                   f"{base.num_splits}); best {best[0]:8.1f} us = {default_us / best[0]:.2f}x faster (block_n "
                   f"{best[2].block_n}, warps {best[2].num_warps}, stages {best[2].num_stages}, splits "
-                  f"{best[2].num_splits}); old rule {old_us:8.1f} us ({old_us / default_us:.2f}x the default's time)",
-                  flush=True)
+                  f"{best[2].num_splits}, v_pure {best[2].v_pure}); old rule {old_us:8.1f} us "
+                  f"({old_us / default_us:.2f}x the default's time)", flush=True)
+            if fmt == "auto":
+                bf16_us = default_us
+            else:
+                print(f"    bf16's time over this format's: default {bf16_us / default_us:.2f}x, "
+                      f"best {bf16_us / best[0]:.2f}x", flush=True)
             del pool
             torch.cuda.empty_cache()
     f.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
