@@ -16,22 +16,15 @@ from minikv.engine.cuda_graph import HostBlockTables, batch_buckets, bucket_for,
 
 class EagerCapture:
     """A stand-in for CudaGraphCapture that runs on CPU: "capture" keeps the function, "replay" runs it again (into
-    the same output tensors, as a graph replay writes its captured outputs); `pieces` lists, per capture, the layer
-    names where a new graph would have begun."""
+    the same output tensors, as a graph replay writes its captured outputs)."""
 
     def __init__(self):
         self.captures = 0
         self.replays = 0
-        self.pieces = []
 
-    def capture(self, fn, cuts=frozenset()):
+    def capture(self, fn):
         self.captures += 1
-        self.pieces.append([])
-
-        def cut(name):
-            if name in cuts and name not in self.pieces[-1]:
-                self.pieces[-1].append(name)
-        holder = {"fn": lambda: fn(lambda name: None), "out": fn(cut)}
+        holder = {"fn": fn, "out": fn()}
         return holder, holder["out"]
 
     @staticmethod
@@ -129,9 +122,6 @@ def test_graph_decode_matches_eager_and_says_so_in_the_trace(monkeypatch):
     assert len({s[3] for s in steps}) == 1          # a replay reports the captured step's cache events
     graphs = llm.runner.graphs
     assert set(graphs.captured) == {4} and graphs.seam.replays == len(decode) - 1
-    # the capture is cut before the attention call an eighth and three eighths of the way through the step
-    calls = [e.layer for e in graphs.captured[4].events]
-    assert graphs.seam.pieces == [[calls[round(len(calls) / 8)], calls[round(3 * len(calls) / 8)]]]
     assert llm.runner.pool_specs()[0].num_blocks == llm.runner.num_blocks + 1    # the padding block
     llm.sleep()
     assert graphs.captured == {}                    # sleep drops the graphs; the next decode captures again

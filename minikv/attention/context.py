@@ -3,7 +3,7 @@ See docs/internals.md#attention-context."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,13 +40,10 @@ class ForwardContext:
     # CUDA-graph decode (minikv.engine.cuda_graph): "eager", or "captured" / "replayed" with the graph's batch size
     cuda_graph: str = "eager"
     graph_batch: int = 0
-    cut: Callable[[str], None] | None = None      # while capturing: called before each layer's attention
 
     def attend(self, layer_name: str, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                rel_bias: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of layer `layer_name` through its bound impl and cache; records the step's trace."""
-        if self.cut is not None:
-            self.cut(layer_name)                    # a new CUDA graph may begin here
         binding = self.bindings.get(layer_name)
         if binding is None:
             raise RuntimeError(f"{layer_name}: no attention impl bound to this layer; run the model through the "

@@ -49,11 +49,11 @@ def _replay_ms(llm, batch: int, reps: int = 20) -> float | None:
     captured = graphs.captured.get(batch) if graphs is not None else None
     if captured is None:
         return None
-    graphs.seam.replay(captured.graphs)
+    captured.graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
-        graphs.seam.replay(captured.graphs)
+        captured.graph.replay()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps

@@ -12,9 +12,6 @@ from minikv.attention.metadata import AttentionMetadata, CrossMetadata
 from minikv.cache.blocks import slot_of
 
 
-GRAPH_CUTS = (0.125, 0.375)        # where a decode graph is cut into pieces: fractions of its attention calls
-
-
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
     """The batch sizes graphs are captured for: 1, 2, 4, 8, then steps of 8, and max_num_seqs itself."""
     sizes = {b for b in (1, 2, 4, 8) if b < max_num_seqs} | set(range(16, max_num_seqs, 8)) | {max_num_seqs}
@@ -110,30 +107,19 @@ def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block
 
 
 class CudaGraphCapture:
-    """The one place CUDA graphs are captured and replayed."""
+    """The one place torch.cuda.graph is used: capture `fn` into a graph, replay it."""
 
     def __init__(self):
         self.pool = None
 
-    def capture(self, fn, cuts=frozenset()):
-        """Run nothing; record `fn(cut)` into graphs, a new one begun where it calls cut(name) with a name in `cuts`.
-        The GPU starts a graph once its launch returns; in pieces, the first runs while the host launches the rest."""
+    def capture(self, fn):
+        """Run nothing; record `fn()` and return (graph, its outputs)."""
         if self.pool is None:
-            self.pool, self.stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
-        graphs = [torch.cuda.CUDAGraph()]
-        def cut(name: str) -> None:
-            if name in cuts:
-                graphs[-1].capture_end()
-                graphs.append(torch.cuda.CUDAGraph())
-                graphs[-1].capture_begin(pool=self.pool)
-        torch.cuda.synchronize()
-        with torch.cuda.stream(self.stream):
-            graphs[0].capture_begin(pool=self.pool)
-            try:
-                outputs = fn(cut)
-            finally:
-                graphs[-1].capture_end()
-        return tuple(graphs), outputs
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = fn()
+        return graph, outputs
 
     @staticmethod
     def warm_up(fn):
@@ -146,14 +132,13 @@ class CudaGraphCapture:
         return out
 
     @staticmethod
-    def replay(graphs) -> None:
-        for graph in graphs:
-            graph.replay()
+    def replay(graph) -> None:
+        graph.replay()
 
 
 @dataclass
 class _Captured:
-    graphs: tuple
+    graph: object
     logits: torch.Tensor
     events: tuple
     finite: tuple
@@ -242,20 +227,15 @@ class DecodeGraphs:
         if captured is None:
             ctx = ForwardContext(attn_metadata=md, bindings=bindings, step=step, watch_finite=self.watch_finite)
             logits = self.seam.warm_up(lambda: forward(views["input_ids"], views["positions"], ctx))
-            cuts = {ctx.events[round(f * len(ctx.events))].layer for f in GRAPH_CUTS} if ctx.events else set()
             recording = ForwardContext(attn_metadata=md, bindings=bindings, step=step, watch_finite=self.watch_finite)
-
-            def record(cut):
-                recording.cut = cut
-                return (forward(views["input_ids"], views["positions"], recording),)
-            graphs, (out,) = self.seam.capture(record, cuts)
+            graph, (out,) = self.seam.capture(lambda: (forward(views["input_ids"], views["positions"], recording),))
             if recording.scale_fills:
                 raise RuntimeError(f"capturing the decode graph of batch {bucket} filled a scale region "
                                    f"({recording.scale_fills[0].layer}): a graph must not hold a fill")
-            self.captured[bucket] = _Captured(graphs, out, tuple(recording.events), tuple(recording.finite))
+            self.captured[bucket] = _Captured(graph, out, tuple(recording.events), tuple(recording.finite))
             ctx.cuda_graph, ctx.graph_batch = "captured", bucket
             return ctx, logits[: batch.num_real]
-        self.seam.replay(captured.graphs)
+        self.seam.replay(captured.graph)
         ctx = ForwardContext(attn_metadata=md, bindings=bindings, step=step, events=list(captured.events),
                              finite=list(captured.finite))
         ctx.cuda_graph, ctx.graph_batch = "replayed", bucket

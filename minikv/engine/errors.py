@@ -2,8 +2,7 @@
 exit statuses live in minikv.kernels.errors, the lowest layer."""
 from __future__ import annotations
 
-from minikv.config import ReproConfig
-from minikv.kernels.errors import ENGINE_FAULT, InvalidTypeError, MinikvError
+from minikv.kernels.errors import ENGINE_FAULT, MinikvError
 
 
 class EngineFaultError(MinikvError):
@@ -18,14 +17,3 @@ class ConcurrentUseError(EngineFaultError, RuntimeError):
 
 class EngineNeedsResetError(EngineFaultError, RuntimeError):
     """The engine's KV arena was overrun earlier; call reset() (or sleep() then wake_up()) before using it."""
-
-
-def moved_keywords_error(moved: dict) -> InvalidTypeError:
-    """The TypeError for keywords LLM no longer takes: the reproduction switches now live in ReproConfig."""
-    repro_fields = set(ReproConfig.__dataclass_fields__)
-    unknown = sorted(set(moved) - repro_fields)
-    if unknown:
-        return InvalidTypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
-    spelled = ", ".join(f"{k}={v!r}" for k, v in moved.items())
-    return InvalidTypeError(f"LLM({', '.join(moved)}=...) is now a reproduction switch: pass "
-                            f"repro=minikv.ReproConfig({spelled})")

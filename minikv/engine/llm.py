@@ -14,7 +14,7 @@ from minikv.cache.blocks import BlockManager, slot_of
 from minikv.config import (SLEEP_MODES, CacheConfig, EngineConfig, ReproConfig, SchedulerConfig, check_bool,
                            check_choice, check_int)
 from minikv.engine import chat
-from minikv.engine.errors import ConcurrentUseError, EngineNeedsResetError, moved_keywords_error
+from minikv.engine.errors import ConcurrentUseError, EngineNeedsResetError
 from minikv.engine.memory import MaxModelLenError
 from minikv.engine.model_runner import ModelRunner
 from minikv.engine.outputs import CompletionOutput, Logprob, RequestOutput
@@ -26,6 +26,17 @@ from minikv.engine.sequence import Sequence
 from minikv.engine.step import StepOutput, StepTrace
 from minikv.kernels.errors import InvalidTypeError, InvalidValueError
 from minikv.models import registry, tasks
+
+
+def _moved_keywords(moved: dict) -> InvalidTypeError:
+    """The TypeError for keywords LLM no longer takes: the reproduction switches now live in ReproConfig."""
+    repro_fields = set(ReproConfig.__dataclass_fields__)
+    unknown = sorted(set(moved) - repro_fields)
+    if unknown:
+        return InvalidTypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
+    spelled = ", ".join(f"{k}={v!r}" for k, v in moved.items())
+    return InvalidTypeError(f"LLM({', '.join(moved)}=...) is now a reproduction switch: pass "
+                            f"repro=minikv.ReproConfig({spelled})")
 
 
 class LLM:
@@ -41,7 +52,7 @@ class LLM:
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  kv_sharing_fast_prefill: bool = False, **moved):
         if moved:
-            raise moved_keywords_error(moved)
+            raise _moved_keywords(moved)
         model = registry.check_model(model)
         # Every option is checked once, by the config objects, before any weights are read or memory allocated.
         config = EngineConfig(

@@ -63,7 +63,8 @@ class Sequence:
 
     def __repr__(self) -> str:
         return (f"Sequence(request_id={self.request_id}, status={self.status.name}, len={len(self)}, "
-                f"outputs={self.num_output_tokens}, blocks={self.block_table}, cached={self.num_cached_tokens})")
+                f"outputs={self.num_output_tokens}, blocks={self.block_table}, "
+                f"cached={self.num_cached_tokens})")
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -64,8 +64,7 @@ def run(out_dir: str, context: int) -> None:
             if len(walls) == 6:
                 break
     print(f"context {context}: steady steps before profiling (ms): {' '.join(f'{w:.2f}' for w in walls)}")
-    graphs = llm.runner.graphs
-    pieces = graphs.captured[BATCH].graphs
+    graph = llm.runner.graphs.captured[BATCH].graph
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(3):
             with record_function(f"step {i}"):
@@ -73,7 +72,7 @@ def run(out_dir: str, context: int) -> None:
         torch.cuda.synchronize()
         for i in range(3):
             with record_function(f"replay {i}"):
-                graphs.seam.replay(pieces)
+                graph.replay()
         torch.cuda.synchronize()
     trace = os.path.join(out_dir, f"trace_{context}.json")
     prof.export_chrome_trace(trace)
