@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -472,6 +472,25 @@ print(f"\ntorch's SDPA at head size 512, {sdpa_512['batch']}x{sdpa_512['length']
       f"({float(sdpa_512['TFLOPs']):.0f} TFLOP/s; flash attention stops at head size 256)")
 
 # %% [markdown]
+# **The same tiles in the engine, in one run.** `data/gpu_engine_tiles_ab.csv`: the engine bench twice on one H100
+# in one device call, first a copy of the tree before the tiles (0beb950), then the tree with them (44d25a2), each
+# from its own directory (`tools/gpu_probes/engine_ab.sh`). Prefill speeds up, most where prompts are long and bf16's
+# kernel is fastest; the graph replay, a decode step, does not move: the tiles are the prefill kernel's.
+
+# %%
+with open(DATA.parent / "gpu_engine_tiles_ab.csv") as _f:
+    tiles_ab = list(csv.DictReader(_f))
+before_tree, after_tree = dict.fromkeys(r["tree"] for r in tiles_ab)
+print(f"{tiles_ab[0]['batch']} prompts; before = {before_tree}, after = {after_tree}")
+print(f"{'cache':27s} {'prompt':>6s} {'prefill tokens/s':>17s} {'after':>9s} {'x faster':>8s} "
+      f"{'replay ms':>9s} {'after':>6s}")
+for b in (r for r in tiles_ab if r["tree"] == before_tree):
+    a = next(r for r in tiles_ab if r["tree"] == after_tree and (r["format"], r["context"]) == (b["format"], b["context"]))
+    pre_b, pre_a = float(b["prefill_tokens_per_s"]), float(a["prefill_tokens_per_s"])
+    print(f"{viz_gpu.label(b['format']):27s} {b['context']:>6s} {pre_b:17,.0f} {pre_a:9,.0f} {pre_a / pre_b:7.2f}x "
+          f"{float(b['graph_replay_ms']):9.2f} {float(a['graph_replay_ms']):6.2f}")
+
+# %% [markdown]
 # The 1-byte formats gain too, but stay slower than bf16 in this kernel: their codes are converted in registers
 # before each dot product, and the "row" placement's rows (head size + 4 bytes) are read in 4-byte pieces
 # (`../results/gpu/context-e2b-2026-12-06-h100/formats/e2b_context_defaults.txt` has every format).
@@ -497,9 +516,32 @@ for ctx in sorted({int(r["context"]) for r in long_rows}):
 # %% [markdown]
 # Two things change with the prompt's length. Attention's share of a step grows, so fp8 per tensor, whose kernel
 # reads half of bf16's bytes, gains more at 32,768 tokens than at 8,192. The two per-token-head formats do not:
-# at this model's head size of 512 their decode kernel is slower than bf16's
-# (`../results/gpu/decode-profile/e2b_decode_sweep.csv`), which cancels what their bytes save.
-#
+# at this model's head size of 512 their decode kernel runs no faster than bf16's, which cancels what their bytes
+# save. The cell below reads `data/gpu_decode_one_byte_e2b.csv` (`tools/gpu_probes/e2b_decode_sweep.py OUT
+# one-byte`, an H100): the decode kernel at the full layers' shape (batch 64, context 8192, 8 query heads over 1
+# KV head), each format's default launch beside the best of 48 others (tokens per tile, warps, stages). The launch
+# is not the problem: the default is the best or close to it in every row. The placement is. With one KV head a
+# "row" slot is 512 + 4 = 516 bytes, so consecutive rows start at offsets 0, 4, 8, 12 (mod 16), the aligned row
+# window of the section on alignment cannot apply, and rows are read 4 bytes at a time; the same codes with their
+# scales grouped per block ("block") read like fp8 per tensor.
+
+# %%
+with open(DATA.parent / "gpu_decode_one_byte_e2b.csv") as _f:
+    one_byte_e2b = [r for r in csv.DictReader(_f) if r["us"]]
+bf16_us = next(float(r["us"]) for r in one_byte_e2b if (r["format"], r["config"]) == ("auto", "default"))
+print(f"head size 512, batch 64, context 8192; bf16 {bf16_us:.0f} µs")
+print(f"{'format':34s} {'default µs':>10s} {'best µs':>8s} {'bf16 / default':>15s}")
+placement_speed = {}
+for fmt in dict.fromkeys(r["format"] for r in one_byte_e2b if r["format"] != "auto"):
+    runs = [r for r in one_byte_e2b if r["format"] == fmt]
+    default = next(float(r["us"]) for r in runs if r["config"] == "default")
+    best = min(float(r["us"]) for r in runs)
+    placement_speed[fmt] = bf16_us / default
+    print(f"{viz_gpu.label(fmt):34s} {default:10.0f} {best:8.0f} {bf16_us / default:14.2f}x")
+assert all(v < 1.25 for f, v in placement_speed.items() if "per_token" in f and "/block" not in f)
+assert all(v > 1.5 for f, v in placement_speed.items() if "/block" in f or f == "fp8")
+
+# %% [markdown]
 # **A fixed budget.** At batch 64 the formats differ little, but a 1-byte cache also buys room. `--capacity` asks
 # how many sequences of 8,192 prompt tokens (and 16 new ones) fit 16 GiB of K/V in each format
 # (`minikv.bench.engine.capacity_batch`), then runs the engine at that batch, where every weight read serves more
