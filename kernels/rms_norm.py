@@ -18,9 +18,10 @@ def _round(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, weight_ptr, residual_ptr, cos_ptr, sin_ptr, scale_ptr, out_ptr, rows, rows_per_token,
-                     eps, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                     HAS_RESIDUAL: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_SCALE: tl.constexpr):
+def _rms_norm_kernel(x_ptr, weight_ptr, residual_ptr, cos_ptr, sin_ptr, scale_ptr, next_weight_ptr, out_ptr,
+                     next_out_ptr, rows, rows_per_token, eps, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_R: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     HAS_ROPE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     mask = (r < rows)[:, None] & (d < D)[None, :]
@@ -52,17 +53,24 @@ def _rms_norm_kernel(x_ptr, weight_ptr, residual_ptr, cos_ptr, sin_ptr, scale_pt
     if HAS_SCALE:
         y = _round(y * tl.load(scale_ptr).to(tl.float32), dtype)
     tl.store(out_ptr + at, y.to(dtype), mask=mask)
+    if HAS_NEXT:
+        # the norm that reads this output next, from the rounded values a second launch would load: the same
+        # operations in the same order (one launch config per shape), so the same bits
+        inv_next = tl.math.rsqrt(tl.sum(y * y, axis=1) / D + eps)
+        z = y * inv_next[:, None] * tl.load(next_weight_ptr + d, mask=d < D, other=0.0).to(tl.float32)[None, :]
+        tl.store(next_out_ptr + at, z.to(dtype), mask=mask)
 
 
-def _check(x, weight, eps, residual, cos, sin, scale=None) -> None:
+def _check(x, weight, eps, residual, cos, sin, scale=None, next_weight=None) -> None:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise InvalidTypeError(f"x must be a floating-point tensor, got {type(x).__name__} "
                                f"{getattr(x, 'dtype', '')}")
     if not isinstance(eps, float) or not eps > 0:
         raise InvalidValueError(f"eps must be a positive float, got {eps!r}")
     d = x.shape[-1]
-    if weight is not None and (not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (d,)):
-        raise InvalidValueError(f"weight must be a tensor of shape [{d}], got {getattr(weight, 'shape', weight)}")
+    for name, w in (("weight", weight), ("next_weight", next_weight)):
+        if w is not None and (not isinstance(w, torch.Tensor) or tuple(w.shape) != (d,)):
+            raise InvalidValueError(f"{name} must be a tensor of shape [{d}], got {getattr(w, 'shape', w)}")
     if residual is not None and (not isinstance(residual, torch.Tensor) or residual.shape != x.shape
                                  or residual.dtype != x.dtype):
         raise InvalidValueError(f"residual must match x ({x.dtype} {list(x.shape)}), got "
@@ -73,8 +81,8 @@ def _check(x, weight, eps, residual, cos, sin, scale=None) -> None:
     if (cos is None) != (sin is None):
         raise InvalidValueError("cos and sin come together (RoPE), or neither")
     if cos is not None:
-        if residual is not None:
-            raise InvalidValueError("RoPE and a residual are never fused together: the model has no such step")
+        if residual is not None or next_weight is not None:
+            raise InvalidValueError("RoPE is never fused with a residual or a next norm: the model has no such step")
         if x.dim() < 2 or d % 2:
             raise InvalidValueError(f"RoPE needs x [..., heads, D] with an even D, got {list(x.shape)}")
         want = (*x.shape[:-2], d)
@@ -108,25 +116,27 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
              cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-             validate: bool = True) -> torch.Tensor:
-    """rms_norm_reference's result from one kernel launch (compiled on CUDA, interpreted on a CPU)."""
+             next_weight: torch.Tensor | None = None, validate: bool = True):
+    """rms_norm_reference's result from one kernel launch (compiled on CUDA, interpreted on a CPU). With
+    `next_weight`: (that result, its RMSNorm with `next_weight` and eps), the model's next norm in the same launch."""
     if validate:
-        _check(x, weight, eps, residual, cos, sin, scale)
-        require_device(*(t for t in (x, weight, residual, cos, sin, scale) if t is not None))
+        _check(x, weight, eps, residual, cos, sin, scale, next_weight)
+        require_device(*(t for t in (x, weight, residual, cos, sin, scale, next_weight) if t is not None))
     d = x.shape[-1]
     x2 = x.contiguous()
     out = torch.empty_like(x2)
+    next_out = torch.empty_like(x2) if next_weight is not None else out
     rows = x2.numel() // d
     if rows == 0:
-        return out
+        return out if next_weight is None else (out, next_out)
     cfg = launch.norm_config(rows, d)
     rows_per_token = x.shape[-2] if cos is not None else 1
     cos_c = cos.contiguous() if cos is not None else x2
     sin_c = sin.contiguous() if sin is not None else x2
     _rms_norm_kernel[(triton.cdiv(rows, cfg.block_r),)](
         x2, weight if weight is not None else x2, residual.contiguous() if residual is not None else x2,
-        cos_c, sin_c, scale if scale is not None else x2, out, rows, rows_per_token, float(eps),
-        D=d, BLOCK_D=cfg.block_d, BLOCK_R=cfg.block_r, HAS_WEIGHT=weight is not None,
-        HAS_RESIDUAL=residual is not None, HAS_ROPE=cos is not None, HAS_SCALE=scale is not None,
-        num_warps=cfg.num_warps)
-    return out
+        cos_c, sin_c, scale if scale is not None else x2, next_weight if next_weight is not None else x2, out,
+        next_out, rows, rows_per_token, float(eps), D=d, BLOCK_D=cfg.block_d, BLOCK_R=cfg.block_r,
+        HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, HAS_ROPE=cos is not None,
+        HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, num_warps=cfg.num_warps)
+    return out if next_weight is None else (out, next_out)

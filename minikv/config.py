@@ -149,6 +149,16 @@ class ReproConfig:
     paged_context: bool = False
     cross_construction: str = "eager"       # CONSTRUCTION_ORDERS
 
+    @staticmethod
+    def moved_keywords_error(moved: dict) -> InvalidTypeError:
+        """The TypeError for keywords LLM no longer takes: the reproduction switches now live here."""
+        unknown = sorted(set(moved) - set(ReproConfig.__dataclass_fields__))
+        if unknown:
+            return InvalidTypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
+        spelled = ", ".join(f"{k}={v!r}" for k, v in moved.items())
+        return InvalidTypeError(f"LLM({', '.join(moved)}=...) is now a reproduction switch: pass "
+                                f"repro=minikv.ReproConfig({spelled})")
+
     def __post_init__(self):
         for name in ("check_layout", "paged_context", "reinit_scales_on_wake"):
             check_bool(name, getattr(self, name))

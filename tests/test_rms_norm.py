@@ -80,6 +80,34 @@ def test_scale_is_the_models_separate_product():
                        rms_norm_reference(x, weight, 1e-6, **kw) * scale)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("lead,d", [((1,), 16), ((7,), 96), ((3,), 1536), ((2, 5), 256)])
+@pytest.mark.parametrize("feature", ["plain", "residual", "scaled residual"])
+def test_next_norm_is_a_second_launch_bit_for_bit_interpreted(feature, lead, d, dtype):
+    """next_weight= gives the norm of the output as a second launch on that output would: the same bits (the model
+    relies on it: its norm pairs became one launch), and both within rounding of the reference pair."""
+    import minikv.kernels as k
+    if not k.INTERPRETED:
+        pytest.skip("compiled mode: the GPU test below covers it")
+    x, weight, kw = case(feature, lead, d, dtype, "cpu")
+    after = (torch.randn(d, generator=torch.Generator().manual_seed(1)) * 0.1 + 1).to(dtype)
+    out, nxt = rms_norm(x, weight, 1e-6, next_weight=after, **kw)
+    assert torch.equal(out, rms_norm(x, weight, 1e-6, **kw))
+    assert torch.equal(nxt, rms_norm(out, after, 1e-6))
+    assert_within_rounding(nxt, rms_norm_reference(out, after, 1e-6), rms_norm_reference(out, None, 1e-6))
+
+
+def test_model_norm_pairs_match_separate_norms_on_cpu():
+    """Gemma4RMSNorm(then=...) on a CPU is the two torch norms, bit for bit (dense mode and training)."""
+    from minikv.models.gemma4 import Gemma4RMSNorm
+    x, weight, kw = case("scaled residual", (2, 5), 64, torch.bfloat16, "cpu")
+    first, second = (Gemma4RMSNorm(64, 1e-6).to(torch.bfloat16) for _ in range(2))
+    second.weight.data.mul_(0.5)
+    with torch.no_grad():
+        out, nxt = first(x, then=second, **kw)
+        assert torch.equal(out, first(x, **kw)) and torch.equal(nxt, second(out))
+
+
 def test_zero_rows_give_an_empty_result():
     x = torch.empty(0, 32)
     assert rms_norm(x, None, 1e-6).shape == (0, 32)
@@ -105,6 +133,13 @@ def test_bad_arguments_are_refused_clearly(bad, error):
             fn(**args)
 
 
+@pytest.mark.parametrize("bad", [dict(next_weight=torch.ones(7)), dict(next_weight=[1.0] * 8),
+                                 dict(next_weight=torch.ones(8), cos=torch.ones(3, 8), sin=torch.ones(3, 8))])
+def test_bad_next_weight_is_refused_clearly(bad):
+    with pytest.raises(InvalidValueError, match="next_weight|next norm"):
+        rms_norm(torch.ones(3, 2, 8), torch.ones(8), 1e-6, **bad)
+
+
 # ---- compiled on CUDA ------------------------------------------------------------------------------------------
 
 
@@ -118,6 +153,20 @@ def test_kernel_matches_reference_on_gpu(feature, lead, d, dtype):
     x, weight, kw = case(feature, lead, d, dtype, "cuda")
     assert_within_rounding(rms_norm(x, weight, 1e-6, **kw), rms_norm_reference(x, weight, 1e-6, **kw),
                            rms_norm_reference(x, weight, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("lead,d", [((1,), 1536), ((64,), 1536), ((7,), 96), ((16384,), 1536), ((3, 5), 256)])
+@pytest.mark.parametrize("feature", ["plain", "residual", "scaled residual"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_next_norm_is_a_second_launch_bit_for_bit_on_gpu(feature, lead, d, dtype):
+    """Compiled, the fused pair gives the bits of two launches: the engine's tokens do not move with the fusion."""
+    x, weight, kw = case(feature, lead, d, dtype, "cuda")
+    after = (torch.randn(d, generator=torch.Generator().manual_seed(1)) * 0.1 + 1).to(dtype).cuda()
+    out, nxt = rms_norm(x, weight, 1e-6, next_weight=after, **kw)
+    assert torch.equal(out, rms_norm(x, weight, 1e-6, **kw))
+    assert torch.equal(nxt, rms_norm(out, after, 1e-6))
 
 
 @pytest.mark.gpu

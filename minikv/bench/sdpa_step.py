@@ -59,9 +59,9 @@ class SdpaDecodeStep:
         x = m.embed_tokens(ids)                                                   # [B, 1, H]
         ple = m.per_layer_inputs(ids, x) if c.hidden_size_per_layer_input else None
         rope = {t: m.rope(t, self.positions, x.dtype) for t in set(c.layer_types)}
+        h = m.layers[0].input_layernorm(x)
         for i, layer in enumerate(m.layers):
             attn, (cos, sin) = layer.self_attn, rope[c.layer_types[i]]
-            h = layer.input_layernorm(x)
             q = attn.q_norm(attn.q_proj(h).view(b, 1, attn.num_heads, attn.head_dim), cos=cos, sin=sin)
             if not attn.kv_shared:
                 k, v = attn.project_kv(h, cos, sin)                               # [B, 1, kv_heads, D]
@@ -71,9 +71,11 @@ class SdpaDecodeStep:
             start = 0 if attn.window is None else max(0, self.context - attn.window)
             groups = q.view(b, attn.num_kv_heads, attn.num_heads // attn.num_kv_heads, attn.head_dim)
             out = F.scaled_dot_product_attention(groups, k_cache[:, :, start:], v_cache[:, :, start:], scale=1.0)
-            x = layer.post_attention_layernorm(attn.o_proj(out.reshape(b, 1, -1)), residual=x)
-            x = layer.feed_forward(x, None if ple is None else ple[:, :, i])          # the model's own code
-        return self.model.compute_logits(m.norm(x))[:, 0]
+            x, h = layer.post_attention_layernorm(attn.o_proj(out.reshape(b, 1, -1)), residual=x,
+                                                  then=layer.pre_feedforward_layernorm)
+            then = m.layers[i + 1].input_layernorm if i + 1 < len(m.layers) else m.norm
+            x, h = layer.feed_forward(x, None if ple is None else ple[:, :, i], h, then)   # the model's own code
+        return self.model.compute_logits(h)[:, 0]
 
     def __call__(self) -> torch.Tensor:
         return self.logits().argmax(dim=-1)

@@ -176,11 +176,13 @@ class DecodeGraphs:
             # input ids, positions, slots and sequence lengths: one copy per step
             inputs = torch.zeros(4, n, dtype=torch.long, device=dev)
             self._staged = torch.zeros(4, n, dtype=torch.long, pin_memory=dev.type == "cuda")
+            self._staged_rows = self._staged.numpy()          # the same pinned memory, written with numpy
             self._static = {
                 "token_inputs": inputs,
                 "input_ids": inputs[0],
                 "positions": inputs[1],
                 "slots": inputs[2],
+                "seq_lens_long": inputs[3],                   # copied to seq_lens (int32) inside the graph
                 "seq_lens": torch.ones(n, dtype=torch.int32, device=dev),
                 "block_tables": torch.zeros(n, self.width, dtype=torch.int32, device=dev),
                 "query_start_loc": torch.arange(n + 1, dtype=torch.int32, device=dev),
@@ -192,11 +194,8 @@ class DecodeGraphs:
     def _load(self, batch: DecodeBatch) -> dict[str, torch.Tensor]:
         """Copy the padded batch into the static buffers; return the bucket's views of them."""
         buf, b = self._buffers(), batch.bucket
-        staged = self._staged
-        for row, name in enumerate(("input_ids", "positions", "slots", "seq_lens")):
-            staged[row, :b] = torch.from_numpy(getattr(batch, name))
-        buf["token_inputs"][:, :b].copy_(staged[:, :b], non_blocking=True)
-        buf["seq_lens"][:b].copy_(buf["token_inputs"][3, :b])
+        self._staged_rows[:, :b] = (batch.input_ids, batch.positions, batch.slots, batch.seq_lens)
+        buf["token_inputs"][:, :b].copy_(self._staged[:, :b], non_blocking=True)
         tables = [("block_tables", self._host_tables)] + ([("cross_block_tables", self._host_cross)]
                                                           if self.cross_width else [])
         for name, host in tables:
@@ -222,13 +221,16 @@ class DecodeGraphs:
         batch = pad_decode_batch(seqs, bucket, self.width, self.block_size, self.dummy_block, self.cross_width,
                                  self._host_tables, self._host_cross)
         views = self._load(batch)
-        md = self._metadata(views)
         captured = self.captured.get(bucket)
         if captured is None:
+            md = self._metadata(views)
             ctx = ForwardContext(attn_metadata=md, bindings=bindings, step=step, watch_finite=self.watch_finite)
-            logits = self.seam.warm_up(lambda: forward(views["input_ids"], views["positions"], ctx))
+            # the step in the graph starts with the lengths' int32 copy: one launch fewer outside it per step
+            run = (lambda c: (views["seq_lens"].copy_(views["seq_lens_long"]),
+                              forward(views["input_ids"], views["positions"], c))[1])
+            logits = self.seam.warm_up(lambda: run(ctx))
             recording = ForwardContext(attn_metadata=md, bindings=bindings, step=step, watch_finite=self.watch_finite)
-            graph, (out,) = self.seam.capture(lambda: (forward(views["input_ids"], views["positions"], recording),))
+            graph, (out,) = self.seam.capture(lambda: (run(recording),))
             if recording.scale_fills:
                 raise RuntimeError(f"capturing the decode graph of batch {bucket} filled a scale region "
                                    f"({recording.scale_fills[0].layer}): a graph must not hold a fill")
@@ -236,7 +238,7 @@ class DecodeGraphs:
             ctx.cuda_graph, ctx.graph_batch = "captured", bucket
             return ctx, logits[: batch.num_real]
         self.seam.replay(captured.graph)
-        ctx = ForwardContext(attn_metadata=md, bindings=bindings, step=step, events=list(captured.events),
+        ctx = ForwardContext(attn_metadata=self._metadata(views), bindings=bindings, step=step, events=list(captured.events),
                              finite=list(captured.finite))
         ctx.cuda_graph, ctx.graph_batch = "replayed", bucket
         return ctx, captured.logits[: batch.num_real]

@@ -28,17 +28,6 @@ from minikv.kernels.errors import InvalidTypeError, InvalidValueError
 from minikv.models import registry, tasks
 
 
-def _moved_keywords(moved: dict) -> InvalidTypeError:
-    """The TypeError for keywords LLM no longer takes: the reproduction switches now live in ReproConfig."""
-    repro_fields = set(ReproConfig.__dataclass_fields__)
-    unknown = sorted(set(moved) - repro_fields)
-    if unknown:
-        return InvalidTypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
-    spelled = ", ".join(f"{k}={v!r}" for k, v in moved.items())
-    return InvalidTypeError(f"LLM({', '.join(moved)}=...) is now a reproduction switch: pass "
-                            f"repro=minikv.ReproConfig({spelled})")
-
-
 class LLM:
     """A minikv engine for one model; its arguments: docs/internals.md#engine-llm."""
 
@@ -52,7 +41,7 @@ class LLM:
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  kv_sharing_fast_prefill: bool = False, **moved):
         if moved:
-            raise _moved_keywords(moved)
+            raise ReproConfig.moved_keywords_error(moved)
         model = registry.check_model(model)
         # Every option is checked once, by the config objects, before any weights are read or memory allocated.
         config = EngineConfig(

@@ -24,10 +24,15 @@ class Gemma4RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, cos: torch.Tensor | None = None,
-                sin: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+                sin: torch.Tensor | None = None, scale: torch.Tensor | None = None, then: Gemma4RMSNorm | None = None):
+        """The norm; with `then` (the norm that reads the result next, with a weight and the same eps): (result,
+        then(result)), from one launch where the kernel runs."""
         fused = x.is_cuda and not INTERPRETED and not torch.is_grad_enabled()    # the kernel has no backward pass
-        return (rms_norm if fused else rms_norm_reference)(x, self.weight, self.eps, residual=residual, cos=cos,
-                                                           sin=sin, scale=scale, validate=False)
+        if then is not None and not fused:
+            out = self(x, residual, cos, sin, scale)
+            return out, then(out)
+        norm, pair = rms_norm if fused else rms_norm_reference, {} if then is None else {"next_weight": then.weight}
+        return norm(x, self.weight, self.eps, residual=residual, cos=cos, sin=sin, scale=scale, validate=False, **pair)
 
 
 class ScaledEmbedding(nn.Embedding):
@@ -182,19 +187,21 @@ class Gemma4DecoderLayer(nn.Module):
             self.per_layer_projection = nn.Linear(self.ple_dim, h, bias=False)
             self.post_per_layer_input_norm = Gemma4RMSNorm(h, eps)
 
-    def forward(self, x, per_layer_input, cos, sin, positions, produced, cache, ctx=None):
-        x = self.post_attention_layernorm(
-            self.self_attn(self.input_layernorm(x), cos, sin, positions, produced, cache, ctx), residual=x)
-        return self.feed_forward(x, per_layer_input)
+    def forward(self, x, normed, per_layer_input, cos, sin, positions, produced, cache, ctx=None, then=None):
+        """x: the residual stream, normed: input_layernorm(x). Returns (output, then(output)), `then` being the next
+        layer's input norm or the final norm: on a GPU each pair of norms is one launch."""
+        attn = self.self_attn(normed, cos, sin, positions, produced, cache, ctx)
+        x, h = self.post_attention_layernorm(attn, residual=x, then=self.pre_feedforward_layernorm)
+        return self.feed_forward(x, per_layer_input, h, then)
 
-    def feed_forward(self, x, per_layer_input):
-        """After attention: the MLP, the per-layer input, and the layer scalar (inside the last norm's launch)."""
-        last = None if self.ple_dim else self.layer_scalar
-        x = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)), residual=x, scale=last)
-        if self.ple_dim:
-            gated = self.act(self.per_layer_input_gate(x)) * per_layer_input
-            x = self.post_per_layer_input_norm(self.per_layer_projection(gated), residual=x, scale=self.layer_scalar)
-        return x
+    def feed_forward(self, x, per_layer_input, normed, then):
+        """The MLP (on normed = pre_feedforward_layernorm(x)), the per-layer input, the layer scalar (in the last
+        norm's launch), and `then` of the output."""
+        if not self.ple_dim:
+            return self.post_feedforward_layernorm(self.mlp(normed), residual=x, scale=self.layer_scalar, then=then)
+        x = self.post_feedforward_layernorm(self.mlp(normed), residual=x)
+        gated = self.per_layer_projection(self.act(self.per_layer_input_gate(x)) * per_layer_input)
+        return self.post_per_layer_input_norm(gated, residual=x, scale=self.layer_scalar, then=then)
 
 
 class Gemma4TextModel(nn.Module):
@@ -240,17 +247,20 @@ class Gemma4TextModel(nn.Module):
         ple = self.per_layer_inputs(input_ids, x) if self.config.hidden_size_per_layer_input else None
         rope = {t: self.rope(t, positions, x.dtype) for t in set(self.config.layer_types)}
         produced: dict = {}
+        normed = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):
             if ctx is not None and ctx.shared_rows is not None and i == self.config.first_kv_shared_layer:
                 # kv_sharing_fast_prefill: no layer from here on writes K/V; only the sampled rows matter
                 rows = ctx.shared_rows
-                x, positions = x[:, rows], positions[:, rows]
+                x, normed, positions = x[:, rows], normed[:, rows], positions[:, rows]
                 ple = None if ple is None else ple[:, rows]
                 rope = {t: self.rope(t, positions, x.dtype) for t in rope}
                 ctx.attn_metadata, ctx.rows_kept = ctx.shared_metadata, True
             cos, sin = rope[self.config.layer_types[i]]
-            x = layer(x, None if ple is None else ple[:, :, i], cos, sin, positions, produced, cache, ctx)
-        return self.norm(x)
+            then = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            x, normed = layer(x, normed, None if ple is None else ple[:, :, i], cos, sin, positions, produced, cache,
+                              ctx, then)
+        return normed
 
 
 class Gemma4ForCausalLM(nn.Module):
