@@ -411,6 +411,27 @@ print(f"bf16 at context 8192, fused norms: attention {fused['decode attention'] 
       f"{wall_ms / (wall_ms - fused['decode attention'] / 2):.2f}x in the engine's time per step")
 
 # %% [markdown]
+# **Norm pairs, one launch each.** Since that profile, each norm that adds the residual also does the norm that
+# reads its result next (`rms_norm(..., next_weight=)`: after attention, the feed-forward's input norm; at a layer's
+# end, the next layer's input norm), from the row it already holds: 70 launches fewer per step of this 35-layer
+# model, the same bits as before. `data/gpu_engine_norm_pairs_ab.csv` is the engine bench on the trees before and
+# after, one after the other in one device call on an H100 (`tools/gpu_probes/engine_ab.sh`; two host trims of the
+# graph step went in with the pairs): the replay, all kernels, gains what the launches cost; the step a little more.
+
+# %%
+with open(DATA.parent / "gpu_engine_norm_pairs_ab.csv") as _f:
+    pairs_ab = list(csv.DictReader(_f))
+before_tree, after_tree = dict.fromkeys(r["tree"] for r in pairs_ab)
+print(f"batch {pairs_ab[0]['batch']}; before = {before_tree}, after = {after_tree}")
+print(f"{'cache':27s} {'prompt':>6s} {'step ms':>8s} {'after':>6s} {'replay ms':>9s} {'after':>6s} {'x faster':>8s}")
+for b in (r for r in pairs_ab if r["tree"] == before_tree):
+    a = next(r for r in pairs_ab if r["tree"] == after_tree and (r["format"], r["context"]) == (b["format"], b["context"]))
+    print(f"{viz_gpu.label(b['format']):27s} {b['context']:>6s} {float(b['step_ms']):8.2f} {float(a['step_ms']):6.2f} "
+          f"{float(b['graph_replay_ms']):9.2f} {float(a['graph_replay_ms']):6.2f} "
+          f"{float(b['step_ms']) / float(a['step_ms']):7.2f}x")
+    assert float(a["graph_replay_ms"]) < float(b["graph_replay_ms"])
+
+# %% [markdown]
 # ## The engine beside transformers, and at a fixed memory budget
 #
 # A second, smaller recording, `data/gpu_engine.csv`, comes from runs of `python -m minikv.bench engine

@@ -74,7 +74,7 @@ class SdpaDecodeStep:
             x, h = layer.post_attention_layernorm(attn.o_proj(out.reshape(b, 1, -1)), residual=x,
                                                   then=layer.pre_feedforward_layernorm)
             then = m.layers[i + 1].input_layernorm if i + 1 < len(m.layers) else m.norm
-            x, h = layer.feed_forward(x, None if ple is None else ple[:, :, i], h, then)   # the model's own code
+            x, h = layer.feed_forward(x, None if ple is None else ple[i], h, then)   # the model's own code
         return self.model.compute_logits(h)[:, 0]
 
     def __call__(self) -> torch.Tensor:

@@ -229,20 +229,20 @@ class Gemma4TextModel(nn.Module):
             self.register_buffer(f"inv_freq_{t}", inv.to(device), persistent=False)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """[B, T, layers, P]: (normed projection of the embedding + per-layer token embedding) / sqrt(2)."""
+        """[layers, B, T, P], a layer's rows contiguous: (normed projection + per-layer embedding) / sqrt(2)."""
         c, p = self.config, self.config.hidden_size_per_layer_input
         shape = (*input_ids.shape, c.num_hidden_layers, p)
         projected = self.per_layer_model_projection(embeds) * c.hidden_size ** -0.5
         projected = self.per_layer_projection_norm(projected.reshape(shape))
-        return (projected + self.embed_tokens_per_layer(input_ids).reshape(shape)) * 2.0 ** -0.5
+        out = (projected + self.embed_tokens_per_layer(input_ids).reshape(shape)) * 2.0 ** -0.5
+        return out.movedim(-2, 0).contiguous()
 
     def rope(self, layer_type: str, positions: torch.Tensor, dtype: torch.dtype):
         freqs = positions[..., None].float() * getattr(self, f"inv_freq_{layer_type}").float()   # float32
         angles = torch.cat([freqs, freqs], dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: DenseKVCache | None = None,
-                ctx=None):
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: DenseKVCache | None = None, ctx=None):
         x = self.embed_tokens(input_ids)
         ple = self.per_layer_inputs(input_ids, x) if self.config.hidden_size_per_layer_input else None
         rope = {t: self.rope(t, positions, x.dtype) for t in set(self.config.layer_types)}
@@ -253,12 +253,12 @@ class Gemma4TextModel(nn.Module):
                 # kv_sharing_fast_prefill: no layer from here on writes K/V; only the sampled rows matter
                 rows = ctx.shared_rows
                 x, normed, positions = x[:, rows], normed[:, rows], positions[:, rows]
-                ple = None if ple is None else ple[:, rows]
+                ple = None if ple is None else ple[:, :, rows]
                 rope = {t: self.rope(t, positions, x.dtype) for t in rope}
                 ctx.attn_metadata, ctx.rows_kept = ctx.shared_metadata, True
             cos, sin = rope[self.config.layer_types[i]]
             then = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            x, normed = layer(x, normed, None if ple is None else ple[:, :, i], cos, sin, positions, produced, cache,
+            x, normed = layer(x, normed, None if ple is None else ple[i], cos, sin, positions, produced, cache,
                               ctx, then)
         return normed
 
