@@ -225,9 +225,9 @@ class DecodeGraphs:
         if captured is None:
             md = self._metadata(views)
             ctx = ForwardContext(attn_metadata=md, bindings=bindings, step=step, watch_finite=self.watch_finite)
-            # the step in the graph starts with the lengths' int32 copy: one launch fewer outside it per step
-            run = (lambda c: (views["seq_lens"].copy_(views["seq_lens_long"]),
-                              forward(views["input_ids"], views["positions"], c))[1])
+            def run(c):     # the lengths' int32 copy is the graph's first step: one launch fewer outside it
+                views["seq_lens"].copy_(views["seq_lens_long"])
+                return forward(views["input_ids"], views["positions"], c)
             logits = self.seam.warm_up(lambda: run(ctx))
             recording = ForwardContext(attn_metadata=md, bindings=bindings, step=step, watch_finite=self.watch_finite)
             graph, (out,) = self.seam.capture(lambda: (run(recording),))
@@ -238,7 +238,7 @@ class DecodeGraphs:
             ctx.cuda_graph, ctx.graph_batch = "captured", bucket
             return ctx, logits[: batch.num_real]
         self.seam.replay(captured.graph)
-        ctx = ForwardContext(attn_metadata=self._metadata(views), bindings=bindings, step=step, events=list(captured.events),
-                             finite=list(captured.finite))
+        ctx = ForwardContext(attn_metadata=self._metadata(views), bindings=bindings, step=step,
+                             events=list(captured.events), finite=list(captured.finite))
         ctx.cuda_graph, ctx.graph_batch = "replayed", bucket
         return ctx, captured.logits[: batch.num_real]
