@@ -51,6 +51,15 @@ class ContextConfig:
 
 
 @dataclass(frozen=True)
+class MatmulConfig:
+    block_m: int          # rows (all of them, padded to a power of two, >= 16 for tl.dot)
+    block_n: int          # output columns per program
+    block_k: int          # the reduction's tile
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
 class NormConfig:
     block_r: int          # rows per program
     block_d: int          # the row's length, padded to a power of two
@@ -86,6 +95,29 @@ def norm_config(rows: int, d: int) -> NormConfig:
         return NormConfig(block_r=min(_pow2(rows), max(1, CPU_TILE_ELEMENTS // block_d)), block_d=block_d)
     block_r = max(1, min(_pow2(rows), 4096 // block_d))
     return NormConfig(block_r=block_r, block_d=block_d, num_warps=4 if block_r * block_d <= 4096 else 8)
+
+
+# kernels/decode_matmul.py on a GPU, measured at gemma-4-E2B's shapes on an NVIDIA H100 (docs/internals.md).
+MATMUL_MAX_ROWS = 64
+MATMUL_SHARED_BYTES = 160 * 1024      # the pipeline's buffers: x's tile and both weights' tiles, times the stages
+
+
+def matmul_config(m: int, n: int, k: int, dtype: torch.dtype) -> MatmulConfig | None:
+    """kernels/decode_matmul.py's configuration, or None: more rows than a decode batch, float32 (tl.dot would
+    take TF32), or a shape the tiles do not divide."""
+    block_m = max(16, _pow2(m))
+    if INTERPRETED:                         # the largest tiles up to 64 that divide the shape (tl.dot: >= 16)
+        block_n, block_k = min(n & -n, 64), min(k & -k, 64)
+        if min(block_n, block_k) < 16:
+            return None
+    elif m > MATMUL_MAX_ROWS or dtype == torch.float32:
+        return None
+    else:
+        block_n, block_k = (32, 128) if n >= 2048 else (16, 128)
+    if n % block_n or k % block_k:
+        return None
+    stage_bytes = (block_m + 2 * block_n) * block_k * 2
+    return MatmulConfig(block_m, block_n, block_k, num_stages=max(2, min(5, MATMUL_SHARED_BYTES // stage_bytes)))
 
 
 # Decode on a GPU: sized from the machine, each choice the fastest measured on an NVIDIA H200 (docs/internals.md).

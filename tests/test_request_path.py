@@ -20,10 +20,10 @@ import minikv
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = (ROOT / "minikv", ROOT / "kernels")
-MAX_FILES, MAX_LINES, MAX_HOPS = 21, 4000, 4
-# What a GPU decode step adds to the CPU's path: the CUDA-graph replay and the fused RMSNorm kernel. They are
-# counted on every machine, so the CPU and the GPU path keep one limit; test_gpu_path_adds_only_these checks the list.
-GPU_ONLY = (ROOT / "minikv/engine/cuda_graph.py", ROOT / "kernels/rms_norm.py")
+MAX_FILES, MAX_LINES, MAX_HOPS = 22, 4160, 4
+# What a GPU decode step adds to the CPU's path: the CUDA-graph replay, the fused RMSNorm and the fused matmuls. They
+# are counted on every machine, so the CPU and the GPU path keep one limit; test_gpu_path_adds_only_these checks it.
+GPU_ONLY = (ROOT / "minikv/engine/cuda_graph.py", ROOT / "kernels/rms_norm.py", ROOT / "kernels/decode_matmul.py")
 
 
 @functools.cache

@@ -71,7 +71,7 @@ PY
   $PY -m pytest -q -m gpu -p no:cacheprovider $par --durations=15 ${GPU_TESTS:-tests/test_kernels_gpu.py \
     tests/test_rms_norm.py tests/test_gpu_engine.py tests/test_gpu_graphs.py tests/test_engine.py tests/test_engine_perlayer.py \
     tests/test_parity_gpu.py tests/test_backends.py tests/test_backend_hunt.py tests/test_memory_budget.py \
-    tests/test_request_path.py tests/test_inputs.py}
+    tests/test_request_path.py tests/test_inputs.py tests/test_decode_matmul.py}
   local rc=$?
   wait
   for r in wipe cross; do

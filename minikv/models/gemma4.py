@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minikv.kernels.decode_matmul import decode_matmul
 from minikv.kernels.mode import INTERPRETED
 from minikv.kernels.rms_norm import rms_norm, rms_norm_reference
 from minikv.models.gemma4_config import FULL, SLIDING, Gemma4Config, Gemma4ConfigError  # noqa: F401
@@ -27,12 +28,30 @@ class Gemma4RMSNorm(nn.Module):
                 sin: torch.Tensor | None = None, scale: torch.Tensor | None = None, then: Gemma4RMSNorm | None = None):
         """The norm; with `then` (the norm that reads the result next, with a weight and the same eps): (result,
         then(result)), from one launch where the kernel runs."""
-        fused = x.is_cuda and not INTERPRETED and not torch.is_grad_enabled()    # the kernel has no backward pass
+        fused = kernels_run(x)
         if then is not None and not fused:
             out = self(x, residual, cos, sin, scale)
             return out, then(out)
         norm, pair = rms_norm if fused else rms_norm_reference, {} if then is None else {"next_weight": then.weight}
         return norm(x, self.weight, self.eps, residual=residual, cos=cos, sin=sin, scale=scale, validate=False, **pair)
+
+
+def kernels_run(x: torch.Tensor) -> bool:
+    """Whether the model's own kernels (fused norms and matmuls) run on x: compiled, and no autograd (they have no
+    backward pass). Elsewhere the torch formulas run."""
+    return x.is_cuda and not INTERPRETED and not torch.is_grad_enabled()
+
+
+def fused_matmul(x: torch.Tensor, gate: nn.Linear, **second):
+    """decode_matmul of x's rows (`second`: up= or pair= a Linear, times= a tensor like the result), shaped like x;
+    None where it does not run (see kernels_run; a bias; more rows than a decode batch): torch's steps then run."""
+    if not kernels_run(x) or any(getattr(m, "bias", None) is not None for m in (gate, *second.values())):
+        return None
+    rows = x.reshape(-1, x.shape[-1])
+    second = {k: v.weight if isinstance(v, nn.Linear) else v.reshape(rows.shape[0], -1) for k, v in second.items()}
+    out = decode_matmul(rows, gate.weight, **second, validate=False)
+    shape = lambda t: t.view(*x.shape[:-1], t.shape[-1])
+    return out if out is None else tuple(map(shape, out)) if isinstance(out, tuple) else shape(out)
 
 
 class ScaledEmbedding(nn.Embedding):
@@ -124,8 +143,9 @@ class Gemma4Attention(nn.Module):
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Fresh K (normed, rotated) and V (normed) for the tokens of x: each [B, T, kv_heads, D]."""
         shape = (*x.shape[:-1], self.num_kv_heads, self.head_dim)
-        k = self.k_proj(x).view(shape)
-        v = k if self.v_proj is None else self.v_proj(x).view(shape)     # k_eq_v: the raw key projection
+        pair = None if self.v_proj is None else fused_matmul(x, self.k_proj, pair=self.v_proj)
+        k, v = pair or (self.k_proj(x), None if self.v_proj is None else self.v_proj(x))
+        k, v = k.view(shape), k.view(shape) if v is None else v.view(shape)   # k_eq_v: v is the raw key projection
         return self.k_norm(k, cos=cos, sin=sin), self.v_norm(v)
 
     def forward(self, x, cos, sin, positions, produced: dict, cache: DenseKVCache | None, ctx=None):
@@ -164,9 +184,11 @@ class Gemma4MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, inter, bias=False)
         self.down_proj = nn.Linear(inter, config.hidden_size, bias=False)
         self.act = _ACTIVATIONS[config.hidden_activation]
+        self.fusable = config.hidden_activation == "gelu_pytorch_tanh"     # decode_matmul's GELU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        h = fused_matmul(x, self.gate_proj, up=self.up_proj) if self.fusable else None
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x) if h is None else h)
 
 
 class Gemma4DecoderLayer(nn.Module):
@@ -200,7 +222,10 @@ class Gemma4DecoderLayer(nn.Module):
         if not self.ple_dim:
             return self.post_feedforward_layernorm(self.mlp(normed), residual=x, scale=self.layer_scalar, then=then)
         x = self.post_feedforward_layernorm(self.mlp(normed), residual=x)
-        gated = self.per_layer_projection(self.act(self.per_layer_input_gate(x)) * per_layer_input)
+        gated = fused_matmul(x, self.per_layer_input_gate, times=per_layer_input) if self.mlp.fusable else None
+        if gated is None:
+            gated = self.act(self.per_layer_input_gate(x)) * per_layer_input
+        gated = self.per_layer_projection(gated)
         return self.post_per_layer_input_norm(gated, residual=x, scale=self.layer_scalar, then=then)
 
 

@@ -24,6 +24,7 @@ import torch
 
 CONTEXT = 8192
 BATCH = 64
+TOP = int(os.environ.get("TOP", "12"))      # kernels listed per phase, by time, with their launches per step
 FORMATS = tuple(os.environ.get("FORMATS", "auto fp8 int8_per_token_head fp8_per_token_head").split())
 CATEGORIES = (("decode attention", ("decode_kernel", "decode_row", "merge_splits")),
               ("context attention", ("context_kernel", "_context")),
@@ -57,6 +58,7 @@ def steps(out_dir: str) -> None:
         profiled = {"prefill": 0, "decode": 0}
         totals = {"prefill": collections.Counter(), "decode": collections.Counter()}
         names = {"prefill": collections.Counter(), "decode": collections.Counter()}
+        counts = {"prefill": collections.Counter(), "decode": collections.Counter()}
         launches = {"prefill": collections.Counter(), "decode": collections.Counter()}
         decode_seen = 0
         walls = {"prefill": [], "decode": []}
@@ -81,6 +83,7 @@ def steps(out_dir: str) -> None:
                     t = evt.self_device_time_total / 1e3
                     totals[out.phase][category(evt.key)] += t
                     names[out.phase][evt.key[:90]] += t
+                    counts[out.phase][evt.key[:90]] += evt.count
                     launches[out.phase][category(evt.key)] += evt.count
         for phase in ("prefill", "decode"):
             n = max(1, profiled[phase])
@@ -99,8 +102,8 @@ def steps(out_dir: str) -> None:
                                  launches_per_step=k))
                 print(f"    {cat:18s} {ms:8.3f} ms  {100 * ms / max(whole, 1e-9):5.1f}%  {k:6.0f} launches",
                       flush=True)
-            for name, t in names[phase].most_common(12):
-                print(f"      top: {t / n:8.3f} ms  {name}", flush=True)
+            for name, t in names[phase].most_common(TOP):
+                print(f"      top: {t / n:8.3f} ms {counts[phase][name] / n:5.0f}x  {name}", flush=True)
         del llm
         torch.cuda.empty_cache()
     with open(os.path.join(out_dir, f"steps_{CONTEXT}.csv"), "w", newline="") as f:
