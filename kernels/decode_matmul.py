@@ -83,7 +83,7 @@ def decode_matmul(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None =
     if validate:
         _check(x, gate, up, times, pair)
     (m, k), n = x.shape, gate.shape[0]
-    cfg = config or launch.matmul_config(m, n, k, x.dtype)
+    cfg = config or launch.matmul_config(m, n, k, x.dtype, 1 if times is not None else 2)
     if cfg is None:
         return None
     mode = GELU_UP if up is not None else GELU_TIMES if times is not None else PAIR

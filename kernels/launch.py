@@ -97,14 +97,17 @@ def norm_config(rows: int, d: int) -> NormConfig:
     return NormConfig(block_r=block_r, block_d=block_d, num_warps=4 if block_r * block_d <= 4096 else 8)
 
 
-# kernels/decode_matmul.py on a GPU, measured at gemma-4-E2B's shapes on an NVIDIA H100 (docs/internals.md).
+# kernels/decode_matmul.py on a GPU, measured at gemma-4-E2B's shapes and 64 rows on an NVIDIA H100 (cold L2;
+# results/gpu/decode-matmul-2026-12-06/modes-h100/): 16 columns and K tiles of 128 per program, pipelined 3 deep
+# for a wide product (the MLP's 6,144 columns), 4 deep for two narrow weights (k and v), 5 for one (the PLE gate).
 MATMUL_MAX_ROWS = 64
-MATMUL_SHARED_BYTES = 160 * 1024      # the pipeline's buffers: x's tile and both weights' tiles, times the stages
+MATMUL_TILE = (16, 128)
+MATMUL_WIDE = 2048
 
 
-def matmul_config(m: int, n: int, k: int, dtype: torch.dtype) -> MatmulConfig | None:
-    """kernels/decode_matmul.py's configuration, or None: more rows than a decode batch, float32 (tl.dot would
-    take TF32), or a shape the tiles do not divide."""
+def matmul_config(m: int, n: int, k: int, dtype: torch.dtype, weights: int = 2) -> MatmulConfig | None:
+    """kernels/decode_matmul.py's configuration (`weights`: 2 for up= and pair=, 1 for times=), or None: more rows
+    than a decode batch, float32 (tl.dot would take TF32), or a shape the tiles do not divide."""
     block_m = max(16, _pow2(m))
     if INTERPRETED:                         # the largest tiles up to 64 that divide the shape (tl.dot: >= 16)
         block_n, block_k = min(n & -n, 64), min(k & -k, 64)
@@ -113,11 +116,11 @@ def matmul_config(m: int, n: int, k: int, dtype: torch.dtype) -> MatmulConfig | 
     elif m > MATMUL_MAX_ROWS or dtype == torch.float32:
         return None
     else:
-        block_n, block_k = (32, 128) if n >= 2048 else (16, 128)
+        block_n, block_k = MATMUL_TILE
     if n % block_n or k % block_k:
         return None
-    stage_bytes = (block_m + 2 * block_n) * block_k * 2
-    return MatmulConfig(block_m, block_n, block_k, num_stages=max(2, min(5, MATMUL_SHARED_BYTES // stage_bytes)))
+    stages = 3 if n >= MATMUL_WIDE else 4 if weights == 2 else 5
+    return MatmulConfig(block_m, block_n, block_k, num_stages=stages)
 
 
 # Decode on a GPU: sized from the machine, each choice the fastest measured on an NVIDIA H200 (docs/internals.md).
