@@ -44,8 +44,10 @@ def kernels_run(x: torch.Tensor) -> bool:
 
 def fused_matmul(x: torch.Tensor, gate: nn.Linear, **second):
     """decode_matmul of x's rows (`second`: up= or pair= a Linear, times= a tensor like the result), shaped like x;
-    None where it does not run (see kernels_run; a bias; more rows than a decode batch): torch's steps then run."""
-    if not kernels_run(x) or any(getattr(m, "bias", None) is not None for m in (gate, *second.values())):
+    None where it does not run (see kernels_run; a bias; weights not in x's dtype; more rows than a decode batch):
+    torch's steps then run."""
+    linears = (gate, *(m for m in second.values() if isinstance(m, nn.Linear)))
+    if not kernels_run(x) or any(m.bias is not None or m.weight.dtype != x.dtype for m in linears):
         return None
     rows = x.reshape(-1, x.shape[-1])
     second = {k: v.weight if isinstance(v, nn.Linear) else v.reshape(rows.shape[0], -1) for k, v in second.items()}
