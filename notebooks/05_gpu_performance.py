@@ -419,16 +419,22 @@ print(f"bf16 at context 8192, fused norms: attention {fused['decode attention'] 
 # graph step went in with the pairs): the replay, all kernels, gains what the launches cost; the step a little more.
 
 # %%
-def same_run_ab(name):
-    """The engine bench's rows of two trees from one device call: each row's step and replay, before and after."""
+def ab_pairs(name):
+    """The engine bench's rows of two trees from one device call, paired: (before, after) per cache and prompt."""
     with open(DATA.parent / name) as f:
         rows = list(csv.DictReader(f))
     before, after = dict.fromkeys(r["tree"] for r in rows)
     print(f"batch {rows[0]['batch']}; before = {before}, after = {after}")
+    key = lambda r: (r["format"], r["context"])
+    return [(b, next(a for a in rows if a["tree"] == after and key(a) == key(b))) for b in rows if b["tree"] == before]
+
+
+def same_run_ab(name):
+    """A decode change's A/B: each row's step and graph replay, before and after."""
+    pairs = ab_pairs(name)
     print(f"{'cache':27s} {'prompt':>6s} {'step ms':>8s} {'after':>6s} {'replay ms':>9s} {'after':>6s} "
           f"{'x faster':>8s}")
-    for b in (r for r in rows if r["tree"] == before):
-        a = next(r for r in rows if r["tree"] == after and (r["format"], r["context"]) == (b["format"], b["context"]))
+    for b, a in pairs:
         print(f"{viz_gpu.label(b['format']):27s} {b['context']:>6s} {float(b['step_ms']):8.2f} "
               f"{float(a['step_ms']):6.2f} {float(b['graph_replay_ms']):9.2f} {float(a['graph_replay_ms']):6.2f} "
               f"{float(b['step_ms']) / float(a['step_ms']):7.2f}x")
@@ -516,14 +522,10 @@ print(f"\ntorch's SDPA at head size 512, {sdpa_512['batch']}x{sdpa_512['length']
 # kernel is fastest; the graph replay, a decode step, does not move: the tiles are the prefill kernel's.
 
 # %%
-with open(DATA.parent / "gpu_engine_tiles_ab.csv") as _f:
-    tiles_ab = list(csv.DictReader(_f))
-before_tree, after_tree = dict.fromkeys(r["tree"] for r in tiles_ab)
-print(f"{tiles_ab[0]['batch']} prompts; before = {before_tree}, after = {after_tree}")
+tiles_pairs = ab_pairs("gpu_engine_tiles_ab.csv")
 print(f"{'cache':27s} {'prompt':>6s} {'prefill tokens/s':>17s} {'after':>9s} {'x faster':>8s} "
       f"{'replay ms':>9s} {'after':>6s}")
-for b in (r for r in tiles_ab if r["tree"] == before_tree):
-    a = next(r for r in tiles_ab if r["tree"] == after_tree and (r["format"], r["context"]) == (b["format"], b["context"]))
+for b, a in tiles_pairs:
     pre_b, pre_a = float(b["prefill_tokens_per_s"]), float(a["prefill_tokens_per_s"])
     print(f"{viz_gpu.label(b['format']):27s} {b['context']:>6s} {pre_b:17,.0f} {pre_a:9,.0f} {pre_a / pre_b:7.2f}x "
           f"{float(b['graph_replay_ms']):9.2f} {float(a['graph_replay_ms']):6.2f}")
