@@ -35,15 +35,15 @@ def _decode_matmul_kernel(x_ptr, w_ptr, w2_ptr, times_ptr, out_ptr, out2_ptr, M,
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_ptr + m[:, None] * K + (k0 + k)[None, :], mask=(m < M)[:, None], other=0.0)
         acc = tl.dot(x, tl.load(w_ptr + k0 + w_at), acc)
-        if MODE != 1:
+        if MODE != 1:                                          # not GELU_TIMES: a second weight
             acc2 = tl.dot(x, tl.load(w2_ptr + k0 + w_at), acc2)
     at, rows = m[:, None] * N + n[None, :], (m < M)[:, None]
     dtype = out_ptr.dtype.element_ty
-    if MODE == 0:
+    if MODE == 0:                                              # GELU_UP
         acc = _gelu_times(acc, acc2, dtype)
-    if MODE == 1:
+    if MODE == 1:                                              # GELU_TIMES
         acc = _gelu_times(acc, tl.load(times_ptr + at, mask=rows, other=0.0), dtype)
-    if MODE == 2:
+    if MODE == 2:                                              # PAIR
         tl.store(out2_ptr + at, acc2.to(dtype), mask=rows)
     tl.store(out_ptr + at, acc.to(dtype), mask=rows)
 
