@@ -147,12 +147,12 @@ def _dot_operands(q, q_tail, qk_scale, DOT: tl.constexpr, ROW_WINDOW: tl.constex
 
 
 @triton.jit
-def _split_range(seq_len, window, num_splits, split, BLOCK_N: tl.constexpr):
-    """[start, end): this split's whole tiles of the sequence's last `window` tokens (window 0: all of them)."""
+def _split_range(seq_len, window, num_splits, part, TILE: tl.constexpr, PERIOD: tl.constexpr):
+    """[start, end) of split part // PERIOD (whole tiles of the last `window` tokens; 0: all), start in its class."""
     first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
-    start = first + split * chunk
-    return start, tl.minimum(start + chunk, seq_len)
+    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), TILE) * TILE
+    start = first + part // PERIOD * chunk
+    return start + part % PERIOD, tl.minimum(start + chunk, seq_len)
 
 
 @triton.jit
@@ -224,10 +224,10 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
                    FMT: tl.constexpr, PLACEMENT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr,
                    DOT: tl.constexpr, CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
-    """One (sequence, kv head, split): the split's tokens attended by the kv head's GROUP query heads."""
+    """One (sequence, kv head, split, class of positions modulo PERIOD): those tokens attended by GROUP heads."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    PERIOD = ROW_WINDOW + (ROW_WINDOW == 0)     # ROW_WINDOW: the period in slots of the rows' phases, or 0 (off)
     seq_len = tl.load(seq_lens_ptr + b)
     g = tl.arange(0, BLOCK_G)
     heads = kv_head * GROUP + g
@@ -235,11 +235,11 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
     block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words, scale_head_words = layout
     table = block_tables_ptr + b.to(tl.int64) * strides[4]
     head_row = kv_head.to(tl.int64) * row_stride
-    # ROW_WINDOW: every row of this kv head starts `phase` bytes past a 16-byte boundary
-    phase = (head_row % 16).to(tl.int32) if ROW_WINDOW else 0
+    start, end = _split_range(seq_len, window, num_splits, tl.program_id(2), BLOCK_N * PERIOD, PERIOD)
+    # ROW_WINDOW: every row this program reads (its slot in the class) starts `phase` bytes past a 16-byte boundary
+    phase = ((head_row + (start % PERIOD) * slot_stride) % 16).to(tl.int32) if ROW_WINDOW else 0
     q, q_tail = _load_q(q_ptr + b.to(tl.int64) * strides[0] + heads[:, None] * strides[1], head_mask, phase,
                         HEAD_SIZE, ROW_WINDOW)
-    start, end = _split_range(seq_len, window, num_splits, split, BLOCK_N)
     q, q_tail, s_scale = _dot_operands(q, q_tail, qk_scale, DOT, ROW_WINDOW)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
@@ -248,8 +248,8 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
     scales_ptr = codes_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
     head_scale = scale_offset // SCALE_WORD + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
     block_words = block_stride // SCALE_WORD
-    for start_n in range(start, end, BLOCK_N):
-        n = start_n + tl.arange(0, BLOCK_N)
+    for start_n in range(start, end, BLOCK_N * PERIOD):
+        n = start_n + PERIOD * tl.arange(0, BLOCK_N)
         valid = n < end
         rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row, ALIGN[0])
         code_rows = tl.multiple_of(tl.where(valid, rows - phase, 0), 16) if ROW_WINDOW else rows
@@ -280,12 +280,12 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
                     HEAD_SIZE, ROW_WINDOW)
     else:
         # partials laid out [B, Hq, num_splits, D] and [B, Hq, num_splits, 2] (max, sum)
-        part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
+        part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * tl.num_programs(2) + tl.program_id(2)
         _store_rows(partials[0] + part[:, None] * HEAD_SIZE, acc, acc_tail, head_mask, phase, HEAD_SIZE, ROW_WINDOW)
         tl.store(partials[1] + part * 2, m, mask=head_mask)
         tl.store(partials[1] + part * 2 + 1, l, mask=head_mask)
         if counters_ptr is not None:
-            _merge_if_last(partials, counters_ptr, out_ptr, strides, b, kv_head, num_splits, GROUP, HEAD_SIZE)
+            _merge_if_last(partials, counters_ptr, out_ptr, strides, b, kv_head, tl.num_programs(2), GROUP, HEAD_SIZE)
 
 
 @triton.jit
@@ -344,9 +344,8 @@ def relative_bias_reference(rel_bias: torch.Tensor, q_pos: torch.Tensor, kv_len:
 
 
 def _check_window(sliding_window) -> None:
-    if sliding_window is None:
-        return
-    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                       or sliding_window < 0):
         raise ValueError(f"sliding_window must be an int >= 0 (0 or None = no window), got {sliding_window!r}")
 
 
@@ -372,11 +371,13 @@ def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> N
     check_block_tables(block_tables, seq_lens, spec, capacity)
 
 
-def row_window_applies(pool: torch.Tensor, spec) -> bool:
-    """Whether the "row" placement can be read in aligned 16-byte pieces (ROW_WINDOW)."""
-    return (formats.has_inline_scales(spec.fmt) and spec.placement == formats.ROW and spec.elem_bytes == 1
-            and spec.head_size >= 16 and pool.data_ptr() % 16 == 0
-            and all(stride % 16 == 0 for stride in (spec.block_bytes, spec.kv_bytes, spec.slot_bytes)))
+def row_window_period(pool: torch.Tensor, spec) -> int:
+    """ROW_WINDOW: the period in slots after which a kv head's rows are at the same offset past a 16-byte boundary
+    again, or 0 where the "row" placement cannot be read in aligned 16-byte pieces."""
+    period = 16 // math.gcd(spec.slot_bytes, 16)
+    return period if (formats.has_inline_scales(spec.fmt) and spec.placement == formats.ROW and spec.elem_bytes == 1
+                      and spec.head_size >= 16 and pool.data_ptr() % 16 == 0 and spec.block_size % period == 0
+                      and spec.block_bytes % 16 == 0 and spec.kv_bytes % 16 == 0) else 0
 
 
 _COUNTERS: dict[str, torch.Tensor] = {}
@@ -393,9 +394,9 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            spec, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                           out: torch.Tensor | None = None, validate: bool = True,
-                           sliding_window: int = 0, rel_bias: torch.Tensor | None = None,
-                           config: launch.DecodeConfig | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, validate: bool = True, sliding_window: int = 0,
+                           rel_bias: torch.Tensor | None = None, config: launch.DecodeConfig | None = None,
+                           ) -> torch.Tensor:
     """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype. sliding_window > 0:
     only each sequence's last sliding_window tokens count; rel_bias: T5's float32 [Hq, max_distance + 1]."""
     if validate:
@@ -417,40 +418,40 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
                                       q.device, fmt=spec.fmt, placement=spec.placement)
     cfg = config
     codes, _ = read_views(pool, spec)
-    split = cfg.num_splits > 1
+    # the aligned row reads (not a float32 q on a GPU: tiles too large), one program per split and token class
+    period = row_window_period(pool, spec) if cfg.row_window and (INTERPRETED or q.dtype != torch.float32) else 0
+    num_splits = max(1, cfg.num_splits // period) if period else cfg.num_splits
+    parts = num_splits * max(period, 1)
     partials = counters = None
-    if split:
-        partials = (torch.empty(batch, num_heads, cfg.num_splits, head_size, dtype=torch.float32, device=q.device),
-                    torch.empty(batch, num_heads, cfg.num_splits, 2, dtype=torch.float32, device=q.device))
+    if parts > 1:
+        partials = (torch.empty(batch, num_heads, parts, head_size, dtype=torch.float32, device=q.device),
+                    torch.empty(batch, num_heads, parts, 2, dtype=torch.float32, device=q.device))
         if cfg.merge_in_kernel:
             counters = _split_counters(q.device, batch * spec.num_kv_heads)
     # 1-byte codes with a 16-bit q: float16 dot products, q rescaled per row (pow2_row_scale)
     scaled_f16 = cfg.f16_dot and spec.elem_bytes == 1 and q.dtype != torch.float32
     dot = (DOT_F16 if scaled_f16 else DOT_F32 if launch.dot_in_float32(q.dtype) else DOT_Q).value
-    _decode_kernel[(batch, spec.num_kv_heads, cfg.num_splits)](
+    _decode_kernel[(batch, spec.num_kv_heads, parts)](
         q, out, codes, block_tables, seq_lens, partials, counters, rel_bias,
         (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
          1 if rel_bias is None else rel_bias.shape[1]),
         (*element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2]), qk_scale, float(v_scale),
-        cfg.num_splits, int(sliding_window or 0),
+        num_splits, int(sliding_window or 0),
         FMT=spec.fmt, PLACEMENT=spec.placement, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size,
         BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n, ALIGN=(row_alignment(spec), scale_alignment(spec)), DOT=dot,
         CONVERT=(cfg.convert_asm and scaled_f16, cfg.k_pure, cfg.v_pure),
-        ROW_WINDOW=cfg.row_window and row_window_applies(pool, spec)
-        and (INTERPRETED or q.dtype != torch.float32),       # a float32 q on a GPU: tiles too large for it
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ROW_WINDOW=period, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
-    if split and not cfg.merge_in_kernel:
+    if parts > 1 and not cfg.merge_in_kernel:
         _merge_splits_kernel[(batch, num_heads)](*partials, out, out.stride(0), out.stride(1),
-                                                 cfg.num_splits, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK)
+                                                 parts, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK)
     return out
 
 
 def paged_decode_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
                                      seq_lens: torch.Tensor, spec, sm_scale: float, k_scale: float = 1.0,
-                                     v_scale: float = 1.0, out: torch.Tensor | None = None,
-                                     validate: bool = True, sliding_window: int = 0,
-                                     rel_bias: torch.Tensor | None = None,
+                                     v_scale: float = 1.0, out: torch.Tensor | None = None, validate: bool = True,
+                                     sliding_window: int = 0, rel_bias: torch.Tensor | None = None,
                                      config=None) -> torch.Tensor:
     """The same attention in fp32 torch, one sequence at a time, K/V gathered from the pool's bytes (`config`, the
     kernel's launch configuration, is accepted and ignored)."""

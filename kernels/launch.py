@@ -38,7 +38,7 @@ class DecodeConfig:
                                    # (measured slower on an H200 than the second kernel: off by default)
     max_registers: int | None = None   # a cap on registers per thread (more programs per SM), or the compiler's
     row_window: bool = True        # "row" placement: read each row as aligned 16-byte pieces where the strides
-                                   # allow it (decode_attention.row_window_applies), else 4-byte loads
+                                   # allow it (decode_attention.row_window_period), else 4-byte loads
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,8 @@ DECODE_WAVES = 1.0
 DECODE_MIN_TILES = 2
 DECODE_MAX_SPLITS = 64
 DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
-# Head sizes above 128 in 1- and 2-byte formats, measured at gemma-4-E2B's shapes: (block_n, num_stages).
-DECODE_LARGE_HEAD = {"row placement": (16, 5), "other": (32, 4)}
+# Head sizes above 128, 1- and 2-byte formats, measured at gemma-4-E2B's shapes (docs/internals.md): (block_n, stages)
+DECODE_LARGE_HEAD = {"row placement": (32, 3), "other": (32, 4)}
 DECODE_LARGE_HEAD_PROGRAMS_PER_SM = 2
 
 

@@ -562,8 +562,8 @@ for ctx in sorted({int(r["context"]) for r in long_rows}):
 # KV head), each format's default launch beside the best of 48 others (tokens per tile, warps, stages). The launch
 # is not the problem: the default is the best or close to it in every row. The placement is. With one KV head a
 # "row" slot is 512 + 4 = 516 bytes, so consecutive rows start at offsets 0, 4, 8, 12 (mod 16), the aligned row
-# window of the section on alignment cannot apply, and rows are read 4 bytes at a time; the same codes with their
-# scales grouped per block ("block") read like fp8 per tensor.
+# window of the section on alignment could not apply in that run, and rows were read 4 bytes at a time; the same
+# codes with their scales grouped per block ("block") read like fp8 per tensor.
 
 # %%
 with open(DATA.parent / "gpu_decode_one_byte_e2b.csv") as _f:
@@ -580,6 +580,42 @@ for fmt in dict.fromkeys(r["format"] for r in one_byte_e2b if r["format"] != "au
     print(f"{viz_gpu.label(fmt):34s} {default:10.0f} {best:8.0f} {bf16_us / default:14.2f}x")
 assert all(v < 1.25 for f, v in placement_speed.items() if "per_token" in f and "/block" not in f)
 assert all(v > 1.5 for f, v in placement_speed.items() if "/block" in f or f == "fp8")
+
+# %% [markdown]
+# The phases repeat, though: slot $s$ of a block starts $4s$ bytes (mod 16) past a 16-byte boundary, so every fourth
+# slot has the same phase. The kernel therefore gives each class of token positions modulo 4 its own program
+# (`PERIOD` in `kernels/decode_attention.py`; `row_window_period` finds the period of any layout): within one
+# program every row shares one phase, the aligned window applies again, and the classes' partial results are
+# merged like the splits'. The cell below reads `data/gpu_decode_row_window_e2b.csv` (`tools/gpu_probes/
+# e2b_decode_sweep.py OUT row-window`, an H200, a different card from the table above): both layer shapes, the
+# row placement read 4 bytes at a time and by class (the best of a grid of tiles, warps, stages and program
+# counts; `kernels/launch.py` takes the best at head 512), beside bf16 and the block placement.
+
+# %%
+with open(DATA.parent / "gpu_decode_row_window_e2b.csv") as _f:
+    row_window_e2b = [r for r in csv.DictReader(_f) if r["us"]]
+print("bf16's time over each format's, batch 64, context 8192")
+print(f"{'layer':22s} {'format':30s} {'4-byte loads':>12s} {'by class':>9s}")
+by_class_gain = {}
+for head_size in ("512", "256"):
+    runs = [r for r in row_window_e2b if r["head_size"] == head_size]
+    bf16_e2b = next(float(r["us"]) for r in runs if (r["format"], r["config"]) == ("auto", "default"))
+    where = f"head {head_size}" + (", window 512" if head_size == "256" else "")
+    for fmt in ("int8_per_token_head", "fp8_per_token_head"):
+        four = next(float(r["us"]) for r in runs if (r["format"], r["config"]) == (fmt, "4-byte loads"))
+        by_class = min(float(r["us"]) for r in runs if r["format"] == fmt and r["row_window"] == "True")
+        by_class_gain[(head_size, fmt)] = four / by_class
+        print(f"{where:22s} {viz_gpu.label(fmt):30s} {bf16_e2b / four:11.2f}x {bf16_e2b / by_class:8.2f}x")
+    block_us = next(float(r["us"]) for r in runs if r["format"].endswith("/block") and r["config"] == "default")
+    print(f"{where:22s} {viz_gpu.label('fp8_per_token_head/block'):30s} {bf16_e2b / block_us:21.2f}x")
+assert all(by_class_gain[("512", f)] > 1.2 for f in ("int8_per_token_head", "fp8_per_token_head"))
+
+# %% [markdown]
+# Read by class, vLLM's layout catches up with bf16 at the full layers but not with the block placement: the
+# alignment was the larger part of the gap, not all of it. What remains is per row: a 16-byte tail piece and its
+# small dot product, a scattered 4-byte scale read, and one row in four per program, so each program's reads are
+# spread over four times as many lines. Neither placement reads at the speed its bytes allow (the 1-byte ceiling
+# of the bullets below).
 
 # %% [markdown]
 # **A fixed budget.** At batch 64 the formats differ little, but a 1-byte cache also buys room. `--capacity` asks

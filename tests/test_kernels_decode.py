@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -176,27 +177,34 @@ def test_decode_head_size_512(fmt, heads):
     _run(fmt, 16, heads, 512, [1, 15, 17, 47], sliding_window=0)
 
 
-# The "row" placement's aligned reads (ROW_WINDOW, the GPU's path): kv-head counts whose slot stride is a multiple
-# of 16 bytes, so every phase (0, 4, 8, 12 bytes past a 16-byte boundary) occurs; NaN-pattern bytes (0x7F is an
-# e4m3 NaN) everywhere no row is written, so a stray column that reached a score would show.
+# The "row" placement's aligned reads (ROW_WINDOW, the GPU's path), with NaN-pattern bytes (0x7F is an e4m3 NaN)
+# everywhere no row is written, so a stray column that reached a score would show. kv-head counts whose slot stride
+# is a multiple of 16 bytes (period 1: the phases 0, 4, 8, 12 bytes occur across the heads), and slots whose rows
+# go through the phases slot by slot (period 2 or 4: one program per class of token positions), gemma-4-E2B's full
+# layer (one kv head of 512: 516-byte slots, period 4) among them.
 ROW_WINDOW_CASES = [("int8_per_token_head", torch.float16, True, 1, (8, 4), 32),
                     ("fp8_per_token_head", torch.float32, False, 3, (8, 4), 32),
                     ("int8_per_token_head", torch.float32, False, 3, (16, 8), 64),
                     ("fp8_per_token_head", torch.float16, False, 2, (16, 8), 64),
                     ("fp8_per_token_head", torch.float16, True, 2, (4, 4), 16),
-                    ("int8_per_token_head", torch.float16, False, 1, (4, 4), 16)]
+                    ("int8_per_token_head", torch.float16, False, 1, (4, 4), 16),
+                    ("fp8_per_token_head", torch.float16, True, 1, (8, 1), 512),
+                    ("int8_per_token_head", torch.float32, False, 8, (8, 1), 512),
+                    ("fp8_per_token_head", torch.float32, False, 4, (4, 1), 32),
+                    ("int8_per_token_head", torch.float16, True, 2, (4, 2), 32),
+                    ("fp8_per_token_head", torch.float16, False, 6, (8, 2), 64)]
 
 
 @pytest.mark.parametrize("kv_cache_dtype,dtype,f16,num_splits,heads,head_size", ROW_WINDOW_CASES)
 def test_row_window_reads(kv_cache_dtype, dtype, f16, num_splits, heads, head_size):
-    from minikv.kernels.decode_attention import row_window_applies
-    (num_heads, kv_heads), lens, block_size = heads, [1, 17, 40, 5], 16
+    from minikv.kernels.decode_attention import row_window_period
+    (num_heads, kv_heads), lens, block_size = heads, [1, 17, 40, 5, 66], 16
     spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size)
     tables, num_blocks = random_block_tables(lens, block_size)
     pool = make_pool(spec, num_blocks)
     pool.fill_(0x7F)
     fill_sequences(pool, spec, tables, lens, dtype, 0.61, 1.7)
-    assert row_window_applies(pool, spec)
+    assert row_window_period(pool, spec) == 16 // math.gcd(spec.slot_bytes, 16)
     q = torch.randn(len(lens), num_heads, head_size).to(dtype)
     args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, head_size ** -0.5)
     cfg = decode_config(spec, q, lens, row_window=True, block_n=16, f16_dot=f16, num_splits=num_splits)
@@ -204,10 +212,45 @@ def test_row_window_reads(kv_cache_dtype, dtype, f16, num_splits, heads, head_si
                                paged_decode_attention_reference(*args).float(), **attention_tolerance(dtype))
 
 
-def test_row_window_needs_16_byte_strides():
-    """One kv head of 32 codes: 36-byte slots, so the rows' phases differ and the 4-byte path reads them."""
-    from minikv.kernels.decode_attention import row_window_applies
-    for kv_heads, placement, applies in [(1, "row", False), (2, "row", False), (4, "row", True),
-                                         (4, "block", False)]:
-        spec = make_spec("int8_per_token_head", torch.float16, kv_heads, 32, 16, placement)
-        assert row_window_applies(make_pool(spec, 2), spec) is applies
+@pytest.mark.parametrize("sliding_window", [0, 3, 21])
+def test_row_window_token_classes_with_a_window(sliding_window):
+    """Period 4 (one kv head of 32: 36-byte slots) with windows whose first token is in each class in turn."""
+    lens = [1, 2, 3, 4, 23, 38, 40]
+    spec = make_spec("fp8_per_token_head", torch.float16, 1, 32, 16)
+    tables, num_blocks = random_block_tables(lens, 16)
+    pool = make_pool(spec, num_blocks)
+    pool.fill_(0x7F)
+    fill_sequences(pool, spec, tables, lens, torch.float16, 0.61, 1.7)
+    q = torch.randn(len(lens), 4, 32).to(torch.float16)
+    args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, 32 ** -0.5)
+    for num_splits, merge_in_kernel in [(4, False), (8, True)]:
+        cfg = decode_config(spec, q, lens, row_window=True, block_n=16, f16_dot=True, num_splits=num_splits,
+                            merge_in_kernel=merge_in_kernel)
+        torch.testing.assert_close(
+            paged_decode_attention(*args, config=cfg, sliding_window=sliding_window).float(),
+            paged_decode_attention_reference(*args, sliding_window=sliding_window).float(),
+            **attention_tolerance(torch.float16))
+
+
+def test_row_window_phases_repeat_every_period():
+    """The token classes' premise: a row's offset modulo 16 follows its kv head and its slot modulo the period,
+    whichever block the slot is in, in both halves."""
+    from minikv.kernels.addressing import row_byte_offsets
+    from minikv.kernels.decode_attention import row_window_period
+    for kv_heads, head_size in [(1, 512), (1, 256), (2, 32), (3, 64), (8, 128)]:
+        spec = make_spec("fp8_per_token_head", torch.float16, kv_heads, head_size, 16)
+        period = row_window_period(make_pool(spec, 4), spec)
+        slots = torch.arange(4 * 16)
+        for kv in (0, 1):
+            phases = row_byte_offsets(spec, slots, kv) % 16
+            assert torch.equal(phases, phases[slots % period])
+            assert len({tuple(p.tolist()) for p in phases}) == period
+
+
+def test_row_window_period():
+    """The period in slots after which a kv head's rows start at the same 16-byte phase again (0: never read so)."""
+    from minikv.kernels.decode_attention import row_window_period
+    for kv_heads, placement, block_size, period in [(1, "row", 16, 4), (2, "row", 16, 2), (4, "row", 16, 1),
+                                                    (4, "block", 16, 0)]:
+        spec = make_spec("int8_per_token_head", torch.float16, kv_heads, 32, block_size, placement)
+        assert row_window_period(make_pool(spec, 2), spec) == period

@@ -72,7 +72,8 @@ def test_write_bytes_identical_on_gpu(kernels, fmt, kv_heads, head_size, block_s
 DECODE_SHAPES = [(3, (32, 8), 128), (64, (8, 8), 128), (5, (8, 1), 256), (5, (8, 1), 512), (33, (8, 2), 512),
                  (5, (8, 1), 128)]
 # every format in both placements where it has scales (the row placement of the 1-byte per-token-head formats
-# read in aligned pieces, ROW_WINDOW, where 8 KV heads of 128 make 16-byte slots, else 4 bytes at a time)
+# read in aligned pieces, ROW_WINDOW: 8 KV heads of 128 make 16-byte slots; the other shapes' rows go through the
+# 16-byte phases slot by slot, one program per class of token positions)
 FORMAT_PLACEMENTS = [(GPU_FORMATS[0], "row"), (GPU_FORMATS[1], "row"), (GPU_FORMATS[2], "row"),
                      (GPU_FORMATS[3], "row"), (GPU_FORMATS[4], "block"), (GPU_FORMATS[5], "block"),
                      (("int8_per_token_head", torch.float32), "row")]

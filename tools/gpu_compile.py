@@ -137,6 +137,9 @@ CASES = {
     "auto-512": dict(fmt="auto", placement="row", heads=(8, 1), head_size=512, batch=5),
     "int8-512": dict(fmt="int8_per_token_head", placement="row", heads=(8, 1), head_size=512, batch=5),
     "auto-256": dict(fmt="auto", placement="row", heads=(8, 1), head_size=256, batch=5),
+    "fp8pth-512": dict(fmt="fp8_per_token_head", placement="row", heads=(8, 1), head_size=512, ctx=8192),
+    "fp8pth-512-block": dict(fmt="fp8_per_token_head", placement="block", heads=(8, 1), head_size=512, ctx=8192),
+    "fp8pth-256": dict(fmt="fp8_per_token_head", placement="row", heads=(8, 1), head_size=256, ctx=8192),
 }
 
 

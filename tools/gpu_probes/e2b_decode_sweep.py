@@ -3,6 +3,7 @@ batch 64, context 8192, on a CUDA machine:
 
     python tools/gpu_probes/e2b_decode_sweep.py OUT_DIR              # every format, "row" placement
     python tools/gpu_probes/e2b_decode_sweep.py OUT_DIR one-byte     # the 1-byte formats at head 512, both placements
+    python tools/gpu_probes/e2b_decode_sweep.py OUT_DIR row-window   # the "row" placement's aligned reads by class
 
 The full layers (head size 512, no window) and the sliding ones (256, window 512), every format in the default
 "row" placement: launch.decode_config's own choice ("default") and a grid of (block_n, warps, stages) at its
@@ -13,6 +14,11 @@ Timings: CUDA-graph replay, L2 flushed (minikv.bench.attention.cuda_time_ms). Wr
 336 us against 264 at this shape on an H200), with a wider grid (64-token tiles, 1 and 2 stages, V converted where the
 compiler places it) over fp8, and both per-token-head formats in both scale placements; bf16's default beside them.
 Writes e2b_decode_one_byte.csv.
+
+`row-window`: both layer shapes, the per-token-head formats in the "row" placement read in aligned pieces, one
+program per class of token positions (decode_attention.row_window_period: 516- and 260-byte slots, period 4), over
+a grid of tiles, warps, stages and 1x, 2x, 4x the default's programs; beside them the default with 4-byte loads
+("4-byte loads"), bf16 and the "block" placement. Writes e2b_decode_row_window.csv.
 """
 import csv
 import dataclasses
@@ -29,15 +35,23 @@ GRID = list(itertools.product((16, 32), (4, 8), (3, 4, 5)))
 ONE_BYTE_FORMATS = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head", "int8_per_token_head/block",
                     "fp8_per_token_head/block")
 ONE_BYTE_GRID = list(itertools.product((16, 32, 64), (4, 8), (1, 2, 3, 4), (False, True)))
-MODE = {"formats": FORMATS, "shapes": SHAPES, "one_byte": False}
+# row-window mode: (block_n, warps, stages, programs per (sequence, kv head) as a multiple of the default's)
+WINDOW_FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "fp8_per_token_head/block")
+WINDOW_GRID = list(itertools.product((16, 32, 64), (4, 8), (3, 5), (1, 2, 4)))
+if os.environ.get("WINDOW_GRID"):       # a narrower grid: "block_n x warps x stages x programs", comma separated
+    WINDOW_GRID = [tuple(int(v) for v in item.split("x")) for item in os.environ["WINDOW_GRID"].split(",")]
+MODE = {"formats": FORMATS, "shapes": SHAPES, "one_byte": False, "row_window": False}
 
 
 def set_mode(mode):
-    """The sweep's formats and grid: None (every format, "row") or "one-byte"; also run in each worker."""
+    """The sweep's formats and grid: None (every format, "row"), "one-byte" or "row-window"; also run in each
+    worker."""
     if mode == "one-byte":
         MODE.update(formats=ONE_BYTE_FORMATS, shapes=((512, 0),), one_byte=True)
+    elif mode == "row-window":
+        MODE.update(formats=WINDOW_FORMATS, row_window=True)
     elif mode is not None:
-        sys.exit(f"unknown mode {mode!r}: the only mode is one-byte")
+        sys.exit(f"unknown mode {mode!r}: the modes are one-byte and row-window")
 
 
 def layout_of(name, head_size):
@@ -69,6 +83,13 @@ def candidates(fmt, head_size):
     old = dataclasses.replace(base, block_n=old_n, num_stages=launch.DECODE_STAGES[layout.elem_bytes],
                               num_splits=launch.decode_splits(64, 1, 8192, old_n, launch.num_sms(0)))
     cands = [("default", base), ("old rule", old)]
+    if MODE["row_window"]:
+        if layout.has_inline_scales and layout.scale_placement == "row":
+            cands.append(("4-byte loads", dataclasses.replace(base, row_window=False)))
+            for (block_n, warps, stages, programs) in WINDOW_GRID:
+                cands.append(("grid", dataclasses.replace(base, block_n=block_n, num_warps=warps, num_stages=stages,
+                                                          num_splits=base.num_splits * programs)))
+        return base, cands
     if MODE["one_byte"]:
         if layout.elem_bytes == 1:
             for (block_n, warps, stages, v_pure) in ONE_BYTE_GRID:
@@ -110,10 +131,11 @@ def main(out_dir, mode=None):
     set_mode(mode)
     formats, shapes = MODE["formats"], MODE["shapes"]
     os.makedirs(out_dir, exist_ok=True)
-    name = "e2b_decode_one_byte.csv" if MODE["one_byte"] else "e2b_decode_sweep.csv"
+    name = ("e2b_decode_one_byte.csv" if MODE["one_byte"] else "e2b_decode_row_window.csv" if MODE["row_window"]
+            else "e2b_decode_sweep.csv")
     f = open(os.path.join(out_dir, name), "w", newline="")
     w = csv.DictWriter(f, ["head_size", "window", "format", "config", "block_n", "warps", "stages", "v_pure",
-                           "splits", "us", "max_abs_diff", "error"])
+                           "row_window", "splits", "us", "max_abs_diff", "error"])
     w.writeheader()
     jobs = [(fmt, hs, win, i) for hs, win in shapes for fmt in formats for i in range(len(candidates(fmt, hs)[1]))]
     start = time.time()
@@ -127,7 +149,8 @@ def main(out_dir, mode=None):
             best, rows_done = None, []
             for name, cfg in cands:
                 r = dict(head_size=head_size, window=window, format=fmt, config=name, block_n=cfg.block_n,
-                         warps=cfg.num_warps, stages=cfg.num_stages, v_pure=cfg.v_pure, splits=cfg.num_splits)
+                         warps=cfg.num_warps, stages=cfg.num_stages, v_pure=cfg.v_pure, row_window=cfg.row_window,
+                         splits=cfg.num_splits)
                 diff = diffs[(fmt, head_size, window, len(rows_done))]
                 rows_done.append(name)
                 try:
@@ -143,6 +166,8 @@ def main(out_dir, mode=None):
                         default_us = r["us"]
                     if name == "old rule":
                         old_us = r["us"]
+                    if name == "4-byte loads":
+                        print(f"    {fmt}: 4-byte loads {r['us']:8.1f} us", flush=True)
                 except Exception as exc:  # noqa: BLE001
                     r["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
                 w.writerow(r)
