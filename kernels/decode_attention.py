@@ -279,7 +279,7 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
                     (acc / l[:, None]).to(out_type), (acc_tail / l[:, None]).to(out_type), head_mask, phase,
                     HEAD_SIZE, ROW_WINDOW)
     else:
-        # partials laid out [B, Hq, num_splits, D] and [B, Hq, num_splits, 2] (max, sum)
+        # partials laid out [B, Hq, P, D] and [B, Hq, P, 2] (max, sum), P = num_splits x PERIOD programs
         part = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * tl.num_programs(2) + tl.program_id(2)
         _store_rows(partials[0] + part[:, None] * HEAD_SIZE, acc, acc_tail, head_mask, phase, HEAD_SIZE, ROW_WINDOW)
         tl.store(partials[1] + part * 2, m, mask=head_mask)
