@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import formats
-from .mode import INTERPRETED
+from .mode import INTERPRETED, require_device
 
 
 def check_pool(pool: torch.Tensor, spec) -> int:
@@ -79,3 +79,46 @@ def check_scale(name: str, value) -> None:
 
 def pool_capacity(pool: torch.Tensor, spec) -> int:
     return pool.numel() // spec.block_bytes
+
+
+def check_rel_bias(rel_bias, q) -> None:
+    if rel_bias is None:
+        return
+    if not isinstance(rel_bias, torch.Tensor) or rel_bias.dtype != torch.float32 or rel_bias.dim() != 2:
+        raise TypeError("rel_bias must be a float32 tensor [num_heads, max_distance + 1], got "
+                        f"{type(rel_bias).__name__} {getattr(rel_bias, 'dtype', '')} "
+                        f"{list(getattr(rel_bias, 'shape', []))}")
+    if rel_bias.shape[0] != q.shape[1] or rel_bias.shape[1] < 1 or not rel_bias.is_contiguous():
+        raise ValueError(f"rel_bias must be contiguous with one row per query head ({q.shape[1]}) and at least one "
+                         f"column, got shape {list(rel_bias.shape)}")
+    if rel_bias.device != q.device:
+        raise ValueError(f"rel_bias is on {rel_bias.device}, q on {q.device}")
+
+
+def check_window(sliding_window) -> None:
+    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                       or sliding_window < 0):
+        raise ValueError(f"sliding_window must be an int >= 0 (0 or None = no window), got {sliding_window!r}")
+
+
+def check_decode_inputs(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> None:
+    """paged_decode_attention's and its reference's inputs."""
+    formats.CacheSpec.of(spec)
+    check_float_tensor("q", q, 3)
+    check_int_tensor("block_tables", block_tables, torch.int32, 2)
+    check_int_tensor("seq_lens", seq_lens, torch.int32, 1)
+    capacity = check_pool(pool, spec)
+    require_device(q, pool, block_tables, seq_lens, out)
+    batch, num_heads, head_size = q.shape
+    if head_size != spec.head_size:
+        raise ValueError(f"q has head size {head_size}, the cache {spec.head_size}")
+    check_query_against_cache(q, spec, k_scale, v_scale)
+    if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
+        raise ValueError(f"q has {batch} sequences but block_tables has {block_tables.shape[0]} rows and "
+                         f"seq_lens {seq_lens.shape[0]} entries")
+    if out is not None and (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.stride(-1) != 1):
+        raise ValueError(f"out must be a {q.dtype} tensor of shape {list(q.shape)} with unit last stride, got "
+                         f"{out.dtype} {list(out.shape)}")
+    if batch and int(seq_lens.min()) < 1:
+        raise ValueError("every seq_lens entry must be at least 1")
+    check_block_tables(block_tables, seq_lens, spec, capacity)

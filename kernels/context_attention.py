@@ -11,8 +11,9 @@ import triton.language as tl
 from . import formats, launch
 from .addressing import (FP8, SCALE_WORD, SUPPORTED_HEAD_SIZES, check_spec, element_strides, gather_sequence,
                          paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales)
-from .checks import check_block_tables, check_float_tensor, check_int_tensor, check_pool, check_query_against_cache
-from .decode_attention import check_rel_bias, pow2_row_scale, relative_bias_reference
+from .checks import (check_block_tables, check_float_tensor, check_int_tensor, check_pool, check_query_against_cache,
+                     check_rel_bias)
+from .decode_attention import pow2_row_scale, relative_bias_reference
 from .mode import require_device
 
 LOG2E = math.log2(math.e)

@@ -9,10 +9,10 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (FP8, FP8_PTH, INT8_PTH, SCALE_WORD, check_spec, element_strides, gather_sequence,
-                         paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales)
-from .checks import check_block_tables, check_float_tensor, check_int_tensor, check_pool, check_query_against_cache
-from .mode import INTERPRETED, require_device
+from .addressing import (FP8, FP8_PTH, INT8_PTH, SCALE_WORD, element_strides, gather_sequence, paged_rows, read_views,
+                         row_alignment, scale_alignment, scale_word_strides, tile_scales)
+from .checks import check_decode_inputs, check_rel_bias, check_window
+from .mode import INTERPRETED
 
 LOG2E = math.log2(math.e)
 MERGE_CHUNK: tl.constexpr = tl.constexpr(16)    # splits merged per vector load (more loop over chunks)
@@ -322,53 +322,11 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_o
                 out_ptr + b.to(tl.int64) * stride_ob + head * stride_oh, HEAD_SIZE, CHUNK)
 
 
-def check_rel_bias(rel_bias, q) -> None:
-    if rel_bias is None:
-        return
-    if not isinstance(rel_bias, torch.Tensor) or rel_bias.dtype != torch.float32 or rel_bias.dim() != 2:
-        raise TypeError("rel_bias must be a float32 tensor [num_heads, max_distance + 1], got "
-                        f"{type(rel_bias).__name__} {getattr(rel_bias, 'dtype', '')} "
-                        f"{list(getattr(rel_bias, 'shape', []))}")
-    if rel_bias.shape[0] != q.shape[1] or rel_bias.shape[1] < 1 or not rel_bias.is_contiguous():
-        raise ValueError(f"rel_bias must be contiguous with one row per query head ({q.shape[1]}) and at least one "
-                         f"column, got shape {list(rel_bias.shape)}")
-    if rel_bias.device != q.device:
-        raise ValueError(f"rel_bias is on {rel_bias.device}, q on {q.device}")
-
-
 def relative_bias_reference(rel_bias: torch.Tensor, q_pos: torch.Tensor, kv_len: int) -> torch.Tensor:
     """[Hq, len(q_pos), kv_len] float32: rel_bias[h, clamp(q_pos - j, 0, max_distance)] for every key j."""
     j = torch.arange(kv_len, device=rel_bias.device)
     index = (q_pos.to(rel_bias.device)[:, None] - j[None, :]).clamp(0, rel_bias.shape[1] - 1)
     return rel_bias[:, index]
-
-
-def _check_window(sliding_window) -> None:
-    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
-                                       or sliding_window < 0):
-        raise ValueError(f"sliding_window must be an int >= 0 (0 or None = no window), got {sliding_window!r}")
-
-
-def _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> None:
-    check_spec(spec)
-    check_float_tensor("q", q, 3)
-    check_int_tensor("block_tables", block_tables, torch.int32, 2)
-    check_int_tensor("seq_lens", seq_lens, torch.int32, 1)
-    capacity = check_pool(pool, spec)
-    require_device(q, pool, block_tables, seq_lens, out)
-    batch, num_heads, head_size = q.shape
-    if head_size != spec.head_size:
-        raise ValueError(f"q has head size {head_size}, the cache {spec.head_size}")
-    check_query_against_cache(q, spec, k_scale, v_scale)
-    if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
-        raise ValueError(f"q has {batch} sequences but block_tables has {block_tables.shape[0]} rows and "
-                         f"seq_lens {seq_lens.shape[0]} entries")
-    if out is not None and (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.stride(-1) != 1):
-        raise ValueError(f"out must be a {q.dtype} tensor of shape {list(q.shape)} with unit last stride, got "
-                         f"{out.dtype} {list(out.shape)}")
-    if batch and int(seq_lens.min()) < 1:
-        raise ValueError("every seq_lens entry must be at least 1")
-    check_block_tables(block_tables, seq_lens, spec, capacity)
 
 
 def row_window_period(pool: torch.Tensor, spec) -> int:
@@ -400,8 +358,8 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     """q [B, Hq, D] attends to its sequence's cached K/V; returns out [B, Hq, D] in q's dtype. sliding_window > 0:
     only each sequence's last sliding_window tokens count; rel_bias: T5's float32 [Hq, max_distance + 1]."""
     if validate:
-        _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
-        _check_window(sliding_window)
+        check_decode_inputs(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
+        check_window(sliding_window)
         check_rel_bias(rel_bias, q)
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -456,8 +414,8 @@ def paged_decode_attention_reference(q: torch.Tensor, pool: torch.Tensor, block_
     """The same attention in fp32 torch, one sequence at a time, K/V gathered from the pool's bytes (`config`, the
     kernel's launch configuration, is accepted and ignored)."""
     if validate:
-        _validate(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
-        _check_window(sliding_window)
+        check_decode_inputs(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out)
+        check_window(sliding_window)
         check_rel_bias(rel_bias, q)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
