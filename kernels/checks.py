@@ -103,7 +103,7 @@ def check_window(sliding_window) -> None:
 
 def check_decode_inputs(q, pool, block_tables, seq_lens, spec, k_scale, v_scale, out) -> None:
     """paged_decode_attention's and its reference's inputs."""
-    formats.CacheSpec.of(spec)
+    formats.CacheSpec.of(spec)                      # a spec checks every field when it is made
     check_float_tensor("q", q, 3)
     check_int_tensor("block_tables", block_tables, torch.int32, 2)
     check_int_tensor("seq_lens", seq_lens, torch.int32, 1)
