@@ -156,16 +156,15 @@ def _split_range(seq_len, window, num_splits, part, TILE: tl.constexpr, PERIOD: 
 
 
 @triton.jit
-def _qk(k_ptrs, valid, q, q_tail, phase, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, DOT: tl.constexpr,
+def _qk(k_ptrs, k_tail, valid, q, q_tail, phase, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, DOT: tl.constexpr,
         CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
-    """q times a tile of K codes (rows at k_ptrs [BLOCK_N, 1]), scales not applied: [BLOCK_G, BLOCK_N]."""
+    """q times a tile of K codes (rows at k_ptrs [BLOCK_N, 1]; ROW_WINDOW: and their _tail), scales not applied:
+    [BLOCK_G, BLOCK_N]."""
     d = tl.arange(0, HEAD_SIZE)
     if ROW_WINDOW:
-        e = tl.arange(0, TAIL)
         k = _window_codes_to(tl.load(k_ptrs + d[None, :], mask=valid[:, None], other=0.0), FMT, q.dtype,
                              CONVERT[0], CONVERT[1], d >= phase)
-        k_tail = _window_codes_to(tl.load(k_ptrs + HEAD_SIZE + e[None, :], mask=valid[:, None], other=0.0), FMT,
-                                  q.dtype, CONVERT[0], CONVERT[1], e < phase)
+        k_tail = _window_codes_to(k_tail, FMT, q.dtype, CONVERT[0], CONVERT[1], tl.arange(0, TAIL) < phase)
         return _dot(q_tail, tl.trans(k_tail), _dot(q, tl.trans(k), None, DOT), DOT)
     else:
         k = tl.load(k_ptrs + d[None, :], mask=valid[:, None], other=0.0)
@@ -173,15 +172,41 @@ def _qk(k_ptrs, valid, q, q_tail, phase, FMT: tl.constexpr, HEAD_SIZE: tl.conste
 
 
 @triton.jit
-def _pv(v_ptrs, valid, p, acc, acc_tail, alpha, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, DOT: tl.constexpr,
-        CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
-    """acc (and ROW_WINDOW's acc_tail), rescaled by alpha, plus p times a tile of V codes (rows at v_ptrs)."""
+def _pv(v_ptrs, v_tail, valid, p, acc, acc_tail, alpha, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr,
+        DOT: tl.constexpr, CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
+    """acc (and ROW_WINDOW's acc_tail), rescaled by alpha, plus p times a tile of V codes (rows at v_ptrs; ROW_WINDOW:
+    and their _tail)."""
     d = tl.arange(0, HEAD_SIZE)
     v = tl.load(v_ptrs + d[None, :], mask=valid[:, None], other=0.0)
     if ROW_WINDOW:
-        v_tail = tl.load(v_ptrs + HEAD_SIZE + tl.arange(0, TAIL)[None, :], mask=valid[:, None], other=0.0)
         acc_tail = _dot(p, _codes_to(v_tail, FMT, p.dtype, CONVERT[0], CONVERT[2]), acc_tail * alpha[:, None], DOT)
     return _dot(p, _codes_to(v, FMT, p.dtype, CONVERT[0], CONVERT[2]), acc * alpha[:, None], DOT), acc_tail
+
+
+@triton.jit
+def _tail(rows, valid, HEAD_SIZE: tl.constexpr, ROW_WINDOW: tl.constexpr):
+    """ROW_WINDOW: the 16 bytes after a tile's row windows [BLOCK_N, TAIL] (each row's last codes, then its scale)."""
+    if ROW_WINDOW:
+        return tl.load(rows + HEAD_SIZE + tl.arange(0, TAIL)[None, :], mask=valid[:, None], other=0.0)
+    else:
+        return valid
+
+
+@triton.jit
+def _token_scales(tail, phase, scales_ptr, table, n, rows, valid, kv_offset, scale_offset, block_words, slot_words,
+                  head_words, BLOCK_SIZE: tl.constexpr, PLACEMENT: tl.constexpr, SCALE_ALIGN: tl.constexpr,
+                  ROW_WINDOW: tl.constexpr):
+    """A tile's fp32 scales [BLOCK_N]. ROW_WINDOW: bytes phase..phase+3 of each row's _tail, the scale that follows
+    the row's codes (row_window_period: scale_offset is the code bytes), already in registers; else tile_scales."""
+    if ROW_WINDOW:
+        e = tl.arange(0, TAIL)
+        byte = tail.to(tl.uint8, bitcast=True).to(tl.uint32)
+        shift = (((e - phase) & 3) * 8).to(tl.uint32)
+        word = tl.where(((e >= phase) & (e < phase + SCALE_WORD))[None, :], byte << shift[None, :], 0)
+        return tl.sum(word, axis=1).to(tl.float32, bitcast=True)
+    else:
+        return tile_scales(scales_ptr, table, n, rows, valid, kv_offset, scale_offset, block_words, slot_words,
+                           head_words, BLOCK_SIZE, PLACEMENT, SCALE_ALIGN)
 
 
 @triton.jit
@@ -253,11 +278,12 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
         valid = n < end
         rows = paged_rows(table, n, valid, BLOCK_SIZE, block_stride, slot_stride, head_row, ALIGN[0])
         code_rows = tl.multiple_of(tl.where(valid, rows - phase, 0), 16) if ROW_WINDOW else rows
-        s = _qk(codes_ptr + code_rows[:, None], valid, q, q_tail, phase, FMT, HEAD_SIZE, DOT, CONVERT,
-                ROW_WINDOW) * s_scale
+        k_rows, v_rows = codes_ptr + code_rows[:, None], codes_ptr + kv_stride + code_rows[:, None]
+        k_tail, v_tail = _tail(k_rows, valid, HEAD_SIZE, ROW_WINDOW), _tail(v_rows, valid, HEAD_SIZE, ROW_WINDOW)
+        s = _qk(k_rows, k_tail, valid, q, q_tail, phase, FMT, HEAD_SIZE, DOT, CONVERT, ROW_WINDOW) * s_scale
         if FMT == INT8_PTH or FMT == FP8_PTH:
-            s = s * tile_scales(scales_ptr, table, n, rows, valid, 0, scale_offset, block_words, scale_slot_words,
-                                head_scale, BLOCK_SIZE, PLACEMENT, ALIGN[1])[None, :]
+            s = s * _token_scales(k_tail, phase, scales_ptr, table, n, rows, valid, 0, scale_offset, block_words,
+                                  scale_slot_words, head_scale, BLOCK_SIZE, PLACEMENT, ALIGN[1], ROW_WINDOW)[None, :]
         if bias_ptr is not None:
             s = s + _relative_bias(bias_ptr, strides[5], heads, head_mask, seq_len - 1 - n)
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -266,10 +292,11 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         if FMT == INT8_PTH or FMT == FP8_PTH:
-            p = p * tile_scales(scales_ptr, table, n, rows, valid, kv_stride, scale_offset, block_words,
-                                scale_slot_words, head_scale, BLOCK_SIZE, PLACEMENT, ALIGN[1])[None, :]
-        acc, acc_tail = _pv(codes_ptr + kv_stride + code_rows[:, None], valid, p.to(q.dtype), acc, acc_tail, alpha,
-                            FMT, HEAD_SIZE, DOT, CONVERT, ROW_WINDOW)
+            p = p * _token_scales(v_tail, phase, scales_ptr, table, n, rows, valid, kv_stride, scale_offset,
+                                  block_words, scale_slot_words, head_scale, BLOCK_SIZE, PLACEMENT, ALIGN[1],
+                                  ROW_WINDOW)[None, :]
+        acc, acc_tail = _pv(v_rows, v_tail, valid, p.to(q.dtype), acc, acc_tail, alpha, FMT, HEAD_SIZE, DOT, CONVERT,
+                            ROW_WINDOW)
         m = m_new
     if FMT == FP8:
         acc = acc * v_scale
@@ -331,11 +358,12 @@ def relative_bias_reference(rel_bias: torch.Tensor, q_pos: torch.Tensor, kv_len:
 
 def row_window_period(pool: torch.Tensor, spec) -> int:
     """ROW_WINDOW: the period in slots after which a kv head's rows are at the same offset past a 16-byte boundary
-    again, or 0 where the "row" placement cannot be read in aligned 16-byte pieces."""
+    again, or 0 where the "row" placement cannot be read in aligned 16-byte pieces, each scale after its codes."""
     period = 16 // math.gcd(spec.slot_bytes, 16)
     return period if (formats.has_inline_scales(spec.fmt) and spec.placement == formats.ROW and spec.elem_bytes == 1
-                      and spec.head_size >= 16 and pool.data_ptr() % 16 == 0 and spec.block_size % period == 0
-                      and spec.block_bytes % 16 == 0 and spec.kv_bytes % 16 == 0) else 0
+                      and spec.scale_offset == spec.head_size >= 16 and pool.data_ptr() % 16 == 0
+                      and spec.block_size % period == 0 and spec.block_bytes % 16 == 0 and spec.kv_bytes % 16 == 0
+                      ) else 0
 
 
 _COUNTERS: dict[str, torch.Tensor] = {}

@@ -27,4 +27,4 @@ def test_each_decoding_is_a_named_jit_helper():
         assert any(d.startswith("triton.jit") for d in decorators), name
     called = {n.func.id for n in ast.walk(functions["_decode_kernel"]) if isinstance(n, ast.Call)
               and isinstance(n.func, ast.Name)}
-    assert {"_qk", "_pv", "tile_scales", "_dot_operands", "_load_q", "_store_rows"} <= called
+    assert {"_qk", "_pv", "_token_scales", "_dot_operands", "_load_q", "_store_rows"} <= called
