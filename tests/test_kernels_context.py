@@ -157,6 +157,25 @@ def test_paged_sliding_window(fmt, heads, shape, sliding_window):
     torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
 
 
+@pytest.mark.parametrize("kv_cache_dtype,dtype", [("auto", torch.float32), ("fp8_per_token_head", torch.float16)])
+@pytest.mark.parametrize("causal,window", [(True, 0), (False, 0), (True, 37)])
+def test_paged_several_key_tiles(kv_cache_dtype, dtype, causal, window):
+    """Key tiles of 16 tokens over blocks of 8 in a shuffled table, through each of the kernel's three loops (the
+    window's masked start, the unmasked middle, the masked diagonal): the interpreter's default tile holds every key."""
+    from minikv.kernels import launch
+    q_lens, kv_lens = [70, 3, 120], [300, 90, 120]
+    spec = make_spec(kv_cache_dtype, dtype, 2, 32, 8)
+    tables, num_blocks = random_block_tables(kv_lens, 8)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, kv_lens, dtype, k_scale=0.45, v_scale=1.3)
+    q = torch.randn(sum(q_lens), 4, 32).to(dtype)
+    args = (q, pool, tables, cu_seqlens(q_lens), torch.tensor(kv_lens, dtype=torch.int32), spec, causal, 0.2, 0.45,
+            1.3)
+    out = paged_context_attention(*args, sliding_window=window, config=launch.ContextConfig(block_m=64, block_n=16))
+    ref = paged_context_attention_reference(*args, sliding_window=window)
+    torch.testing.assert_close(out.float(), ref.float(), **attention_tolerance(dtype))
+
+
 @pytest.mark.parametrize("block_m,block_n", [(16, 16), (64, 16), (16, 64)])
 def test_sliding_window_tiles(block_m, block_n):
     """Several query and key tiles per sequence, so the window's masked start, the unmasked middle and the masked

@@ -1,6 +1,7 @@
-"""Compile minikv's decode kernel for an NVIDIA H100/H200 (sm_90) on a machine without a GPU, and report what the
-compiler made of it: registers, spills, shared memory, whether the pipeliner staged the loads through shared
-memory (async copies in the TTGIR), and the SASS instructions that decide a memory-bound kernel's speed.
+"""Compile minikv's decode and context kernels for an NVIDIA H100/H200 (sm_90) on a machine without a GPU, and
+report what the compiler made of it: registers, spills, shared memory, whether the pipeliner staged the loads through
+shared memory (async copies in the TTGIR) and how many copies each iteration waits on, and the SASS instructions that
+decide a memory-bound kernel's speed. Decode cases by shape and format; context cases start with "ctx-".
 
     python tools/gpu_compile.py [--dump DIR] [--case NAME ...] [--set FIELD=VALUE ...]
     python tools/gpu_compile.py --tests         (every decode case of tests/test_kernels_gpu.py fits an SM)
@@ -12,6 +13,8 @@ and dropped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import os
 import re
 import subprocess
@@ -48,6 +51,7 @@ driver.set_active(_OfflineDriver())
 
 from minikv.cache.layout import KVLayout  # noqa: E402
 from minikv.kernels import decode_attention as dec  # noqa: E402
+context_kernels = importlib.import_module("minikv.kernels.context_attention")     # the package exports a function of that name
 from minikv.kernels import launch  # noqa: E402
 
 COMPILED: list = []
@@ -67,9 +71,10 @@ class _CompileOnly:
 
 
 def _compile_only():
-    """Every decode kernel launch compiles (for sm_90) and records instead of running."""
+    """Every decode and context kernel launch compiles (for sm_90) and records instead of running."""
     dec._decode_kernel = _CompileOnly(dec._decode_kernel)
     dec._merge_splits_kernel = _CompileOnly(dec._merge_splits_kernel)
+    context_kernels._context_kernel = _CompileOnly(context_kernels._context_kernel)
 
 
 SASS_OPS = ("LDGSTS", "LDG", "LDS", "LDSM", "STS", "I2F", "F2F", "PRMT", "HMMA", "HADD2", "HFMA2", "BAR", "LDL",
@@ -113,10 +118,10 @@ def decode_case(fmt: str, placement: str, dtype=torch.bfloat16, heads=(32, 8), h
     tables = torch.zeros(batch, ctx // 16, dtype=torch.int32)
     lens = torch.full((batch,), ctx, dtype=torch.int32)
     q = torch.zeros(batch, num_heads, head_size, dtype=dtype)
-    config_fields = {f.name for f in __import__("dataclasses").fields(launch.DecodeConfig)}
+    config_fields = {f.name for f in dataclasses.fields(launch.DecodeConfig)}
     shape = {k: overrides.pop(k) for k in list(overrides) if k not in config_fields}
     assert not shape, f"unknown fields {shape}"
-    cfg = __import__("dataclasses").replace(
+    cfg = dataclasses.replace(
         launch.decode_config(batch, kv_heads, num_heads // kv_heads, head_size, layout.elem_bytes, ctx,
                              torch.device("cuda"), fmt=layout.fmt, placement=layout.placement, sms=H200_SMS),
         **overrides)
@@ -124,6 +129,38 @@ def decode_case(fmt: str, placement: str, dtype=torch.bfloat16, heads=(32, 8), h
     dec.paged_decode_attention(q, pool, tables, lens, layout, head_size ** -0.5, validate=False, config=cfg)
     return list(COMPILED)
 
+
+def context_case(fmt: str, paged: bool = True, heads=(32, 8), head_size=128, batch=8, length=4096, window=0,
+                 **overrides):
+    """Compile the causal context launch (one prefill step: `batch` prompts of `length` tokens) of one format, paged
+    or from the workspace (config from launch.context_config, with overrides)."""
+    num_heads, kv_heads = heads
+    q = torch.zeros(batch * length, num_heads, head_size, dtype=torch.bfloat16)
+    cu = torch.arange(0, batch + 1, dtype=torch.int32) * length
+    cfg = dataclasses.replace(launch.context_config(head_size, q.dtype, rows_per_seq=length * num_heads // kv_heads,
+                                                    one_byte_cache=paged and fmt != "auto"), **overrides)
+    COMPILED.clear()
+    if paged:
+        layout = KVLayout(fmt, q.dtype, kv_heads, head_size, 16)
+        pool = torch.zeros(64, layout.block_bytes, dtype=torch.uint8)
+        tables = torch.zeros(batch, length // 16, dtype=torch.int32)
+        lens = torch.full((batch,), length, dtype=torch.int32)
+        context_kernels.paged_context_attention(q, pool, tables, cu, lens, layout, True, 1.0, validate=False,
+                                                sliding_window=window, config=cfg)
+    else:
+        k = torch.zeros(batch * length, kv_heads, head_size, dtype=q.dtype)
+        context_kernels.context_attention(q, k, k, cu, cu, True, 1.0, validate=False, sliding_window=window, config=cfg)
+    return list(COMPILED)
+
+
+CONTEXT_CASES = {
+    "ctx-paged": dict(fmt="auto"),
+    "ctx-workspace": dict(fmt="auto", paged=False),
+    "ctx-fp8pth": dict(fmt="fp8_per_token_head"),
+    "ctx-256": dict(fmt="auto", heads=(8, 1), head_size=256, length=2048, window=512),
+    "ctx-fp8pth-256": dict(fmt="fp8_per_token_head", heads=(8, 1), head_size=256, length=2048, window=512),
+    "ctx-512": dict(fmt="auto", heads=(8, 1), head_size=512, length=2048),
+}
 
 CASES = {
     "auto": dict(fmt="auto", placement="row"),
@@ -146,7 +183,7 @@ CASES = {
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dump", type=Path, default=None, help="write each kernel's TTGIR, PTX and SASS here")
-    p.add_argument("--case", nargs="*", default=list(CASES), choices=list(CASES))
+    p.add_argument("--case", nargs="*", default=list(CASES), choices=list(CASES) + list(CONTEXT_CASES))
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                    help="override DecodeConfig fields, e.g. num_stages=4 max_registers=128")
     args = p.parse_args(argv)
@@ -159,7 +196,8 @@ def main(argv=None) -> int:
     for case in args.case:
         tag = "".join(f",{k}={v}" for k, v in overrides.items())
         start = time.perf_counter()
-        kernels = decode_case(**{**CASES[case], **overrides})
+        kernels = (context_case(**{**CONTEXT_CASES[case], **overrides}) if case in CONTEXT_CASES
+                   else decode_case(**{**CASES[case], **overrides}))
         print(f"{case}{tag}: compiled in {time.perf_counter() - start:.1f} s")
         for kname, kernel in kernels:
             print(report(f"{case}{tag}:{kname.strip('_')}", kernel, args.dump), flush=True)
@@ -171,7 +209,6 @@ def main(argv=None) -> int:
 def check_test_matrix() -> int:
     """Compile every decode case of tests/test_kernels_gpu.py offline; report any that would not fit an SM."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import dataclasses
     import test_kernels_gpu as t
     _compile_only()
     worst, bad = 0, 0
