@@ -100,6 +100,13 @@ def check(job):
         return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
+def _checked(diff):
+    """check()'s answer, if the candidate compiled and matched the reference; else raise what went wrong."""
+    if isinstance(diff, str) or diff > 0.05:
+        raise RuntimeError(diff if isinstance(diff, str) else f"differs from the reference by {diff}")
+    return diff
+
+
 def main(out_dir):
     import torch.nn.functional as F
 
@@ -132,13 +139,8 @@ def main(out_dir):
                 for i, (name, cfg) in enumerate(candidates(problem, kernel)):
                     r = {"problem": problem, "kernel": kernel, "config": name, "block_m": cfg.block_m,
                          "block_n": cfg.block_n, "warps": cfg.num_warps, "stages": cfg.num_stages}
-                    diff = diffs[(problem, kernel, i)]
                     try:
-                        if isinstance(diff, str):
-                            raise RuntimeError(diff)
-                        r["max_abs_diff"] = diff
-                        if diff > 0.05:
-                            raise RuntimeError(f"differs from the reference by {diff}")
+                        r["max_abs_diff"] = _checked(diffs[(problem, kernel, i)])
                         us = 1e3 * cuda_time_ms(call(problem, kernel, data, cfg), reps=10).ms
                         default_us = default_us or us
                         r.update(us=us, TFLOPs=flops / us / 1e6, over_default=default_us / us)
