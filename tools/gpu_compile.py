@@ -13,6 +13,7 @@ and dropped.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import importlib
 import os
@@ -81,6 +82,20 @@ SASS_OPS = ("LDGSTS", "LDG", "LDS", "LDSM", "STS", "I2F", "F2F", "PRMT", "HMMA",
             "STL", "MUFU", "ATOM", "RED")
 
 
+def loop_mix(sass: str, top: int = 12) -> str:
+    """The longest loop of the SASS (the code between a backward branch and its target): its instruction count and
+    most frequent opcodes, the work each tile of a kernel's main loop costs."""
+    ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
+    loops = [(int(m.group(1), 16), a) for a, t in ins for m in [re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", t)]
+             if m and int(m.group(1), 16) < a]
+    if not loops:
+        return "no loop"
+    first, last = max(loops, key=lambda span: span[1] - span[0])
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+                              for a, t in ins if first <= a <= last)
+    return f"loop {sum(ops.values())} instructions: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(top))
+
+
 def report(name: str, kernel, dump: Path | None) -> str:
     ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,7 +119,7 @@ def report(name: str, kernel, dump: Path | None) -> str:
             f"smem {kernel.metadata.shared:6d}  async_copy {ttgir.count('async_copy_global_to_local'):2d} "
             f"local_load {ttgir.count('ttg.local_load'):2d} code buffers {','.join(buffers) or '-'} "
             f"waits {','.join(waits) or '-'} | "
-            + " ".join(f"{op} {n}" for op, n in ops.items() if n))
+            + " ".join(f"{op} {n}" for op, n in ops.items() if n) + "\n    " + loop_mix(sass))
 
 
 def decode_case(fmt: str, placement: str, dtype=torch.bfloat16, heads=(32, 8), head_size=128, batch=64,
