@@ -52,7 +52,8 @@ driver.set_active(_OfflineDriver())
 
 from minikv.cache.layout import KVLayout  # noqa: E402
 from minikv.kernels import decode_attention as dec  # noqa: E402
-context_kernels = importlib.import_module("minikv.kernels.context_attention")     # the package exports a function of that name
+# by import_module: the package exports a function named context_attention
+context_kernels = importlib.import_module("minikv.kernels.context_attention")
 from minikv.kernels import launch  # noqa: E402
 
 COMPILED: list = []
