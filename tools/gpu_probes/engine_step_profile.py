@@ -118,7 +118,8 @@ def kernels() -> None:
     from minikv.kernels import paged_decode_attention
     for head_size, window in ((512, 0), (256, 512)):
         for fmt in FORMATS:
-            layout = KVLayout(fmt, torch.bfloat16, 1, head_size, 16, "row")
+            name, _, placement = fmt.partition("/")         # "fp8_per_token_head/block": the block placement
+            layout = KVLayout(name, torch.bfloat16, 1, head_size, 16, placement or "row")
             blocks = BATCH * CONTEXT // 16
             pool = torch.empty(blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
             fill_pool(pool, layout)
