@@ -180,8 +180,9 @@ def cache_offset(block, slot_in_block, head_offset, block_stride, slot_stride):
 def block_scales(scales_ptr, block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_words, slot_words,
                  head_words, SCALE_ALIGN: tl.constexpr):
     """fp32 scales of tokens `n` of one sequence and kv head, "block" placement."""
-    block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
-    words = cache_offset(block, (n % BLOCK_SIZE).to(tl.int64), head_words, block_words, slot_words)
+    token = n.to(tl.uint32)
+    block = tl.load(block_table_ptr + token // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
+    words = cache_offset(block, (token % BLOCK_SIZE).to(tl.int64), head_words, block_words, slot_words)
     words = tl.max_contiguous(tl.multiple_of(words, SCALE_ALIGN), SCALE_ALIGN)
     return tl.load(scales_ptr + words, mask=mask, other=1.0)
 
@@ -190,8 +191,9 @@ def block_scales(scales_ptr, block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr,
 def paged_rows(block_table_ptr, n, mask, BLOCK_SIZE: tl.constexpr, block_stride, slot_stride, head_offset,
                ROW_ALIGN: tl.constexpr):
     """Element offsets (int64) of the rows of tokens `n` of one sequence, for one kv head, in the K half."""
-    block = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
-    rows = cache_offset(block, (n % BLOCK_SIZE).to(tl.int64), head_offset, block_stride, slot_stride)
+    token = n.to(tl.uint32)      # positions are never negative: unsigned division is a shift for 16-token blocks
+    block = tl.load(block_table_ptr + token // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
+    rows = cache_offset(block, (token % BLOCK_SIZE).to(tl.int64), head_offset, block_stride, slot_stride)
     return tl.multiple_of(tl.where(mask, rows, 0), ROW_ALIGN)
 
 
