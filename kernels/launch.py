@@ -134,6 +134,10 @@ DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
 # Head sizes above 128, 1- and 2-byte formats, measured at gemma-4-E2B's shapes (docs/internals.md): (block_n, stages)
 DECODE_LARGE_HEAD = {"row placement": (32, 3), "other": (32, 4)}
 DECODE_LARGE_HEAD_PROGRAMS_PER_SM = 2
+# Head sizes up to 128, per-token-head formats in the "row" placement: (block_n, stages, max_registers). The cap lets
+# three programs share an SM instead of two, measured 10% faster on an NVIDIA H100 at batch 64 / context 4096
+# (results/gpu/decode-instructions-2026-12-07-h100/).
+DECODE_ROW_SCALES = (64, 4, 128)
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, sms: int,
@@ -155,15 +159,19 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
     block_g = max(16, _pow2(group))
     sms = sms or num_sms(device.index or 0)
     one_byte = elem_bytes == 1
+    row_scales = fmt is not None and formats.has_inline_scales(fmt) and placement == formats.ROW
+    max_registers = None
     if head_size > 128 and elem_bytes <= 2:
-        row_scales = fmt is not None and formats.has_inline_scales(fmt) and placement == formats.ROW
         block_n, stages = DECODE_LARGE_HEAD["row placement" if row_scales else "other"]
         splits = decode_splits(batch, num_kv_heads, max_len, block_n, sms, DECODE_LARGE_HEAD_PROGRAMS_PER_SM)
     else:
         block_n = max(16, min(DECODE_MAX_TOKENS, DECODE_TILE_BYTES // (head_size * elem_bytes)))
-        splits, stages = decode_splits(batch, num_kv_heads, max_len, block_n, sms), DECODE_STAGES[elem_bytes]
+        stages = DECODE_STAGES[elem_bytes]
+        if row_scales and one_byte:
+            block_n, stages, max_registers = DECODE_ROW_SCALES
+        splits = decode_splits(batch, num_kv_heads, max_len, block_n, sms)
     return DecodeConfig(block_g=block_g, block_n=block_n, num_splits=splits, num_warps=4, num_stages=stages,
-                        f16_dot=one_byte, convert_asm=one_byte)
+                        f16_dot=one_byte, convert_asm=one_byte, max_registers=max_registers)
 
 
 # Context launch configurations measured on an NVIDIA H200 (bf16, head size 128; docs/internals.md).
