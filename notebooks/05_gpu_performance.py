@@ -618,6 +618,33 @@ assert all(by_class_gain[("512", f)] > 1.2 for f in ("int8_per_token_head", "fp8
 # of the bullets below).
 
 # %% [markdown]
+# **Registers decide how many programs share an SM.** At the attention bench's own shape (head size 128) the
+# kernel that reads the row placement by class was held back by its register count. The compiler gave it about 200
+# registers a thread, so two programs of four warps fit an SM, and little else hid each tile's wait. Capped at 128
+# registers (`max_registers`, which Triton hands the compiler as `maxnreg`) with 64-token tiles, four fit
+# (`launch.DECODE_ROW_SCALES`, chosen by `tools/gpu_probes/decode_occupancy.py` from a grid of tiles, stages, caps
+# and warps). The cell below reads `data/gpu_decode_register_cap.csv`: the attention bench on an H100, before the
+# cap and after it, in one device call (`../results/gpu/decode-instructions-2026-12-07-h100/`). At gemma-4-E2B's
+# head size of 512 the same cap is slower: the float32 accumulator of 16 rows by 512 alone takes 64 registers a
+# thread, and the rest spills.
+
+# %%
+with open(DATA.parent / "gpu_decode_register_cap.csv") as _f:
+    cap_rows = list(csv.DictReader(_f))
+cap_us = {(r["tree"], r["format"], int(r["batch"]), int(r["context"])): float(r["us"]) for r in cap_rows}
+print(f"{cap_rows[0]['gpu']}, one device call: µs per call, and bf16's time over the format's")
+print(f"{'row placement':26s} {'batch':>5s} {'context':>7s} {'before':>8s} {'after':>8s} {'faster':>7s} "
+      f"{'x bf16 before':>13s} {'after':>6s}")
+for fmt in ("int8_per_token_head", "fp8_per_token_head"):
+    for batch, ctx in sorted({(b, c) for (_, f, b, c) in cap_us if f == fmt}):
+        before, after = cap_us[("before", fmt, batch, ctx)], cap_us[("after", fmt, batch, ctx)]
+        print(f"{viz_gpu.label(fmt):26s} {batch:5d} {ctx:7d} {before:8.1f} {after:8.1f} {before / after:6.2f}x "
+              f"{cap_us[('before', 'auto', batch, ctx)] / before:12.2f}x "
+              f"{cap_us[('after', 'auto', batch, ctx)] / after:5.2f}x")
+assert all(cap_us[("after", f, b, c)] < cap_us[("before", f, b, c)] for (t, f, b, c) in cap_us
+           if t == "before" and f in ("int8_per_token_head", "fp8_per_token_head") and b >= 16)
+
+# %% [markdown]
 # **A fixed budget.** At batch 64 the formats differ little, but a 1-byte cache also buys room. `--capacity` asks
 # how many sequences of 8,192 prompt tokens (and 16 new ones) fit 16 GiB of K/V in each format
 # (`minikv.bench.engine.capacity_batch`), then runs the engine at that batch, where every weight read serves more
