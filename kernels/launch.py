@@ -135,7 +135,7 @@ DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
 DECODE_LARGE_HEAD = {"row placement": (32, 3), "other": (32, 4)}
 DECODE_LARGE_HEAD_PROGRAMS_PER_SM = 2
 # Head sizes up to 128, per-token-head formats in the "row" placement: (block_n, stages, max_registers). The cap lets
-# three programs share an SM instead of two, measured 10% faster on an NVIDIA H100 at batch 64 / context 4096
+# four programs share an SM instead of two, measured 10 to 15% faster on an NVIDIA H100 at batch 64 / context 4096
 # (results/gpu/decode-instructions-2026-12-07-h100/).
 DECODE_ROW_SCALES = (64, 4, 128)
 
