@@ -103,15 +103,16 @@ def main(out_dir, shape_keys):
                            max_registers=cfg.max_registers, warps=cfg.num_warps, splits=cfg.num_splits,
                            max_abs_diff=diff, us="")
                 if isinstance(diff, float) and diff < 0.05:
-                    ms, _ = cuda_time_ms(lambda: paged_decode_attention(q, pool, tables, lens, layout,
-                                                                        q.shape[-1] ** -0.5, out=out, validate=False,
-                                                                        config=cfg, sliding_window=shape["window"]))
+                    ms, _ = cuda_time_ms(lambda: paged_decode_attention(
+                        q, pool, tables, lens, layout, q.shape[-1] ** -0.5, out=out, validate=False, config=cfg,
+                        sliding_window=shape["window"]))
                     row["us"] = ms * 1e3
                     bf16_us = row["us"] if name == "auto" else bf16_us
                 rows.append(row)
                 ratio = f"bf16/this {bf16_us / row['us']:.3f}x" if row["us"] and bf16_us else ""
                 print(f"head {shape['head_size']} {name:26s} {label:8s} block_n {cfg.block_n:3d} stages "
-                      f"{cfg.num_stages} maxreg {str(cfg.max_registers):4s} warps {cfg.num_warps} splits {cfg.num_splits:2d}: "
+                      f"{cfg.num_stages} maxreg {str(cfg.max_registers):4s} warps {cfg.num_warps} "
+                      f"splits {cfg.num_splits:2d}: "
                       + (f"{row['us']:7.1f} us {ratio}" if row["us"] else f"skipped ({diff})"), flush=True)
             del pool
             torch.cuda.empty_cache()
