@@ -28,6 +28,8 @@ import sys
 
 import torch
 
+import decode_occupancy  # noqa: E402  (this folder, first on sys.path when run as a script)
+
 FORMATS = ("auto", "fp8", "int8_per_token_head", "fp8_per_token_head")
 SHAPES = ((512, 0), (256, 512))          # (head size, sliding window)
 GRID = list(itertools.product((16, 32), (4, 8), (3, 4, 5)))
@@ -54,23 +56,15 @@ def set_mode(mode):
         sys.exit(f"unknown mode {mode!r}: the modes are one-byte and row-window")
 
 
+E2B = {"heads": (8, 1)}             # 8 query heads over 1 KV head; decode_occupancy.py builds the problem
+
+
 def layout_of(name, head_size):
-    from minikv.cache.layout import KVLayout
-    fmt, _, placement = name.partition("/")
-    return KVLayout(fmt, torch.bfloat16, 1, head_size, 16, placement or "row")
+    return decode_occupancy.layout_of(name, {**E2B, "head_size": head_size})
 
 
 def problem(fmt, head_size, batch, ctx):
-    from minikv.bench.attention import fill_pool
-    torch.manual_seed(0)
-    layout = layout_of(fmt, head_size)
-    blocks = batch * ((ctx + 15) // 16)
-    pool = torch.empty(blocks, layout.block_bytes, dtype=torch.uint8, device="cuda")
-    fill_pool(pool, layout)
-    tables = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
-    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, 8, head_size, dtype=torch.bfloat16, device="cuda")
-    return layout, pool, tables, lens, q
+    return decode_occupancy.problem(fmt, {**E2B, "head_size": head_size}, batch, ctx)
 
 
 def candidates(fmt, head_size):
