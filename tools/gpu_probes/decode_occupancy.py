@@ -2,11 +2,11 @@
 
     python tools/gpu_probes/decode_occupancy.py OUT_DIR [128|512 ...]
 
-Shape 128 is the attention bench's target shape (32 query heads over 8 KV heads of 128, batch 64, context 4096);
-256 and 512 are gemma-4-E2B's sliding and full layers (8 over 1 KV head, window 512 and none, batch 64, context
+Shape 128 is the attention bench's target shape (32 query heads over 8 KV heads of 128, batch 64, context 4096),
+128b16 the same at batch 16; 256 and 512 are gemma-4-E2B's sliding and full layers (8 over 1 KV head, window 512 and none, batch 64, context
 8192). GRID (environment) replaces a shape's grid. At each, bf16 and the "block"
-placement at launch.decode_config's choice, and both per-token-head formats in the "row" placement over a grid of
-tiles, stages and register caps (max_registers; None: the compiler's choice). Every candidate is checked against the
+placement at launch.decode_config's choice, and the formats in GRID_FORMATS (environment; default: both
+per-token-head formats in the "row" placement) over a grid of tiles, stages, split counts and register caps (max_registers; None: the compiler's choice). Every candidate is checked against the
 torch reference on a small problem before it is timed (CUDA-graph replay, L2 flushed: bench.attention.cuda_time_ms).
 Prints each row with bf16's time over it, and writes decode_occupancy.csv.
 """
@@ -19,18 +19,21 @@ import sys
 import torch
 
 SHAPES = {"128": dict(heads=(32, 8), head_size=128, batch=64, ctx=4096, window=0),
+          "128b16": dict(heads=(32, 8), head_size=128, batch=16, ctx=4096, window=0),
           "256": dict(heads=(8, 1), head_size=256, batch=64, ctx=8192, window=512),
           "512": dict(heads=(8, 1), head_size=512, batch=64, ctx=8192, window=0)}
 ROW_FORMATS = ("int8_per_token_head", "fp8_per_token_head")
-# (block_n, stages, max_registers, warps, programs as a multiple of the default's)
+GRID_FORMATS = tuple(os.environ.get("GRID_FORMATS", " ".join(ROW_FORMATS)).split())
+# (block_n, stages, max_registers, warps, programs as a multiple of the default's[, splits: this many instead])
 GRID = {"128": list(itertools.product((64, 128), (3, 4, 5), (None, 168, 128), (4,), (1,))),
+        "128b16": [(n, s, None, 4, 1, p) for n in (32, 64, 128) for s in (3, 4) for p in (2, 3, 4, 6, 8, 12)],
         "256": list(itertools.product((32, 64), (3, 4), (None, 168, 128), (4,), (1,))),
         "512": list(itertools.product((16, 32), (3, 4, 5), (None, 168, 128), (4,), (1,)))}
-if os.environ.get("GRID"):          # "SHAPE:NxSTAGESxREGSxWARPSxPROGRAMS,..." (REGS 0: the compiler's choice)
+if os.environ.get("GRID"):  # "SHAPE:NxSTAGESxREGSxWARPSxPROGRAMS[xSPLITS],..." (REGS 0: the compiler's choice)
     for item in os.environ["GRID"].split(","):
         key, _, spec = item.partition(":")
-        n, st, r, w, p = (int(v) for v in spec.split("x"))
-        GRID.setdefault("env:" + key, []).append((n, st, r or None, w, p))
+        n, st, r, w, *p = (int(v) for v in spec.split("x"))
+        GRID.setdefault("env:" + key, []).append((n, st, r or None, w, *p))
     GRID.update({k[4:]: v for k, v in GRID.items() if k.startswith("env:")})
 
 
@@ -62,10 +65,10 @@ def candidates(name, shape_key):
                                 layout.elem_bytes, shape["ctx"], torch.device("cuda"), fmt=layout.fmt,
                                 placement=layout.placement)
     cands = [("default", base)]
-    if name in ROW_FORMATS:
+    if name in GRID_FORMATS:
         cands += [("grid", dataclasses.replace(base, block_n=n, num_stages=s, max_registers=r, num_warps=w,
-                                               num_splits=base.num_splits * p))
-                  for n, s, r, w, p in GRID[shape_key]]
+                                               num_splits=splits[0] if splits else base.num_splits * p))
+                  for n, s, r, w, p, *splits in GRID[shape_key]]
     return cands
 
 
