@@ -57,6 +57,7 @@ def _write_kv_kernel(key_ptr, value_ptr, codes_ptr, scales_ptr, slot_mapping_ptr
                      FMT: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                      SATURATE: tl.constexpr):
+    launch.wait_for_inputs()
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, HEAD_SIZE)
@@ -133,7 +134,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_ma
         float(k_scale), float(v_scale),
         FMT=spec.fmt, NUM_HEADS=spec.num_kv_heads, HEAD_SIZE=spec.head_size, BLOCK_SIZE=spec.block_size,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, SATURATE=torch_e4m3_saturates(key.device.type),
-        num_warps=cfg.num_warps)
+        num_warps=cfg.num_warps, launch_pdl=launch.PDL)
 
 
 def write_kv_reference(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor,

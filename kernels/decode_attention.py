@@ -221,20 +221,6 @@ def _store_rows(row_ptrs, values, tail, head_mask, phase, HEAD_SIZE: tl.constexp
 
 
 @triton.jit
-def _merge_if_last(partials, counters_ptr, out_ptr, strides, b, kv_head, num_splits, GROUP: tl.constexpr,
-                   HEAD_SIZE: tl.constexpr):
-    """merge_in_kernel: the last of this (sequence, kv head)'s programs to get here merges every partial."""
-    tl.debug_barrier()
-    counter = counters_ptr + b * tl.num_programs(1) + kv_head
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-        for h in tl.static_range(GROUP):
-            head = kv_head * GROUP + h
-            _merge_head(partials[0], partials[1], (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + head) * num_splits,
-                        num_splits, out_ptr + b.to(tl.int64) * strides[2] + head * strides[3], HEAD_SIZE, MERGE_CHUNK)
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
 def _relative_bias(bias_ptr, bias_width, heads, head_valid, distance):
     """T5's bias [heads, keys] in log2 units: bias_ptr[head, min(distance, bias_width - 1)], float32."""
     index = tl.minimum(tl.maximum(distance, 0), bias_width - 1)
@@ -243,12 +229,13 @@ def _relative_bias(bias_ptr, bias_width, heads, head_valid, distance):
 
 
 @triton.jit(do_not_specialize=["num_splits", "window"])
-def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, partials, counters_ptr, bias_ptr,
+def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, partials, bias_ptr,
                    strides, layout, qk_scale, v_scale, num_splits, window,
                    FMT: tl.constexpr, PLACEMENT: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr,
                    DOT: tl.constexpr, CONVERT: tl.constexpr, ROW_WINDOW: tl.constexpr):
     """One (sequence, kv head, split, class of positions modulo PERIOD): those tokens attended by GROUP heads."""
+    launch.wait_for_inputs()
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     PERIOD = ROW_WINDOW + (ROW_WINDOW == 0)     # ROW_WINDOW: the period in slots of the rows' phases, or 0 (off)
@@ -310,8 +297,6 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
         _store_rows(partials[0] + part[:, None] * HEAD_SIZE, acc, acc_tail, head_mask, phase, HEAD_SIZE, ROW_WINDOW)
         tl.store(partials[1] + part * 2, m, mask=head_mask)
         tl.store(partials[1] + part * 2 + 1, l, mask=head_mask)
-        if counters_ptr is not None:
-            _merge_if_last(partials, counters_ptr, out_ptr, strides, b, kv_head, tl.num_programs(2), GROUP, HEAD_SIZE)
 
 
 @triton.jit
@@ -341,7 +326,8 @@ def _merge_head(part_acc_ptr, part_ml_ptr, first, num_splits, out_row_ptr, HEAD_
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh, num_splits,
                          HEAD_SIZE: tl.constexpr, CHUNK: tl.constexpr):
-    """The separate merge (when merge_in_kernel is off): one program per (sequence, query head)."""
+    """Merges a split launch's partials: one program per (sequence, query head)."""
+    launch.wait_for_inputs()
     b = tl.program_id(0)
     head = tl.program_id(1)
     _merge_head(part_acc_ptr, part_ml_ptr, (b.to(tl.int64) * tl.num_programs(1) + head) * num_splits, num_splits,
@@ -363,18 +349,6 @@ def row_window_period(pool: torch.Tensor, spec) -> int:
                       and spec.scale_offset == spec.head_size >= 16 and pool.data_ptr() % 16 == 0
                       and spec.block_size % period == 0 and spec.block_bytes % 16 == 0 and spec.kv_bytes % 16 == 0
                       ) else 0
-
-
-_COUNTERS: dict[str, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """n int32 zeros for the in-kernel merge's counters, one allocation per device, grown as needed."""
-    buf = _COUNTERS.get(str(device))
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[str(device)] = buf
-    return buf
 
 
 def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
@@ -407,17 +381,15 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
     period = row_window_period(pool, spec) if cfg.row_window and (INTERPRETED or q.dtype != torch.float32) else 0
     num_splits = max(1, cfg.num_splits // period) if period else cfg.num_splits
     parts = num_splits * max(period, 1)
-    partials = counters = None
+    partials = None
     if parts > 1:
         partials = (torch.empty(batch, num_heads, parts, head_size, dtype=torch.float32, device=q.device),
                     torch.empty(batch, num_heads, parts, 2, dtype=torch.float32, device=q.device))
-        if cfg.merge_in_kernel:
-            counters = _split_counters(q.device, batch * spec.num_kv_heads)
     # 1-byte codes with a 16-bit q: float16 dot products, q rescaled per row (pow2_row_scale)
     scaled_f16 = cfg.f16_dot and spec.elem_bytes == 1 and q.dtype != torch.float32
     dot = (DOT_F16 if scaled_f16 else DOT_F32 if launch.dot_in_float32(q.dtype) else DOT_Q).value
     _decode_kernel[(batch, spec.num_kv_heads, parts)](
-        q, out, codes, block_tables, seq_lens, partials, counters, rel_bias,
+        q, out, codes, block_tables, seq_lens, partials, rel_bias,
         (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
          1 if rel_bias is None else rel_bias.shape[1]),
         (*element_strides(spec), spec.scale_offset, *scale_word_strides(spec)[:2]), qk_scale, float(v_scale),
@@ -425,11 +397,11 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         FMT=spec.fmt, PLACEMENT=spec.placement, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size,
         BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n, ALIGN=(row_alignment(spec), scale_alignment(spec)), DOT=dot,
         CONVERT=(cfg.convert_asm and scaled_f16, cfg.k_pure, cfg.v_pure),
-        ROW_WINDOW=period, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ROW_WINDOW=period, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=launch.PDL,
         **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
-    if parts > 1 and not cfg.merge_in_kernel:
+    if parts > 1:
         _merge_splits_kernel[(batch, num_heads)](*partials, out, out.stride(0), out.stride(1),
-                                                 parts, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK)
+                                                 parts, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK, launch_pdl=launch.PDL)
     return out
 
 

@@ -26,6 +26,7 @@ def _gelu_times(gate, other, DTYPE: tl.constexpr):
 @triton.jit
 def _decode_matmul_kernel(x_ptr, w_ptr, w2_ptr, times_ptr, out_ptr, out2_ptr, M, N, K, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MODE: tl.constexpr):
+    launch.wait_for_inputs()
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     k = tl.arange(0, BLOCK_K)
@@ -93,5 +94,6 @@ def decode_matmul(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None =
     second = up if up is not None else pair if pair is not None else gate
     _decode_matmul_kernel[(n // cfg.block_n,)](
         x, gate, second, times.contiguous() if times is not None else x, out, out2, m, n, k, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MODE=mode, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MODE=mode, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        launch_pdl=launch.PDL)
     return (out, out2) if mode == PAIR else out

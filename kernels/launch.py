@@ -1,13 +1,15 @@
-"""Launch configurations per device: tile sizes, program counts, warps and pipeline stages for each kernel.
-See docs/internals.md#kernels-launch."""
+"""Launch configurations per device: tile sizes, program counts, warps and pipeline stages for each kernel, and
+programmatic dependent launch. See docs/internals.md#kernels-launch."""
 from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 from . import formats
 from .mode import INTERPRETED
@@ -34,8 +36,6 @@ class DecodeConfig:
     convert_asm: bool = False      # 1-byte codes to float16 with inline PTX (int8 bit trick, packed e4m3; GPU only)
     k_pure: bool = True            # let the compiler place K's conversion (see decode_attention._codes_to)
     v_pure: bool = False           # ... and V's (it then reads V from shared memory byte by byte, no f16 copy)
-    merge_in_kernel: bool = False  # split-K: the last program of a (sequence, kv head) merges, no second kernel
-                                   # (measured slower on an H200 than the second kernel: off by default)
     max_registers: int | None = None   # a cap on registers per thread (more programs per SM), or the compiler's
     row_window: bool = True        # "row" placement: read each row as aligned 16-byte pieces where the strides
                                    # allow it (decode_attention.row_window_period), else 4-byte loads
@@ -73,6 +73,22 @@ def _pow2(n: int) -> int:
 @functools.cache
 def num_sms(device_index: int = 0) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+# Programmatic dependent launch, on Hopper and newer (MINIKV_PDL=0: off, 1: on): see docs/internals.md#kernels-launch
+_PDL_ENV = os.environ.get("MINIKV_PDL")
+PDL: bool = not INTERPRETED and (_PDL_ENV == "1" or _PDL_ENV != "0" and torch.cuda.is_available()
+                                 and torch.cuda.get_device_capability()[0] >= 9)
+_PDL: tl.constexpr = tl.constexpr(PDL)
+
+
+@triton.jit
+def wait_for_inputs():
+    """First in every kernel launched with launch_pdl=PDL: wait until the kernel before it has finished and its
+    stores are visible, then let the next kernel be scheduled (no-op where PDL is off)."""
+    if _PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 def dot_in_float32(dtype: torch.dtype) -> bool:

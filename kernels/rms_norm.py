@@ -22,6 +22,7 @@ def _rms_norm_kernel(x_ptr, weight_ptr, residual_ptr, cos_ptr, sin_ptr, scale_pt
                      next_out_ptr, rows, rows_per_token, eps, D: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_R: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                      HAS_ROPE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr):
+    launch.wait_for_inputs()
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     mask = (r < rows)[:, None] & (d < D)[None, :]
@@ -138,5 +139,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual:
         cos_c, sin_c, scale if scale is not None else x2, next_weight if next_weight is not None else x2, out,
         next_out, rows, rows_per_token, float(eps), D=d, BLOCK_D=cfg.block_d, BLOCK_R=cfg.block_r,
         HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, HAS_ROPE=cos is not None,
-        HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, num_warps=cfg.num_warps)
+        HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, num_warps=cfg.num_warps, launch_pdl=launch.PDL)
     return out if next_weight is None else (out, next_out)

@@ -449,6 +449,9 @@ print(inspect.getsource(cache_write._store_half.fn))
 # The launch grid is one-dimensional: program `p` takes tokens `p * BLOCK_T` to `p * BLOCK_T + BLOCK_T - 1`, with
 # all KV heads (`BLOCK_H`) and the whole head (`HEAD_SIZE`) in one tile. Each program:
 #
+# 0. waits until the kernel before it on the GPU has finished (`launch.wait_for_inputs()`): on Hopper GPUs the next
+#    kernel may start early, while this one ends (programmatic dependent launch). Here, in the interpreter, the call
+#    does nothing;
 # 1. loads its tokens' slots; a slot of -1 (or a lane past the last token) is masked out, and its `safe` slot 0
 #    is only there so the address arithmetic stays in bounds;
 # 2. turns each slot into a row offset, `block * block_stride + offset * slot_stride + head * row_stride`, in

@@ -1,5 +1,6 @@
 """The kernels' mode on a machine without a GPU: the interpreter runs them even when triton was imported first,
-and a Triton too old to interpret them is refused in one line when the engine is built."""
+and a Triton too old to interpret them is refused in one line when the engine is built. Programmatic dependent
+launch (compiled only): every kernel launched with it waits for the kernel ahead before touching memory."""
 from __future__ import annotations
 
 import os
@@ -49,3 +50,36 @@ def test_the_engine_refuses_an_old_triton_before_any_kernel_runs(monkeypatch):
     with pytest.raises(KernelModeError, match=r"triton>=3\.7.*backend='torch'"):
         get_ops("triton")
     assert get_ops("torch").name == "torch"
+
+
+def _pdl_launches_and_first_calls() -> tuple[set[str], dict[str, str]]:
+    """The kernels launched with launch_pdl= in kernels/, and each @triton.jit function's first statement."""
+    import ast
+    launched, first = set(), {}
+    for path in (ROOT / "kernels").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) \
+                    and any(k.arg == "launch_pdl" for k in node.keywords):
+                launched.add(ast.unparse(node.func.value))
+            if isinstance(node, ast.FunctionDef) and any("triton.jit" in ast.unparse(d) for d in node.decorator_list):
+                body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+                first[node.name] = ast.unparse(body[0])
+    return launched, first
+
+
+def test_every_dependent_launch_waits_before_touching_memory():
+    """A kernel launched with launch_pdl may start before the kernel ahead of it has finished: its first statement
+    must be the wait (launch.wait_for_inputs), or it could read what that kernel has not yet written."""
+    launched, first = _pdl_launches_and_first_calls()
+    assert {"_decode_kernel", "_merge_splits_kernel", "_rms_norm_kernel", "_decode_matmul_kernel",
+            "_write_kv_kernel"} <= launched
+    assert {name: first[name] for name in launched if first[name] != "launch.wait_for_inputs()"} == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the interpreter's choice")
+def test_the_interpreter_never_uses_dependent_launch():
+    code = "from minikv.kernels import launch; print(launch.PDL)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MINIKV_PDL": "1", "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"]

@@ -63,15 +63,13 @@ def test_decode_matches_reference(fmt, block_size, heads, head_size, lengths):
     _run(fmt, block_size, heads, head_size, lens)
 
 
-@pytest.mark.parametrize("num_splits,merge_in_kernel,f16", [(2, True, False), (3, False, True), (8, True, False),
-                                                           (1, False, True), (1, False, False), (3, True, True)])
+@pytest.mark.parametrize("num_splits,f16", [(2, False), (3, True), (8, False), (1, True), (1, False)])
 @pytest.mark.parametrize("fmt", [("auto", torch.float32), ("int8_per_token_head", torch.float16),
                                  ("fp8_per_token_head", torch.float32), ("fp8", torch.float16)])
-def test_split_k_merge(num_splits, merge_in_kernel, f16, fmt):
-    """Force the GPU's split-K path (partials merged by the last program or by a second kernel), including splits
+def test_split_k_merge(num_splits, f16, fmt):
+    """Force the GPU's split-K path (partials merged by a second kernel), including splits
     left empty by short sequences, and float16 dot products with q rescaled by a power of two per row."""
-    _run(fmt, 8, (8, 2), 32, [1, 7, 33, 60], num_splits=num_splits, block_n=8, merge_in_kernel=merge_in_kernel,
-         f16_dot=f16)
+    _run(fmt, 8, (8, 2), 32, [1, 7, 33, 60], num_splits=num_splits, block_n=8, f16_dot=f16)
 
 
 @pytest.mark.parametrize("magnitude", [3000.0, 1e-3])
@@ -79,8 +77,7 @@ def test_split_k_merge(num_splits, merge_in_kernel, f16, fmt):
 def test_f16_dot_rescales_large_and_small_q(magnitude, num_splits):
     """The float16 dot products rescale q by a power of two per row, so q far from 1 loses nothing."""
     _run(("fp8_per_token_head", torch.float16), 16, (4, 2), 64, [9, 40],
-         q_transform=lambda q: (q.float() * magnitude).half(), block_n=16, f16_dot=True, num_splits=num_splits,
-         merge_in_kernel=True)
+         q_transform=lambda q: (q.float() * magnitude).half(), block_n=16, f16_dot=True, num_splits=num_splits)
 
 
 # windows shorter than, equal to and longer than the sequences [1, 7, 33, 60]
@@ -94,17 +91,15 @@ def test_sliding_window_matches_reference(fmt, heads, sliding_window):
     _run(fmt, 8, heads, 32, [1, 7, 33, 60], sliding_window=sliding_window)
 
 
-@pytest.mark.parametrize("num_splits,merge_in_kernel,f16", [(3, True, True), (4, False, False), (1, False, True),
-                                                           (8, True, False)])
+@pytest.mark.parametrize("num_splits,f16", [(3, True), (4, False), (1, True), (8, False)])
 @pytest.mark.parametrize("sliding_window", [5, 20, 100])
-def test_sliding_window_split_k(num_splits, merge_in_kernel, f16, sliding_window):
+def test_sliding_window_split_k(num_splits, f16, sliding_window):
     """The window's start is not tile-aligned; splits divide only the window, so some are left empty."""
     _run(("int8_per_token_head", torch.float16), 8, (8, 2), 32, [1, 7, 33, 60], sliding_window=sliding_window,
-         num_splits=num_splits, block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16)
+         num_splits=num_splits, block_n=8, f16_dot=f16)
 
 
-@pytest.mark.parametrize("merge_in_kernel", [False, True])
-def test_sliding_window_never_reads_older_tokens(merge_in_kernel):
+def test_sliding_window_never_reads_older_tokens():
     """NaN bytes in every slot before the window must not leak in: the kernel does not read them at all."""
     lens, window = [30, 19], 6
     spec = make_spec("fp8_per_token_head", torch.float32, 2, 32, 8)
@@ -121,8 +116,7 @@ def test_sliding_window_never_reads_older_tokens(merge_in_kernel):
     q = torch.randn(2, 4, 32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     out = paged_decode_attention(q, pool, tables, seq_lens, spec, 0.2, sliding_window=window,
-                                 config=decode_config(spec, q, lens, block_n=8, merge_in_kernel=merge_in_kernel,
-                                                      num_splits=2))
+                                 config=decode_config(spec, q, lens, block_n=8, num_splits=2))
     ref = paged_decode_attention_reference(q, clean, tables, seq_lens, spec, 0.2, sliding_window=window)
     full = paged_decode_attention_reference(q, clean, tables, seq_lens, spec, 0.2)
     torch.testing.assert_close(out, ref, **attention_tolerance(torch.float32))
@@ -145,13 +139,13 @@ def bias_table(num_heads: int, max_distance: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("max_distance", [0, 4, 40, 200])
-@pytest.mark.parametrize("num_splits,merge_in_kernel,f16", [(1, False, False), (3, True, True), (8, False, True)])
+@pytest.mark.parametrize("num_splits,f16", [(1, False), (3, True), (8, True)])
 @pytest.mark.parametrize("fmt,heads", [(("auto", torch.float32), (8, 2)), (("int8_per_token_head", torch.float16), (4, 1)),
                                        (("fp8", torch.float16), (4, 4))])
-def test_relative_bias_matches_reference(fmt, heads, num_splits, merge_in_kernel, f16, max_distance):
+def test_relative_bias_matches_reference(fmt, heads, num_splits, f16, max_distance):
     """T5's bias by distance, clamped at max_distance; every kernel variant, split-K included."""
     _run(fmt, 8, heads, 32, [1, 7, 33, 60], rel_bias=bias_table(heads[0], max_distance), num_splits=num_splits,
-         block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16)
+         block_n=8, f16_dot=f16)
 
 
 def test_relative_bias_changes_the_answer_and_is_checked():
@@ -223,9 +217,8 @@ def test_row_window_token_classes_with_a_window(sliding_window):
     fill_sequences(pool, spec, tables, lens, torch.float16, 0.61, 1.7)
     q = torch.randn(len(lens), 4, 32).to(torch.float16)
     args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, 32 ** -0.5)
-    for num_splits, merge_in_kernel in [(4, False), (8, True)]:
-        cfg = decode_config(spec, q, lens, row_window=True, block_n=16, f16_dot=True, num_splits=num_splits,
-                            merge_in_kernel=merge_in_kernel)
+    for num_splits in (4, 8):
+        cfg = decode_config(spec, q, lens, row_window=True, block_n=16, f16_dot=True, num_splits=num_splits)
         torch.testing.assert_close(
             paged_decode_attention(*args, config=cfg, sliding_window=sliding_window).float(),
             paged_decode_attention_reference(*args, sliding_window=sliding_window).float(),

@@ -82,11 +82,11 @@ ROW_FORMATS = [(GPU_FORMATS[4], "row"), (GPU_FORMATS[5], "row")]
 # bytes per K row (the deep and large ones sized to fit shared memory; tools/gpu_compile.py --tests checks them)
 DECODE_CONFIGS = {
     "engine": lambda c, row: {},
-    "split-merged-in-kernel": lambda c, row: dict(num_splits=5, merge_in_kernel=True),
-    "split-merge-kernel": lambda c, row: dict(num_splits=3, merge_in_kernel=False),
+    "split-5": lambda c, row: dict(num_splits=5),
+    "split-3": lambda c, row: dict(num_splits=3),
     "plain-conversion": lambda c, row: dict(convert_asm=False, num_splits=1),
     "q-dtype-dot": lambda c, row: dict(f16_dot=False, convert_asm=False),
-    "small-tiles": lambda c, row: dict(block_n=16, num_warps=2, num_stages=2, num_splits=2, merge_in_kernel=True),
+    "small-tiles": lambda c, row: dict(block_n=16, num_warps=2, num_stages=2, num_splits=2),
     "large-tiles": lambda c, row: dict(block_n=2 * c.block_n, num_warps=8, num_stages=3 if row <= 256 else 2),
     "deep-pipeline": lambda c, row: dict(block_n=max(16, c.block_n // 2), num_stages=8 if row <= 256 else 3,
                                          k_pure=False, max_registers=128),
@@ -252,9 +252,9 @@ def test_context_sliding_window_on_gpu(kernels, fmt, sliding_window):
 
 @pytest.mark.parametrize("fmt", [GPU_FORMATS[0], GPU_FORMATS[3], GPU_FORMATS[4]])
 @pytest.mark.parametrize("max_distance", [0, 128])
-@pytest.mark.parametrize("splits,merge_in_kernel", [(1, False), (5, True), (3, False)])
-def test_relative_bias_on_gpu(kernels, fmt, max_distance, splits, merge_in_kernel):
-    """T5's relative position bias in decode (split-K merged either way) and paged and unfused context."""
+@pytest.mark.parametrize("splits", [1, 5, 3])
+def test_relative_bias_on_gpu(kernels, fmt, max_distance, splits):
+    """T5's relative position bias in decode (split-K too) and paged and unfused context."""
     from minikv.kernels import launch
     kv_cache_dtype, dtype = fmt
     lens, num_heads, kv_heads, head_size = [1, 17, 200, 777], 12, 12, 64
@@ -268,7 +268,7 @@ def test_relative_bias_on_gpu(kernels, fmt, max_distance, splits, merge_in_kerne
     args = (q, pool, tables, seq_lens, spec, 1.0 / 8, 0.6, 1.7)
     cfg = dataclasses.replace(launch.decode_config(len(lens), kv_heads, 1, head_size, spec.elem_bytes,
                                                    tables.shape[1] * 16, CUDA, fmt=spec.fmt, placement=spec.placement),
-                              num_splits=splits, merge_in_kernel=merge_in_kernel)
+                              num_splits=splits)
     torch.testing.assert_close(kernels.paged_decode_attention(*args, rel_bias=bias, config=cfg).float(),
                                kernels.paged_decode_attention_reference(*args, rel_bias=bias).float(),
                                **attention_tolerance(dtype))

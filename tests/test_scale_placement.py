@@ -110,10 +110,10 @@ def test_decode_block_placement_matches_reference(fmt, block_size, heads, head_s
                                **attention_tolerance(dtype))
 
 
-@pytest.mark.parametrize("merge_in_kernel,f16", [(True, False), (False, True)])
-def test_decode_block_placement_split_paths(merge_in_kernel, f16):
-    """The GPU's split-K paths (merged by the last program or by a second kernel) and float16 dot products,
-    forced in the interpreter."""
+@pytest.mark.parametrize("f16", [False, True])
+def test_decode_block_placement_split_paths(f16):
+    """The GPU's split-K path (partials merged by a second kernel) and float16 dot products, forced in the
+    interpreter."""
     lens = [1, 17, 40]
     spec = make_spec("int8_per_token_head", torch.float16, 2, 32, 16, "block")
     tables, num_blocks = random_block_tables(lens, 16)
@@ -123,7 +123,7 @@ def test_decode_block_placement_split_paths(merge_in_kernel, f16):
     args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, 32 ** -0.5)
     cfg = dataclasses.replace(launch.decode_config(3, 2, 2, 32, 1, max(lens), q.device, fmt=spec.fmt,
                                                    placement=spec.placement),
-                              num_splits=3, block_n=8, merge_in_kernel=merge_in_kernel, f16_dot=f16)
+                              num_splits=3, block_n=8, f16_dot=f16)
     torch.testing.assert_close(paged_decode_attention(*args, config=cfg).float(),
                                paged_decode_attention_reference(*args).float(), **attention_tolerance(torch.float16))
 

@@ -83,7 +83,6 @@ def retime_neighbours(before, after, rounds: int, problem_args, batch: int, ctx:
     variants["splits*2"] = dataclasses.replace(own, num_splits=own.num_splits * 2)
     variants["k_pure flipped"] = dataclasses.replace(own, k_pure=not own.k_pure)
     variants["v_pure flipped"] = dataclasses.replace(own, v_pure=not own.v_pure)
-    variants["merge_in_kernel flipped"] = dataclasses.replace(own, merge_in_kernel=not own.merge_in_kernel)
     versions = {"before": (before, None), **{name: (after, cfg) for name, cfg in variants.items()}}
     times = alternate(versions, rounds, problem_args)
     base = statistics.median(times["before"])

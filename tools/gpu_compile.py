@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"          # compiled mode, though this machine has no GPU
+os.environ.setdefault("MINIKV_PDL", "1")      # as on an sm_90 GPU: the kernels wait on griddepcontrol
 
 import torch  # noqa: E402
 import triton  # noqa: E402

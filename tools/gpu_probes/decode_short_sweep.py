@@ -4,8 +4,7 @@
 
 The kernel bench's geometry (32 query heads over 8 KV heads, head size 128, blocks of 16). For each shape: SDPA on a
 contiguous cache, launch.decode_config's own choice ("default"), and a grid of split counts x tokens per tile x
-pipeline stages x merge (a second kernel, or the last program of each sequence and KV head). Each candidate is
-checked against the torch reference first. Timings: CUDA-graph replay, L2 flushed. Writes decode_short_sweep.csv.
+pipeline stages. Each candidate is checked against the torch reference first. Timings: CUDA-graph replay, L2 flushed. Writes decode_short_sweep.csv.
 """
 import csv
 import dataclasses
@@ -16,7 +15,7 @@ import sys
 import torch
 
 SHAPES = ((1, 512), (16, 512), (64, 512), (256, 512), (1, 4096), (16, 4096))
-GRID = list(itertools.product((1, 2, 4, 8, 16), (32, 64), (2, 3, 4), (False, True)))
+GRID = list(itertools.product((1, 2, 4, 8, 16), (32, 64), (2, 3, 4)))
 
 
 def main(out_dir):
@@ -25,7 +24,7 @@ def main(out_dir):
     from minikv.kernels.decode_attention import paged_decode_attention, paged_decode_attention_reference
     os.makedirs(out_dir, exist_ok=True)
     f = open(os.path.join(out_dir, "decode_short_sweep.csv"), "w", newline="")
-    w = csv.DictWriter(f, ["batch", "context", "config", "splits", "block_n", "stages", "merge_in_kernel", "us",
+    w = csv.DictWriter(f, ["batch", "context", "config", "splits", "block_n", "stages", "us",
                            "sdpa_over_minikv", "max_abs_diff", "error"])
     w.writeheader()
     for batch, ctx in SHAPES:
@@ -34,13 +33,12 @@ def main(out_dir):
         sdpa_us = 1e3 * sdpa_decode_ms(batch, ctx).ms
         w.writerow(dict(batch=batch, context=ctx, config="sdpa", us=sdpa_us))
         base = launch.decode_config(batch, HKV, HQ // HKV, D, 2, ctx, torch.device("cuda"), fmt=layout.fmt)
-        cands = [("default", base)] + [("grid", dataclasses.replace(base, num_splits=s, block_n=n, num_stages=st,
-                                                                    merge_in_kernel=m))
-                                       for s, n, st, m in GRID if s * n <= ctx]
+        cands = [("default", base)] + [("grid", dataclasses.replace(base, num_splits=s, block_n=n, num_stages=st))
+                                       for s, n, st in GRID if s * n <= ctx]
         results = []
         for name, cfg in cands:
             r = dict(batch=batch, context=ctx, config=name, splits=cfg.num_splits, block_n=cfg.block_n,
-                     stages=cfg.num_stages, merge_in_kernel=cfg.merge_in_kernel)
+                     stages=cfg.num_stages)
             try:
                 got = paged_decode_attention(q, pool, tables, lens, layout, D ** -0.5, out=out, validate=False,
                                              config=cfg)
@@ -61,7 +59,7 @@ def main(out_dir):
         print(f"batch {batch:3d} context {ctx:5d}: SDPA {sdpa_us:7.1f} us; default {default_us:7.1f} us "
               f"({sdpa_us / default_us:.2f}x SDPA; splits {base.num_splits}, block_n {base.block_n}, stages "
               f"{base.num_stages}); best {us:7.1f} us ({sdpa_us / us:.2f}x SDPA; splits {cfg.num_splits}, block_n "
-              f"{cfg.block_n}, stages {cfg.num_stages}, merge_in_kernel {cfg.merge_in_kernel})", flush=True)
+              f"{cfg.block_n}, stages {cfg.num_stages})", flush=True)
     f.close()
 
 
