@@ -1,5 +1,5 @@
 """decode_matmul: a decode step's matmul with the step after it in one launch, for the few rows of a decode batch:
-GELU(x @ gate.T) * (x @ up.T), GELU(x @ gate.T) * t, or x @ k.T with x @ v.T.
+GELU(x @ gate.T) * (x @ up.T), GELU(x @ gate.T) * t, x @ k.T with x @ v.T, or x @ w.T alone.
 See docs/internals.md#kernels-decode-matmul."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import triton.language as tl
 from . import launch
 from .errors import InvalidTypeError, InvalidValueError
 
-GELU_UP, GELU_TIMES, PAIR = 0, 1, 2          # what the kernel does with its two products (or one and a tensor)
+GELU_UP, GELU_TIMES, PAIR, ONE = 0, 1, 2, 3   # what the kernel does with its products (ONE: x @ gate.T alone)
 
 
 @triton.jit
@@ -36,7 +36,7 @@ def _decode_matmul_kernel(x_ptr, w_ptr, w2_ptr, times_ptr, out_ptr, out2_ptr, M,
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_ptr + m[:, None] * K + (k0 + k)[None, :], mask=(m < M)[:, None], other=0.0)
         acc = tl.dot(x, tl.load(w_ptr + k0 + w_at), acc)
-        if MODE != 1:                                          # not GELU_TIMES: a second weight
+        if MODE == 0 or MODE == 2:                             # GELU_UP, PAIR: a second weight
             acc2 = tl.dot(x, tl.load(w2_ptr + k0 + w_at), acc2)
     at, rows = m[:, None] * N + n[None, :], (m < M)[:, None]
     dtype = out_ptr.dtype.element_ty
@@ -51,9 +51,12 @@ def _decode_matmul_kernel(x_ptr, w_ptr, w2_ptr, times_ptr, out_ptr, out2_ptr, M,
 
 def decode_matmul_reference(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None = None,
                             times: torch.Tensor | None = None, pair: torch.Tensor | None = None):
-    """Exactly one of: `up` -> gelu_tanh(x @ gate.T) * (x @ up.T); `times` -> gelu_tanh(x @ gate.T) * times;
-    `pair` -> (x @ gate.T, x @ pair.T). Each product in float32, rounded to x's dtype, as each later step."""
+    """At most one of: `up` -> gelu_tanh(x @ gate.T) * (x @ up.T); `times` -> gelu_tanh(x @ gate.T) * times;
+    `pair` -> (x @ gate.T, x @ pair.T); none -> x @ gate.T. Each product in float32, rounded to x's dtype, as each
+    later step."""
     product = lambda w: F.linear(x.float(), w.float()).to(x.dtype)
+    if up is None and times is None and pair is None:
+        return product(gate)
     if pair is not None:
         return product(gate), product(pair)
     return F.gelu(product(gate), approximate="tanh") * (product(up) if up is not None else times)
@@ -63,8 +66,8 @@ def _check(x, gate, up, times, pair) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise InvalidTypeError(f"x must be a 2-D float tensor [rows, K], got {getattr(x, 'dtype', type(x).__name__)} "
                                f"{list(getattr(x, 'shape', []))}")
-    if sum(t is not None for t in (up, times, pair)) != 1:
-        raise InvalidValueError("give exactly one of up, times and pair")
+    if sum(t is not None for t in (up, times, pair)) > 1:
+        raise InvalidValueError("give at most one of up, times and pair")
     for name, w in (("gate", gate), ("up", up), ("pair", pair)):
         if w is not None and (not isinstance(w, torch.Tensor) or w.dtype != x.dtype or not w.is_contiguous()
                               or tuple(w.shape) != (gate.shape[0] if name != "gate" else w.shape[0], x.shape[1])):
@@ -84,10 +87,10 @@ def decode_matmul(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None =
     if validate:
         _check(x, gate, up, times, pair)
     (m, k), n = x.shape, gate.shape[0]
-    cfg = config or launch.matmul_config(m, n, k, x.dtype, 1 if times is not None else 2)
+    cfg = config or launch.matmul_config(m, n, k, x.dtype, 2 if up is not None or pair is not None else 1)
     if cfg is None:
         return None
-    mode = GELU_UP if up is not None else GELU_TIMES if times is not None else PAIR
+    mode = GELU_UP if up is not None else GELU_TIMES if times is not None else PAIR if pair is not None else ONE
     x = x.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     out2 = torch.empty_like(out) if mode == PAIR else out

@@ -43,7 +43,8 @@ def kernels_run(x: torch.Tensor) -> bool:
 
 
 def fused_matmul(x: torch.Tensor, gate: nn.Linear, **second):
-    """decode_matmul of x's rows (`second`: up= or pair= a Linear, times= a tensor like the result), shaped like x;
+    """decode_matmul of x's rows (`second`: up= or pair= a Linear, times= a tensor like the result, or nothing),
+    shaped like x;
     None where it does not run (see kernels_run; a bias; weights not in x's dtype; more rows than a decode batch):
     torch's steps then run."""
     linears = (gate, *(m for m in second.values() if isinstance(m, nn.Linear)))
@@ -54,6 +55,13 @@ def fused_matmul(x: torch.Tensor, gate: nn.Linear, **second):
     out = decode_matmul(rows, gate.weight, **second, validate=False)
     shape = lambda t: t.view(*x.shape[:-1], t.shape[-1])
     return out if out is None else tuple(map(shape, out)) if isinstance(out, tuple) else shape(out)
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """layer(x): decode_matmul's one-weight mode where fused_matmul runs (a Triton launch that waits on the one
+    before it, see kernels/launch.py), else torch's."""
+    out = fused_matmul(x, layer)
+    return layer(x) if out is None else out
 
 
 class ScaledEmbedding(nn.Embedding):
@@ -152,9 +160,9 @@ class Gemma4Attention(nn.Module):
 
     def forward(self, x, cos, sin, positions, produced: dict, cache: DenseKVCache | None, ctx=None):
         shape = (*x.shape[:-1], self.num_heads, self.head_dim)
-        q = self.q_norm(self.q_proj(x).view(shape), cos=cos, sin=sin)
+        q = self.q_norm(linear(x, self.q_proj).view(shape), cos=cos, sin=sin)
         if ctx is not None:                                       # engine mode: x is one flattened row [1, T, H]
-            return self.o_proj(self.engine_attention(q, x, cos, sin, ctx).reshape(*x.shape[:-1], -1))
+            return linear(self.engine_attention(q, x, cos, sin, ctx).reshape(*x.shape[:-1], -1), self.o_proj)
         q = q.transpose(1, 2)
         if self.kv_shared:
             k, v = produced[self.layer_type]
@@ -227,7 +235,7 @@ class Gemma4DecoderLayer(nn.Module):
         gated = fused_matmul(x, self.per_layer_input_gate, times=per_layer_input) if self.mlp.fusable else None
         if gated is None:
             gated = self.act(self.per_layer_input_gate(x)) * per_layer_input
-        gated = self.per_layer_projection(gated)
+        gated = linear(gated, self.per_layer_projection)
         return self.post_per_layer_input_norm(gated, residual=x, scale=self.layer_scalar, then=then)
 
 
