@@ -455,6 +455,19 @@ same_run_ab("gpu_engine_norm_pairs_ab.csv")
 same_run_ab("gpu_engine_decode_matmul_ab.csv")
 
 # %% [markdown]
+# **Kernels that start while the one ahead ends.** Most of a step's launches are still small: a norm of 64 rows, a
+# matmul over a few megabytes, each over in microseconds, and the GPU finished each one completely before it began
+# to schedule the next. On Hopper a kernel launched with *programmatic dependent launch* may be scheduled while the
+# kernel ahead of it is still running. Its first instruction (`launch.wait_for_inputs()`: griddepcontrol.wait)
+# holds it until that kernel's results are visible, then lets the kernel after it be scheduled in turn. Every read
+# and write still happens in order; what goes is the gap between kernels. The same A/B on an **H100**
+# (`data/gpu_engine_dependent_launch_ab.csv`, made from the bench's logs by `ab_csv.py` in
+# `../results/gpu/dependent-launch-2026-12-07-h100/`, whose README has a second round and the GPU tests):
+
+# %%
+same_run_ab("gpu_engine_dependent_launch_ab.csv")
+
+# %% [markdown]
 # ## The engine beside transformers, and at a fixed memory budget
 #
 # A second, smaller recording, `data/gpu_engine.csv`, comes from runs of `python -m minikv.bench engine
