@@ -134,7 +134,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_ma
         float(k_scale), float(v_scale),
         FMT=spec.fmt, NUM_HEADS=spec.num_kv_heads, HEAD_SIZE=spec.head_size, BLOCK_SIZE=spec.block_size,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, SATURATE=torch_e4m3_saturates(key.device.type),
-        num_warps=cfg.num_warps, launch_pdl=launch.PDL)
+        num_warps=cfg.num_warps, **launch.PDL_LAUNCH)
 
 
 def write_kv_reference(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor,

@@ -397,11 +397,11 @@ def paged_decode_attention(q: torch.Tensor, pool: torch.Tensor, block_tables: to
         FMT=spec.fmt, PLACEMENT=spec.placement, GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=spec.block_size,
         BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n, ALIGN=(row_alignment(spec), scale_alignment(spec)), DOT=dot,
         CONVERT=(cfg.convert_asm and scaled_f16, cfg.k_pure, cfg.v_pure),
-        ROW_WINDOW=period, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=launch.PDL,
+        ROW_WINDOW=period, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch.PDL_LAUNCH,
         **({} if INTERPRETED or cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
     if parts > 1:
         _merge_splits_kernel[(batch, num_heads)](*partials, out, out.stride(0), out.stride(1),
-                                                 parts, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK, launch_pdl=launch.PDL)
+                                                 parts, HEAD_SIZE=head_size, CHUNK=MERGE_CHUNK, **launch.PDL_LAUNCH)
     return out
 
 

@@ -51,9 +51,8 @@ def _decode_matmul_kernel(x_ptr, w_ptr, w2_ptr, times_ptr, out_ptr, out2_ptr, M,
 
 def decode_matmul_reference(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None = None,
                             times: torch.Tensor | None = None, pair: torch.Tensor | None = None):
-    """At most one of: `up` -> gelu_tanh(x @ gate.T) * (x @ up.T); `times` -> gelu_tanh(x @ gate.T) * times;
-    `pair` -> (x @ gate.T, x @ pair.T); none -> x @ gate.T. Each product in float32, rounded to x's dtype, as each
-    later step."""
+    """At most one of: `up` -> gelu_tanh(x @ gate.T) * (x @ up.T); `times` -> gelu_tanh(x @ gate.T) * times; `pair`
+    -> (x @ gate.T, x @ pair.T); none: x @ gate.T. Each product in float32, rounded to x's dtype, as each step."""
     product = lambda w: F.linear(x.float(), w.float()).to(x.dtype)
     if up is None and times is None and pair is None:
         return product(gate)
@@ -98,5 +97,5 @@ def decode_matmul(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None =
     _decode_matmul_kernel[(n // cfg.block_n,)](
         x, gate, second, times.contiguous() if times is not None else x, out, out2, m, n, k, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MODE=mode, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        launch_pdl=launch.PDL)
+        **launch.PDL_LAUNCH)
     return (out, out2) if mode == PAIR else out

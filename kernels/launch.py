@@ -37,8 +37,7 @@ class DecodeConfig:
     k_pure: bool = True            # let the compiler place K's conversion (see decode_attention._codes_to)
     v_pure: bool = False           # ... and V's (it then reads V from shared memory byte by byte, no f16 copy)
     max_registers: int | None = None   # a cap on registers per thread (more programs per SM), or the compiler's
-    row_window: bool = True        # "row" placement: read each row as aligned 16-byte pieces where the strides
-                                   # allow it (decode_attention.row_window_period), else 4-byte loads
+    row_window: bool = True        # "row" placement: aligned 16-byte reads where strides allow (row_window_period)
 
 
 @dataclass(frozen=True)
@@ -75,16 +74,22 @@ def num_sms(device_index: int = 0) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Programmatic dependent launch, on Hopper and newer (MINIKV_PDL=0: off, 1: on): see docs/internals.md#kernels-launch
-_PDL_ENV = os.environ.get("MINIKV_PDL")
-PDL: bool = not INTERPRETED and (_PDL_ENV == "1" or _PDL_ENV != "0" and torch.cuda.is_available()
-                                 and torch.cuda.get_device_capability()[0] >= 9)
+def _dependent_launch() -> bool:
+    """Programmatic dependent launch (docs/internals.md#kernels-launch): MINIKV_PDL=0 or 1, else sm_90 and newer."""
+    if INTERPRETED or not hasattr(tl.extra.cuda, "gdc_wait"):      # no griddepcontrol before Triton 3.4
+        return False
+    env = os.environ.get("MINIKV_PDL")
+    return env == "1" or env != "0" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+PDL: bool = _dependent_launch()
+PDL_LAUNCH: dict = {"launch_pdl": True} if PDL else {}       # a launch's keywords: older Tritons refuse launch_pdl
 _PDL: tl.constexpr = tl.constexpr(PDL)
 
 
 @triton.jit
 def wait_for_inputs():
-    """First in every kernel launched with launch_pdl=PDL: wait until the kernel before it has finished and its
+    """First in every kernel launched with PDL_LAUNCH: wait until the kernel before it has finished and its
     stores are visible, then let the next kernel be scheduled (no-op where PDL is off)."""
     if _PDL:
         tl.extra.cuda.gdc_wait()
@@ -113,17 +118,16 @@ def norm_config(rows: int, d: int) -> NormConfig:
     return NormConfig(block_r=block_r, block_d=block_d, num_warps=4 if block_r * block_d <= 4096 else 8)
 
 
-# kernels/decode_matmul.py on a GPU, measured at gemma-4-E2B's shapes and 64 rows on an NVIDIA H100 (cold L2;
-# results/gpu/decode-matmul-2026-12-06/modes-h100/): 16 columns and K tiles of 128 per program, pipelined 3 deep
-# for a wide product (the MLP's 6,144 columns), 4 deep for two narrow weights (k and v), 5 for one (the PLE gate).
+# kernels/decode_matmul.py at gemma-4-E2B's shapes, 64 rows, on an H100 (results/gpu/decode-matmul-2026-12-06/): 16
+# columns, K tiles of 128, 3 stages for a wide product (6,144 columns), 4 for two narrow weights, 5 for one.
 MATMUL_MAX_ROWS = 64
 MATMUL_TILE = (16, 128)
 MATMUL_WIDE = 2048
 
 
 def matmul_config(m: int, n: int, k: int, dtype: torch.dtype, weights: int = 2) -> MatmulConfig | None:
-    """kernels/decode_matmul.py's configuration (`weights`: 2 for up= and pair=, 1 for times=), or None: more rows
-    than a decode batch, float32 (tl.dot would take TF32), or a shape the tiles do not divide."""
+    """kernels/decode_matmul.py's configuration (`weights`: 2 for up= and pair=, else 1), or None: more rows than a
+    decode batch, float32 (tl.dot would take TF32), or a shape the tiles do not divide."""
     block_m = max(16, _pow2(m))
     if INTERPRETED:                         # the largest tiles up to 64 that divide the shape (tl.dot: >= 16)
         block_n, block_k = min(n & -n, 64), min(k & -k, 64)
@@ -150,9 +154,8 @@ DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
 # Head sizes above 128, 1- and 2-byte formats, measured at gemma-4-E2B's shapes (docs/internals.md): (block_n, stages)
 DECODE_LARGE_HEAD = {"row placement": (32, 3), "other": (32, 4)}
 DECODE_LARGE_HEAD_PROGRAMS_PER_SM = 2
-# Head sizes up to 128, per-token-head formats in the "row" placement: (block_n, stages, max_registers). The cap lets
-# four programs share an SM instead of two, measured 10 to 15% faster on an NVIDIA H100 at batch 64 / context 4096
-# (results/gpu/decode-instructions-2026-12-07-h100/).
+# Head sizes up to 128, per-token-head formats in the "row" placement: (block_n, stages, max_registers), the cap for
+# four programs per SM, not two (10-15% faster on an H100: results/gpu/decode-instructions-2026-12-07-h100/).
 DECODE_ROW_SCALES = (64, 4, 128)
 
 

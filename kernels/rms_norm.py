@@ -139,5 +139,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual:
         cos_c, sin_c, scale if scale is not None else x2, next_weight if next_weight is not None else x2, out,
         next_out, rows, rows_per_token, float(eps), D=d, BLOCK_D=cfg.block_d, BLOCK_R=cfg.block_r,
         HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, HAS_ROPE=cos is not None,
-        HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, num_warps=cfg.num_warps, launch_pdl=launch.PDL)
+        HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, num_warps=cfg.num_warps, **launch.PDL_LAUNCH)
     return out if next_weight is None else (out, next_out)

@@ -53,13 +53,13 @@ def test_the_engine_refuses_an_old_triton_before_any_kernel_runs(monkeypatch):
 
 
 def _pdl_launches_and_first_calls() -> tuple[set[str], dict[str, str]]:
-    """The kernels launched with launch_pdl= in kernels/, and each @triton.jit function's first statement."""
+    """The kernels launched with launch.PDL_LAUNCH in kernels/, and each @triton.jit function's first statement."""
     import ast
     launched, first = set(), {}
     for path in (ROOT / "kernels").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) \
-                    and any(k.arg == "launch_pdl" for k in node.keywords):
+                    and any(ast.unparse(k) == "**launch.PDL_LAUNCH" for k in node.keywords):
                 launched.add(ast.unparse(node.func.value))
             if isinstance(node, ast.FunctionDef) and any("triton.jit" in ast.unparse(d) for d in node.decorator_list):
                 body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
@@ -68,7 +68,7 @@ def _pdl_launches_and_first_calls() -> tuple[set[str], dict[str, str]]:
 
 
 def test_every_dependent_launch_waits_before_touching_memory():
-    """A kernel launched with launch_pdl may start before the kernel ahead of it has finished: its first statement
+    """A kernel launched with PDL_LAUNCH may start before the kernel ahead of it has finished: its first statement
     must be the wait (launch.wait_for_inputs), or it could read what that kernel has not yet written."""
     launched, first = _pdl_launches_and_first_calls()
     assert {"_decode_kernel", "_merge_splits_kernel", "_rms_norm_kernel", "_decode_matmul_kernel",
