@@ -1,6 +1,7 @@
 """kernels/decode_matmul.py: a matmul fused with the step after it (GELU(x @ gate.T) * (x @ up.T), GELU(x @ gate.T)
-* t, the pair x @ k.T and x @ v.T, or x @ w.T alone) against the torch reference, interpreted on a CPU and compiled on CUDA (bfloat16
-included), over rows, shapes and tiles; its argument checks; a mutation the comparison catches."""
+* t, x @ w.T alone, or x times three stacked weights) against the torch reference,
+interpreted on a CPU and compiled on CUDA (bfloat16 included), over rows, shapes and tiles; its argument checks; a
+mutation the comparison catches."""
 from __future__ import annotations
 
 import pytest
@@ -15,16 +16,18 @@ from minikv.kernels.launch import MatmulConfig
 ROWS = [1, 5, 16, 64]
 SHAPES = [(64, 32), (256, 96), (512, 64)]             # (K, N)
 TILES = [(16, 64), (32, 32), (32, 128)]             # (block_n, block_k)
-MODES = ["up", "times", "pair", "one"]
+MODES = ["up", "times", "one", "stack"]
 
 
 def case(mode, m, k_, n, dtype, device, seed=0):
-    """x, gate and the keyword of `mode` (up, times or pair; none for one)."""
+    """x, gate and the keyword of `mode` (up, times or stack: k and v of half gate's rows; none for one)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k_, generator=gen).to(dtype).to(device)
     gate, second = ((torch.randn(n, k_, generator=gen) * k_ ** -0.5).to(dtype).to(device) for _ in "gs")
     if mode == "times":
         second = torch.randn(m, n, generator=gen).to(dtype).to(device)
+    if mode == "stack":
+        second = tuple((torch.randn(n // 2, k_, generator=gen) * k_ ** -0.5).to(dtype).to(device) for _ in "kv")
     return x, gate, {} if mode == "one" else {mode: second}
 
 
@@ -35,18 +38,13 @@ def _products(x, w):
     return exact, x.shape[1] * torch.finfo(torch.float32).eps * F.linear(x.float().abs(), w.float().abs())
 
 
-def assert_close(got, x, gate, up=None, times=None, pair=None):
+def assert_close(got, x, gate, up=None, times=None, stack=None):
     """Equal to the reference up to the float32 sums' order (the kernel adds K in tiles) and the roundings to the
     output's dtype that such a difference can flip: one of each product, carried through GELU (slope below 1.2)
     and the multiplication, and the last one."""
-    want = decode_matmul_reference(x, gate, up, times, pair)
-    if up is None and times is None and pair is None:
-        return assert_close_plain(got, want, x, gate)
-    if pair is not None:
-        assert isinstance(got, tuple) and len(got) == 2
-        for g, w, weight in zip(got, want, (gate, pair)):
-            assert_close_plain(g, w, x, weight)
-        return
+    want = decode_matmul_reference(x, gate, up, times, stack)
+    if up is None and times is None:
+        return assert_close_plain(got, want, x, gate if stack is None else torch.cat([gate, *stack]))
     assert got.dtype == want.dtype and got.shape == want.shape
     eps = torch.finfo(x.dtype).eps
     g, sums_g = _products(x, gate)
@@ -82,7 +80,7 @@ def _block_m(m):
 def test_kernel_matches_reference_interpreted(mode, m, k_, n, tile, dtype):
     if not k.INTERPRETED:
         pytest.skip("compiled mode: the GPU test below covers it")
-    if n % tile[0] or k_ % tile[1]:
+    if n % tile[0] or k_ % tile[1] or mode == "stack" and n // 2 % tile[0]:
         pytest.skip("the tiles do not divide the shape")
     x, gate, kw = case(mode, m, k_, n, dtype, "cpu")
     cfg = MatmulConfig(_block_m(m), *tile)
@@ -129,13 +127,15 @@ def test_rejects_bad_input():
     with pytest.raises(InvalidTypeError, match="x must be a 2-D"):
         decode_matmul(x[None], gate, up)
     with pytest.raises(InvalidValueError, match="at most one of"):
-        decode_matmul(x, gate, up, pair=up)
+        decode_matmul(x, gate, up, stack=(up, up))
     with pytest.raises(InvalidValueError, match=r"gate must be contiguous torch.float32 \[N, 64\]"):
         decode_matmul(x, gate[:, :32], up)
     with pytest.raises(InvalidValueError, match="up must be"):
         decode_matmul(x, gate, up[:16])
-    with pytest.raises(InvalidValueError, match="pair must be"):
-        decode_matmul(x, gate, pair=up.half())
+    with pytest.raises(InvalidValueError, match="stack must be a tuple"):
+        decode_matmul(x, gate, stack=up)
+    with pytest.raises(InvalidValueError, match="stack must be contiguous"):
+        decode_matmul(x, gate, stack=(up, up.half()))
     with pytest.raises(InvalidValueError, match=r"times must be torch.float32 \[4, 32\]"):
         decode_matmul(x, gate, times=torch.zeros(4, 31))
 
@@ -143,7 +143,7 @@ def test_rejects_bad_input():
 def small_e2b(device, dtype, hidden=64):
     from minikv.bench.sdpa_step import e2b_like_model
     return e2b_like_model(device, dtype, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=10,
-                          num_attention_heads=2, head_dim=32, sliding_window=8, num_kv_shared_layers=5,
+                          num_attention_heads=2, head_dim=64, sliding_window=8, num_kv_shared_layers=5,
                           hidden_size_per_layer_input=16, vocab_size=40, vocab_size_per_layer_input=40)
 
 
@@ -162,14 +162,14 @@ def test_model_with_fused_matmuls_on_gpu(monkeypatch):
         got = model.logits(ids)
         monkeypatch.setattr(g, "kernels_run", lambda x: False)
         want = model.logits(ids)
-    assert {tuple(c) for c in calls} >= {("pair", "validate"), ("up", "validate"), ("times", "validate"),
+    assert {tuple(c) for c in calls} >= {("stack", "validate"), ("up", "validate"), ("times", "validate"),
                                          ("validate",)}
     torch.testing.assert_close(got, want, rtol=0.02, atol=0.05)
 
 
 def test_model_with_fused_matmuls_matches_torch_steps(monkeypatch):
     """Gemma-4's decode-sized forward with the fused matmuls (and norms) run interpreted, against torch's steps: the
-    k/v pair, GELU(gate) * up and the per-layer input's GELU(gate) * input are wired to the right weights. A decode
+    stacked q/k/v, GELU(gate) * up and the per-layer input's GELU(gate) * input are wired to the right weights. A decode
     step's rows take decode_matmul; a prompt of more rows than a decode batch takes torch's steps in both runs."""
     import minikv.models.gemma4 as g
     model = small_e2b("cpu", torch.float32)
@@ -182,7 +182,7 @@ def test_model_with_fused_matmuls_matches_torch_steps(monkeypatch):
         monkeypatch.setattr(g, "kernels_run", lambda x: True)
         got = model.greedy(ids, max_new_tokens=3), model.logits(ids[:, :1])
     assert calls, "the fused matmuls ran"
-    assert {tuple(c) for c in calls} >= {("pair", "validate"), ("up", "validate"), ("times", "validate"),
+    assert {tuple(c) for c in calls} >= {("stack", "validate"), ("up", "validate"), ("times", "validate"),
                                          ("validate",)}
     assert torch.equal(got[0], want[0])
     torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-4)

@@ -1,5 +1,6 @@
-"""kernels/rms_norm.py: the fused RMSNorm (with RoPE or a residual) against its torch reference, interpreted on a CPU
-and compiled on CUDA (bfloat16 included); its argument checks; the model's norms on CUDA against the torch ones."""
+"""kernels/rms_norm.py: the fused RMSNorm (with RoPE, a residual, or a layer's q, k and v at once) against its torch
+reference, interpreted on a CPU and compiled on CUDA (bfloat16 included); its argument checks; the model's norms on
+CUDA against the torch ones."""
 from __future__ import annotations
 
 import pytest
@@ -97,6 +98,49 @@ def test_next_norm_is_a_second_launch_bit_for_bit_interpreted(feature, lead, d, 
     assert_within_rounding(nxt, rms_norm_reference(out, after, 1e-6), rms_norm_reference(out, None, 1e-6))
 
 
+QKV_SHAPES = [(1, 8, 1, 256), (3, 8, 1, 512), (5, 4, 2, 64), (64, 8, 1, 256)]     # (tokens, q heads, kv heads, D)
+
+
+def qkv_case(tokens, q_heads, kv_heads, d, dtype, device):
+    gen = torch.Generator().manual_seed(2)
+    x = (torch.randn(tokens, q_heads + 2 * kv_heads, d, generator=gen) * 3).to(dtype).to(device)
+    wq, wk = ((torch.randn(d, generator=gen) * 0.1 + 1).to(dtype).to(device) for _ in "qk")
+    angles = torch.rand(tokens, d, generator=gen) * 6.28
+    return x, wq, wk, angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+
+
+def assert_qkv_is_three_launches(tokens, q_heads, kv_heads, d, dtype, device):
+    """kv=: a layer's q, k and v norms in one launch give the bits of three in a 16-bit dtype (q's and k's with
+    their weights and RoPE, v's with neither: float32 keeps the last bits of the mean's sum, whose order moves with
+    the launch's row count), and are within rounding of the reference."""
+    x, wq, wk, cos, sin = qkv_case(tokens, q_heads, kv_heads, d, dtype, device)
+    got = rms_norm(x, wq, 1e-6, cos=cos, sin=sin, kv=(wk, kv_heads))
+    q, k, v = x.split([q_heads, kv_heads, kv_heads], dim=-2)
+    three = [rms_norm(q, wq, 1e-6, cos=cos, sin=sin), rms_norm(k, wk, 1e-6, cos=cos, sin=sin), rms_norm(v, None, 1e-6)]
+    if dtype != torch.float32 or device == "cpu":
+        assert torch.equal(got, torch.cat(three, dim=-2))
+    assert_within_rounding(got, rms_norm_reference(x, wq, 1e-6, cos=cos, sin=sin, kv=(wk, kv_heads)),
+                           rms_norm_reference(x, None, 1e-6) * 1.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", QKV_SHAPES[:3])
+def test_qkv_norms_are_three_launches_interpreted(shape, dtype):
+    import minikv.kernels as k
+    if not k.INTERPRETED:
+        pytest.skip("compiled mode: the GPU test below covers it")
+    assert_qkv_is_three_launches(*shape, dtype, "cpu")
+
+
+@pytest.mark.parametrize("bad", [dict(kv=(torch.ones(8), 0)), dict(kv=(torch.ones(8), 1)), dict(kv=(torch.ones(7), 1)),
+                                 dict(kv=(torch.ones(8), 1), cos=None, sin=None)])
+def test_bad_qkv_arguments_are_refused_clearly(bad):
+    args = dict(cos=torch.ones(3, 8), sin=torch.ones(3, 8)) | bad
+    for fn in (rms_norm, rms_norm_reference):
+        with pytest.raises(InvalidValueError, match="kv"):
+            fn(torch.ones(3, 2, 8), torch.ones(8), 1e-6, **args)
+
+
 def test_model_norm_pairs_match_separate_norms_on_cpu():
     """Gemma4RMSNorm(then=...) on a CPU is the two torch norms, bit for bit (dense mode and training)."""
     from minikv.models.gemma4 import Gemma4RMSNorm
@@ -167,6 +211,14 @@ def test_next_norm_is_a_second_launch_bit_for_bit_on_gpu(feature, lead, d, dtype
     out, nxt = rms_norm(x, weight, 1e-6, next_weight=after, **kw)
     assert torch.equal(out, rms_norm(x, weight, 1e-6, **kw))
     assert torch.equal(nxt, rms_norm(out, after, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", QKV_SHAPES)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_qkv_norms_are_three_launches_on_gpu(shape, dtype):
+    assert_qkv_is_three_launches(*shape, dtype, "cuda")
 
 
 @pytest.mark.gpu

@@ -62,9 +62,8 @@ class SdpaDecodeStep:
         h = m.layers[0].input_layernorm(x)
         for i, layer in enumerate(m.layers):
             attn, (cos, sin) = layer.self_attn, rope[c.layer_types[i]]
-            q = attn.q_norm(attn.q_proj(h).view(b, 1, attn.num_heads, attn.head_dim), cos=cos, sin=sin)
-            if not attn.kv_shared:
-                k, v = attn.project_kv(h, cos, sin)                               # [B, 1, kv_heads, D]
+            q, k, v = attn.project(h, cos, sin)                                  # the model's own code
+            if not attn.kv_shared:                                                # k, v: [B, 1, kv_heads, D]
                 self.caches[i][0][:, :, last] = k[:, 0]
                 self.caches[i][1][:, :, last] = v[:, 0]
             k_cache, v_cache = self.caches[c.kv_sources[i]]

@@ -10,6 +10,7 @@ from minikv.kernels.decode_matmul import decode_matmul
 from minikv.kernels.mode import INTERPRETED
 from minikv.kernels.rms_norm import rms_norm, rms_norm_reference
 from minikv.models.gemma4_config import FULL, SLIDING, Gemma4Config, Gemma4ConfigError  # noqa: F401
+from minikv.models.gemma4_dense import DenseKVCache, dense_attention
 from minikv.models.layers import Attention, check_token_inputs
 
 _ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "silu": F.silu,
@@ -43,18 +44,18 @@ def kernels_run(x: torch.Tensor) -> bool:
 
 
 def fused_matmul(x: torch.Tensor, gate: nn.Linear, **second):
-    """decode_matmul of x's rows (`second`: up= or pair= a Linear, times= a tensor like the result, or nothing),
-    shaped like x;
-    None where it does not run (see kernels_run; a bias; weights not in x's dtype; more rows than a decode batch):
-    torch's steps then run."""
-    linears = (gate, *(m for m in second.values() if isinstance(m, nn.Linear)))
+    """decode_matmul of x's rows (`second`: up= a Linear, times= a tensor like the result, stack= two Linears, or
+    nothing), shaped like x; None where it does not run (kernels_run; a bias; weights not in x's dtype; too many
+    rows): torch's steps then run."""
+    linears = (gate, *(m for v in second.values() for m in (v if isinstance(v, tuple) else (v,))
+                       if isinstance(m, nn.Linear)))
     if not kernels_run(x) or any(m.bias is not None or m.weight.dtype != x.dtype for m in linears):
         return None
     rows = x.reshape(-1, x.shape[-1])
-    second = {k: v.weight if isinstance(v, nn.Linear) else v.reshape(rows.shape[0], -1) for k, v in second.items()}
+    weight = lambda v: v.weight if isinstance(v, nn.Linear) else v.reshape(rows.shape[0], -1)
+    second = {k: tuple(map(weight, v)) if isinstance(v, tuple) else weight(v) for k, v in second.items()}
     out = decode_matmul(rows, gate.weight, **second, validate=False)
-    shape = lambda t: t.view(*x.shape[:-1], t.shape[-1])
-    return out if out is None else tuple(map(shape, out)) if isinstance(out, tuple) else shape(out)
+    return out if out is None else out.view(*x.shape[:-1], out.shape[-1])
 
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
@@ -91,34 +92,6 @@ def rope_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
     return inv / rope.get("factor", 1.0)
 
 
-def attention_mask(q_pos: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:
-    """bool [B, 1, T, S], True = attend: causal, and within the window on a sliding layer."""
-    k_pos = torch.arange(num_keys, device=q_pos.device)
-    dist = q_pos[:, None, :, None] - k_pos[None, None, None, :]
-    visible = dist >= 0
-    if window is not None:
-        visible &= dist < window
-    return visible
-
-
-class DenseKVCache:
-    """Per-layer K/V of every position so far, for incremental dense decoding."""
-
-    def __init__(self):
-        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    @property
-    def length(self) -> int:
-        return next(iter(self.kv.values()))[0].shape[2] if self.kv else 0
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer in self.kv:
-            k = torch.cat([self.kv[layer][0], k], dim=2)
-            v = torch.cat([self.kv[layer][1], v], dim=2)
-        self.kv[layer] = (k, v)
-        return k, v
-
-
 def layer_name(index: int) -> str:
     """Name of a decoder layer's Attention op (the key the engine binds caches by)."""
     return f"model.layers.{index}.self_attn"
@@ -153,36 +126,28 @@ class Gemma4Attention(nn.Module):
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Fresh K (normed, rotated) and V (normed) for the tokens of x: each [B, T, kv_heads, D]."""
         shape = (*x.shape[:-1], self.num_kv_heads, self.head_dim)
-        pair = None if self.v_proj is None else fused_matmul(x, self.k_proj, pair=self.v_proj)
-        k, v = pair or (self.k_proj(x), None if self.v_proj is None else self.v_proj(x))
-        k, v = k.view(shape), k.view(shape) if v is None else v.view(shape)   # k_eq_v: v is the raw key projection
+        k = linear(x, self.k_proj).view(shape)
+        v = k if self.v_proj is None else linear(x, self.v_proj).view(shape)   # k_eq_v: v is the raw key projection
         return self.k_norm(k, cos=cos, sin=sin), self.v_norm(v)
 
-    def forward(self, x, cos, sin, positions, produced: dict, cache: DenseKVCache | None, ctx=None):
-        shape = (*x.shape[:-1], self.num_heads, self.head_dim)
-        q = self.q_norm(linear(x, self.q_proj).view(shape), cos=cos, sin=sin)
-        if ctx is not None:                                       # engine mode: x is one flattened row [1, T, H]
-            return linear(self.engine_attention(q, x, cos, sin, ctx).reshape(*x.shape[:-1], -1), self.o_proj)
-        q = q.transpose(1, 2)
-        if self.kv_shared:
-            k, v = produced[self.layer_type]
-        else:
-            k, v = (t.transpose(1, 2) for t in self.project_kv(x, cos, sin))
-            if self.kv_transform is not None:       # training / dense evaluation: fake-quantized K/V
-                k, v = self.kv_transform(k), self.kv_transform(v)
-            if cache is not None:
-                k, v = cache.append(self.index, k, v)
-            produced[self.layer_type] = (k, v)      # what later sharing layers of this type attend over
-        mask = attention_mask(positions, k.shape[2], self.window)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q (normed, rotated) and, in a KV-owning layer, project_kv's k and v (else None), each [B, T, heads, D]. With
+        a v_proj, where the kernels run: one matmul and one norm launch for all three."""
+        heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+        own_v = not self.kv_shared and self.v_proj is not None
+        if (qkv := fused_matmul(x, self.q_proj, stack=(self.k_proj, self.v_proj)) if own_v else None) is not None:
+            qkv = qkv.view(*x.shape[:-1], sum(heads), self.head_dim)
+            return rms_norm(qkv, self.q_norm.weight, self.q_norm.eps, cos=cos, sin=sin,
+                            kv=(self.k_norm.weight, self.num_kv_heads), validate=False).split(heads, dim=-2)
+        q = self.q_norm(linear(x, self.q_proj).view(*x.shape[:-1], self.num_heads, self.head_dim), cos=cos, sin=sin)
+        return (q, None, None) if self.kv_shared else (q, *self.project_kv(x, cos, sin))
 
-    def engine_attention(self, q, x, cos, sin, ctx):
-        k = v = None                                              # a sharing layer: the engine reads the source
-        if not self.kv_shared:
-            k, v = (t[0] for t in self.project_kv(x, cos, sin))
-        return self.attn(q[0], k, v, ctx)[None]    # the engine applies the window and scale 1.0 (no 1/sqrt(d))
+    def forward(self, x, cos, sin, positions, produced: dict, cache: DenseKVCache | None, ctx=None):
+        q, k, v = self.project(x, cos, sin)
+        if ctx is None:
+            return self.o_proj(dense_attention(self, q, k, v, positions, produced, cache))
+        out = self.attn(q[0], *(t if t is None else t[0] for t in (k, v)), ctx)   # x: [1, T, H]; window, scale 1
+        return linear(out.reshape(*x.shape[:-1], -1), self.o_proj)
 
 
 class Gemma4MLP(nn.Module):
