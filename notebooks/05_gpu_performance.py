@@ -468,6 +468,17 @@ same_run_ab("gpu_engine_decode_matmul_ab.csv")
 same_run_ab("gpu_engine_dependent_launch_ab.csv")
 
 # %% [markdown]
+# **A layer's q, k and v in two launches.** A layer that writes K/V still made its q, k and v in five launches:
+# q's matmul, one matmul for k with v, and a norm each. Now q_proj, k_proj and v_proj write one output from one
+# launch (`decode_matmul(..., stack=(k, v))`), and one norm launch reads it (`rms_norm(..., kv=...)`), which picks
+# each head's weight and RoPE from the head's index: 45 launches fewer in an E2B step. The same A/B on an **H100**
+# (`data/gpu_engine_qkv_ab.csv`, from `../results/gpu/qkv-launch-2026-12-07-h100/`, whose README has two more rounds,
+# one at 8192 tokens, and the GPU tests). Read the graph replay: the step's median also carries the host's noise.
+
+# %%
+same_run_ab("gpu_engine_qkv_ab.csv")
+
+# %% [markdown]
 # ## The engine beside transformers, and at a fixed memory budget
 #
 # A second, smaller recording, `data/gpu_engine.csv`, comes from runs of `python -m minikv.bench engine
