@@ -124,7 +124,8 @@ tune() {
   $PY -m minikv.bench.profile_decode summarize "$OUT/ncu_decode.csv" | tee "$OUT/ncu_summary.txt"
 }
 
-# memcheck / fidelity need transformers >= 5.24 (carry its wheel in .whl/; the machine's own is older).
+# memcheck / fidelity need transformers >= 5.24 (tools/pack_transformers.sh puts its wheels in .whl/; the machine's
+# own is older).
 # DRY=1: a dry run on a CPU machine at small dimensions, without the sanitizer (PYTHON=.venv/bin/python there).
 # PADDING: bytes of unallocated padding memcheck puts after every CUDA allocation (default 1 MiB). Without it the
 # driver packs small cudaMallocs back to back, so an overrun of one pool lands inside the next allocation, which
