@@ -461,7 +461,7 @@ same_run_ab("gpu_engine_decode_matmul_ab.csv")
 # kernel ahead of it is still running. Its first instruction (`launch.wait_for_inputs()`: griddepcontrol.wait)
 # holds it until that kernel's results are visible, then lets the kernel after it be scheduled in turn. Every read
 # and write still happens in order; what goes is the gap between kernels. The same A/B on an **H100**
-# (`data/gpu_engine_dependent_launch_ab.csv`, made from the bench's logs by `ab_csv.py` in
+# (`data/gpu_engine_dependent_launch_ab.csv`, made by `tools/engine_ab_csv.py` from the bench's logs in
 # `../results/gpu/dependent-launch-2026-12-07-h100/`, whose README has a second round and the GPU tests):
 
 # %%
