@@ -234,6 +234,45 @@ def test_gpu_main_prints_batch_1_beside_the_sdpa_step_then_reports_and_targets(s
     assert "MISSED" in out or "met" in out
 
 
+def test_one_byte_targets_are_set_per_context():
+    """1.25x bf16's tokens/s at context 8192 and 1.4x at 32768; other contexts have no 1-byte target."""
+    rows = _rows() + [_row(f, 64, 32768, "replayed", 1000 + 300 * i) for i, f in enumerate(FORMATS)]
+    got = {what: (round(value, 4), goal) for what, value, goal in engine.targets(rows) if "vs bf16 engine" in what}
+    assert got["fp8 vs bf16 engine decode tokens/s, batch 64, context 8192 (default placement)"] == (
+        round(3800 / 3600, 4), 1.25)
+    assert got["fp8_per_token_head vs bf16 engine decode tokens/s, batch 64, context 32768 (default placement)"] == (
+        1.9, 1.4)
+    assert len(got) == 6
+
+
+def test_the_attention_bench_adds_the_engine_part_to_a_recording(stubbed, tmp_path, capsys, monkeypatch):
+    """`minikv.bench attention --engine-only`: the engine's rows join the kernels' rows of an earlier call on the
+    same GPU; a row measured again replaces the older one; another GPU's recording is refused."""
+    from minikv.bench import attention
+    path = tmp_path / "gpu_attention.csv"
+    kernel_row = {"kind": "decode", "format": "auto", "batch": 64, "context": 4096, "ms": 0.2, "sdpa_over_minikv": 0.9,
+                  "gpu": "stub"}
+    old = {"kind": "engine-decode", **_row("auto", 64, 2048, "replayed", 1), "gpu": "stub"}
+    attention.write_csv([kernel_row, old], path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert attention.main(["--csv", str(path), "--engine-only", "--engine-args",
+                           "--kv-cache-dtypes auto fp8 --contexts 2048 --no-extras"]) == 0
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["kind"], r["format"], r["mode"] or None) for r in rows] == [
+        ("decode", "auto", None), ("engine-decode", "auto", "replayed"), ("engine-decode", "fp8", "replayed")]
+    assert float(rows[1]["decode_tokens_per_s"]) != 1 and {r["gpu"] for r in rows} == {"stub"}
+    assert "vs bf16 engine" not in capsys.readouterr().out     # no 8192 row: no 1-byte target
+    rows[0]["gpu"] = "another GPU"
+    attention.write_csv(rows, path)
+    with pytest.raises(SystemExit, match="measured on another GPU, this is stub"):
+        attention.run(log=lambda line: None, csv_path=path, kernels=False, engine_args=["--no-extras"])
+    with pytest.raises(SystemExit, match="--peer-only needs --peer"):
+        engine.measured_rows(engine.gpu_args(["--peer-only"]), print)
+    with pytest.raises(SystemExit):             # argparse: nothing to add rows to
+        attention.main(["--engine-only", "--csv", str(tmp_path / "none.csv")])
+
+
 # ---- the SDPA reference step ------------------------------------------------------------------------------------
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 10, "num_attention_heads": 4,

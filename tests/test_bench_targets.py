@@ -17,8 +17,8 @@ def test_ratio_is_rounded_down(value, text):
     assert format_ratio(value) == text
 
 
-@pytest.mark.parametrize("tflops, line", [(749.6, "MISSED  0.749x (target 0.75x)"), (750.0, "met     0.750x (target 0.75x)"),
-                                          (750.4, "met     0.750x (target 0.75x)")])
+@pytest.mark.parametrize("tflops, line", [(899.6, "MISSED  0.899x (target 0.90x)"), (900.0, "met     0.900x (target 0.90x)"),
+                                          (900.4, "met     0.900x (target 0.90x)")])
 def test_verdict_and_printed_ratio_agree(tflops, line):
     (printed,) = format_targets(_prefill(tflops))
     assert printed.startswith(line), printed

@@ -100,14 +100,20 @@ warm_flashinfer() {
   echo "flashinfer variants compiled in $(( $(date +%s) - start )) s"
 }
 
+# BENCH_PART=kernels, then BENCH_PART=engine in a later call on the same machine (CSV=... naming the first call's
+# CSV, carried back), splits the one recording where it does not fit one call; ENGINE_ARGS: the engine part's
+# `minikv.bench engine` arguments (e.g. "--capacity --peer transformers").
 bench() {
-  local peer="" start rc
-  if $PY -c "import flashinfer" 2>/dev/null; then peer="--peer flashinfer"; warm_flashinfer
+  local peer="" start rc part=${BENCH_PART:-all} csv=${CSV:-$OUT/gpu_attention.csv} what="--engine"
+  [ "$part" = kernels ] && what=""
+  [ "$part" = engine ] && what="--engine-only"
+  if [ "$part" = engine ]; then :
+  elif $PY -c "import flashinfer" 2>/dev/null; then peer="--peer flashinfer"; warm_flashinfer
   else echo "(flashinfer not importable: no peer column; tools/pack_flashinfer.sh packs it into .whl/)"; fi
   start=$(date +%s)
   # one run, one CSV: the rows notebook 05 draws (copy it to notebooks/data/gpu_attention.csv)
-  timeout ${BENCH_TIMEOUT:-540} $PY -m minikv.bench attention --engine --csv "$OUT/gpu_attention.csv" $peer \
-    ${ATTENTION_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+  timeout ${BENCH_TIMEOUT:-540} $PY -m minikv.bench attention $what --csv "$csv" $peer ${ATTENTION_ARGS:-} \
+    --engine-args "${ENGINE_ARGS:-}" 2>&1 | tee -a "$OUT/bench.txt"
   rc=${PIPESTATUS[0]}
   echo "bench: exit status $rc, $(( $(date +%s) - start )) s wall"
   return $rc

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
+import shlex
 import sys
 
 import torch
@@ -176,11 +178,14 @@ def cross_context_cases(shapes=((64, 1, 1024), (64, 16, 1024), (32, 64, 2048), (
 
 
 def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine: bool = False,
-        peer: str | None = None, csv_path=None) -> list[dict]:
-    """Measure everything; return one dict per row."""
+        peer: str | None = None, csv_path=None, kernels: bool = True, engine_args=()) -> list[dict]:
+    """Measure everything; return one dict per row. `kernels=False`: only the engine's part (`engine_args`: the
+    arguments of `minikv.bench engine`), its rows added to those already in `csv_path` (one recording in parts)."""
     import triton
     gpu = torch.cuda.get_device_name()
     log(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}")
+    if not kernels:
+        return _engine_part(gpu, log, csv_path, engine_args)
     peer_decode = None
     if peer == "flashinfer":
         from minikv.bench.flashinfer_peer import FlashInferDecode
@@ -219,7 +224,7 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine
         from minikv.bench import engine as engine_bench
         log("\nengine decode (gemma-4-E2B-like, random weights, bf16, batch 64 and 1, per context; "
             "`minikv.bench engine --device cuda`)")
-        engine_rows = engine_bench.gpu_rows(log=log)
+        engine_rows = engine_bench.measured_rows(engine_bench.gpu_args(engine_args), log)
         # every column of the engine bench's rows (so that engine.targets works on the CSV), plus the common
         # ones: mode "replayed" (CUDA graphs), "eager" or "sdpa-graph" (the same model's step with torch SDPA over
         # a contiguous cache, format "auto"); ms per decode step; tokens_per_s decode tokens per second
@@ -234,6 +239,30 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine
         log("\nthe engine (minikv.bench engine):")
         for line in engine_bench.summary(engine_rows):
             log(line)
+    return rows
+
+
+def _engine_part(gpu: str, log, csv_path, engine_args) -> list[dict]:
+    """The engine's rows added to `csv_path`'s, which must come from this GPU; a row measured again (same kind,
+    format, batch, context and mode) replaces the older one."""
+    from minikv.bench import engine as engine_bench
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    if rows and rows[0]["gpu"] != gpu:
+        raise SystemExit(f"{csv_path} was measured on {rows[0]['gpu']}, this is {gpu}: one recording, one GPU")
+    args = engine_bench.gpu_args(engine_args)
+    args.csv = args.csv or f"{csv_path}.engine-part"        # the engine's rows as they come: a time limit keeps them
+    new = [{"kind": "engine-decode", **r, "ms": r["decode_ms_per_step"], "tokens_per_s": r["decode_tokens_per_s"],
+            "timing": r.get("timing", "wall clock"), "gpu": gpu} for r in engine_bench.measured_rows(args, log)]
+
+    def key(r):
+        return r["kind"], r["format"], str(r["batch"]), str(r["context"]), r.get("mode"), r.get("engine")
+    fresh = {key(r) for r in new}
+    rows = [r for r in rows if key(r) not in fresh] + new
+    write_csv(rows, csv_path)
+    log("\ntargets (ratios within one run; the engine's within this part):")
+    for line in format_targets(rows) + engine_bench.summary(new):
+        log(line)
     return rows
 
 
@@ -352,7 +381,7 @@ def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
     sdpa = prefill.get("self causal, torch SDPA")
     if sdpa and "self causal, paged bf16 (fused)" in prefill:
         out.append(("causal context attention TFLOP/s vs SDPA, paged bf16 (fused), batch 8, length 4096",
-                    prefill["self causal, paged bf16 (fused)"] / sdpa, 0.75))
+                    prefill["self causal, paged bf16 (fused)"] / sdpa, 0.9))
     return out
 
 
@@ -384,7 +413,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time this library's paged decode on the same pools (an optional dependency)")
     p.add_argument("--engine", action="store_true",
                    help="also run `minikv.bench engine --device cuda` and put its rows in the same CSV")
+    p.add_argument("--engine-args", default="", metavar="ARGS",
+                   help="the engine part's arguments of `minikv.bench engine`, quoted (e.g. \"--capacity --peer "
+                        "transformers\")")
+    p.add_argument("--engine-only", action="store_true",
+                   help="only the engine part, its rows added to --csv's (a recording made in several calls)")
     args = p.parse_args(argv)
+    if args.engine_only and not (args.csv and os.path.exists(args.csv)):
+        p.error("--engine-only adds rows to an existing --csv: run the kernels' part first")
     if not torch.cuda.is_available():
         print("minikv bench attention needs a CUDA GPU; nothing to measure here.")
         return 0
@@ -395,8 +431,9 @@ def main(argv: list[str] | None = None) -> int:
         except FlashInferUnavailable as e:
             print(f"minikv bench attention: {e}", file=sys.stderr)
             return 2
-    run(args.batches, args.contexts, log=lambda line: print(line, flush=True), peer=args.peer, engine=args.engine,
-        csv_path=args.csv)
+    run(args.batches, args.contexts, log=lambda line: print(line, flush=True), peer=args.peer,
+        engine=args.engine or args.engine_only, csv_path=args.csv, kernels=not args.engine_only,
+        engine_args=shlex.split(args.engine_args))
     if args.csv:
         print(f"\nwrote {args.csv}")
     return 0
