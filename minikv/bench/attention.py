@@ -224,7 +224,9 @@ def run(batches=(1, 16, 64, 256), contexts=(512, 4096, 16384), log=print, engine
         from minikv.bench import engine as engine_bench
         log("\nengine decode (gemma-4-E2B-like, random weights, bf16, batch 64 and 1, per context; "
             "`minikv.bench engine --device cuda`)")
-        engine_rows = engine_bench.measured_rows(engine_bench.gpu_args(engine_args), log)
+        args = engine_bench.gpu_args(engine_args)
+        args.csv = args.csv or (csv_path and f"{csv_path}.engine-part")    # a time limit keeps the engine's rows
+        engine_rows = engine_bench.measured_rows(args, log)
         # every column of the engine bench's rows (so that engine.targets works on the CSV), plus the common
         # ones: mode "replayed" (CUDA graphs), "eager" or "sdpa-graph" (the same model's step with torch SDPA over
         # a contiguous cache, format "auto"); ms per decode step; tokens_per_s decode tokens per second
