@@ -188,7 +188,7 @@ def load_gpu(repo: Path) -> dict | None:
     return {"name": "gpu", "command": "python -m minikv.bench attention --engine --peer flashinfer --csv "
                                       "notebooks/data/gpu_attention.csv",
             "quantities": q, "tables": tables,
-            "_source": "`notebooks/data/gpu_attention.csv` (one run of `bash tools/gpu.sh bench` on an H200: "
+            "_source": "`notebooks/data/gpu_attention.csv` (one run of `bash tools/gpu.sh bench` on the GPU named above: "
                        "`python -m minikv.bench attention --engine --peer flashinfer`) and `gpu_decode_step.csv` "
                        "(`python -m minikv.bench.decode_step`, an earlier run)"}
 
