@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import torch
 
 from minikv.attention.backend import get_ops
@@ -228,24 +229,23 @@ class ModelRunner:
         return self._tensor([t + [0] * (width - len(t)) for t in tables])
 
     def prepare(self, seqs, is_prefill: bool):
-        bs = self.block_size
-        input_ids, positions, slots, starts, seq_lens = [], [], [], [0], []
-        for s in seqs:
+        bs, input_ids, positions, slots, starts, seq_lens = self.block_size, [], [], [], [0], []
+        for s in seqs:               # array operations per sequence: a prefill step holds thousands of tokens
             first = s.num_cached_tokens if is_prefill else len(s) - 1
-            for p in range(first, len(s)):
-                input_ids.append(s.token_ids[p])
-                positions.append(p)
-                slots.append(slot_of(s.block_table, p, bs))
+            input_ids += s.token_ids[first:]
+            positions.append(np.arange(first, len(s), dtype=np.int64))
+            slots.append(slot_of(np.asarray(s.block_table, dtype=np.int64), positions[-1], bs))
             starts.append(len(input_ids))
             seq_lens.append(len(s))
-        md = AttentionMetadata(is_prefill=is_prefill, slot_mapping=self._tensor(slots, torch.int64),
+        slots, positions = (torch.from_numpy(np.concatenate(a)).to(self.device) for a in (slots, positions))
+        md = AttentionMetadata(is_prefill=is_prefill, slot_mapping=slots,
                                query_start_loc=self._tensor(starts), seq_lens=self._tensor(seq_lens),
                                block_tables=self._block_table_tensor([s.block_table for s in seqs]),
                                max_query_len=max(b - a for a, b in zip(starts, starts[1:])), max_seq_len=max(seq_lens))
         encoder_out = None
         if self.model.config.is_encoder_decoder:
             md.cross, encoder_out = self._prepare_cross(seqs, is_prefill)
-        return (self._tensor(input_ids, torch.long), self._tensor(positions, torch.long), md, encoder_out)
+        return self._tensor(input_ids, torch.long), positions, md, encoder_out
 
     def _prepare_cross(self, seqs, is_prefill: bool):
         bs = self.block_size
