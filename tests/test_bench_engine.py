@@ -354,6 +354,13 @@ def test_capacity_runs_fit_the_budget_and_are_summarised(stubbed):
     assert cap == [(f, engine.capacity_batch(f), 8192) for f in ("auto", "fp8")]
     text = "\n".join(engine.summary(rows))
     assert f"fp8                    batch {engine.capacity_batch('fp8'):4d}" in text and "x bf16's" in text
+    # --capacity-only: the capacity runs and nothing else (a device call of their own)
+    stubbed.clear()
+    args = engine.gpu_args(["--capacity-only", "--kv-cache-dtypes", "auto", "fp8"])
+    only = engine.measured_rows(args, lambda line: None)
+    assert stubbed[1:] == [(f, engine.capacity_batch(f), 8192, None) for f in ("auto", "fp8")]
+    assert [(r["format"], r["batch"], r["mode"]) for r in only] == [(f, engine.capacity_batch(f), "capacity")
+                                                                    for f in ("auto", "fp8")]
 
 
 @pytest.mark.parametrize("has_minikv", [True, False])

@@ -252,16 +252,20 @@ def least_spread(run, profile, log) -> dict:
 
 def gpu_rows(kv_cache_dtypes=KV_CACHE_DTYPES, batch: int = 64, context: int = 2048, new_tokens: int = 16,
              log=print, contexts=CONTEXTS, eager_formats=EAGER_FORMATS, context_formats=None, csv_path=None,
-             extras: bool = True, profile: bool = False, capacity: bool = False) -> list[dict]:
-    """Decode speed per format on a fresh E2B-like checkpoint, one dict per (format, batch, context, mode)."""
+             extras: bool = True, profile: bool = False, capacity: bool | str = False) -> list[dict]:
+    """Decode speed per format on a fresh E2B-like checkpoint, one dict per (format, batch, context, mode);
+    capacity="only": the capacity runs alone."""
     import torch
-    runs = plan(kv_cache_dtypes, batch, context, contexts, eager_formats, context_formats, extras)
+    runs = [] if capacity == "only" else plan(kv_cache_dtypes, batch, context, contexts, eager_formats,
+                                              context_formats, extras)
     if capacity:        # per format, the most sequences whose KV fits CAPACITY_GIB at CAPACITY_CONTEXT
         runs += [(f, capacity_batch(f, new_tokens=new_tokens), CAPACITY_CONTEXT, "capacity") for f in kv_cache_dtypes]
     longest = max([context, *contexts] + ([CAPACITY_CONTEXT] if capacity else []))
-    log(f"gemma-4-E2B-like model (random weights, bf16), batch {batch}, prompts of {context} tokens (and "
-        f"{', '.join(str(c) for c in sorted(set(contexts) - {context})) or 'no other'}), {new_tokens} new "
-        f"tokens, {len(runs)} runs, {torch.cuda.get_device_name()}")
+    what = (f"the capacity runs only, prompts of {CAPACITY_CONTEXT} tokens" if capacity == "only" else
+            f"batch {batch}, prompts of {context} tokens (and "
+            f"{', '.join(str(c) for c in sorted(set(contexts) - {context})) or 'no other'})")
+    log(f"gemma-4-E2B-like model (random weights, bf16), {what}, {new_tokens} new tokens, {len(runs)} runs, "
+        f"{torch.cuda.get_device_name()}")
     rows, begin = [], time.perf_counter()
     copy_GBps = copy_bandwidth()
     log(f"measured device-to-device copy: {copy_GBps:.0f} GB/s (the physical bound of a step: the bytes it must "
@@ -429,7 +433,7 @@ def measured_rows(args, log) -> list[dict]:
     rows = [] if args.peer_only else gpu_rows(
         args.kv_cache_dtypes, args.batch, args.context, args.new_tokens, log=log, contexts=contexts_of(args),
         eager_formats=args.eager_formats, context_formats=args.context_formats, csv_path=args.csv,
-        extras=not args.no_extras, profile=args.profile, capacity=args.capacity)
+        extras=not args.no_extras, profile=args.profile, capacity="only" if args.capacity_only else args.capacity)
     if args.peer == "transformers":
         from minikv.bench import transformers_peer
         log(f"\npeer: transformers on one gemma-4-E2B text model (random weights, bf16) that it builds and saves; "
@@ -483,6 +487,7 @@ def parser():
     p.add_argument("--capacity", action="store_true",
                    help=f"GPU: also each format at the most sequences whose KV fits {CAPACITY_GIB} GiB at context "
                         f"{CAPACITY_CONTEXT}")
+    p.add_argument("--capacity-only", action="store_true", help="GPU: only the --capacity runs")
     p.add_argument("--peer", choices=("transformers",), default=None,
                    help="GPU: also transformers' prefill and generate beside minikv's on one E2B-sized checkpoint "
                         "(minikv.bench.transformers_peer; needs transformers)")
