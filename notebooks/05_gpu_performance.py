@@ -32,11 +32,12 @@
 # from CUDA graphs and launched eagerly; then beside transformers' own engine, and at a fixed memory budget.
 #
 # **How this notebook is tested.** Every figure and table is drawn from one CSV, `notebooks/data/gpu_attention.csv`
-# (committed), written by one run of the benchmark on an H100 (`bash tools/gpu.sh bench`, which runs
-# `python -m minikv.bench attention --engine --peer flashinfer`; its log and command are in
-# `../results/gpu/bench-2026-12-07-h100/`), so every ratio in it is within one run; the section on transformers,
-# long prompts and the memory budget reads a second CSV, `notebooks/data/gpu_engine.csv`, from earlier runs on
-# another H100, said there, and a few sections read the probes they name.
+# (committed), written by the benchmark on H100s of one kind and one tree, in parts: one run of the kernels, FlashInfer
+# and the engine at 2,048 and 8,192 tokens (`bash tools/gpu.sh bench`, which runs `python -m minikv.bench attention
+# --engine --peer flashinfer`; `../results/gpu/bench-2026-12-07-h100/`), then, in later device calls, transformers'
+# rows, the 32,768-token prompts and the memory budget, each added to that CSV with `--engine-only`
+# (`../results/gpu/bench-2026-12-07-h100-parts/`). Every ratio is taken between rows of one part, and a few
+# sections read the probes they name.
 # The one cell marked `NBVAL_SKIP` measures again, and only on a GPU when asked to; every other cell reads the
 # CSVs and is re-executed and compared everywhere, on a laptop without a GPU too.
 
@@ -361,7 +362,7 @@ for fmt in formats:
 viz_gpu.engine_context_figure(rows)
 
 # %%
-main_batch = max(int(r["batch"]) for r in engine_rows)
+main_batch = max(int(r["batch"]) for r in engine_rows if r["mode"] == "replayed")
 tps = {(r["format"], int(r["batch"]), int(r["context"]), r["mode"]): r["tokens_per_s"] for r in engine_rows}
 engine_contexts = sorted({int(r["context"]) for r in engine_rows if int(r["batch"]) == main_batch})
 engine_formats = list(dict.fromkeys(r["format"] for r in engine_rows))
@@ -380,7 +381,8 @@ print("\nbatch 1, bf16, time per output token: " + ", ".join(f"{m} {ms_:.2f} ms"
 print(f"prefill tokens/s, {main_batch} prompts per context (graph runs first, eager runs after, same shapes):")
 for c in engine_contexts:
     cells = [f"{r['format']} {r['mode']} {r['prefill_tokens_per_s']:,.0f}" for r in engine_rows
-             if (int(r["batch"]), int(r["context"])) == (main_batch, c) and r.get("prefill_tokens_per_s") not in (None, "")]
+             if (int(r["batch"]), int(r["context"])) == (main_batch, c) and r["mode"] in ("replayed", "eager")
+             and r.get("prefill_tokens_per_s") not in (None, "")]
     print(f"  context {c}: " + ", ".join(cells))
 
 # %% [markdown]
@@ -491,12 +493,9 @@ same_run_ab("gpu_engine_qkv_ab.csv")
 # %% [markdown]
 # ## The engine beside transformers, and at a fixed memory budget
 #
-# A second, smaller recording, `data/gpu_engine.csv`, comes from earlier runs of `python -m minikv.bench engine
-# --device cuda` on **NVIDIA H100s**, with the engine of that day (compare ratios within one run, never figures
-# across runs). The raw output is in `../results/gpu/engine-2026-12-06-h100/`; the transformers rows come from a
-# later run, after the prefill kernel's tiles at this model's head sizes were measured
-# (`../results/gpu/context-e2b-2026-12-06-h100/`). The run above has none of these rows: transformers' wheels
-# failed to import on its machine, and the long prompts and the budget runs did not fit its device time.
+# These rows are in the same CSV, added by three later device calls on an H100 of the same kind, with the same
+# tree (`../results/gpu/bench-2026-12-07-h100-parts/`, whose README gives each call's command). A table below
+# compares rows of one call only.
 #
 # **transformers' own engine.** With `--peer transformers`, transformers builds one random gemma-4-E2B text model
 # and saves it, and both engines take the same 64 prompts of 2,048 random token ids. transformers' prefill is one
@@ -507,16 +506,23 @@ same_run_ab("gpu_engine_qkv_ab.csv")
 # (`../results/gpu/prefill-peer-2026-12-05-h100/`), and the option makes minikv do the same.
 
 # %%
-with open(DATA.parent / "gpu_engine.csv") as _f:
-    engine_run = list(csv.DictReader(_f))
-peers = [r for r in engine_run if r["mode"] == "peer"]
+peers = [r for r in engine_rows if r["mode"] == "peer"]
 theirs = next(r for r in peers if r["engine"].startswith("transformers"))
-print(f"{peers[0]['gpu']}: {peers[0]['batch']} prompts of {peers[0]['context']} tokens, bf16, one run")
+print(f"{peers[0]['gpu']}: {int(peers[0]['batch'])} prompts of {int(peers[0]['context'])} tokens, bf16, one run")
 print(f"{'engine':40s} {'prefill tokens/s':>17s} {'x theirs':>9s} {'decode ms/step':>15s} {'x theirs':>9s}")
 for r in peers:
-    pre, step = float(r["prefill_tokens_per_s"]), float(r["decode_ms_per_step"])
-    print(f"{r['engine']:40s} {pre:17,.0f} {pre / float(theirs['prefill_tokens_per_s']):8.2f}x {step:15.2f} "
-          f"{float(theirs['decode_ms_per_step']) / step:8.2f}x")
+    pre, step = r["prefill_tokens_per_s"], r["decode_ms_per_step"]
+    print(f"{r['engine']:40s} {pre:17,.0f} {pre / theirs['prefill_tokens_per_s']:8.2f}x {step:15.2f} "
+          f"{theirs['decode_ms_per_step'] / step:8.2f}x")
+
+# %% [markdown]
+# **A later tree, another machine.** Since this recording, `ModelRunner.prepare` builds a step's positions and slots
+# with array operations per sequence, where it ran a Python loop per token: a prefill step holds 16,384 tokens. The
+# same peer rows measured after that change, on another H100 of this kind, are in
+# `../results/gpu/prefill-prepare-2026-12-07-h100/` and are not drawn here. There minikv's prefill with
+# `kv_sharing_fast_prefill=True` ran far ahead of transformers', by much more than the change saves on a CPU; the
+# decode steps, which the change does not touch, were faster on that machine too. So part of the gap is the
+# machine, and only an A/B within one call can say how much is the change.
 
 # %% [markdown]
 # **Where the prefill's attention time went.** Until this run, the context kernel's tiles at this model's head sizes
@@ -571,29 +577,44 @@ for b, a in tiles_pairs:
 # (`../results/gpu/context-e2b-2026-12-06-h100/formats/e2b_context_defaults.txt` has every format).
 
 # %% [markdown]
-# **Longer prompts.** The same engine at batch 64 with prompts of 8,192 and of 32,768 tokens, one run per length.
-# Beside each format's tokens/s: its graph's replay alone over its median decode step (what the host leaves of
-# a step; the tokens/s also carry the graph's first launch, which uploads it, and the last step, which frees
-# every block), and the bytes a step must read over the measured copy bandwidth, as a share of the replay
-# (`minikv.bench.engine.decode_step_bytes`).
+# **Longer prompts.** The same engine at batch 64 with prompts of 8,192 tokens (the first part of the recording) and
+# of 32,768 (a later call). Beside each format's tokens/s and its ratio over bf16's: the same ratio from the median
+# decode step; the graph's replay alone over that median step (what the host leaves of a step); the bytes a step
+# must read over the measured copy bandwidth, as a share of the replay (`minikv.bench.engine.decode_step_bytes`);
+# and the last step's time. The tokens/s count every decode step of the 16, so they also carry the graph's first
+# launch, which uploads it, and the last step, which frees every block of the batch in Python.
 
 # %%
-long_rows = [r for r in engine_run if r["source"].startswith("long/")]
-print(f"{'batch 64':28s} {'decode tokens/s':>16s} {'x bf16':>7s} {'replay / median step':>21s} {'bound / replay':>15s}")
+long_rows = [r for r in engine_rows if r["mode"] == "replayed" and int(r["batch"]) == main_batch
+             and int(r["context"]) >= 8192]
+print(f"{'batch 64':28s} {'tokens/s':>8s} {'x bf16':>7s} {'by median':>9s} {'replay / median':>15s} "
+      f"{'bound / replay':>14s} {'last step':>10s}")
+last_step = {}
 for ctx in sorted({int(r["context"]) for r in long_rows}):
     at = {r["format"]: r for r in long_rows if int(r["context"]) == ctx}
     print(f"context {ctx}")
     for fmt, r in at.items():
-        tps_, replay = float(r["decode_tokens_per_s"]), float(r["graph_replay_ms"])
-        print(f"  {viz_gpu.label(fmt):26s} {tps_:16,.0f} {tps_ / float(at['auto']['decode_tokens_per_s']):6.2f}x "
-              f"{replay / float(r['step_ms']):20.2f}x {float(r['bound_ms']) / replay:14.0%}")
+        tps_, replay = r["decode_tokens_per_s"], r["graph_replay_ms"]
+        last_step[(fmt, ctx)] = float(r["steps_ms"].split()[-1])
+        print(f"  {viz_gpu.label(fmt):26s} {tps_:8,.0f} {tps_ / at['auto']['decode_tokens_per_s']:6.2f}x "
+              f"{at['auto']['step_ms'] / r['step_ms']:8.2f}x {replay / r['step_ms']:14.2f}x "
+              f"{r['bound_ms'] / replay:14.0%} {last_step[(fmt, ctx)]:7.0f} ms")
+gain = {(r["format"], int(r["context"])): r["graph_replay_ms"] for r in long_rows}
+pth = ("int8_per_token_head", "fp8_per_token_head")
+assert gain[("auto", 32768)] / gain[("fp8", 32768)] > gain[("auto", 8192)] / gain[("fp8", 8192)]  # fp8 gains more
+assert all(gain[(f, c)] > gain[("fp8", c)] for f in pth for c in (8192, 32768))          # per-token-head: less
+assert all(last_step[(f, 32768)] > 3 * r["step_ms"] for r in long_rows for f in [r["format"]]
+           if int(r["context"]) == 32768)                                                 # the last step: long
 
 # %% [markdown]
-# Two things change with the prompt's length. Attention's share of a step grows, so fp8 per tensor, whose kernel
-# reads half of bf16's bytes, gains more at 32,768 tokens than at 8,192. The two per-token-head formats do not:
-# at this model's head size of 512 their decode kernel runs no faster than bf16's, which cancels what their bytes
-# save. The cell below reads `data/gpu_decode_one_byte_e2b.csv` (`tools/gpu_probes/e2b_decode_sweep.py OUT
-# one-byte`, an H100): the decode kernel at the full layers' shape (batch 64, context 8192, 8 query heads over 1
+# Three things show. Attention's share of a step grows with the prompt, so fp8 per tensor, whose kernel reads half
+# of bf16's bytes, gains more at 32,768 tokens than at 8,192. The two per-token-head formats gain less: their
+# replay reaches a smaller share of its bound than fp8's, and at this model's head size of 512 their "row" kernel
+# is the slow part (below). And the last step, which frees tens of thousands of blocks one by one in Python, grows
+# with the prompt to several times a decode step, so the tokens/s of 16 new tokens fall behind the median step's
+# ratio; the asserts above keep these three true of the CSV. (An earlier recording, with older kernels, found the
+# per-token-head formats no faster than bf16 at 32,768 tokens.) The cell below reads
+# `data/gpu_decode_one_byte_e2b.csv` (`tools/gpu_probes/e2b_decode_sweep.py OUT one-byte`, an H100): the decode kernel at the full layers' shape (batch 64, context 8192, 8 query heads over 1
 # KV head), each format's default launch beside the best of 48 others (tokens per tile, warps, stages). The launch
 # is not the problem: the default is the best or close to it in every row. The placement is. With one KV head a
 # "row" slot is 512 + 4 = 516 bytes, so consecutive rows start at offsets 0, 4, 8, 12 (mod 16), the aligned row
@@ -680,24 +701,22 @@ assert all(cap_us[("after", f, b, c)] < cap_us[("before", f, b, c)] for (t, f, b
            if t == "before" and f in ("int8_per_token_head", "fp8_per_token_head") and b >= 16)
 
 # %% [markdown]
-# **A fixed budget.** At batch 64 the formats differ little, but a 1-byte cache also buys room. `--capacity` asks
+# **A fixed budget.** Beyond a faster step at batch 64, a 1-byte cache buys room. `--capacity` asks
 # how many sequences of 8,192 prompt tokens (and 16 new ones) fit 16 GiB of K/V in each format
 # (`minikv.bench.engine.capacity_batch`), then runs the engine at that batch, where every weight read serves more
-# tokens. Two runs: fp8 per tensor with bf16 in the first, the per-token-head formats with bf16 in the second; each
-# ratio is taken against the bf16 row of its own run.
+# tokens. One device call ran the four formats, so each ratio is against the bf16 row of that call.
 
 # %%
-viz_gpu.capacity_figure(engine_run)
+viz_gpu.capacity_figure(engine_rows)
 
 # %%
-capacity = [r for r in engine_run if r["mode"] == "capacity"]
-bf16_of = {r["source"]: r for r in capacity if r["format"] == "auto"}
+capacity = [r for r in engine_rows if r["mode"] == "capacity"]
+base = next(r for r in capacity if r["format"] == "auto")
 for r in capacity:
-    base = bf16_of[r["source"]]
-    print(f"{r['source']:21s} {viz_gpu.label(r['format']):28s} batch {int(r['batch']):4d} "
-          f"({int(r['batch']) / int(base['batch']):.2f}x bf16's)  {float(r['decode_tokens_per_s']):7,.0f} decode "
-          f"tokens/s ({float(r['decode_tokens_per_s']) / float(base['decode_tokens_per_s']):.2f}x)")
-assert all(int(r["batch"]) > 1.9 * int(bf16_of[r["source"]]["batch"]) for r in capacity if r["format"] != "auto")
+    print(f"{viz_gpu.label(r['format']):28s} batch {int(r['batch']):4d} ({r['batch'] / base['batch']:.2f}x bf16's)  "
+          f"{r['decode_tokens_per_s']:7,.0f} decode tokens/s ({r['decode_tokens_per_s'] / base['decode_tokens_per_s']:.2f}x)"
+          f"  median step {r['step_ms']:5.2f} ms")
+assert all(r["batch"] > 1.9 * base["batch"] for r in capacity if r["format"] != "auto")
 
 # %% [markdown]
 # ## What the figures say
@@ -733,7 +752,7 @@ for f in ("auto", "fp8"):
     vals = [v for k, v in fi_large.items() if k[0] == f]
     print(f"{short[f]:4s} FlashInfer time / minikv time at batch >= 16: {min(vals):.2f}x-{max(vals):.2f}x")
 graphs_over_eager = {c: tps[("auto", main_batch, c, "replayed")] / tps[("auto", main_batch, c, "eager")]
-                     for c in engine_contexts}
+                     for c in engine_contexts if ("auto", main_batch, c, "eager") in tps}
 assert all(x > 3 for x in graphs_over_eager.values())                                     # graphs: several x eager
 replay = {(r["format"], int(r["context"])): float(r["graph_replay_ms"]) for r in engine_rows
           if r["mode"] == "replayed" and int(r["batch"]) == main_batch}
@@ -797,7 +816,7 @@ for launch, what in ((0, "bf16"), (2, "int8 p.t.h., row window"), (6, "int8 p.t.
 # * **The engine** with CUDA graphs decodes several times faster than launched eagerly. The host's share of a step
 #   (scheduling, input copies, sampling: the engine's time per step against its captured step replayed back to
 #   back) is 5-40%, and it is what the step-versus-replay targets miss by. Its GPU time differs by format as the
-#   kernels do: every 1-byte format's captured step is faster than bf16's at both contexts, fp8 per tensor's the
+#   kernels do: every 1-byte format's captured step is faster than bf16's at every context, fp8 per tensor's the
 #   fastest; in tokens/s the host's share, which varies from run to run, can reorder formats whose steps are close.
 #   At batch 1 the engine's step is faster than the same model's step with torch SDPA over a contiguous cache, both
 #   captured (the table above). Prefill runs eagerly in both modes, one varlen context-attention launch per layer:

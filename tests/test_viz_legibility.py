@@ -190,7 +190,7 @@ FIGURES = {
     "viz.gpu.sdpa_ratio_figure": lambda: viz_gpu.sdpa_ratio_figure(_gpu_rows()),
     "viz.gpu.peer_figure": lambda: viz_gpu.peer_figure(_gpu_rows()),
     "viz.gpu.engine_context_figure": lambda: viz_gpu.engine_context_figure(_gpu_rows()),
-    "viz.gpu.capacity_figure": lambda: viz_gpu.capacity_figure(_gpu_rows("gpu_engine.csv")),
+    "viz.gpu.capacity_figure": lambda: viz_gpu.capacity_figure(_gpu_rows("gpu_attention.csv")),
 }
 
 

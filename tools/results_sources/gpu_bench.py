@@ -117,21 +117,24 @@ def load_gpu(repo: Path) -> dict | None:
     for r in engine:
         r.setdefault("mode", "eager")        # CSVs from before the engine had CUDA graphs: every step eager
 
-    def engine_base(r):
-        return next((x["tokens_per_s"] for x in engine if x["format"] == "auto" and (x["batch"], x["context"],
-                                                                                     x["mode"]) ==
-                     (r["batch"], r["context"], r["mode"])), None)
+    def engine_base(r):         # a capacity row against bf16's capacity row, a peer row against transformers' eager
+        same = ("mode",) if r["mode"] in ("capacity", "peer") else ("batch", "context", "mode")
+        return next((x["tokens_per_s"] for x in engine if x["format"] == "auto"
+                     and all(x[k] == r[k] for k in same)), None)
     if engine:
-        order = {"replayed": 0, "eager": 1}
-        listed = sorted(engine, key=lambda r: (-r["batch"], r["context"], order.get(r["mode"], 2)))
+        order = {"replayed": 0, "eager": 1, "sdpa-graph": 2, "peer": 3, "capacity": 4}
+        listed = sorted(engine, key=lambda r: (order.get(r["mode"], 2) >= 3, order.get(r["mode"], 2) * (
+            order.get(r["mode"], 2) >= 3), -r["batch"], r["context"], order.get(r["mode"], 2)))
         tables["engine"] = {
             "caption": "The engine: decode tokens/s per format, context and mode (`python -m minikv.bench attention "
                        "--engine`, the engine-decode rows of the CSV; replayed: CUDA graphs, eager: "
                        "enforce_eager=True, sdpa-graph: the same model's step with torch SDPA over a contiguous "
-                       "bf16 cache, captured; vs bf16: against bf16 at the same batch, context and mode)",
+                       "bf16 cache, captured; vs bf16: against bf16 at the same batch, context and mode; peer: "
+                       "`--peer transformers`, each engine against transformers' eager generate; capacity: the most "
+                       "sequences whose K/V fits the budget, against bf16's capacity row)",
             "columns": ["kv_cache_dtype", "batch", "context", "mode", "ms / step", "tokens/s", "vs bf16",
                         "prefill tokens/s"],
-            "rows": [[r["format"], int(r["batch"]), int(r["context"]), r["mode"], f"{r['ms']:.2f}",
+            "rows": [[r.get("engine") or r["format"], int(r["batch"]), int(r["context"]), r["mode"], f"{r['ms']:.2f}",
                       f"{r['tokens_per_s']:,.0f}", _ratio(r["tokens_per_s"] / engine_base(r)) if engine_base(r)
                       else "–", f"{r['prefill_tokens_per_s']:,.0f}" if isinstance(r.get("prefill_tokens_per_s"),
                                                                                  float) else "–"]
@@ -164,7 +167,8 @@ def load_gpu(repo: Path) -> dict | None:
     finally:
         sys.path.pop(0)
     tables["targets"] = {
-        "caption": "The performance targets, each a ratio within this one run (ratios rounded down to three decimals, "
+        "caption": "The performance targets, each a ratio within one run or one part of it (ratios rounded down to "
+                   "three decimals, "
                    "as `minikv.bench.attention.format_ratio` prints them)",
         "columns": ["target", "goal", "measured", "verdict"],
         "rows": [[what, f"{goal:.2f}x", format_ratio(value), "met" if value >= goal else "missed"]
@@ -188,8 +192,9 @@ def load_gpu(repo: Path) -> dict | None:
     return {"name": "gpu", "command": "python -m minikv.bench attention --engine --peer flashinfer --csv "
                                       "notebooks/data/gpu_attention.csv",
             "quantities": q, "tables": tables,
-            "_source": "`notebooks/data/gpu_attention.csv` (one run of `bash tools/gpu.sh bench` on the GPU named above: "
-                       "`python -m minikv.bench attention --engine --peer flashinfer`) and `gpu_decode_step.csv` "
+            "_source": "`notebooks/data/gpu_attention.csv` (`bash tools/gpu.sh bench` on the GPU named above: `python -m "
+                       "minikv.bench attention --engine --peer flashinfer`, with parts added by `--engine-only`) and "
+                       "`gpu_decode_step.csv` "
                        "(`python -m minikv.bench.decode_step`, an earlier run)"}
 
 
