@@ -32,12 +32,12 @@
 # from CUDA graphs and launched eagerly; then beside transformers' own engine, and at a fixed memory budget.
 #
 # **How this notebook is tested.** Every figure and table is drawn from one CSV, `notebooks/data/gpu_attention.csv`
-# (committed), written by the benchmark on H100s of one kind and one tree, in parts: one run of the kernels, FlashInfer
-# and the engine at 2,048 and 8,192 tokens (`bash tools/gpu.sh bench`, which runs `python -m minikv.bench attention
-# --engine --peer flashinfer`; `../results/gpu/bench-2026-12-07-h100/`), then, in later device calls, transformers'
-# rows, the 32,768-token prompts and the memory budget, each added to that CSV with `--engine-only`
-# (`../results/gpu/bench-2026-12-07-h100-parts/`). Every ratio is taken between rows of one part, and a few
-# sections read the probes they name.
+# (committed), written by the benchmark on H100s of one kind and one tree, in parts: one run of the kernels,
+# FlashInfer and the engine at 2,048 and 8,192 tokens (`bash tools/gpu.sh bench`, which runs `python -m
+# minikv.bench attention --engine --peer flashinfer`; `../results/gpu/bench-2026-12-07-h100/`), then, in later
+# device calls, transformers' rows, the 32,768-token prompts and the memory budget, each added to that CSV with
+# `--engine-only` (`../results/gpu/bench-2026-12-07-h100-parts/`). Every ratio is taken between rows of one part,
+# and a few sections read the probes they name.
 # The one cell marked `NBVAL_SKIP` measures again, and only on a GPU when asked to; every other cell reads the
 # CSVs and is re-executed and compared everywhere, on a laptop without a GPU too.
 
@@ -603,20 +603,22 @@ gain = {(r["format"], int(r["context"])): r["graph_replay_ms"] for r in long_row
 pth = ("int8_per_token_head", "fp8_per_token_head")
 assert gain[("auto", 32768)] / gain[("fp8", 32768)] > gain[("auto", 8192)] / gain[("fp8", 8192)]  # fp8 gains more
 assert all(gain[(f, c)] > gain[("fp8", c)] for f in pth for c in (8192, 32768))          # per-token-head: less
-assert all(last_step[(f, 32768)] > 3 * r["step_ms"] for r in long_rows for f in [r["format"]]
+assert all(last_step[(r["format"], 32768)] > 3 * r["step_ms"] for r in long_rows
            if int(r["context"]) == 32768)                                                 # the last step: long
 
 # %% [markdown]
 # Three things show. Attention's share of a step grows with the prompt, so fp8 per tensor, whose kernel reads half
 # of bf16's bytes, gains more at 32,768 tokens than at 8,192. The two per-token-head formats gain less: their
 # replay reaches a smaller share of its bound than fp8's, and at this model's head size of 512 their "row" kernel
-# is the slow part (below). And the last step, which frees tens of thousands of blocks one by one in Python, grows
-# with the prompt to several times a decode step, so the tokens/s of 16 new tokens fall behind the median step's
-# ratio; the asserts above keep these three true of the CSV. (An earlier recording, with older kernels, found the
-# per-token-head formats no faster than bf16 at 32,768 tokens.) The cell below reads
-# `data/gpu_decode_one_byte_e2b.csv` (`tools/gpu_probes/e2b_decode_sweep.py OUT one-byte`, an H100): the decode kernel at the full layers' shape (batch 64, context 8192, 8 query heads over 1
-# KV head), each format's default launch beside the best of 48 others (tokens per tile, warps, stages). The launch
-# is not the problem: the default is the best or close to it in every row. The placement is. With one KV head a
+# is the slow part (below). And the last step grows with the prompt to several times a decode step: it frees every
+# block of the batch, a Python loop over tens of thousands of blocks (most of that step's host time in a profile at
+# 8,192 tokens, `../results/gpu/bench-2026-12-07-h100-parts/prof.txt`). So the tokens/s of 16 new tokens fall
+# behind the median step's ratio. The asserts above keep these three true of the CSV. (An earlier recording, with
+# older kernels, found the per-token-head formats no faster than bf16 at 32,768 tokens.) The cell below reads
+# `data/gpu_decode_one_byte_e2b.csv` (`tools/gpu_probes/e2b_decode_sweep.py OUT one-byte`, an H100): the decode
+# kernel at the full layers' shape (batch 64, context 8192, 8 query heads over 1 KV head), each format's default
+# launch beside the best of 48 others (tokens per tile, warps, stages). The launch is not the problem: the default
+# is the best or close to it in every row. The placement is. With one KV head a
 # "row" slot is 512 + 4 = 516 bytes, so consecutive rows start at offsets 0, 4, 8, 12 (mod 16), the aligned row
 # window of the section on alignment could not apply in that run, and rows were read 4 bytes at a time; the same
 # codes with their scales grouped per block ("block") read like fp8 per tensor.
@@ -713,9 +715,10 @@ viz_gpu.capacity_figure(engine_rows)
 capacity = [r for r in engine_rows if r["mode"] == "capacity"]
 base = next(r for r in capacity if r["format"] == "auto")
 for r in capacity:
+    tps_ = r["decode_tokens_per_s"]
     print(f"{viz_gpu.label(r['format']):28s} batch {int(r['batch']):4d} ({r['batch'] / base['batch']:.2f}x bf16's)  "
-          f"{r['decode_tokens_per_s']:7,.0f} decode tokens/s ({r['decode_tokens_per_s'] / base['decode_tokens_per_s']:.2f}x)"
-          f"  median step {r['step_ms']:5.2f} ms")
+          f"{tps_:7,.0f} decode tokens/s ({tps_ / base['decode_tokens_per_s']:.2f}x)  "
+          f"median step {r['step_ms']:5.2f} ms")
 assert all(r["batch"] > 1.9 * base["batch"] for r in capacity if r["format"] != "auto")
 
 # %% [markdown]

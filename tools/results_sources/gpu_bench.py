@@ -122,9 +122,9 @@ def load_gpu(repo: Path) -> dict | None:
         return next((x["tokens_per_s"] for x in engine if x["format"] == "auto"
                      and all(x[k] == r[k] for k in same)), None)
     if engine:
-        order = {"replayed": 0, "eager": 1, "sdpa-graph": 2, "peer": 3, "capacity": 4}
-        listed = sorted(engine, key=lambda r: (order.get(r["mode"], 2) >= 3, order.get(r["mode"], 2) * (
-            order.get(r["mode"], 2) >= 3), -r["batch"], r["context"], order.get(r["mode"], 2)))
+        order, last = {"replayed": 0, "eager": 1}, {"peer": 1, "capacity": 2}     # peers and capacity at the end
+        listed = sorted(engine, key=lambda r: (last.get(r["mode"], 0), -r["batch"], r["context"],
+                                               order.get(r["mode"], 2)))
         tables["engine"] = {
             "caption": "The engine: decode tokens/s per format, context and mode (`python -m minikv.bench attention "
                        "--engine`, the engine-decode rows of the CSV; replayed: CUDA graphs, eager: "
@@ -168,8 +168,7 @@ def load_gpu(repo: Path) -> dict | None:
         sys.path.pop(0)
     tables["targets"] = {
         "caption": "The performance targets, each a ratio within one run or one part of it (ratios rounded down to "
-                   "three decimals, "
-                   "as `minikv.bench.attention.format_ratio` prints them)",
+                   "three decimals, as `minikv.bench.attention.format_ratio` prints them)",
         "columns": ["target", "goal", "measured", "verdict"],
         "rows": [[what, f"{goal:.2f}x", format_ratio(value), "met" if value >= goal else "missed"]
                  for what, value, goal in targets(rows) + (engine_targets(engine) if any(
