@@ -160,3 +160,33 @@ def test_cuda_engine_matches_torch_backend(prompts):
     _, a = run(prompts, kv_cache_dtype="int8_per_token_head", device="cuda", backend="triton")
     _, b = run(prompts, kv_cache_dtype="int8_per_token_head", device="cuda", backend="torch")
     assert a == b
+
+
+class _Seq:
+    """What ModelRunner.prepare reads of a sequence."""
+
+    def __init__(self, token_ids, block_table, num_cached_tokens):
+        self.token_ids, self.block_table, self.num_cached_tokens = token_ids, block_table, num_cached_tokens
+
+    def __len__(self):
+        return len(self.token_ids)
+
+
+@pytest.mark.parametrize("is_prefill", [True, False])
+def test_prepare_gives_every_token_its_id_position_and_slot(is_prefill):
+    """prepare's arrays, per sequence, against slot_of token by token: shuffled block tables, cached prefixes."""
+    import random
+
+    from minikv.cache.blocks import slot_of
+    llm = minikv.LLM(model=GEMMA4, backend="torch")
+    bs, rng = llm.config.cache.block_size, random.Random(0)
+    seqs = [_Seq([rng.randrange(10) for _ in range(n)], rng.sample(range(40), -(-n // bs)), cached)
+            for n, cached in ((37, 16), (5, 0), (64, 48), (1, 0))]
+    ids, positions, md, _ = llm.runner.prepare(seqs, is_prefill)
+    want = [(s.token_ids[p], p, slot_of(s.block_table, p, bs)) for s in seqs
+            for p in range(s.num_cached_tokens if is_prefill else len(s) - 1, len(s))]
+    assert list(zip(ids.tolist(), positions.tolist(), md.slot_mapping.tolist())) == want
+    assert positions.dtype == md.slot_mapping.dtype == torch.int64
+    seqs[0].block_table = seqs[0].block_table[:-1]             # a table too short for its tokens: no silent slot
+    with pytest.raises(IndexError):
+        llm.runner.prepare(seqs, is_prefill)
