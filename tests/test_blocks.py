@@ -141,6 +141,33 @@ def test_can_allocate_counts_hits_on_blocks_in_use_as_free():
         bm.allocate(c)
 
 
+
+@pytest.mark.parametrize("finishing", [1, 30])
+def test_freed_blocks_come_back_lowest_first_whether_few_or_a_burst(finishing):
+    """Freed blocks wait beside the heap until the next take: a few are pushed one by one, a burst (here 30 of 32
+    requests, 120 of 128 blocks) joins it in one heapify. Either way the lowest free ids come out first."""
+    bm = BlockManager(num_blocks=128, block_size=4)
+    seqs = [make_seq(range(16), i) for i in range(32)]
+    for s in seqs:
+        bm.allocate(s)
+    order = [7, 3, *range(31, 7, -1), 0, 5, 6, 2, 1, 4][:finishing]
+    for i in order:
+        bm.deallocate(seqs[i])
+    assert bm.num_free_blocks == 4 * finishing
+    freed = sorted(b for i in order for b in range(4 * i, 4 * i + 4))
+    assert bm.allocate_tokens(16 * finishing) == freed     # 4 blocks of 4 tokens per request
+    assert bm.num_free_blocks == 0 and all(bm.ref_count(b) == 1 for b in range(128))
+
+
+def test_the_manager_keeps_no_object_per_block():
+    """A full garbage collection walks every tracked object: a million-block arena must not add a million."""
+    import gc
+    gc.collect()
+    before = len(gc.get_objects())
+    bm = BlockManager(num_blocks=1_000_000, block_size=16, enable_prefix_caching=True)
+    assert len(gc.get_objects()) - before < 100
+    assert bm.num_free_blocks == 1_000_000
+
 def test_deallocate_drops_one_reference_and_frees_at_zero():
     bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     a = make_seq(range(10), 0)
