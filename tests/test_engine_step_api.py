@@ -133,6 +133,29 @@ def test_snapshot_is_taken_before_finished_requests_free_blocks():
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
 
 
+
+def test_block_table_snapshots_are_shared_until_the_table_changes():
+    """Each step's block_tables hold the table as it was at that step. Steps within one block share one tuple (no
+    copy of every table per step); the step that takes a block gets a new one, the earlier outputs keep theirs."""
+    from minikv.engine.sequence import Sequence
+    llm = engine(max_num_seqs=1, block_size=8)
+    rid = llm.add_request("3 7 11", minikv.SamplingParams(temperature=0, max_tokens=14, ignore_eos=True))
+    outs = []
+    while llm.has_unfinished():
+        outs.append(llm.step())
+    tables = [o.block_tables[rid] for o in outs]
+    for o, table in zip(outs, tables):
+        (slot,) = o.slot_mapping[rid][-1:]
+        assert slot // 8 == table[-1] and len(table) == -(-o.seq_lens[rid] // 8)  # the new token's block is the last
+    for before, after in zip(tables, tables[1:]):
+        assert (after is before) == (len(after) == len(before)) and after[:len(before)] == before
+    assert len({id(t) for t in tables}) == len({len(t) for t in tables}) >= 2
+    seq = Sequence(0, None, [1, 2, 3])
+    seq.block_table = [5]
+    first = seq.table_snapshot()
+    seq.block_table = [6]                       # replaced by a table of the same length (as after a preemption)
+    assert first == (5,) and seq.table_snapshot() == (6,)
+
 def test_cross_attention_trace_names_the_context_path():
     llm = engine(model=T5, kv_cache_dtype="fp8", repro=minikv.ReproConfig(cross_context_path="fallback"),
                  max_num_seqs=1)

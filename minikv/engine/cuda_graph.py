@@ -178,10 +178,7 @@ class DecodeGraphs:
             self._staged = torch.zeros(4, n, dtype=torch.long, pin_memory=dev.type == "cuda")
             self._staged_rows = self._staged.numpy()          # the same pinned memory, written with numpy
             self._static = {
-                "token_inputs": inputs,
-                "input_ids": inputs[0],
-                "positions": inputs[1],
-                "slots": inputs[2],
+                "token_inputs": inputs, "input_ids": inputs[0], "positions": inputs[1], "slots": inputs[2],
                 "seq_lens_long": inputs[3],                   # copied to seq_lens (int32) inside the graph
                 "seq_lens": torch.ones(n, dtype=torch.int32, device=dev),
                 "block_tables": torch.zeros(n, self.width, dtype=torch.int32, device=dev),

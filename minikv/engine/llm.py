@@ -236,11 +236,9 @@ class LLM:
                 cross_slots[s.request_id] = tuple(slot_of(s.cross_block_table, p, bs)
                                                   for p in range(len(s.encoder_token_ids)))
         return dict(step=ctx.step, phase="prefill" if is_prefill else "decode",
-                    request_ids=tuple(s.request_id for s in batch),
+                    request_ids=tuple(s.request_id for s in batch), seq_lens={s.request_id: len(s) for s in batch},
                     num_cached_tokens={s.request_id: s.num_cached_tokens for s in batch} if is_prefill else {},
-                    seq_lens={s.request_id: len(s) for s in batch},
-                    block_tables={s.request_id: tuple(s.block_table) for s in batch},
-                    slot_mapping=slots,
+                    block_tables={s.request_id: s.table_snapshot() for s in batch}, slot_mapping=slots,
                     cross_block_tables={s.request_id: tuple(s.cross_block_table) for s in batch
                                         if s.encoder_token_ids is not None},
                     cross_slot_mapping=cross_slots)

@@ -30,8 +30,7 @@ class Sequence:
         if len(prompt_token_ids) == 0:
             raise InvalidValueError(f"request {request_id}: the prompt has no tokens; at least one is needed")
         if encoder_token_ids is not None and len(encoder_token_ids) == 0:
-            raise InvalidValueError(f"request {request_id}: encoder_token_ids is empty; pass None for a "
-                                    "decoder-only model")
+            raise InvalidValueError(f"request {request_id}: encoder_token_ids is empty; pass None for a decoder-only model")
         self.request_id = request_id
         # Completion `index` of the request `parent_id` (SamplingParams.n > 1 runs one sequence per completion).
         self.index = index
@@ -43,6 +42,7 @@ class Sequence:
         self.sampling = sampling if sampling is not None else SamplingParams()
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self._table_of, self._table = None, ()         # table_snapshot's last tuple and the list it was made of
         self.num_cached_tokens = 0
         self.encoder_token_ids = None if encoder_token_ids is None else list(encoder_token_ids)
         self.cross_block_table: list[int] = []
@@ -63,8 +63,13 @@ class Sequence:
 
     def __repr__(self) -> str:
         return (f"Sequence(request_id={self.request_id}, status={self.status.name}, len={len(self)}, "
-                f"outputs={self.num_output_tokens}, blocks={self.block_table}, "
-                f"cached={self.num_cached_tokens})")
+                f"outputs={self.num_output_tokens}, blocks={self.block_table}, cached={self.num_cached_tokens})")
+
+    def table_snapshot(self) -> tuple[int, ...]:
+        """`block_table` as a tuple, shared by the steps' outputs until the table grows or is replaced."""
+        if self._table_of is not self.block_table or len(self._table) != len(self.block_table):
+            self._table_of, self._table = self.block_table, tuple(self.block_table)
+        return self._table
 
     @property
     def output_token_ids(self) -> list[int]:
