@@ -613,8 +613,11 @@ assert all(last_step[(r["format"], 32768)] > 3 * r["step_ms"] for r in long_rows
 # is the slow part (below). And the last step grows with the prompt to several times a decode step: it frees every
 # block of the batch, a Python loop over tens of thousands of blocks (most of that step's host time in a profile at
 # 8,192 tokens, `../results/gpu/bench-2026-12-07-h100-parts/prof.txt`). So the tokens/s of 16 new tokens fall
-# behind the median step's ratio. The asserts above keep these three true of the CSV. (An earlier recording, with
-# older kernels, found the per-token-head formats no faster than bf16 at 32,768 tokens.) The cell below reads
+# behind the median step's ratio. (This recording predates a cheaper release: the block manager now keeps no
+# object per block and returns a burst of freed blocks to its heap in one heapify. On an H200 that cut the last
+# step by about half, `../results/gpu/last-step-2026-12-07-h200/`.) The asserts above keep these three true of
+# the CSV. (An earlier recording, with older kernels, found the per-token-head formats no faster than bf16 at
+# 32,768 tokens.) The cell below reads
 # `data/gpu_decode_one_byte_e2b.csv` (`tools/gpu_probes/e2b_decode_sweep.py OUT one-byte`, an H100): the decode
 # kernel at the full layers' shape (batch 64, context 8192, 8 query heads over 1 KV head), each format's default
 # launch beside the best of 48 others (tokens per tile, warps, stages). The launch is not the problem: the default
