@@ -30,7 +30,7 @@ class Sequence:
         if len(prompt_token_ids) == 0:
             raise InvalidValueError(f"request {request_id}: the prompt has no tokens; at least one is needed")
         if encoder_token_ids is not None and len(encoder_token_ids) == 0:
-            raise InvalidValueError(f"request {request_id}: encoder_token_ids is empty; pass None for a decoder-only model")
+            raise InvalidValueError(f"request {request_id}: encoder_token_ids is empty (None for a decoder-only model)")
         self.request_id = request_id
         # Completion `index` of the request `parent_id` (SamplingParams.n > 1 runs one sequence per completion).
         self.index = index
@@ -42,7 +42,7 @@ class Sequence:
         self.sampling = sampling if sampling is not None else SamplingParams()
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
-        self._table_of, self._table = None, ()         # table_snapshot's last tuple and the list it was made of
+        self._table_of, self._table = None, ()         # the list table_snapshot last copied, and its tuple
         self.num_cached_tokens = 0
         self.encoder_token_ids = None if encoder_token_ids is None else list(encoder_token_ids)
         self.cross_block_table: list[int] = []
