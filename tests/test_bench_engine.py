@@ -341,6 +341,32 @@ def test_decode_step_bytes_counts_weights_once_and_kv_per_sequence_and_window():
     assert one > weights / 2 and one < 2 * weights + per_token[short] + row_bytes
 
 
+def test_block_placed_formats_are_measured_and_targeted_beside_the_default_placement():
+    """"/block" names a per-token-head format with kv_scale_placement="block": a CLI choice, the engine's own
+    cache arguments, the same KV bytes per sequence, and a 1-byte target of its own per context."""
+    import minikv
+    args = engine.gpu_args(["--kv-cache-dtypes", "auto", "fp8_per_token_head/block", "--context-formats",
+                            "int8_per_token_head/block"])
+    assert args.kv_cache_dtypes == ["auto", "fp8_per_token_head/block"]
+    assert args.context_formats == ["int8_per_token_head/block"]
+    with pytest.raises(SystemExit):
+        engine.gpu_args(["--kv-cache-dtypes", "fp8/block"])
+    llm = minikv.LLM(model="tiny-gemma4", device="cpu", **engine.cache_args("int8_per_token_head/block"))
+    assert (llm.config.cache.kv_cache_dtype, llm.config.cache.kv_scale_placement) == ("int8_per_token_head", "block")
+    assert engine.cache_args("fp8") == {"kv_cache_dtype": "fp8", "kv_scale_placement": "row"}
+    assert engine.kv_bytes_per_sequence("fp8_per_token_head/block", 8192) == engine.kv_bytes_per_sequence(
+        "fp8_per_token_head", 8192)
+    rows = _rows() + [_row(f, 64, 8192, "replayed", 5400 + 100 * i) for i, f in enumerate(engine.BLOCK_PLACED)]
+    got = {what: (round(value, 4), goal) for what, value, goal in engine.targets(rows) if "vs bf16 engine" in what}
+    assert got["fp8_per_token_head vs bf16 engine decode tokens/s, batch 64, context 8192 (block placement)"] == (
+        1.5, 1.25)
+    assert got["int8_per_token_head vs bf16 engine decode tokens/s, batch 64, context 8192 (block placement)"] == (
+        round(5500 / 3600, 4), 1.25)
+    assert got["fp8_per_token_head vs bf16 engine decode tokens/s, batch 64, context 8192 (default placement)"] == (
+        round(4200 / 3600, 4), 1.25)
+    assert len(got) == 5
+
+
 def test_capacity_runs_fit_the_budget_and_are_summarised(stubbed):
     for fmt in FORMATS:
         b = engine.capacity_batch(fmt, 8192, 16, new_tokens=16)

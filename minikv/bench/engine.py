@@ -14,6 +14,16 @@ import time
 from minikv.bench.timing import NOISY, REMEASURES
 from minikv.kernels.formats import KV_CACHE_DTYPES
 
+# The per-token-head formats with their scales grouped per block half (kv_scale_placement="block"), as format names
+BLOCK_PLACED = ("fp8_per_token_head/block", "int8_per_token_head/block")
+ONE_BYTE = ("fp8", "int8_per_token_head", "fp8_per_token_head", *BLOCK_PLACED)
+
+
+def cache_args(name: str) -> dict:
+    """minikv.LLM's cache arguments for a bench format name: a kv_cache_dtype, "/block" for the block placement."""
+    kv_cache_dtype, _, placement = name.partition("/")
+    return {"kv_cache_dtype": kv_cache_dtype, "kv_scale_placement": placement or "row"}
+
 
 def measure(backend: str, device: str, kv_cache_dtype: str, prompts: int, max_tokens: int, max_num_seqs: int,
             model: str = "tiny-gemma4"):
@@ -105,7 +115,7 @@ def gpu_decode_speed(path, kv_cache_dtype: str, batch: int, context: int, new_to
     import torch
 
     import minikv
-    llm = minikv.LLM(model=str(path), kv_cache_dtype=kv_cache_dtype, device="cuda", dtype=torch.bfloat16,
+    llm = minikv.LLM(model=str(path), **cache_args(kv_cache_dtype), device="cuda", dtype=torch.bfloat16,
                      max_num_seqs=batch, sanitize=False,                   # no canary check per step
                      max_num_batched_tokens=max(PREFILL_TOKENS_PER_STEP, context + new_tokens + 16),   # >= one prompt
                      enforce_eager=enforce_eager)
@@ -199,7 +209,7 @@ CAPACITY_CONTEXT = 8192
 
 def kv_bytes_per_sequence(kv_cache_dtype: str, context: int, block_size: int = 16) -> int:
     """KV bytes one sequence of `context` tokens holds in the bench's model (minikv.bench.sdpa_step's config): every
-    layer that owns a cache, its tokens rounded up to whole blocks, in `kv_cache_dtype` (default placement)."""
+    layer that owns a cache, its tokens rounded up to whole blocks, in `kv_cache_dtype` (a bench format name)."""
     import torch
 
     from minikv.bench.sdpa_step import e2b_like_config
@@ -207,8 +217,9 @@ def kv_bytes_per_sequence(kv_cache_dtype: str, context: int, block_size: int = 1
     from minikv.models.gemma4 import Gemma4Config
     config = Gemma4Config.from_hf_dict(e2b_like_config())
     tokens = -(-context // block_size) * block_size
-    return sum(tokens * KVLayout(kv_cache_dtype, torch.bfloat16, config.layer_kv_heads[i], config.layer_head_dims[i],
-                                 block_size).bytes_per_token()
+    cache = cache_args(kv_cache_dtype)
+    return sum(tokens * KVLayout(cache["kv_cache_dtype"], torch.bfloat16, config.layer_kv_heads[i],
+                                 config.layer_head_dims[i], block_size, cache["kv_scale_placement"]).bytes_per_token()
                for i in range(config.num_hidden_layers) if config.kv_sources[i] == i)
 
 
@@ -356,11 +367,13 @@ def targets(rows: list[dict]) -> list[tuple[str, float, float]]:
                         f"{batch}, context {context}", float(r["bound_ms"]) / float(r["graph_replay_ms"]), 0.5))
         for ctx in sorted(c for c in {int(x["context"]) for x in main} if c in ONE_BYTE_GOALS):
             bf16 = find("auto", batch, ctx, "replayed")
-            for fmt in ("fp8", "int8_per_token_head", "fp8_per_token_head"):      # the 1-byte formats
+            for fmt in ONE_BYTE:
                 r = find(fmt, batch, ctx, "replayed")
                 if r and bf16:
-                    out.append((f"{fmt} vs bf16 engine decode tokens/s, batch {batch}, context {ctx} (default "
-                                f"placement)", float(r["decode_tokens_per_s"]) / float(bf16["decode_tokens_per_s"]),
+                    name, _, placement = fmt.partition("/")
+                    out.append((f"{name} vs bf16 engine decode tokens/s, batch {batch}, context {ctx} "
+                                f"({placement or 'default'} placement)",
+                                float(r["decode_tokens_per_s"]) / float(bf16["decode_tokens_per_s"]),
                                 ONE_BYTE_GOALS[ctx]))
         eager = find("auto", batch, context, "eager")
         graph = find("auto", batch, context, "replayed")
@@ -467,18 +480,18 @@ def parser():
     p.add_argument("--max-tokens", type=positive_int, default=12, help="CPU: new tokens per prompt")
     p.add_argument("--max-num-seqs", type=positive_int, default=8, help="CPU: batch")
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS, help="CPU: backends")
-    p.add_argument("--kv-cache-dtypes", nargs="+", default=list(KV_CACHE_DTYPES), choices=FORMATS,
-                   help="GPU: the cache formats")
+    p.add_argument("--kv-cache-dtypes", nargs="+", default=list(KV_CACHE_DTYPES), choices=FORMATS + BLOCK_PLACED,
+                   help="GPU: the cache formats (\"/block\": kv_scale_placement=\"block\")")
     p.add_argument("--batch", type=positive_int, default=64, help="GPU: sequences decoded together")
     p.add_argument("--context", type=positive_int, default=2048,
                    help="GPU: prompt tokens per sequence of the main runs (the targets, batch 1)")
     p.add_argument("--new-tokens", type=positive_int, default=16, help="GPU: tokens generated per sequence")
     p.add_argument("--contexts", type=positive_int, nargs="+", default=list(CONTEXTS),
                    help="GPU: every context measured (--context is added)")
-    p.add_argument("--context-formats", "--long-formats", nargs="+", default=None, choices=FORMATS,
+    p.add_argument("--context-formats", "--long-formats", nargs="+", default=None, choices=FORMATS + BLOCK_PLACED,
                    help="GPU: the formats measured with graphs at the contexts other than --context (default: "
                         "every one of --kv-cache-dtypes)")
-    p.add_argument("--eager-formats", nargs="+", default=list(EAGER_FORMATS), choices=FORMATS,
+    p.add_argument("--eager-formats", nargs="+", default=list(EAGER_FORMATS), choices=FORMATS + BLOCK_PLACED,
                    help="GPU: the formats also measured eagerly (enforce_eager=True) at every context")
     p.add_argument("--long-context", type=int, default=None,
                    help="GPU, older form: --contexts CONTEXT N (0: --context alone)")
