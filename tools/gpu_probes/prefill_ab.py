@@ -7,8 +7,8 @@ gemma-4-E2B text model built by transformers, 64 prompts of 2,048 random token i
 is its forward with logits_to_keep=1, median of 3 after a warm-up; each tree's rows come from its own
 `minikv_row` (without and with kv_sharing_fast_prefill, 4 new tokens), run in a subprocess started in that tree,
 so each imports its own minikv (PYTHONPATH must hold this repository, for this script's own imports). Prints one
-line per row and each prefill's ratio to transformers'. Written on 2026-12-07; no device time was left to run it
-(results/gpu/last-step-2026-12-07-h200). DRY=1 runs it on CPU at tiny dimensions (4 prompts of 64 tokens).
+line per row and each prefill's ratio to transformers'. First run on a GPU: results/gpu/block-placement-engine-
+2026-12-07-h100. DRY=1 runs it on CPU at tiny dimensions (4 prompts of 64 tokens).
 """
 import json
 import os
