@@ -615,7 +615,10 @@ assert all(last_step[(r["format"], 32768)] > 3 * r["step_ms"] for r in long_rows
 # 8,192 tokens, `../results/gpu/bench-2026-12-07-h100-parts/prof.txt`). So the tokens/s of 16 new tokens fall
 # behind the median step's ratio. (This recording predates a cheaper release: the block manager now keeps no
 # object per block and returns a burst of freed blocks to its heap in one heapify. On an H200 that cut the last
-# step by about half, `../results/gpu/last-step-2026-12-07-h200/`.) The asserts above keep these three true of
+# step by about half, `../results/gpu/last-step-2026-12-07-h200/`. bf16's last step was about twice fp8's, so bf16
+# gained more: in a later H100 run, which also ran the per-token-head formats through the engine in the block
+# placement, fp8's tokens/s over bf16's came out lower than here at both lengths,
+# `../results/gpu/block-placement-engine-2026-12-07-h100/`.) The asserts above keep these three true of
 # the CSV. (An earlier recording, with older kernels, found the per-token-head formats no faster than bf16 at
 # 32,768 tokens.) The cell below reads
 # `data/gpu_decode_one_byte_e2b.csv` (`tools/gpu_probes/e2b_decode_sweep.py OUT one-byte`, an H100): the decode
