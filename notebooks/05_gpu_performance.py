@@ -824,7 +824,9 @@ for launch, what in ((0, "bf16"), (2, "int8 p.t.h., row window"), (6, "int8 p.t.
 #   per token.
 # * **The engine** with CUDA graphs decodes several times faster than launched eagerly. The host's share of a step
 #   (scheduling, input copies, sampling: the engine's time per step against its captured step replayed back to
-#   back) is 5-40%, and it is what the step-versus-replay targets miss by. Its GPU time differs by format as the
+#   back) is 5-40%, and it is what the step-versus-replay targets miss by. (Later H100 runs, after the block
+#   release and the block-table snapshots got cheaper on the host, met those targets at 2,048, 8,192 and 32,768
+#   tokens: `../results/gpu/v-parts-and-context-2048-2026-12-07-h100/`.) Its GPU time differs by format as the
 #   kernels do: every 1-byte format's captured step is faster than bf16's at every context, fp8 per tensor's the
 #   fastest; in tokens/s the host's share, which varies from run to run, can reorder formats whose steps are close.
 #   At batch 1 the engine's step is faster than the same model's step with torch SDPA over a contiguous cache, both
