@@ -24,6 +24,7 @@ FP8: tl.constexpr = tl.constexpr(formats.FP8)
 INT8_PTH: tl.constexpr = tl.constexpr(formats.INT8_PTH)
 FP8_PTH: tl.constexpr = tl.constexpr(formats.FP8_PTH)
 SCALES_IN_ROW: tl.constexpr = tl.constexpr(formats.ROW)
+V_TRANSPOSED_ABOVE: tl.constexpr = tl.constexpr(formats.V_TRANSPOSED_ABOVE)
 SCALE_WORD: tl.constexpr = tl.constexpr(formats.SCALE_BYTES)     # bytes per fp32 scale word
 
 
@@ -34,8 +35,12 @@ def check_spec(spec) -> formats.CacheSpec:
 
 # ---- torch side: the references' byte arithmetic ---------------------------------------------------------------
 def row_byte_offset(spec, block, kv, slot_in_block, head):
-    """Byte offset of the row of (block, half kv: 0 = K / 1 = V, slot in block, kv head)."""
-    return block * spec.block_bytes + kv * spec.kv_bytes + slot_in_block * spec.slot_bytes + head * spec.row_bytes
+    """Byte offset of the first code of the row of (block, half kv: 0 = K / 1 = V, slot in block, kv head); the
+    "block" placement's V rows are strided (v_element_strides)."""
+    slot, row = spec.slot_bytes, spec.row_bytes
+    if kv and spec.placement == formats.BLOCK:          # 1-byte codes: V's element strides are byte strides
+        slot, row, _ = v_element_strides(spec)
+    return block * spec.block_bytes + kv * spec.kv_bytes + slot_in_block * slot + head * row
 
 
 def scale_byte_offset(spec, block, kv, slot_in_block, head):
@@ -82,11 +87,24 @@ def scale_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
     return scale_byte_offset(spec, block, kv, in_block, heads)
 
 
+def v_element_strides(spec) -> tuple[int, int, int]:
+    """(slot, head, element) strides of the V half's codes, in elements: as K's, but in the "block" placement with
+    heads above formats.V_TRANSPOSED_ABOVE each kv head's codes of a block are stored [head_size, block_size]."""
+    if spec.placement == formats.BLOCK and spec.head_size > formats.V_TRANSPOSED_ABOVE:
+        return 1, spec.head_size * spec.block_size, spec.block_size
+    return spec.slot_bytes // spec.elem_bytes, spec.row_bytes // spec.elem_bytes, 1
+
+
+def code_byte_offsets(spec, slots: torch.Tensor, kv: int) -> torch.Tensor:
+    """int64 [N, num_kv_heads, head_size x elem_bytes]: the byte offset of every code byte of `slots` in half `kv`."""
+    d = torch.arange(spec.head_size * spec.elem_bytes, device=slots.device)
+    step = v_element_strides(spec)[2] if kv else 1          # "block" placement's V: 1-byte codes, block_size apart
+    return row_byte_offsets(spec, slots, kv)[:, :, None] + d * step
+
+
 def gather_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int):
     """Read rows back: codes [N, H, D] in the format's dtype, and fp32 scales [N, H] (None without inline scales)."""
-    flat, rows = _flat(pool), row_byte_offsets(spec, slots, kv)
-    code_bytes = spec.head_size * spec.elem_bytes
-    idx = rows[:, :, None] + torch.arange(code_bytes, device=pool.device)
+    flat, idx = _flat(pool), code_byte_offsets(spec, slots, kv)
     codes = flat[idx].view(CODE_DTYPES[spec.fmt])
     if not formats.has_inline_scales(spec.fmt):
         return codes, None
@@ -97,9 +115,7 @@ def gather_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int):
 def scatter_rows(pool: torch.Tensor, spec, slots: torch.Tensor, kv: int, codes: torch.Tensor,
                  scales: torch.Tensor | None) -> None:
     """Write codes [N, H, D] (format dtype) and fp32 scales [N, H] into the rows of `slots`."""
-    flat, rows = _flat(pool), row_byte_offsets(spec, slots, kv)
-    code_bytes = spec.head_size * spec.elem_bytes
-    idx = rows[:, :, None] + torch.arange(code_bytes, device=pool.device)
+    flat, idx = _flat(pool), code_byte_offsets(spec, slots, kv)
     flat[idx] = codes.contiguous().view(torch.uint8).reshape(idx.shape)
     if scales is not None:
         sidx = scale_byte_offsets(spec, slots, kv)[:, :, None] + torch.arange(SCALE_BYTES, device=pool.device)

@@ -8,7 +8,8 @@ import triton.language as tl
 
 from . import formats, launch
 from .addressing import (AUTO_DTYPES, BF16, CODE_DTYPES, F16, F32, FP8, INT8_PTH, cache_offset, check_spec,
-                         element_strides, half_word_strides, scale_word_strides, scatter_rows, typed_pool)
+                         element_strides, half_word_strides, scale_word_strides, scatter_rows, typed_pool,
+                         v_element_strides)
 from .checks import check_float_tensor, check_int_tensor, check_pool, check_scale
 from .mode import require_device
 from .quant import quantize_fp8, quantize_int8, quantize_reference, torch_e4m3_saturates
@@ -21,13 +22,14 @@ SCALE_EPS: tl.constexpr = tl.constexpr(formats.SCALE_EPS)
 
 
 @triton.jit
-def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, scale_words, row_mask, t, h, d, layer_scale,
-                FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, SATURATE: tl.constexpr):
-    """Quantize and store one of K or V for a [BLOCK_T, BLOCK_H, D] tile; `rows` are element offsets [T, H],
-    `scale_words` the fp32-word offsets of their scales [T, H] (per-token-head formats)."""
+def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, elem_stride, scale_words, row_mask, t, h, d,
+                layer_scale, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr, SATURATE: tl.constexpr):
+    """Quantize and store one of K or V for a [BLOCK_T, BLOCK_H, D] tile; `rows` are element offsets [T, H] of each
+    row's first code, `elem_stride` the step to the next, `scale_words` the fp32-word offsets of their scales [T, H]
+    (per-token-head formats)."""
     mask = row_mask[:, :, None] & (d < HEAD_SIZE)[None, None, :]
     x = tl.load(x_ptr + t[:, None, None] * stride_t + h[None, :, None] * stride_h + d[None, None, :], mask=mask)
-    dst = codes_ptr + rows[:, :, None] + d[None, None, :]
+    dst = codes_ptr + rows[:, :, None] + d[None, None, :] * elem_stride
     if FMT == F16 or FMT == BF16 or FMT == F32:     # stored as is
         tl.store(dst, x, mask=mask)
     elif FMT == FP8:                                 # one scale per layer
@@ -52,8 +54,8 @@ def _store_half(x_ptr, stride_t, stride_h, codes_ptr, scales_ptr, rows, scale_wo
 @triton.jit
 def _write_kv_kernel(key_ptr, value_ptr, codes_ptr, scales_ptr, slot_mapping_ptr, num_tokens,
                      stride_kt, stride_kh, stride_vt, stride_vh,
-                     block_stride, kv_stride, slot_stride, row_stride, scale_slot_words, scale_head_words,
-                     scale_first_word, block_words, kv_words, k_scale, v_scale,
+                     block_stride, kv_stride, slot_stride, row_stride, v_slot_stride, v_head_stride, v_elem_stride,
+                     scale_slot_words, scale_head_words, scale_first_word, block_words, kv_words, k_scale, v_scale,
                      FMT: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                      SATURATE: tl.constexpr):
@@ -66,13 +68,14 @@ def _write_kv_kernel(key_ptr, value_ptr, codes_ptr, scales_ptr, slot_mapping_ptr
     safe = tl.where(write, slot, 0)
     block, in_block, head = (safe // BLOCK_SIZE)[:, None], (safe % BLOCK_SIZE)[:, None], h[None, :].to(tl.int64)
     rows = cache_offset(block, in_block, head * row_stride, block_stride, slot_stride)
+    v_rows = cache_offset(block, in_block, head * v_head_stride, block_stride, v_slot_stride) + kv_stride
     # scale words of either placement, from the spec's strides (formats.CacheSpec)
     scale_words = cache_offset(block, in_block, head * scale_head_words + scale_first_word, block_words,
                                scale_slot_words)
     row_mask = write[:, None] & (h < NUM_HEADS)[None, :]
-    _store_half(key_ptr, stride_kt, stride_kh, codes_ptr, scales_ptr, rows, scale_words, row_mask, t, h, d,
+    _store_half(key_ptr, stride_kt, stride_kh, codes_ptr, scales_ptr, rows, 1, scale_words, row_mask, t, h, d,
                 k_scale, FMT, HEAD_SIZE, SATURATE)
-    _store_half(value_ptr, stride_vt, stride_vh, codes_ptr, scales_ptr, rows + kv_stride, scale_words + kv_words,
+    _store_half(value_ptr, stride_vt, stride_vh, codes_ptr, scales_ptr, v_rows, v_elem_stride, scale_words + kv_words,
                 row_mask, t, h, d, v_scale, FMT, HEAD_SIZE, SATURATE)
 
 
@@ -130,7 +133,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, pool: torch.Tensor, slot_ma
     _write_kv_kernel[(grid,)](
         key, value, codes, scales, slot_mapping, num_tokens,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        *element_strides(spec), *scale_word_strides(spec), *half_word_strides(spec),
+        *element_strides(spec), *v_element_strides(spec), *scale_word_strides(spec), *half_word_strides(spec),
         float(k_scale), float(v_scale),
         FMT=spec.fmt, NUM_HEADS=spec.num_kv_heads, HEAD_SIZE=spec.head_size, BLOCK_SIZE=spec.block_size,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, SATURATE=torch_e4m3_saturates(key.device.type),

@@ -9,8 +9,9 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (FP8, SCALE_WORD, SUPPORTED_HEAD_SIZES, check_spec, element_strides, gather_sequence,
-                         paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides, tile_scales)
+from .addressing import (FP8, SCALE_WORD, SCALES_IN_ROW, SUPPORTED_HEAD_SIZES, V_TRANSPOSED_ABOVE, check_spec,
+                         element_strides, gather_sequence, paged_rows, read_views, row_alignment, scale_alignment,
+                         scale_word_strides, tile_scales)
 from .checks import (check_block_tables, check_float_tensor, check_int_tensor, check_pool, check_query_against_cache,
                      check_rel_bias)
 from .decode_attention import pow2_row_scale, relative_bias_reference
@@ -18,6 +19,17 @@ from .mode import require_device
 
 LOG2E = math.log2(math.e)
 ONE_BYTE_FORMATS = (formats.FP8, formats.INT8_PTH, formats.FP8_PTH)
+
+
+@triton.jit
+def _paged_v_columns(block_table_ptr, n, live, BLOCK_SIZE: tl.constexpr, block_stride, head_offset,
+                     RUN: tl.constexpr):
+    """"block" placement: element offsets of tokens `n`'s first V codes (V half not added), block 0's where not
+    `live`. A tile starts on a whole block and `live` masks whole blocks, so each RUN tokens are consecutive offsets:
+    vector loads along tokens."""
+    token = n.to(tl.uint32)
+    block = tl.load(block_table_ptr + token // BLOCK_SIZE, mask=live, other=0).to(tl.int64)
+    return tl.max_contiguous(tl.multiple_of(block * block_stride + head_offset + token % BLOCK_SIZE, RUN), RUN)
 
 
 @triton.jit
@@ -54,9 +66,17 @@ def _attend(q, m, l, acc, start_n, kv_len, k_ptr, v_ptr, stride_kt, stride_vt, t
         v_tile = v_ptr + n[:, None] * stride_vt + d[None, :]
     if MASKED:
         k = tl.load(k_tile, mask=valid[:, None], other=0.0).to(q.dtype)
-        v = tl.load(v_tile, mask=valid[:, None], other=0.0).to(q.dtype)
     else:      # every key of the tile exists: unmasked loads vectorize best
         k = tl.load(k_tile).to(q.dtype)
+    if PAGED and SCALE_PLACEMENT != SCALES_IN_ROW and d.shape[0] > V_TRANSPOSED_ABOVE:     # V stored transposed
+        live = n // BLOCK_SIZE * BLOCK_SIZE < kv_len
+        cols = _paged_v_columns(table, n, live, BLOCK_SIZE, block_stride, head_row * BLOCK_SIZE,
+                               BLOCK_N if BLOCK_N < BLOCK_SIZE else BLOCK_SIZE)
+        v = tl.load(codes_ptr + kv_stride + cols[None, :] + d[:, None] * BLOCK_SIZE)
+        v = tl.trans(tl.where(valid[None, :], v.to(q.dtype), 0.0) if MASKED else v.to(q.dtype))
+    elif MASKED:
+        v = tl.load(v_tile, mask=valid[:, None], other=0.0).to(q.dtype)
+    else:
         v = tl.load(v_tile).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if HAS_SCALES:

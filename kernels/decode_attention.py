@@ -9,8 +9,9 @@ import triton
 import triton.language as tl
 
 from . import formats, launch
-from .addressing import (FP8, FP8_PTH, INT8_PTH, SCALE_WORD, element_strides, gather_sequence, paged_rows, read_views,
-                         row_alignment, scale_alignment, scale_word_strides, tile_scales)
+from .addressing import (FP8, FP8_PTH, INT8_PTH, SCALE_WORD, SCALES_IN_ROW, V_TRANSPOSED_ABOVE, element_strides,
+                         gather_sequence, paged_rows, read_views, row_alignment, scale_alignment, scale_word_strides,
+                         tile_scales)
 from .checks import check_decode_inputs, check_rel_bias, check_window
 from .mode import INTERPRETED
 
@@ -146,12 +147,13 @@ def _dot_operands(q, q_tail, qk_scale, DOT: tl.constexpr, ROW_WINDOW: tl.constex
 
 
 @triton.jit
-def _split_range(seq_len, window, num_splits, part, TILE: tl.constexpr, PERIOD: tl.constexpr):
-    """[start, end) of split part // PERIOD (whole tiles of the last `window` tokens; 0: all), start in its class."""
+def _split_range(seq_len, window, num_splits, part, TILE: tl.constexpr, PERIOD: tl.constexpr, ALIGN: tl.constexpr):
+    """[start, end) of split part // PERIOD (whole tiles of the last `window` tokens; 0: all), start in its class,
+    and the window's first token: splits start on a multiple of ALIGN tokens, before it if they must."""
     first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), TILE) * TILE
-    start = first + part // PERIOD * chunk
-    return start + part % PERIOD, tl.minimum(start + chunk, seq_len)
+    chunk = tl.cdiv(tl.cdiv(seq_len - first // ALIGN * ALIGN, num_splits), TILE) * TILE
+    start = first // ALIGN * ALIGN + part // PERIOD * chunk
+    return start + part % PERIOD, tl.minimum(start + chunk, seq_len), first
 
 
 @triton.jit
@@ -180,6 +182,41 @@ def _pv(v_ptrs, v_tail, valid, p, acc, acc_tail, alpha, FMT: tl.constexpr, HEAD_
     if ROW_WINDOW:
         acc_tail = _dot(p, _codes_to(v_tail, FMT, p.dtype, CONVERT[0], CONVERT[2]), acc_tail * alpha[:, None], DOT)
     return _dot(p, _codes_to(v, FMT, p.dtype, CONVERT[0], CONVERT[2]), acc * alpha[:, None], DOT), acc_tail
+
+
+@triton.jit
+def _block_tile(q, m, l, acc, start_n, first, end, s_scale, at, FMT: tl.constexpr, HEAD_SIZE: tl.constexpr,
+                BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, CONVERT: tl.constexpr,
+                MASKED: tl.constexpr):
+    """One tile of the "block" placement, whose V codes are stored transposed: K [BLOCK_N, D] and V [D, BLOCK_N] read
+    as runs of RUN tokens of one block each, one table read a run, no masks. MASKED: the split's last tile, whose
+    tokens from `end` on (any bytes, NaN codes included) read the last token's instead and count for nothing."""
+    codes_ptr, table, strides, head_row, v_head, head_scale, bias, heads, seq_len = at
+    block_stride, kv_stride, slot_stride = strides
+    RUN: tl.constexpr = BLOCK_N if BLOCK_N < BLOCK_SIZE else BLOCK_SIZE
+    d, j, t = tl.arange(0, HEAD_SIZE), tl.arange(0, RUN), start_n + tl.arange(0, BLOCK_N // RUN) * RUN   # t: runs
+    token = tl.minimum(t[:, None] + j[None, :], end - 1).to(tl.uint32) if MASKED else t.to(tl.uint32)
+    base = tl.load(table + token // BLOCK_SIZE).to(tl.int64) * block_stride
+    slot = (token % BLOCK_SIZE).to(tl.int64)
+    if not MASKED:
+        base, slot = base[:, None], slot[:, None] + j[None, :]
+    k = tl.load(codes_ptr + (base + slot * slot_stride + head_row)[:, :, None] + d[None, None, :])
+    s = _dot(q, tl.trans(_codes_to(tl.reshape(k, [BLOCK_N, HEAD_SIZE]), FMT, q.dtype, CONVERT[0], CONVERT[1])), None,
+             DOT) * s_scale
+    words = codes_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + base // SCALE_WORD + head_scale + slot
+    n = tl.reshape(t[:, None] + j[None, :], [BLOCK_N])
+    s = s * tl.reshape(tl.load(words), [BLOCK_N])[None, :]
+    if bias[0] is not None:
+        s = s + _relative_bias(bias[0], bias[1], heads[0], heads[1], seq_len - 1 - n)
+    s = tl.where(((n >= first) & (n < end) if MASKED else n >= first)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    p = p * tl.reshape(tl.load(words + kv_stride // SCALE_WORD), [BLOCK_N])[None, :]
+    v = tl.load(codes_ptr + kv_stride + (base + v_head + slot)[:, None, :] + d[None, :, None] * BLOCK_SIZE)
+    v = _codes_to(tl.reshape(tl.permute(v, (1, 0, 2)), [HEAD_SIZE, BLOCK_N]), FMT, q.dtype, CONVERT[0], True)
+    return m_new, l, _dot(p.to(q.dtype), tl.trans(v), acc * alpha[:, None], DOT)
 
 
 @triton.jit
@@ -246,7 +283,9 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
     block_stride, kv_stride, slot_stride, row_stride, scale_offset, scale_slot_words, scale_head_words = layout
     table = block_tables_ptr + b.to(tl.int64) * strides[4]
     head_row = kv_head.to(tl.int64) * row_stride
-    start, end = _split_range(seq_len, window, num_splits, tl.program_id(2), BLOCK_N * PERIOD, PERIOD)
+    V_COLUMNS = PLACEMENT != SCALES_IN_ROW and HEAD_SIZE > V_TRANSPOSED_ABOVE    # V stored transposed (_block_tile)
+    start, end, first = _split_range(seq_len, window, num_splits, tl.program_id(2), BLOCK_N * PERIOD, PERIOD,
+                                     (BLOCK_N if BLOCK_N < BLOCK_SIZE else BLOCK_SIZE) if V_COLUMNS else 1)
     # ROW_WINDOW: every row this program reads (its slot in the class) starts `phase` bytes past a 16-byte boundary
     phase = ((head_row + (start % PERIOD) * slot_stride) % 16).to(tl.int32) if ROW_WINDOW else 0
     q, q_tail = _load_q(q_ptr + b.to(tl.int64) * strides[0] + heads[:, None] * strides[1], head_mask, phase,
@@ -259,6 +298,16 @@ def _decode_kernel(q_ptr, out_ptr, codes_ptr, block_tables_ptr, seq_lens_ptr, pa
     scales_ptr = codes_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
     head_scale = scale_offset // SCALE_WORD + kv_head.to(tl.int64) * scale_head_words      # "block" placement only
     block_words = block_stride // SCALE_WORD
+    if V_COLUMNS:       # "block" placement: the split's whole tiles, then its ragged last one; no loop below
+        at = (codes_ptr, table, layout[:3], head_row, kv_head.to(tl.int64) * (HEAD_SIZE * BLOCK_SIZE), head_scale,
+              (bias_ptr, strides[5]), (heads, head_mask), seq_len)
+        whole, end_all, end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N, end, start
+        for start_n in range(start, whole, BLOCK_N):
+            m, l, acc = _block_tile(q, m, l, acc, start_n, first, end_all, s_scale, at, FMT, HEAD_SIZE, BLOCK_SIZE,
+                                    BLOCK_N, DOT, CONVERT, False)
+        for start_n in range(whole, end_all, BLOCK_N):
+            m, l, acc = _block_tile(q, m, l, acc, start_n, first, end_all, s_scale, at, FMT, HEAD_SIZE, BLOCK_SIZE,
+                                    BLOCK_N, DOT, CONVERT, True)
     for start_n in range(start, end, BLOCK_N * PERIOD):
         n = start_n + PERIOD * tl.arange(0, BLOCK_N)
         valid = n < end

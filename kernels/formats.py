@@ -29,6 +29,9 @@ SCALE_PLACEMENTS = {"row": ROW, "block": BLOCK}
 SUPPORTED_HEAD_SIZES = (16, 32, 64, 128, 256, 512)
 # Tokens per cache block: powers of two (the kernels tile by them), from vLLM's usual sizes.
 BLOCK_SIZES = (8, 16, 32, 64)
+# "block" placement, heads above this size: each block's V codes stored transposed, tokens contiguous, the order
+# P @ V contracts over (the head-512 decode 9-11% faster on an H100; at head 128 the transposed read was slower)
+V_TRANSPOSED_ABOVE = 128
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ DECODE_MIN_TILES = 2
 DECODE_MAX_SPLITS = 64
 DECODE_STAGES = {1: 5, 2: 3, 4: 3}           # by bytes per element
 # Head sizes above 128, 1- and 2-byte formats, measured at gemma-4-E2B's shapes (docs/internals.md): (block_n, stages)
-DECODE_LARGE_HEAD = {"row placement": (32, 3), "other": (32, 4)}
+DECODE_LARGE_HEAD = {"row placement": (32, 3), "block placement": (32, 5), "other": (32, 4)}
 DECODE_LARGE_HEAD_PROGRAMS_PER_SM = 2
 # Head sizes up to 128, per-token-head formats in the "row" placement: (block_n, stages, max_registers), the cap for
 # four programs per SM, not two (10-15% faster on an H100: results/gpu/decode-instructions-2026-12-07-h100/).
@@ -181,7 +181,8 @@ def decode_config(batch: int, num_kv_heads: int, group: int, head_size: int, ele
     row_scales = fmt is not None and formats.has_inline_scales(fmt) and placement == formats.ROW
     max_registers = None
     if head_size > 128 and elem_bytes <= 2:
-        block_n, stages = DECODE_LARGE_HEAD["row placement" if row_scales else "other"]
+        block_n, stages = DECODE_LARGE_HEAD["row placement" if row_scales else "block placement"
+                                            if placement == formats.BLOCK else "other"]
         splits = decode_splits(batch, num_kv_heads, max_len, block_n, sms, DECODE_LARGE_HEAD_PROGRAMS_PER_SM)
     else:
         block_n = max(16, min(DECODE_MAX_TOKENS, DECODE_TILE_BYTES // (head_size * elem_bytes)))

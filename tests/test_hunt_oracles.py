@@ -16,6 +16,7 @@ from minikv.hunt.record import KVRow, RequestResult, Run, StrayWrite
 from minikv.hunt.reference import Reference
 from minikv.hunt.seams import pool_of, wrap_kernel_op
 from minikv.hunt.shadow import KernelShadow
+from minikv.kernels.formats import BLOCK, V_TRANSPOSED_ABOVE
 
 VOCAB = 6
 
@@ -215,12 +216,14 @@ def test_the_adapters_byte_offsets_are_the_layouts(fmt, placement):
     equal the methods' own for every slot, half and head."""
     from minikv.cache.layout import KVLayout
     from minikv.hunt import minikv_engine
-    for heads, block_size in ((1, 8), (2, 16), (4, 8)):
-        layout = KVLayout(fmt, torch.float16, heads, 32, block_size, placement)
+    for heads, block_size, head_size in ((1, 8, 32), (2, 16, 32), (4, 8, 32), (2, 8, 256)):
+        layout = KVLayout(fmt, torch.float16, heads, head_size, block_size, placement)
         slots = [0, 3, block_size + 1, 5 * block_size - 1]
-        rows = [layout.row_offset(s // block_size, kv, s % block_size, h) + i for s in slots for kv in (0, 1)
-                for h in range(heads) for i in range(layout.code_bytes)]
-        assert minikv_engine._offsets(layout, slots, "row", layout.code_bytes).tolist() == rows
+        # "block" placement above head size V_TRANSPOSED_ABOVE: V's codes lie a token apart
+        step = (1, block_size if layout.spec.placement == BLOCK and head_size > V_TRANSPOSED_ABOVE else 1)
+        rows = [layout.row_offset(s // block_size, kv, s % block_size, h) + i * step[kv] for s in slots
+                for kv in (0, 1) for h in range(heads) for i in range(layout.code_bytes)]
+        assert minikv_engine._row_bytes(layout, slots, scales=False).tolist() == rows
         if layout.has_inline_scales:
             scales = [layout.scale_byte_offset(s // block_size, kv, s % block_size, h) + i for s in slots
                       for kv in (0, 1) for h in range(heads) for i in range(4)]

@@ -20,7 +20,9 @@ import minikv
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = (ROOT / "minikv", ROOT / "kernels")
-MAX_FILES, MAX_LINES, MAX_HOPS = 22, 4160, 4
+# 4,160 lines until issue 37's transposed-V tile for the "block" placement (decode_attention._block_tile and its
+# addressing: +73), which the issue allows: its kernel work may add @triton.jit helpers beside the decode kernel.
+MAX_FILES, MAX_LINES, MAX_HOPS = 22, 4240, 4
 # What a GPU decode step adds to the CPU's path: the CUDA-graph replay, the fused RMSNorm and the fused matmuls. They
 # are counted on every machine, so the CPU and the GPU path keep one limit; test_gpu_path_adds_only_these checks it.
 GPU_ONLY = (ROOT / "minikv/engine/cuda_graph.py", ROOT / "kernels/rms_norm.py", ROOT / "kernels/decode_matmul.py")

@@ -17,6 +17,7 @@ from minikv.cache.layout import KVLayout, KVLayoutMismatchError
 from minikv.config import CacheConfig
 from minikv.kernels import (formats, launch, paged_context_attention, paged_context_attention_reference,
                             paged_decode_attention, paged_decode_attention_reference, write_kv, write_kv_reference)
+from minikv.kernels import addressing
 from minikv.kernels.addressing import check_spec, gather_rows, row_alignment
 
 PTH = [("int8_per_token_head", torch.float16), ("int8_per_token_head", torch.float32),
@@ -140,6 +141,71 @@ def test_paged_context_block_placement_matches_reference(fmt, causal):
     args = (q, pool, tables, cu_seqlens(q_lens), torch.tensor(kv_lens, dtype=torch.int32), spec, causal, 32 ** -0.5)
     torch.testing.assert_close(paged_context_attention(*args).float(),
                                paged_context_attention_reference(*args).float(), **attention_tolerance(dtype))
+
+
+# ---- heads above formats.V_TRANSPOSED_ABOVE: the block placement stores each block's V codes transposed ------
+BIG = 2 * formats.V_TRANSPOSED_ABOVE
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8_per_token_head", "fp8_per_token_head"])
+def test_block_placement_stores_v_transposed_above_128(kv_cache_dtype):
+    blk, row = (KVLayout(kv_cache_dtype, torch.float16, 2, BIG, 8, placement) for placement in ("block", "row"))
+    pool, row_pool = make_pool(blk, 3, random_bytes=False), make_pool(row, 3, random_bytes=False)
+    key, value = (torch.randn(1, 2, BIG) * 3).to(torch.float16), torch.randn(1, 2, BIG).to(torch.float16)
+    slot = torch.tensor([8 + 5])                                             # block 1, slot 5
+    write_kv(key, value, pool, slot, blk)
+    write_kv_reference(key, value, row_pool, slot, row)
+    for kv in (0, 1):
+        want = gather_rows(row_pool, row, slot, kv)[0][0].view(torch.uint8)    # [heads, BIG]
+        d = torch.arange(BIG)
+        at = [kv * blk.kv_bytes + h * BIG + 5 * blk.slot_bytes + d if kv == 0 else       # K: rows, as ever
+              blk.kv_bytes + h * BIG * 8 + d * 8 + 5 for h in range(2)]            # V: [head, d, slot] per block
+        assert torch.equal(torch.stack([pool[1][i] for i in at]), want)
+        assert torch.equal(blk.code_views(pool)[kv][1, 5].view(torch.uint8), want)
+    # up to 128 the block placement's V rows stay rows
+    small = KVLayout(kv_cache_dtype, torch.float16, 2, formats.V_TRANSPOSED_ABOVE, 8, "block")
+    assert addressing.v_element_strides(small.spec)[2] == 1
+
+
+# (format, block size, (query heads, kv heads), window, tokens per tile, splits, float16 dots): tiles shorter than a
+# block, windows that start inside a block, splits; the pools hold random bytes (NaN codes too) past every length
+TRANSPOSED = [(PTH[0], 16, (4, 1), 0, 32, 1, False), (PTH[2], 8, (8, 2), 0, 16, 3, True),
+              (PTH[3], 32, (4, 1), 0, 16, 2, False), (PTH[1], 16, (2, 1), 20, 16, 2, False),
+              (PTH[2], 16, (4, 1), 13, 32, 3, True)]
+
+
+@pytest.mark.parametrize("fmt,block_size,heads,window,block_n,splits,f16", TRANSPOSED)
+def test_decode_transposed_v_matches_reference(fmt, block_size, heads, window, block_n, splits, f16):
+    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
+    lens = [1, block_size - 1, 3 * block_size + 5, 2 * block_size]
+    spec = make_spec(kv_cache_dtype, dtype, kv_heads, BIG, block_size, "block")
+    tables, num_blocks = random_block_tables(lens, block_size)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, lens, dtype)
+    q = torch.randn(len(lens), num_heads, BIG).to(dtype)
+    args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, BIG ** -0.5)
+    cfg = dataclasses.replace(launch.decode_config(len(lens), kv_heads, num_heads // kv_heads, BIG, 1, max(lens),
+                                                   q.device, fmt=spec.fmt, placement=spec.placement),
+                              block_n=block_n, num_splits=splits, f16_dot=f16)
+    torch.testing.assert_close(paged_decode_attention(*args, sliding_window=window, config=cfg).float(),
+                               paged_decode_attention_reference(*args, sliding_window=window).float(),
+                               **attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize("fmt,causal,window,block_n", [(PTH[0], True, 0, 16), (PTH[3], False, 0, 32),
+                                                       (PTH[2], True, 11, 16), (PTH[1], True, 0, 64)])
+def test_paged_context_transposed_v_matches_reference(fmt, causal, window, block_n):
+    kv_cache_dtype, dtype = fmt
+    q_lens, kv_lens = [1, 9, 5], ([1, 20, 45] if causal else [7, 33, 2])
+    spec = make_spec(kv_cache_dtype, dtype, 2, BIG, 16, "block")
+    tables, num_blocks = random_block_tables(kv_lens, 16)
+    pool = make_pool(spec, num_blocks)
+    fill_sequences(pool, spec, tables, kv_lens, dtype)
+    q = torch.randn(sum(q_lens), 4, BIG).to(dtype)
+    args = (q, pool, tables, cu_seqlens(q_lens), torch.tensor(kv_lens, dtype=torch.int32), spec, causal, BIG ** -0.5)
+    torch.testing.assert_close(
+        paged_context_attention(*args, sliding_window=window, config=launch.ContextConfig(16, block_n)).float(),
+        paged_context_attention_reference(*args, sliding_window=window).float(), **attention_tolerance(dtype))
 
 
 # ---- defect A with the block placement (engine level, torch backend) ----------------------------------------

@@ -40,7 +40,8 @@ class PagedPool:
     """One layer's paged KV pool: its bytes, their layout, and typed views of its pages (no copies).
 
     `k_pages` / `v_pages` are [num_blocks, block_size, num_kv_heads, head_size] in the element dtype (the code
-    dtype of a quantized format), strided over the pool's bytes as `spec` says; `k_page_scales` / `v_page_scales`
+    dtype of a quantized format), strided over the pool's bytes as `spec` says (the "block" placement stores each
+    block's V codes transposed, tokens contiguous: addressing.v_element_strides); `k_page_scales` / `v_page_scales`
     are the per-token-head formats' fp32 scales [num_blocks, block_size, num_kv_heads] (None otherwise);
     `k_scale` / `v_scale` are the per-layer scales of "fp8" (1.0 for the others). Read pages through these views:
     a backend that does sees any pool minikv can lay out, both scale placements included."""
@@ -63,7 +64,7 @@ class PagedPool:
         block, kv, slot, row = addressing.element_strides(spec)
         size = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
         k = torch.as_strided(elems, size, (block, slot, row, 1), elems.storage_offset())
-        v = torch.as_strided(elems, size, (block, slot, row, 1), elems.storage_offset() + kv)
+        v = torch.as_strided(elems, size, (block, *addressing.v_element_strides(spec)), elems.storage_offset() + kv)
         ks = vs = None
         if formats.has_inline_scales(spec.fmt):
             words = flat.view(torch.float32)

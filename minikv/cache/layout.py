@@ -114,7 +114,8 @@ class KVLayout:
         return k, v
 
     def code_views(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views [num_blocks, block_size, num_kv_heads, head_size] of the stored K and V elements."""
+        """Views [num_blocks, block_size, num_kv_heads, head_size] of the stored K and V elements (V's strided as its
+        "block" placement stores it, transposed: addressing.v_element_strides)."""
         num_blocks = self._check_pool(pool)
         flat = torch.as_strided(pool, (pool.numel(),), (1,))
         if pool.storage_offset() % self.elem_bytes:
@@ -123,7 +124,7 @@ class KVLayout:
         block, kv, slot, row = addressing.element_strides(self.spec)
         size = (num_blocks, self.block_size, self.num_kv_heads, self.head_size)
         k = torch.as_strided(elems, size, (block, slot, row, 1), elems.storage_offset())
-        v = torch.as_strided(elems, size, (block, slot, row, 1), elems.storage_offset() + kv)
+        v = torch.as_strided(elems, size, (block, *addressing.v_element_strides(self.spec)), elems.storage_offset() + kv)
         return k, v
 
     def check_compatible(self, other: "KVLayout", where: str = "") -> None:

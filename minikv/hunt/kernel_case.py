@@ -125,10 +125,8 @@ class Inputs:
 def _slot_bytes(inp: Inputs, slots: torch.Tensor) -> torch.Tensor:
     """bool [arena bytes]: the bytes (codes and scales, K and V) of the cache slots `slots`."""
     spec, mask = inp.spec, torch.zeros(inp.arena.numel(), dtype=torch.bool, device=inp.arena.device)
-    code_bytes = spec.head_size * spec.elem_bytes
     for kv in (0, 1):
-        rows = addressing.row_byte_offsets(spec, slots, kv)[..., None] + torch.arange(code_bytes, device=slots.device)
-        mask[inp.start + rows.reshape(-1)] = True
+        mask[inp.start + addressing.code_byte_offsets(spec, slots, kv).reshape(-1)] = True
         if formats.has_inline_scales(spec.fmt):
             sc = addressing.scale_byte_offsets(spec, slots, kv)[..., None] + torch.arange(4, device=slots.device)
             mask[inp.start + sc.reshape(-1)] = True

@@ -2,12 +2,11 @@
 See docs/internals.md#hunt-minikv-engine."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from minikv.cache.blocks import slot_of
 from minikv.config import ReproConfig
+from minikv.kernels.addressing import code_byte_offsets, scale_byte_offsets
 from minikv.kernels.errors import BadInputError, InvalidTypeError, InvalidValueError
 
 from .record import KVRow, RequestResult, Run, StrayWrite
@@ -241,35 +240,20 @@ class MinikvEngine:
         return rows
 
 
-@functools.lru_cache(maxsize=64)
-def _strides(layout, where: str) -> tuple[int, int, int, int, int]:
-    """(base, per block, per K/V half, per slot, per head) of the layout's row (or scale) byte offsets, read off the
-    layout's own address methods (every address is linear in block, half, slot and head)."""
-    at = layout.row_offset if where == "row" else layout.scale_byte_offset
-    base = at(0, 0, 0, 0)
-    return (base, at(1, 0, 0, 0) - base, at(0, 1, 0, 0) - base, at(0, 0, 1, 0) - base,
-            at(0, 0, 0, 1) - base if layout.num_kv_heads > 1 else 0)
-
-
-def _offsets(layout, slots, where: str, width: int) -> torch.Tensor:
-    """Pool byte offsets of `width` bytes at each named slot's rows (or scales): K then V, every KV head."""
-    base, per_block, per_half, per_slot, per_head = _strides(layout, where)
+def _scale_bytes(layout, slots) -> torch.Tensor:
+    """Pool byte offsets of the named slots' scales: K then V, every KV head."""
     s = torch.tensor(slots, dtype=torch.int64)
-    start = (base + (s // layout.block_size) * per_block + (s % layout.block_size) * per_slot)[:, None, None] \
-        + torch.tensor([0, per_half])[None, :, None] + (torch.arange(layout.num_kv_heads) * per_head)[None, None, :]
-    return (start.reshape(len(slots), -1, 1) + torch.arange(width)).reshape(-1)
+    at = torch.stack([scale_byte_offsets(layout.spec, s, kv) for kv in (0, 1)], dim=1)
+    return (at[..., None] + torch.arange(SCALE_BYTES)).reshape(-1)
 
 
 def _row_bytes(layout, slots, scales: bool = True) -> torch.Tensor:
     """Pool byte offsets of the named slots' rows: codes of K and V for every KV head, then their scales."""
-    idx = _offsets(layout, slots, "row", layout.code_bytes)
+    s = torch.tensor(slots, dtype=torch.int64)
+    idx = torch.stack([code_byte_offsets(layout.spec, s, kv) for kv in (0, 1)], dim=1).reshape(-1)
     if scales and layout.has_inline_scales:
         idx = torch.cat([idx, _scale_bytes(layout, slots)])
     return idx
-
-
-def _scale_bytes(layout, slots) -> torch.Tensor:
-    return _offsets(layout, slots, "scale", SCALE_BYTES)
 
 
 def _scenario_text(scenario: Scenario) -> str:
