@@ -97,16 +97,21 @@ def test_write_block_placement_matches_reference(fmt, block_size, kv_heads, head
 DECODE = sample_cases(6, 6, PTH, [8, 16, 32], [(4, 4), (4, 2), (8, 2), (4, 1)], [16, 32, 64])
 
 
-@pytest.mark.parametrize("fmt,block_size,heads,head_size", DECODE)
-def test_decode_block_placement_matches_reference(fmt, block_size, heads, head_size):
+def _decode_args(fmt, block_size, heads, head_size, lens):
+    """(q, pool, block tables, lengths, spec, sm_scale) of a block-placement pool holding `lens` tokens."""
     (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
-    lens = length_choices(block_size)[:4]
     spec = make_spec(kv_cache_dtype, dtype, kv_heads, head_size, block_size, "block")
     tables, num_blocks = random_block_tables(lens, block_size)
     pool = make_pool(spec, num_blocks)
     fill_sequences(pool, spec, tables, lens, dtype)
     q = torch.randn(len(lens), num_heads, head_size).to(dtype)
-    args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, head_size ** -0.5)
+    return q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, head_size ** -0.5
+
+
+@pytest.mark.parametrize("fmt,block_size,heads,head_size", DECODE)
+def test_decode_block_placement_matches_reference(fmt, block_size, heads, head_size):
+    dtype = fmt[1]
+    args = _decode_args(fmt, block_size, heads, head_size, length_choices(block_size)[:4])
     torch.testing.assert_close(paged_decode_attention(*args).float(), paged_decode_attention_reference(*args).float(),
                                **attention_tolerance(dtype))
 
@@ -176,16 +181,11 @@ TRANSPOSED = [(PTH[0], 16, (4, 1), 0, 32, 1, False), (PTH[2], 8, (8, 2), 0, 16, 
 
 @pytest.mark.parametrize("fmt,block_size,heads,window,block_n,splits,f16", TRANSPOSED)
 def test_decode_transposed_v_matches_reference(fmt, block_size, heads, window, block_n, splits, f16):
-    (kv_cache_dtype, dtype), (num_heads, kv_heads) = fmt, heads
+    (num_heads, kv_heads), dtype = heads, fmt[1]
     lens = [1, block_size - 1, 3 * block_size + 5, 2 * block_size]
-    spec = make_spec(kv_cache_dtype, dtype, kv_heads, BIG, block_size, "block")
-    tables, num_blocks = random_block_tables(lens, block_size)
-    pool = make_pool(spec, num_blocks)
-    fill_sequences(pool, spec, tables, lens, dtype)
-    q = torch.randn(len(lens), num_heads, BIG).to(dtype)
-    args = (q, pool, tables, torch.tensor(lens, dtype=torch.int32), spec, BIG ** -0.5)
+    args = _decode_args(fmt, block_size, heads, BIG, lens)
     cfg = dataclasses.replace(launch.decode_config(len(lens), kv_heads, num_heads // kv_heads, BIG, 1, max(lens),
-                                                   q.device, fmt=spec.fmt, placement=spec.placement),
+                                                   args[0].device, fmt=args[4].fmt, placement=args[4].placement),
                               block_n=block_n, num_splits=splits, f16_dot=f16)
     torch.testing.assert_close(paged_decode_attention(*args, sliding_window=window, config=cfg).float(),
                                paged_decode_attention_reference(*args, sliding_window=window).float(),
