@@ -87,20 +87,17 @@ def pad_decode_batch(seqs, bucket: int, width: int, block_size: int, dummy_block
     n = len(seqs)
     if n > bucket:
         raise ValueError(f"{n} sequences do not fit a bucket of {bucket}")
-    pad = bucket - n
-    last = [len(s) - 1 for s in seqs]
-
-    def column(values, fill):
-        return np.array(values + [fill] * pad, dtype=np.int64)
-    batch = dict(
-        input_ids=column([s.token_ids[p] for s, p in zip(seqs, last)], 0),
-        positions=column(last, 0),
-        slots=column([slot_of(s.block_table, p, block_size) for s, p in zip(seqs, last)], dummy_block * block_size),
-        seq_lens=column([len(s) for s in seqs], 1),
-        block_tables=(tables or HostBlockTables(bucket, width, "block table")).fill(
-            [s.block_table for s in seqs], bucket, dummy_block))
+    # input ids, positions, slots, lengths; a padding row reads and writes only the dummy block
+    ids, positions, slots, lens = np.array([[0], [0], [dummy_block * block_size], [1]], np.int64).repeat(bucket, 1)
+    lens[:n] = [len(s.token_ids) for s in seqs]
+    positions[:n] = lens[:n] - 1
+    ids[:n] = [s.token_ids[-1] for s in seqs]
+    slots[:n] = [slot_of(s.block_table, p, block_size) for s, p in zip(seqs, positions[:n].tolist())]
+    tables = tables or HostBlockTables(bucket, width, "block table")
+    batch = dict(input_ids=ids, positions=positions, slots=slots, seq_lens=lens,
+                 block_tables=tables.fill([s.block_table for s in seqs], bucket, dummy_block))
     if cross_width:
-        batch["encoder_lens"] = column([len(s.encoder_token_ids) for s in seqs], 1)
+        batch["encoder_lens"] = np.array([len(s.encoder_token_ids) for s in seqs] + [1] * (bucket - n), np.int64)
         batch["cross_block_tables"] = (cross_tables or HostBlockTables(bucket, cross_width, "cross block table")).fill(
             [s.cross_block_table for s in seqs], bucket, 0)
     return DecodeBatch(bucket, n, **batch)

@@ -1,13 +1,15 @@
 """Host time of each phase of a graph-replayed engine decode step, without a profiler (CUDA machine).
 
-    python tools/gpu_probes/step_phases.py [CONTEXT ...]
+    FORMATS="auto int8_per_token_head" python tools/gpu_probes/step_phases.py [CONTEXT ...]
 
-The engine of `minikv.bench engine` (auto, batch 64) decodes 24 tokens per prompt; the engine's own methods are
-wrapped with perf_counter (schedule, padding the batch, loading the static buffers, the graph's launch, the
-snapshot, sampling, which waits for the device, and postprocess); per phase, the median over the steady steps,
-beside the graph's replay alone. Then the same with the garbage collector frozen after warm-up (gc.freeze).
+The engine of `minikv.bench engine` (each cache format of FORMATS, default auto; batch 64) decodes 24 tokens per
+prompt; the engine's own methods are wrapped with perf_counter (schedule, padding the batch, loading the static
+buffers, the graph's launch, the snapshot, sampling, which waits for the device, and postprocess); per phase, the
+median over the steady steps, beside the graph's replay alone and its device time inside the steps (CUDA events
+around the launch). Then the same with the garbage collector frozen after warm-up (gc.freeze).
 """
 import gc
+import os
 import random
 import statistics
 import sys
@@ -32,11 +34,11 @@ def timed(owner, name, into):
     setattr(owner, name, wrapper)
 
 
-def run(path, context: int, freeze: bool) -> None:
+def run(path, context: int, freeze: bool, fmt: str = "auto") -> None:
     import minikv
     import minikv.engine.cuda_graph as cg
-    from minikv.bench.engine import PREFILL_TOKENS_PER_STEP, _replay_ms
-    llm = minikv.LLM(model=path, device="cuda", dtype=torch.bfloat16, max_num_seqs=BATCH,
+    from minikv.bench.engine import PREFILL_TOKENS_PER_STEP, _replay_ms, cache_args
+    llm = minikv.LLM(model=path, **cache_args(fmt), device="cuda", dtype=torch.bfloat16, max_num_seqs=BATCH,
                      max_num_batched_tokens=PREFILL_TOKENS_PER_STEP, sanitize=False)
     rng = random.Random(0)
     prompts = ["".join(rng.choice("0123456789 ") for _ in range(context)) for _ in range(BATCH)]
@@ -58,15 +60,27 @@ def run(path, context: int, freeze: bool) -> None:
     graphs = llm.runner.graphs
     timed(graphs, "_load", phases)
     timed(graphs.seam, "replay", phases)
+    launch, device = graphs.seam.replay, []           # the replay's device time: CUDA events around its launch
+
+    def replay_on_device(graph):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch(graph)
+        end.record()
+        device.append((start, end))
+    graphs.seam.replay = replay_on_device
     walls = []
     for _ in range(20):
         t = time.perf_counter()
         llm.step()
         walls.append(1e3 * (time.perf_counter() - t))
+    torch.cuda.synchronize()
+    on_device = statistics.median(a.elapsed_time(b) for a, b in device[2:])
     replay = _replay_ms(llm, BATCH)
     med = {k: statistics.median(v[2:]) for k, v in phases.items()}
-    print(f"context {context}{' (gc frozen)' if freeze else ''}: step median {statistics.median(walls[2:]):.3f} ms "
-          f"(min {min(walls[2:]):.3f}), graph replay alone {replay:.3f} ms; phases (median ms): "
+    print(f"{fmt} context {context}{' (gc frozen)' if freeze else ''}: step median "
+          f"{statistics.median(walls[2:]):.3f} ms (min {min(walls[2:]):.3f}), graph replay alone {replay:.3f} ms, "
+          f"on the device in the steps {on_device:.3f}; phases (median ms): "
           + ", ".join(f"{k} {v:.3f}" for k, v in med.items())
           + f"; not in a phase {statistics.median(walls[2:]) - sum(med.values()):.3f}")
     print(f"   steps: {' '.join(f'{w:.2f}' for w in walls)}")
@@ -84,5 +98,6 @@ if __name__ == "__main__":
     path = tempfile.mkdtemp()
     e2b_like_checkpoint(path, max_position_embeddings=max(4096, max(contexts) + 64))
     for c in contexts:
-        for freeze in (False, True):
-            run(path, c, freeze)
+        for fmt in os.environ.get("FORMATS", "auto").split():
+            for freeze in (False, True):
+                run(path, c, freeze, fmt)
