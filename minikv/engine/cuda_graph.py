@@ -154,6 +154,7 @@ class DecodeGraphs:
         self.seam = CudaGraphCapture()
         self.captured: dict[int, _Captured] = {}
         self._static: dict[str, torch.Tensor] | None = None
+        self._views: dict[int, dict[str, torch.Tensor]] = {}      # per bucket: its rows of the static buffers
         self._host_tables = HostBlockTables(self.buckets[-1], width, "block table")
         self._host_cross = HostBlockTables(self.buckets[-1], max(1, cross_width), "cross block table")
 
@@ -198,8 +199,10 @@ class DecodeGraphs:
                 buf[name][r0:r1, c0:c1].copy_(torch.from_numpy(np.ascontiguousarray(host.array[r0:r1, c0:c1])))
         if self.cross_width:
             buf["encoder_lens"][:b].copy_(torch.from_numpy(batch.encoder_lens))
-        return {name: t[: b + 1] if name == "query_start_loc" else t[:b] for name, t in buf.items()
-                if name != "token_inputs"}
+        if b not in self._views:
+            self._views[b] = {name: t[: b + 1] if name == "query_start_loc" else t[:b] for name, t in buf.items()
+                              if name != "token_inputs"}
+        return self._views[b]
 
     def _metadata(self, views: dict[str, torch.Tensor]) -> AttentionMetadata:
         md = AttentionMetadata(is_prefill=False, slot_mapping=views["slots"], query_start_loc=views["query_start_loc"],
