@@ -119,15 +119,15 @@ class BlockManager:
 
     def may_append(self, seq: BlockTableHolder) -> None:
         """Make room for the decode step that computes the K/V of the last token."""
-        needed = self.blocks_for_tokens(len(seq))
-        have = len(seq.block_table)
+        n = len(seq)
+        needed, have = self.blocks_for_tokens(n), len(seq.block_table)
         if have not in (needed - 1, needed):
-            raise RuntimeError(f"request {seq.request_id}: block table covers {have} blocks, but {len(seq)} tokens "
+            raise RuntimeError(f"request {seq.request_id}: block table covers {have} blocks, but {n} tokens "
                                f"need {needed}; may_append adds at most one block per token")
         if have == needed - 1:
             seq.block_table.append(self._take_free_block())
-        if self.enable_prefix_caching and len(seq) % self.block_size == 0:
-            index = len(seq) // self.block_size - 1
+        if self.enable_prefix_caching and n % self.block_size == 0:
+            index = n // self.block_size - 1
             parent = chain_root(seq) if index == 0 else self._hashes[seq.block_table[index - 1]]
             if parent is not None:
                 tokens = seq.token_ids[index * self.block_size:]

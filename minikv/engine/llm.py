@@ -214,10 +214,10 @@ class LLM:
         self.scheduler.postprocess(batch, tokens, logprobs)
         finished = []
         for s in batch:
-            if s.finish_reason is None and self._stop_cut(s) is not None:
+            if s.sampling.stop and s.finish_reason is None and self._stop_cut(s) is not None:
                 self.scheduler.finish(s, "stop")
-            group = self._requests.get(s.parent_id)
-            if s.finish_reason is not None and group and all(q.finish_reason is not None for q in group[1]):
+            group = s.finish_reason is not None and self._requests.get(s.parent_id)
+            if group and all(q.finish_reason is not None for q in group[1]):
                 finished.append(self._output(s.parent_id))
         trace = StepTrace(events=tuple(ctx.events), scale_fills=tuple(ctx.scale_fills),
                           guard_check="passed" if self.config.sanitize else "off", cuda_graph=ctx.cuda_graph,

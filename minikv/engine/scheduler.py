@@ -134,18 +134,20 @@ class Scheduler:
         done: EOS and `stop_token_ids` are not appended; `max_tokens` reached finishes with "length"."""
         if len(seqs) != len(token_ids):
             raise InvalidValueError(f"postprocess got {len(seqs)} sequences but {len(token_ids)} tokens")
+        running, eos = SequenceStatus.RUNNING, self.eos_token_id          # looked up once: this loop is per token
         for i, (seq, token_id) in enumerate(zip(seqs, token_ids)):
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not running:
                 raise RuntimeError(f"request {seq.request_id} is {seq.status.name}, not RUNNING")
-            if token_id == self.eos_token_id and not seq.sampling.ignore_eos:
+            p = seq.sampling
+            if token_id == eos and not p.ignore_eos:
                 self.finish(seq, "eos")
                 continue
-            if seq.sampling.stop_token_ids and token_id in seq.sampling.stop_token_ids:
+            if p.stop_token_ids and token_id in p.stop_token_ids:
                 seq.stop_reason = int(token_id)
                 self.finish(seq, "stop")
                 continue
             seq.append_token(token_id, None if logprobs is None else logprobs[i])
-            if seq.num_output_tokens >= seq.sampling.max_tokens:
+            if len(seq.token_ids) - seq.num_prompt_tokens >= p.max_tokens:
                 self.finish(seq, "length")
 
     def finish(self, seq: Sequence, reason: str) -> None:
