@@ -214,7 +214,7 @@ class LLM:
         self.scheduler.postprocess(batch, tokens, logprobs)
         finished = []
         for s in batch:
-            if s.sampling.stop and s.finish_reason is None and self._stop_cut(s) is not None:
+            if s.finish_reason is None and self._stop_cut(s) is not None:
                 self.scheduler.finish(s, "stop")
             group = s.finish_reason is not None and self._requests.get(s.parent_id)
             if group and all(q.finish_reason is not None for q in group[1]):

@@ -147,7 +147,7 @@ class Scheduler:
                 self.finish(seq, "stop")
                 continue
             seq.append_token(token_id, None if logprobs is None else logprobs[i])
-            if len(seq.token_ids) - seq.num_prompt_tokens >= p.max_tokens:
+            if seq.num_output_tokens >= p.max_tokens:
                 self.finish(seq, "length")
 
     def finish(self, seq: Sequence, reason: str) -> None:
